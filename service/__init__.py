@@ -1,0 +1,1 @@
+"""fedaudit coordinator service."""

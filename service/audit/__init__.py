@@ -1,0 +1,1 @@
+"""Pure audit algorithms (no I/O)."""
