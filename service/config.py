@@ -1,0 +1,100 @@
+"""Process settings (environment prefix ``FEDAUDIT_``).
+
+Federation-level settings (rounds, audit configuration, ...) live in the federation record, not
+here. Nothing reads the environment at import time: `get_settings()` is cached and injected, and
+`create_app(settings)` takes an explicit instance, which is how tests configure the app.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_TOKENS = frozenset({"", "change-me", "changeme", "admin", "secret", "dev-admin-token"})
+
+
+class Settings(BaseSettings):
+    """Settings of one coordinator process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FEDAUDIT_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+    )
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Field(default=Path("fedaudit-data"))
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default: a SQLite file fedaudit.db inside data_dir.",
+    )
+    blob_backend: Literal["directory", "database"] = "directory"
+    admin_token: SecretStr | None = None
+    admin_token_file: Path | None = None
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    cors_origins: list[str] = Field(default_factory=list)
+    reaper_interval_s: float = Field(default=2.0, gt=0)
+    close_rounds_inline: bool = Field(
+        default=False,
+        description=(
+            "Close a round inside the request of its last upload instead of on the background "
+            "worker (used by tests that need a deterministic order)."
+        ),
+    )
+    check_migrations: bool = True
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @model_validator(mode="after")
+    def _admin_token(self) -> Settings:
+        if self.admin_token is None and self.admin_token_file is not None:
+            token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            self.admin_token = SecretStr(token)
+        if self.environment == "production":
+            token = self.admin_token.get_secret_value() if self.admin_token else ""
+            if token in PLACEHOLDER_TOKENS or len(token) < 16:
+                raise ValueError(
+                    "FEDAUDIT_ADMIN_TOKEN (or FEDAUDIT_ADMIN_TOKEN_FILE) must be set to a secret "
+                    "of at least 16 characters in production"
+                )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file in the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'fedaudit.db').resolve()}"
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.data_dir / "blobs"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.data_dir / "tmp"
+
+    def admin_secret(self) -> str:
+        """The admin token; a development instance without one gets a random one per process."""
+        if self.admin_token is None:
+            self.admin_token = SecretStr(secrets.token_urlsafe(24))
+        return self.admin_token.get_secret_value()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings from the environment, read once per process."""
+    return Settings()

@@ -1,0 +1,122 @@
+"""Domain errors of the coordinator, each carrying its HTTP status and problem type.
+
+No web or database imports: the API layer renders these as RFC 9457 problem details
+(``service/api/problems.py``). Extensions (``errors``, ``open_round`` ...) travel in `extensions`.
+
+    CoordinatorError
+    ├── BadRequestError              400 bad-request
+    ├── AuthError                    401 unauthorized
+    │   └── ForbiddenError           403 forbidden
+    ├── NotFoundError                404 not-found
+    ├── ConflictError                409 conflict
+    │   ├── RoundClosedError         409 round-closed
+    │   ├── DuplicateUpdateError     409 duplicate-update
+    │   ├── IdempotencyKeyReusedError 409 idempotency-key-reused
+    │   └── FederationStateError     409 federation-state
+    ├── PayloadTooLargeError         413 payload-too-large
+    ├── UpdateRejectedError          422 update-rejected
+    ├── InvalidModelError            422 invalid-model
+    ├── RateLimitedError             429 rate-limited
+    └── NotReadyError                503 not-ready
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CoordinatorError(Exception):
+    """Base of every expected error; `status`, `title` and `type_slug` describe the problem type."""
+
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Internal error"
+    type_slug: ClassVar[str] = "internal"
+
+    def __init__(self, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extensions = extensions
+
+
+class BadRequestError(CoordinatorError):
+    status = 400
+    title = "Bad request"
+    type_slug = "bad-request"
+
+
+class AuthError(CoordinatorError):
+    status = 401
+    title = "Unauthorized"
+    type_slug = "unauthorized"
+
+
+class ForbiddenError(AuthError):
+    status = 403
+    title = "Forbidden"
+    type_slug = "forbidden"
+
+
+class NotFoundError(CoordinatorError):
+    status = 404
+    title = "Not found"
+    type_slug = "not-found"
+
+
+class ConflictError(CoordinatorError):
+    status = 409
+    title = "Conflict"
+    type_slug = "conflict"
+
+
+class RoundClosedError(ConflictError):
+    title = "Round closed"
+    type_slug = "round-closed"
+
+
+class DuplicateUpdateError(ConflictError):
+    title = "Duplicate update"
+    type_slug = "duplicate-update"
+
+
+class IdempotencyKeyReusedError(ConflictError):
+    title = "Idempotency key reused"
+    type_slug = "idempotency-key-reused"
+
+
+class FederationStateError(ConflictError):
+    title = "Federation state does not allow this"
+    type_slug = "federation-state"
+
+
+class PayloadTooLargeError(CoordinatorError):
+    status = 413
+    title = "Payload too large"
+    type_slug = "payload-too-large"
+
+
+class UpdateRejectedError(CoordinatorError):
+    status = 422
+    title = "Update rejected"
+    type_slug = "update-rejected"
+
+
+class InvalidModelError(CoordinatorError):
+    status = 422
+    title = "Invalid model"
+    type_slug = "invalid-model"
+
+
+class RateLimitedError(CoordinatorError):
+    status = 429
+    title = "Too many requests"
+    type_slug = "rate-limited"
+
+
+class NotReadyError(CoordinatorError):
+    status = 503
+    title = "Not ready"
+    type_slug = "not-ready"
+
+
+class MigrationsNotAtHeadError(RuntimeError):
+    """The database schema is not at the migrations' head; the service refuses to start."""

@@ -1,0 +1,57 @@
+"""Alembic from code: upgrade, current revision, and the at-head check done at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+from service.errors import MigrationsNotAtHeadError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MIGRATIONS_DIR = REPO_ROOT / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply the migrations up to `revision`."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations have {len(heads)} heads; merge them")
+    return heads[0]
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def check_at_head(engine: Engine) -> None:
+    """Raise `MigrationsNotAtHeadError` (saying how to fix it) unless the schema is at head."""
+    current = current_revision(engine)
+    head = head_revision()
+    if current != head:
+        url = engine.url.render_as_string(hide_password=True)
+        raise MigrationsNotAtHeadError(
+            f"the database {url} is at migration {current or '<none>'} but the code needs {head}; "
+            "run `fedaudit db upgrade` (with the same FEDAUDIT_DATABASE_URL / FEDAUDIT_DATA_DIR) "
+            "and start again"
+        )

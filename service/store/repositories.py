@@ -1,0 +1,324 @@
+"""Every query of the coordinator. Functions flush, never commit: the caller owns the transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from service.store.base import utcnow
+from service.store.models import (
+    AuditResult,
+    Client,
+    Event,
+    Federation,
+    ModelUpdate,
+    ModelVersion,
+    Round,
+    RoundParticipant,
+)
+
+# --- federations -----------------------------------------------------------------------------
+
+
+def add(session: Session, obj: Any) -> None:
+    session.add(obj)
+    session.flush()
+
+
+def get_federation(session: Session, federation_id: uuid.UUID) -> Federation | None:
+    return session.get(Federation, federation_id)
+
+
+def get_federation_by_name(session: Session, name: str) -> Federation | None:
+    return session.scalar(select(Federation).where(Federation.name == name))
+
+
+def list_federations(session: Session, *, offset: int = 0, limit: int = 100) -> list[Federation]:
+    query = select(Federation).order_by(Federation.created_at, Federation.id)
+    return list(session.scalars(query.offset(offset).limit(limit)))
+
+
+def count_federations(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Federation)) or 0
+
+
+def lock_federation(session: Session, federation_id: uuid.UUID) -> Federation | None:
+    """The federation row, locked for update on PostgreSQL (a no-op on SQLite)."""
+    return session.scalar(
+        select(Federation).where(Federation.id == federation_id).with_for_update()
+    )
+
+
+# --- clients ---------------------------------------------------------------------------------
+
+
+def get_client(session: Session, client_id: uuid.UUID) -> Client | None:
+    return session.get(Client, client_id)
+
+
+def get_client_by_token_hash(session: Session, token_hash: str) -> Client | None:
+    return session.scalar(select(Client).where(Client.token_hash == token_hash))
+
+
+def list_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
+    query = select(Client).where(Client.federation_id == federation_id)
+    return list(session.scalars(query.order_by(Client.created_at, Client.name)))
+
+
+def joined_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
+    query = select(Client).where(
+        Client.federation_id == federation_id, Client.joined_at.is_not(None)
+    )
+    return list(session.scalars(query.order_by(Client.name, Client.id)))
+
+
+def touch_client(session: Session, client_id: uuid.UUID, when: datetime) -> None:
+    session.execute(update(Client).where(Client.id == client_id).values(last_seen_at=when))
+
+
+# --- model versions --------------------------------------------------------------------------
+
+
+def get_model_version(session: Session, model_id: uuid.UUID) -> ModelVersion | None:
+    return session.get(ModelVersion, model_id)
+
+
+def latest_model_version(session: Session, federation_id: uuid.UUID) -> ModelVersion | None:
+    query = select(ModelVersion).where(ModelVersion.federation_id == federation_id)
+    return session.scalar(query.order_by(ModelVersion.version.desc()).limit(1))
+
+
+def list_model_versions(session: Session, federation_id: uuid.UUID) -> list[ModelVersion]:
+    query = select(ModelVersion).where(ModelVersion.federation_id == federation_id)
+    return list(session.scalars(query.order_by(ModelVersion.version)))
+
+
+# --- rounds ----------------------------------------------------------------------------------
+
+
+def get_round(session: Session, round_id: uuid.UUID) -> Round | None:
+    return session.get(Round, round_id)
+
+
+def get_round_by_index(session: Session, federation_id: uuid.UUID, index: int) -> Round | None:
+    return session.scalar(
+        select(Round).where(Round.federation_id == federation_id, Round.index == index)
+    )
+
+
+def list_rounds(
+    session: Session, federation_id: uuid.UUID, *, offset: int = 0, limit: int = 1000
+) -> list[Round]:
+    query = select(Round).where(Round.federation_id == federation_id).order_by(Round.index)
+    return list(session.scalars(query.offset(offset).limit(limit)))
+
+
+def count_rounds(session: Session, federation_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(Round).where(Round.federation_id == federation_id)
+    return session.scalar(query) or 0
+
+
+def open_round_of(session: Session, federation_id: uuid.UUID) -> Round | None:
+    return session.scalar(
+        select(Round).where(Round.federation_id == federation_id, Round.state == "open")
+    )
+
+
+def latest_round(session: Session, federation_id: uuid.UUID) -> Round | None:
+    query = select(Round).where(Round.federation_id == federation_id)
+    return session.scalar(query.order_by(Round.index.desc()).limit(1))
+
+
+def all_open_rounds(session: Session) -> list[Round]:
+    return list(session.scalars(select(Round).where(Round.state == "open")))
+
+
+def claim_round_for_close(session: Session, round_id: uuid.UUID) -> bool:
+    """Move an open round to ``aggregating``; False when somebody else already did.
+
+    This UPDATE is the first statement of the closing transaction: on PostgreSQL it takes the
+    round's row lock (a concurrent closer waits, then sees the new state and matches nothing);
+    on SQLite it takes the database write lock with the same effect.
+    """
+    result = session.execute(
+        update(Round)
+        .where(Round.id == round_id, Round.state == "open")
+        .values(state="aggregating")
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def touch_open_round(session: Session, round_id: uuid.UUID) -> bool:
+    """Lock an open round against a concurrent close while an update is inserted.
+
+    Writes the row (a no-op change) so that, as the close's compare-and-set, it serialises with
+    closing; returns False when the round is no longer open.
+    """
+    result = session.execute(
+        update(Round)
+        .where(Round.id == round_id, Round.state == "open")
+        .values(state="open")
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def add_participants(
+    session: Session, round_id: uuid.UUID, instructions: dict[uuid.UUID, dict[str, Any]]
+) -> None:
+    for client_id, payload in instructions.items():
+        session.add(RoundParticipant(round_id=round_id, client_id=client_id, instructions=payload))
+    session.flush()
+
+
+def participants(session: Session, round_id: uuid.UUID) -> list[RoundParticipant]:
+    query = select(RoundParticipant).where(RoundParticipant.round_id == round_id)
+    return list(session.scalars(query))
+
+
+def participant(
+    session: Session, round_id: uuid.UUID, client_id: uuid.UUID
+) -> RoundParticipant | None:
+    return session.get(RoundParticipant, (round_id, client_id))
+
+
+def client_rounds(session: Session, client_id: uuid.UUID) -> list[Round]:
+    query = (
+        select(Round)
+        .join(RoundParticipant, RoundParticipant.round_id == Round.id)
+        .where(RoundParticipant.client_id == client_id)
+        .order_by(Round.index)
+    )
+    return list(session.scalars(query))
+
+
+# --- updates ---------------------------------------------------------------------------------
+
+
+def get_update(session: Session, update_id: uuid.UUID) -> ModelUpdate | None:
+    return session.get(ModelUpdate, update_id)
+
+
+def update_of(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> ModelUpdate | None:
+    return session.scalar(
+        select(ModelUpdate).where(
+            ModelUpdate.round_id == round_id, ModelUpdate.client_id == client_id
+        )
+    )
+
+
+def update_by_idempotency_key(
+    session: Session, client_id: uuid.UUID, key: str
+) -> ModelUpdate | None:
+    return session.scalar(
+        select(ModelUpdate).where(
+            ModelUpdate.client_id == client_id, ModelUpdate.idempotency_key == key
+        )
+    )
+
+
+def updates_of_round(session: Session, round_id: uuid.UUID) -> list[ModelUpdate]:
+    query = select(ModelUpdate).where(ModelUpdate.round_id == round_id)
+    return list(session.scalars(query.order_by(ModelUpdate.received_at, ModelUpdate.id)))
+
+
+def count_updates_of_round(session: Session, round_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(ModelUpdate).where(ModelUpdate.round_id == round_id)
+    return session.scalar(query) or 0
+
+
+def updates_of_client(session: Session, client_id: uuid.UUID) -> list[ModelUpdate]:
+    query = select(ModelUpdate).where(ModelUpdate.client_id == client_id)
+    return list(session.scalars(query.order_by(ModelUpdate.round_index)))
+
+
+def latest_updates(
+    session: Session, federation_id: uuid.UUID, client_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, ModelUpdate]:
+    """Each client's most recent accepted update (its latest local model)."""
+    if not client_ids:
+        return {}
+    newest = (
+        select(ModelUpdate.client_id, func.max(ModelUpdate.round_index).label("round_index"))
+        .where(ModelUpdate.federation_id == federation_id, ModelUpdate.client_id.in_(client_ids))
+        .group_by(ModelUpdate.client_id)
+        .subquery()
+    )
+    query = select(ModelUpdate).join(
+        newest,
+        (ModelUpdate.client_id == newest.c.client_id)
+        & (ModelUpdate.round_index == newest.c.round_index),
+    )
+    return {row.client_id: row for row in session.scalars(query)}
+
+
+def blob_is_referenced(session: Session, key: str) -> bool:
+    in_updates = select(ModelUpdate.id).where(ModelUpdate.blob_key == key).limit(1)
+    in_models = select(ModelVersion.id).where(ModelVersion.blob_key == key).limit(1)
+    return (
+        session.scalar(in_updates) is not None or session.scalar(in_models) is not None
+    )
+
+
+# --- audit results ---------------------------------------------------------------------------
+
+
+def audit_of_round(session: Session, round_id: uuid.UUID) -> AuditResult | None:
+    return session.scalar(select(AuditResult).where(AuditResult.round_id == round_id))
+
+
+def audits_of_federation(session: Session, federation_id: uuid.UUID) -> list[AuditResult]:
+    query = select(AuditResult).where(AuditResult.federation_id == federation_id)
+    return list(session.scalars(query.order_by(AuditResult.round_index)))
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+def add_event(
+    session: Session,
+    *,
+    kind: str,
+    actor: str,
+    message: str,
+    federation_id: uuid.UUID | None = None,
+    round_id: uuid.UUID | None = None,
+    client_id: uuid.UUID | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    event = Event(
+        kind=kind,
+        actor=actor,
+        message=message,
+        federation_id=federation_id,
+        round_id=round_id,
+        client_id=client_id,
+        data=data or {},
+        created_at=utcnow(),
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def list_events(
+    session: Session,
+    federation_id: uuid.UUID,
+    *,
+    kind: str | None = None,
+    client_id: uuid.UUID | None = None,
+    after_id: int = 0,
+    limit: int = 1000,
+) -> list[Event]:
+    query = select(Event).where(Event.federation_id == federation_id, Event.id > after_id)
+    if kind is not None:
+        query = query.where(Event.kind == kind)
+    if client_id is not None:
+        query = query.where(Event.client_id == client_id)
+    return list(session.scalars(query.order_by(Event.id).limit(limit)))
