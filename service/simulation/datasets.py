@@ -1,0 +1,424 @@
+"""Offline data sets for the simulator (EVALUATION.md, "Data sets available offline").
+
+Three scikit-learn bundles (``digits``, ``breast_cancer``, ``wine``) that ship inside the wheel, and
+three real image sets read from a directory (``pneumoniamnist``, ``breastmnist`` and the MNIST
+**test set** ``mnist``; see ``/work/shared/data/*/README.md``). Nothing is ever downloaded: every
+file is checked against the sha256 of the table in ``shared/data/README.md`` before it is parsed.
+
+Scaling: images are mapped to [0, 1] and then standardised with the training split's scalar pixel
+mean and standard deviation (one channel, so one mean and one std, as ``Normalize`` would); tabular
+features are standardised per feature with the training split's statistics. The test split is
+transformed with the training statistics only, so nothing leaks from it.
+
+Exception tree::
+
+    ValueError
+    └── DatasetError
+        ├── UnknownDatasetError          (name not in DATASET_NAMES)
+        ├── DatasetNotFoundError         (also a FileNotFoundError)
+        ├── DatasetChecksumError         (sha256 differs from the published one)
+        └── DatasetFormatError           (the file is not what its README describes)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+from sklearn.model_selection import train_test_split
+
+__all__ = [
+    "DATASET_NAMES",
+    "DATA_DIR_ENV",
+    "FILE_SHA256",
+    "DataSplit",
+    "Dataset",
+    "DatasetChecksumError",
+    "DatasetError",
+    "DatasetFormatError",
+    "DatasetNotFoundError",
+    "UnknownDatasetError",
+    "default_data_dir",
+    "load_dataset",
+    "sha256_file",
+    "verify_sha256",
+]
+
+DATA_DIR_ENV: Final = "FEDAUDIT_DATA_DIR"
+
+#: Published sha256 of every file the loaders read, keyed by path relative to the data directory
+#: (``shared/data/README.md``).
+FILE_SHA256: Final[dict[str, str]] = {
+    "pneumoniamnist/pneumoniamnist.npz": (
+        "e1792d3f03751cb101e99f19a63b3c1941436c988665f47853417b05be250cd8"
+    ),
+    "breastmnist/breastmnist.npz": (
+        "3a22d2a4625e7dd8903f0f59030e81a3d0c222bece2e5e10927456cb50efdec1"
+    ),
+    "mnist/t10k-images-idx3-ubyte.gz": (
+        "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"
+    ),
+    "mnist/t10k-labels-idx1-ubyte.gz": (
+        "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"
+    ),
+}
+
+_SKLEARN_NAMES: Final = ("digits", "breast_cancer", "wine")
+_FILE_NAMES: Final = ("pneumoniamnist", "breastmnist", "mnist")
+DATASET_NAMES: Final[tuple[str, ...]] = _SKLEARN_NAMES + _FILE_NAMES
+
+_MEDMNIST_CLASS_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    # Label order as published (the READMEs): note BreastMNIST's 0 is malignant.
+    "pneumoniamnist": ("normal", "pneumonia"),
+    "breastmnist": ("malignant", "normal_or_benign"),
+}
+_IDX_IMAGES_MAGIC: Final = 0x00000803
+_IDX_LABELS_MAGIC: Final = 0x00000801
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+
+
+class DatasetError(ValueError):
+    """Base class of every data-set loading error."""
+
+
+class UnknownDatasetError(DatasetError):
+    """The requested data-set name is not one of :data:`DATASET_NAMES`."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """A data file (or the data directory) is missing; the message says where we looked."""
+
+
+class DatasetChecksumError(DatasetError):
+    """A data file's sha256 differs from the published checksum."""
+
+
+class DatasetFormatError(DatasetError):
+    """A data file passed its checksum step but does not have the documented layout."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One split of a data set, ready for training.
+
+    Attributes
+    ----------
+    name : str
+        Data-set name (one of :data:`DATASET_NAMES`).
+    x : numpy.ndarray
+        float32 array of shape ``(N, *input_shape)``, already scaled (see the module docstring).
+    y : numpy.ndarray
+        int64 labels of shape ``(N,)`` in ``[0, num_classes)``.
+    num_classes : int
+        Number of classes of the task (not of this split: a split may miss a class).
+    input_shape : tuple of int
+        Shape of one sample, ``(1, 8, 8)`` for digits, ``(30,)`` for breast cancer, ...
+    class_names : tuple of str
+        Human-readable name of each class, indexed by label.
+    kind : {"image", "tabular"}
+        Image sets are ``(channels, height, width)``; tabular sets are ``(features,)``.
+    """
+
+    name: str
+    x: FloatArray
+    y: IntArray
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: tuple[str, ...]
+    kind: Literal["image", "tabular"]
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    """A training split and a clean held-out test split of one data set."""
+
+    train: Dataset
+    test: Dataset
+
+
+def default_data_dir() -> Path | None:
+    """Return the default directory of the file-based data sets.
+
+    The environment variable ``FEDAUDIT_DATA_DIR`` wins; otherwise ``<repo>/../shared/data`` when
+    that directory exists; otherwise ``None``.
+    """
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    candidate = repo.parent / "shared" / "data"
+    return candidate if candidate.is_dir() else None
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str) -> None:
+    """Check that ``path`` exists and has the sha256 ``expected``.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        The file does not exist.
+    DatasetChecksumError
+        The file's sha256 differs from ``expected``.
+    """
+    if not path.is_file():
+        raise DatasetNotFoundError(
+            f"data file {str(path)!r} not found; point data_dir (or the {DATA_DIR_ENV} environment "
+            "variable) at the directory that holds the shared data sets"
+        )
+    actual = sha256_file(path)
+    if actual != expected.lower():
+        raise DatasetChecksumError(
+            f"sha256 of {str(path)!r} is {actual}, expected {expected}: the file is corrupt or not "
+            "the published one"
+        )
+
+
+def load_dataset(
+    name: str,
+    *,
+    data_dir: Path | str | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> DataSplit:
+    """Load a data set as a scaled training split and a clean test split.
+
+    Parameters
+    ----------
+    name : str
+        One of ``digits``, ``breast_cancer``, ``wine`` (scikit-learn bundles), ``pneumoniamnist``,
+        ``breastmnist`` (MedMNIST ``.npz``; train + val become the training split, test the test
+        split) or ``mnist`` (the MNIST test set only, IDX files).
+    data_dir : pathlib.Path or str, optional
+        Directory holding ``<name>/...`` for the file-based sets. Defaults to
+        :func:`default_data_dir`. Ignored by the scikit-learn sets.
+    test_fraction : float
+        Fraction of samples in the held-out test split, in (0, 1), for the sets without a
+        published split (the scikit-learn sets and ``mnist``). The split is stratified by label.
+        The MedMNIST sets keep their published split and ignore it.
+    seed : int
+        Seed of the stratified split.
+
+    Returns
+    -------
+    DataSplit
+
+    Raises
+    ------
+    UnknownDatasetError
+        ``name`` is not a known data set.
+    DatasetNotFoundError
+        No data directory, or a file is missing.
+    DatasetChecksumError
+        A file's sha256 differs from the published one.
+    DatasetFormatError
+        A file does not have the documented layout.
+    ValueError
+        ``test_fraction`` is not in (0, 1) or ``seed`` is not a non-negative int.
+    """
+    if name not in DATASET_NAMES:
+        raise UnknownDatasetError(
+            f"name={name!r} is not a known data set; choose one of {', '.join(DATASET_NAMES)}"
+        )
+    if isinstance(test_fraction, bool) or not 0.0 < float(test_fraction) < 1.0:
+        raise DatasetError(f"test_fraction={test_fraction!r} must lie strictly between 0 and 1")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise DatasetError(f"seed={seed!r} must be a non-negative int")
+    if name in _SKLEARN_NAMES:
+        return _load_sklearn(name, float(test_fraction), int(seed))
+    root = _resolve_data_dir(data_dir, name)
+    if name == "mnist":
+        return _load_mnist(root, float(test_fraction), int(seed))
+    return _load_medmnist(name, root)
+
+
+# --------------------------------------------------------------------------------------------
+# scikit-learn bundles
+
+
+def _load_sklearn(name: str, test_fraction: float, seed: int) -> DataSplit:
+    if name == "digits":
+        bunch = load_digits()
+        # Digits pixels are integers 0..16.
+        x_all = (np.asarray(bunch.images, dtype=np.float64) / 16.0)[:, None, :, :]
+        class_names = tuple(str(c) for c in bunch.target_names)
+        kind: Literal["image", "tabular"] = "image"
+    else:
+        bunch = load_breast_cancer() if name == "breast_cancer" else load_wine()
+        x_all = np.asarray(bunch.data, dtype=np.float64)
+        class_names = tuple(str(c) for c in bunch.target_names)
+        kind = "tabular"
+    y_all = np.asarray(bunch.target, dtype=np.int64)
+    x_tr, x_te, y_tr, y_te = _stratified_split(x_all, y_all, test_fraction, seed)
+    return _finish(name, x_tr, y_tr, x_te, y_te, len(class_names), class_names, kind)
+
+
+# --------------------------------------------------------------------------------------------
+# file-based sets
+
+
+def _resolve_data_dir(data_dir: Path | str | None, name: str) -> Path:
+    if data_dir is None:
+        found = default_data_dir()
+        if found is None:
+            here = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+            raise DatasetNotFoundError(
+                f"data set {name!r} needs its files but no data directory was found: "
+                f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; pass data_dir= or "
+                f"set {DATA_DIR_ENV} to the directory holding {name}/"
+            )
+        return found
+    return Path(data_dir)
+
+
+def _checked_file(root: Path, relative: str) -> Path:
+    path = root / relative
+    if not path.is_file():
+        raise DatasetNotFoundError(
+            f"data file {str(path)!r} not found (looked in data_dir={str(root)!r}); pass data_dir= "
+            f"or set {DATA_DIR_ENV} to the directory that holds {relative.split('/')[0]}/"
+        )
+    verify_sha256(path, FILE_SHA256[relative])
+    return path
+
+
+def _load_medmnist(name: str, root: Path) -> DataSplit:
+    path = _checked_file(root, f"{name}/{name}.npz")
+    keys = (
+        "train_images",
+        "train_labels",
+        "val_images",
+        "val_labels",
+        "test_images",
+        "test_labels",
+    )
+    # allow_pickle stays False (the default): the archive holds plain uint8 arrays.
+    with np.load(path, allow_pickle=False) as archive:
+        missing = [k for k in keys if k not in archive.files]
+        if missing:
+            raise DatasetFormatError(f"{str(path)!r} lacks the arrays {missing}")
+        arrays = {k: np.asarray(archive[k]) for k in keys}
+    x_tr = np.concatenate([arrays["train_images"], arrays["val_images"]])
+    y_tr = np.concatenate([arrays["train_labels"].ravel(), arrays["val_labels"].ravel()])
+    x_te, y_te = arrays["test_images"], arrays["test_labels"].ravel()
+    for x, y in ((x_tr, y_tr), (x_te, y_te)):
+        if x.ndim != 3 or x.shape[1:] != (28, 28) or x.shape[0] != y.shape[0]:
+            raise DatasetFormatError(
+                f"{str(path)!r} does not hold (N, 28, 28) images with N labels"
+            )
+    class_names = _MEDMNIST_CLASS_NAMES[name]
+    return _finish(
+        name,
+        (x_tr.astype(np.float64) / 255.0)[:, None, :, :],
+        y_tr.astype(np.int64),
+        (x_te.astype(np.float64) / 255.0)[:, None, :, :],
+        y_te.astype(np.int64),
+        len(class_names),
+        class_names,
+        "image",
+    )
+
+
+def _read_idx(path: Path, magic: int, ndim: int) -> npt.NDArray[np.uint8]:
+    """Parse a gzip-compressed IDX file of unsigned bytes (big-endian header)."""
+    with gzip.open(path, "rb") as handle:
+        raw = handle.read()
+    header_len = 4 + 4 * ndim
+    if len(raw) < header_len:
+        raise DatasetFormatError(f"{str(path)!r} is too short to be an IDX file")
+    header = np.frombuffer(raw, dtype=">u4", count=1 + ndim)
+    if int(header[0]) != magic:
+        raise DatasetFormatError(
+            f"{str(path)!r} has IDX magic 0x{int(header[0]):08x}, expected 0x{magic:08x}"
+        )
+    dims = tuple(int(d) for d in header[1:])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=header_len)
+    if data.size != int(np.prod(dims)):
+        raise DatasetFormatError(f"{str(path)!r} holds {data.size} bytes, header says {dims}")
+    return data.reshape(dims)
+
+
+def _load_mnist(root: Path, test_fraction: float, seed: int) -> DataSplit:
+    images = _read_idx(
+        _checked_file(root, "mnist/t10k-images-idx3-ubyte.gz"), _IDX_IMAGES_MAGIC, ndim=3
+    )
+    labels = _read_idx(
+        _checked_file(root, "mnist/t10k-labels-idx1-ubyte.gz"), _IDX_LABELS_MAGIC, ndim=1
+    )
+    if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
+        raise DatasetFormatError("MNIST images and labels disagree in count or image size")
+    x_all = (images.astype(np.float64) / 255.0)[:, None, :, :]
+    y_all = labels.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = _stratified_split(x_all, y_all, test_fraction, seed)
+    class_names = tuple(str(d) for d in range(10))
+    return _finish("mnist", x_tr, y_tr, x_te, y_te, 10, class_names, "image")
+
+
+# --------------------------------------------------------------------------------------------
+# shared steps
+
+
+def _stratified_split(
+    x: npt.NDArray[np.float64], y: IntArray, test_fraction: float, seed: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], IntArray, IntArray]:
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
+    return x_tr, x_te, y_tr, y_te
+
+
+def _finish(
+    name: str,
+    x_tr: npt.NDArray[np.float64],
+    y_tr: IntArray,
+    x_te: npt.NDArray[np.float64],
+    y_te: IntArray,
+    num_classes: int,
+    class_names: tuple[str, ...],
+    kind: Literal["image", "tabular"],
+) -> DataSplit:
+    if kind == "image":
+        # One channel: a single scalar mean/std over all training pixels.
+        mean: float | npt.NDArray[np.float64] = float(x_tr.mean())
+        std: float | npt.NDArray[np.float64] = float(x_tr.std())
+        if std == 0.0:
+            std = 1.0
+    else:
+        mean = x_tr.mean(axis=0)
+        std = x_tr.std(axis=0)
+        # A constant feature carries no information; dividing by 1 keeps it at 0 instead of NaN.
+        std = np.where(std == 0.0, 1.0, std)
+    input_shape = tuple(int(d) for d in x_tr.shape[1:])
+
+    def make(x: npt.NDArray[np.float64], y: IntArray) -> Dataset:
+        return Dataset(
+            name=name,
+            x=np.ascontiguousarray((x - mean) / std, dtype=np.float32),
+            y=np.ascontiguousarray(y, dtype=np.int64),
+            num_classes=num_classes,
+            input_shape=input_shape,
+            class_names=class_names,
+            kind=kind,
+        )
+
+    return DataSplit(train=make(x_tr, y_tr), test=make(x_te, y_te))
