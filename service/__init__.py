@@ -1,1 +1,3 @@
 """fedaudit coordinator service."""
+
+__version__ = "0.1.0"

@@ -1,1 +1,1 @@
-
+"""One APIRouter per resource."""

@@ -1,0 +1,319 @@
+"""HTTP clients of the coordinator: `FederationClient` (a site) and `AdminClient` (the operator).
+
+Both wrap an `httpx.Client` that is either given (and then left open) or owned (and closed by
+`close()` / the context manager). Connection errors, 429 and 5xx are retried with exponential
+backoff that honours ``Retry-After``; other errors raise the typed exceptions of
+`client_sdk._exceptions` with the problem details attached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import IO, Any, Self
+
+import httpx
+
+from client_sdk._exceptions import (
+    APIConnectionError,
+    APITimeoutError,
+    FederationFailedError,
+    IntegrityError,
+    status_error,
+)
+from client_sdk._models import (
+    ClientCreated,
+    ClientInfo,
+    CurrentRound,
+    Event,
+    Federation,
+    JoinInfo,
+    ModelInfo,
+    RoundInfo,
+    TaskSpec,
+    UpdateReceipt,
+)
+
+log = logging.getLogger("client_sdk")
+
+API = "/api/v1"
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_token: str | None = None,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 5,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        http_client: httpx.Client | None = None,
+        token_env: str = "FEDAUDIT_TOKEN",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        base_url = base_url or os.environ.get("FEDAUDIT_URL")
+        token = api_token or os.environ.get(token_env)
+        if http_client is None and not base_url:
+            raise ValueError("base_url is required (or set FEDAUDIT_URL)")
+        if not token:
+            raise ValueError(f"api_token is required (or set {token_env})")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self._owns_client = http_client is None
+        self._http = http_client or httpx.Client(base_url=base_url or "", timeout=timeout)
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self.max_retries = max_retries
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._sleep = sleep
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        if response is not None:
+            retry_after = response.headers.get("retry-after")
+            if retry_after is not None:
+                try:
+                    return min(max(float(retry_after), 0.0), self._backoff_max_s)
+                except ValueError:
+                    pass
+        base = min(self._backoff_base_s * 2**attempt, self._backoff_max_s)
+        return base * (0.5 + random.random() / 2)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        retry_status: bool = True,
+        expected: tuple[int, ...] = (200, 201),
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send with retries; `retry_status=False` retries only what was surely never sent."""
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                _rewind(kwargs)
+                response = self._http.request(method, path, headers=headers, **kwargs)
+            except httpx.TimeoutException as exc:
+                if attempt >= self.max_retries or not retry_status:
+                    raise APITimeoutError(f"{method} {path}: timed out ({exc})") from exc
+            except httpx.TransportError as exc:
+                never_sent = isinstance(exc, httpx.ConnectError)
+                if attempt >= self.max_retries or not (retry_status or never_sent):
+                    raise APIConnectionError(f"{method} {path}: {exc}") from exc
+            else:
+                if response.status_code in expected:
+                    return response
+                if not (
+                    retry_status
+                    and response.status_code in RETRY_STATUSES
+                    and attempt < self.max_retries
+                ):
+                    raise status_error(response)
+            delay = self._delay(attempt, response)
+            log.info("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt + 1)
+            self._sleep(delay)
+            attempt += 1
+
+
+def _rewind(kwargs: Mapping[str, Any]) -> None:
+    """Seek file parts back to the start before a retry."""
+    files = kwargs.get("files") or {}
+    for value in files.values():
+        if isinstance(value, tuple) and len(value) >= 2 and hasattr(value[1], "seek"):
+            value[1].seek(0)
+
+
+class FederationClient(_Base):
+    """What a site (a hospital) does: join, ask what to do, download models, submit updates."""
+
+    def __init__(self, base_url: str | None = None, api_token: str | None = None, **kwargs: Any):
+        super().__init__(base_url, api_token, **kwargs)
+
+    def get_task(self, federation_id: uuid.UUID | str) -> TaskSpec:
+        """The federation's task: number of classes, input shape, class names."""
+        response = self._request("GET", f"{API}/federations/{federation_id}/task")
+        return TaskSpec.model_validate(response.json())
+
+    def join(self, federation_id: uuid.UUID | str, *, num_samples: int, class_counts: list[int]) -> JoinInfo:
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/join",
+            json={"num_samples": num_samples, "class_counts": list(class_counts)},
+        )
+        return JoinInfo.model_validate(response.json())
+
+    def get_current_round(self, federation_id: uuid.UUID | str, *, wait_s: float = 0.0) -> CurrentRound:
+        """The open round and this client's instructions, or wait, or finished.
+
+        `wait_s` long-polls: the coordinator answers as soon as there is something to do.
+        """
+        response = self._request(
+            "GET",
+            f"{API}/federations/{federation_id}/rounds/current",
+            params={"wait_s": wait_s},
+            timeout=httpx.Timeout(wait_s + 60.0, connect=10.0),
+        )
+        current = CurrentRound.model_validate(response.json())
+        return current
+
+    def download_model(
+        self,
+        model_id: uuid.UUID | str,
+        *,
+        expected_sha256: str | None = None,
+        if_none_match: str | None = None,
+    ) -> bytes | None:
+        """The model's safetensors bytes, checked against their sha256; None on 304."""
+        headers = {"If-None-Match": f'"{if_none_match}"'} if if_none_match else {}
+        response = self._request(
+            "GET", f"{API}/models/{model_id}", headers=headers, expected=(200, 304)
+        )
+        if response.status_code == 304:
+            return None
+        data = response.content
+        digest = hashlib.sha256(data).hexdigest()
+        announced = response.headers.get("x-content-sha256") or response.headers.get("etag", "").strip('"')
+        for label, want in (("expected", expected_sha256), ("announced", announced)):
+            if want and want != digest:
+                raise IntegrityError(
+                    f"model {model_id}: sha256 {digest} does not match the {label} {want}"
+                )
+        return data
+
+    def submit_update(
+        self,
+        federation_id: uuid.UUID | str,
+        round_index: int,
+        *,
+        state: bytes | IO[bytes],
+        num_samples: int,
+        signals: Mapping[str, Any],
+        metrics: Mapping[str, float | None] | None = None,
+        idempotency_key: str | None = None,
+    ) -> UpdateReceipt:
+        """Upload theta_k and the signals; retried uploads with the same key are safe."""
+        if isinstance(state, bytes):
+            digest = hashlib.sha256(state).hexdigest()
+        else:
+            position = state.tell()
+            hasher = hashlib.sha256()
+            for chunk in iter(lambda: state.read(1024 * 1024), b""):
+                hasher.update(chunk)
+            state.seek(position)
+            digest = hasher.hexdigest()
+        metadata = {
+            "num_samples": num_samples,
+            "sha256": digest,
+            "signals": dict(signals),
+            "metrics": dict(metrics or {}),
+        }
+        key = idempotency_key or f"{round_index}-{digest}"
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/rounds/{round_index}/updates",
+            headers={"Idempotency-Key": key},
+            files={
+                "metadata": (None, json.dumps(metadata), "application/json"),
+                "state": ("state.safetensors", state, "application/octet-stream"),
+            },
+        )
+        return UpdateReceipt.model_validate(response.json())
+
+
+class AdminClient(_Base):
+    """The operator's calls (admin token): federations, clients, models, rounds, events."""
+
+    def __init__(self, base_url: str | None = None, api_token: str | None = None, **kwargs: Any):
+        kwargs.setdefault("token_env", "FEDAUDIT_ADMIN_TOKEN")
+        super().__init__(base_url, api_token, **kwargs)
+
+    def create_federation(self, spec: Mapping[str, Any]) -> Federation:
+        response = self._request("POST", f"{API}/federations", json=dict(spec), retry_status=False)
+        return Federation.model_validate(response.json())
+
+    def list_federations(self) -> list[Federation]:
+        response = self._request("GET", f"{API}/federations")
+        return [Federation.model_validate(f) for f in response.json()["items"]]
+
+    def get_federation(self, federation_id: uuid.UUID | str) -> Federation:
+        response = self._request("GET", f"{API}/federations/{federation_id}")
+        federation = Federation.model_validate(response.json())
+        if federation.status == "failed":
+            raise FederationFailedError(federation.status_reason or "failed")
+        return federation
+
+    def upload_initial_model(self, federation_id: uuid.UUID | str, state: bytes) -> ModelInfo:
+        response = self._request(
+            "PUT",
+            f"{API}/federations/{federation_id}/model",
+            content=state,
+            headers={"Content-Type": "application/octet-stream"},
+            retry_status=False,
+        )
+        return ModelInfo.model_validate(response.json())
+
+    def add_client(self, federation_id: uuid.UUID | str, name: str) -> ClientCreated:
+        response = self._request(
+            "POST", f"{API}/federations/{federation_id}/clients", json={"name": name},
+            retry_status=False,
+        )
+        return ClientCreated.model_validate(response.json())
+
+    def list_clients(self, federation_id: uuid.UUID | str) -> list[ClientInfo]:
+        response = self._request("GET", f"{API}/federations/{federation_id}/clients")
+        return [ClientInfo.model_validate(c) for c in response.json()]
+
+    def start_federation(self, federation_id: uuid.UUID | str) -> Federation:
+        response = self._request("POST", f"{API}/federations/{federation_id}/start", retry_status=False)
+        return Federation.model_validate(response.json())
+
+    def list_rounds(self, federation_id: uuid.UUID | str) -> list[RoundInfo]:
+        response = self._request("GET", f"{API}/federations/{federation_id}/rounds")
+        return [RoundInfo.model_validate(r) for r in response.json()["items"]]
+
+    def get_round(self, federation_id: uuid.UUID | str, index: int) -> RoundInfo:
+        response = self._request("GET", f"{API}/federations/{federation_id}/rounds/{index}")
+        return RoundInfo.model_validate(response.json())
+
+    def list_events(self, federation_id: uuid.UUID | str, *, kind: str | None = None) -> list[Event]:
+        params = {"kind": kind} if kind else {}
+        response = self._request("GET", f"{API}/federations/{federation_id}/events", params=params)
+        return [Event.model_validate(e) for e in response.json()["items"]]
+
+    def download_model(self, model_id: uuid.UUID | str) -> bytes:
+        response = self._request("GET", f"{API}/models/{model_id}")
+        return response.content
+
+    def get_json(self, path: str, **params: Any) -> Any:
+        """Any other admin GET under /api/v1 (reports, audits); returns the decoded JSON."""
+        response = self._request("GET", f"{API}{path}", params=params)
+        return response.json()
+
+    def post_json(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        response = self._request("POST", f"{API}{path}", json=dict(body or {}), retry_status=False)
+        return response.json()
+
+    def get_text(self, path: str, **params: Any) -> str:
+        return self._request("GET", f"{API}{path}", params=params).text

@@ -1,0 +1,131 @@
+"""Exceptions raised by the SDK.
+
+    CoordinatorSDKError
+    ├── APIConnectionError            the coordinator could not be reached
+    │   └── APITimeoutError           ... or did not answer in time
+    ├── APIStatusError                the coordinator answered with an error status
+    │   ├── BadRequestError           400
+    │   ├── AuthenticationError       401
+    │   ├── PermissionDeniedError     403
+    │   ├── NotFoundError             404
+    │   ├── ConflictError             409 (round closed, duplicate update, ...)
+    │   ├── PayloadTooLargeError      413
+    │   ├── UnprocessableEntityError  422 (update rejected, invalid model, ...)
+    │   ├── RateLimitError            429
+    │   └── InternalServerError       5xx
+    ├── IntegrityError                downloaded bytes do not match their sha256
+    └── FederationFailedError         the federation stopped with an error
+
+Every `APIStatusError` carries `status_code`, the parsed RFC 9457 `problem` (when the body was
+one) and the `response`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from client_sdk._models import ProblemDetails
+
+
+class CoordinatorSDKError(Exception):
+    """Base of every SDK error."""
+
+
+class APIConnectionError(CoordinatorSDKError):
+    def __init__(self, message: str, *, request: httpx.Request | None = None) -> None:
+        super().__init__(message)
+        self.request = request
+
+
+class APITimeoutError(APIConnectionError):
+    pass
+
+
+class APIStatusError(CoordinatorSDKError):
+    def __init__(
+        self, message: str, *, response: httpx.Response, problem: ProblemDetails | None
+    ) -> None:
+        super().__init__(message)
+        self.response = response
+        self.status_code = response.status_code
+        self.problem = problem
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """Problem extension members (e.g. ``errors``, ``open_round``)."""
+        if self.problem is None:
+            return {}
+        return dict(self.problem.model_extra or {})
+
+
+class BadRequestError(APIStatusError):
+    pass
+
+
+class AuthenticationError(APIStatusError):
+    pass
+
+
+class PermissionDeniedError(APIStatusError):
+    pass
+
+
+class NotFoundError(APIStatusError):
+    pass
+
+
+class ConflictError(APIStatusError):
+    pass
+
+
+class PayloadTooLargeError(APIStatusError):
+    pass
+
+
+class UnprocessableEntityError(APIStatusError):
+    pass
+
+
+class RateLimitError(APIStatusError):
+    pass
+
+
+class InternalServerError(APIStatusError):
+    pass
+
+
+class IntegrityError(CoordinatorSDKError):
+    """Downloaded bytes do not match the sha256 the coordinator announced."""
+
+
+class FederationFailedError(CoordinatorSDKError):
+    """The federation stopped with an error; the coordinator says why."""
+
+
+_BY_STATUS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def status_error(response: httpx.Response) -> APIStatusError:
+    """The typed exception for an error response, with its problem details parsed."""
+    problem: ProblemDetails | None = None
+    try:
+        problem = ProblemDetails.model_validate(response.json())
+    except Exception:
+        problem = None
+    cls = _BY_STATUS.get(response.status_code)
+    if cls is None:
+        cls = InternalServerError if response.status_code >= 500 else APIStatusError
+    detail = problem.detail if problem is not None and problem.detail else response.text[:500]
+    message = f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
+    return cls(message, response=response, problem=problem)

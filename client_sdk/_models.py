@@ -1,0 +1,180 @@
+"""Typed responses of the coordinator (mirrors `openapi/openapi.json`; a test checks them)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored so an older SDK keeps working with a newer coordinator.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ProblemDetails(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str = ""
+    status: int = 0
+    detail: str | None = None
+    instance: str | None = None
+
+
+class TaskSpec(_Model):
+    num_classes: int
+    input_shape: list[int]
+    class_names: list[str] | None = None
+
+
+class PlanSpec(_Model):
+    rounds: int
+    min_clients: int = 1
+    max_clients: int | None = None
+    round_deadline_s: float = 600.0
+
+
+class Federation(_Model):
+    id: uuid.UUID
+    name: str
+    status: str
+    status_reason: str | None = None
+    task: TaskSpec
+    plan: PlanSpec
+    config: dict[str, Any]
+    seed: int
+    current_model_id: uuid.UUID | None
+    clients: int
+    joined_clients: int
+    rounds_started: int
+    created_at: datetime
+
+
+class ModelInfo(_Model):
+    id: uuid.UUID
+    federation_id: uuid.UUID
+    version: int
+    round_index: int | None
+    sha256: str
+    size_bytes: int
+    manifest: dict[str, Any]
+    created_at: datetime
+
+
+class ClientInfo(_Model):
+    id: uuid.UUID
+    federation_id: uuid.UUID
+    name: str
+    status: str
+    pinned_status: str | None = None
+    pin_reason: str | None = None
+    num_samples: int | None = None
+    class_counts: list[int] | None = None
+    joined_at: datetime | None = None
+    last_seen_at: datetime | None = None
+
+
+class ClientCreated(ClientInfo):
+    token: str
+
+
+class JoinInfo(_Model):
+    client_id: uuid.UUID
+    federation_id: uuid.UUID
+    name: str
+    federation_status: str
+    num_classes: int
+    input_shape: list[int]
+
+
+class Neighbor(_Model):
+    client_id: uuid.UUID
+    model_id: uuid.UUID
+    model_sha256: str
+    weight: float
+
+
+class Probe(_Model):
+    seed: int
+    size: int
+
+
+class Instructions(_Model):
+    recipe: str
+    hyperparameters: dict[str, Any]
+    global_model_id: uuid.UUID
+    global_model_sha256: str
+    round_index: int
+    total_rounds: int
+    num_classes: int
+    input_shape: list[int]
+    signals: list[str]
+    probe: Probe | None = None
+    centroids: list[list[float]] | None = None
+    deadline_at: datetime
+    seed: int
+    role: Literal["clean", "noisy"] = "clean"
+    label_correction: bool = False
+    neighbors: list[Neighbor] = []
+    self_weight: float | None = None
+
+
+class RoundRef(_Model):
+    id: uuid.UUID
+    index: int
+    deadline_at: datetime
+
+
+class CurrentRound(_Model):
+    status: Literal["train", "wait", "finished"]
+    round: RoundRef | None = None
+    instructions: Instructions | None = None
+    retry_after_s: float | None = None
+    reason: str | None = None
+    final_model_id: uuid.UUID | None = None
+
+
+class UpdateReceipt(_Model):
+    id: uuid.UUID
+    round_id: uuid.UUID
+    round_index: int
+    client_id: uuid.UUID
+    sha256: str
+    size_bytes: int
+    num_samples: int
+    received_at: datetime
+    replayed: bool
+
+
+class RoundInfo(_Model):
+    id: uuid.UUID
+    federation_id: uuid.UUID
+    index: int
+    state: str
+    state_reason: str | None = None
+    opened_at: datetime
+    deadline_at: datetime
+    deadline_extensions: int
+    closed_at: datetime | None = None
+    model_in_id: uuid.UUID
+    model_out_id: uuid.UUID | None = None
+    selected_clients: list[uuid.UUID]
+    submitted_clients: list[uuid.UUID]
+    aggregation_rule: str | None = None
+    aggregation_weights: dict[str, Any] | None = None
+    coordinator_seconds: float | None = None
+    audit: dict[str, Any] | None = None
+
+
+class Event(_Model):
+    id: int
+    kind: str
+    actor: str
+    message: str
+    round_id: uuid.UUID | None = None
+    client_id: uuid.UUID | None = None
+    data: dict[str, Any]
+    created_at: datetime

@@ -1,0 +1,277 @@
+"""The site's training loop: join, then train whatever the coordinator asks until it is done.
+
+    participant = Participant(client, federation_id, model, dataset, state_dir="fedaudit-state")
+    participant.run()
+
+Each round: ask for instructions (long-poll), download the global model once per version (and
+the neighbor models it was assigned), train with the named recipe, compute the signals the
+federation needs, upload theta_k with an idempotency key, persist local state. A round that
+closes while this client trains is skipped with a log line; every other error propagates.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from client_sdk._client import FederationClient
+from client_sdk._exceptions import ConflictError, FederationFailedError
+from client_sdk._models import CurrentRound, Instructions
+from client_sdk.local_state import LocalStateStore
+from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainReport, get_recipe
+from client_sdk.signals import compute_signals
+
+log = logging.getLogger("client_sdk.participant")
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a GPU is available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def state_to_bytes(model: nn.Module) -> bytes:
+    """The model's state as safetensors bytes (CPU, contiguous, no shared storage)."""
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    return save_safetensors(state)
+
+
+def load_state_bytes(model: nn.Module, data: bytes) -> None:
+    """Load safetensors bytes into `model` (names, shapes and dtypes must match exactly)."""
+    state = load_safetensors(data)
+    model.load_state_dict(state, strict=True)
+
+
+@dataclass
+class RoundSummary:
+    """What one round did on this client (passed to `on_round`)."""
+
+    round_index: int
+    recipe: str
+    train_loss: float
+    train_seconds: float
+    signal_seconds: float
+    upload_bytes: int
+    download_bytes: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    accepted: bool = True
+
+
+class Participant:
+    """A site taking part in a federation.
+
+    Parameters
+    ----------
+    client : FederationClient
+        Authenticated with this site's client token.
+    federation_id : uuid.UUID or str
+    model : torch.nn.Module
+        The architecture the federation trains (its last ``nn.Linear`` is the head).
+    data : LocalData or torch.utils.data.Dataset
+        The local training set; a Dataset of ``(x, y)`` pairs is materialised once as tensors.
+    device : torch.device or str, optional
+        Defaults to ``cuda`` when available, else ``cpu``.
+    amp : bool
+        Mixed precision on CUDA.
+    state_dir : path, optional
+        Where per-client state survives restarts (FLR averages, FedRN's previous model, ...).
+    poll_wait_s : float
+        Long-poll time when asking for instructions.
+    on_round : callable, optional
+        Called with a `RoundSummary` after each accepted round.
+    """
+
+    def __init__(
+        self,
+        client: FederationClient,
+        federation_id: uuid.UUID | str,
+        model: nn.Module,
+        data: LocalData | torch.utils.data.Dataset[Any],
+        *,
+        device: torch.device | str | None = None,
+        amp: bool = False,
+        state_dir: Path | str | None = None,
+        poll_wait_s: float = 10.0,
+        on_round: Callable[[RoundSummary], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.federation_id = str(federation_id)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = model.to(self.device)
+        local = data if isinstance(data, LocalData) else LocalData.from_dataset(data)
+        self.data = local.to(self.device)
+        self.amp = amp
+        self.state = LocalStateStore(Path(state_dir) if state_dir is not None else None)
+        self.poll_wait_s = poll_wait_s
+        self.on_round = on_round
+        self._models: dict[str, tuple[str, bytes]] = {}  # model id -> (sha256, bytes)
+        self.rounds_done: list[RoundSummary] = []
+
+    def join(self) -> None:
+        """Join (again) with this site's sample count and class counts."""
+        task = self.client.get_task(self.federation_id)
+        labels = self.data.labels.cpu()
+        if int(labels.max().item()) >= task.num_classes:
+            raise ValueError(
+                f"the local labels go up to {int(labels.max().item())} but the federation has "
+                f"{task.num_classes} classes"
+            )
+        counts = [int(c) for c in torch.bincount(labels, minlength=task.num_classes)]
+        joined = self.client.join(
+            self.federation_id, num_samples=self.data.num_samples, class_counts=counts
+        )
+        log.info("joined federation %s as %s", self.federation_id, joined.name)
+
+    def run(self, *, max_rounds: int | None = None) -> list[RoundSummary]:
+        """Train until the federation finishes (or `max_rounds` rounds were done here)."""
+        self.join()
+        while max_rounds is None or len(self.rounds_done) < max_rounds:
+            current = self.client.get_current_round(self.federation_id, wait_s=self.poll_wait_s)
+            if current.status == "finished":
+                self._load_final(current)
+                log.info("federation %s finished", self.federation_id)
+                break
+            if current.status == "wait":
+                if self.poll_wait_s == 0:  # no long-poll: honour the server's hint
+                    time.sleep(min(current.retry_after_s or 1.0, 5.0))
+                continue
+            summary = self.train_round(current)
+            if summary.accepted:
+                self.rounds_done.append(summary)
+                if self.on_round is not None:
+                    self.on_round(summary)
+        return self.rounds_done
+
+    def _fetch(self, model_id: str, sha256: str) -> tuple[bytes, int]:
+        """Model bytes by id, downloaded at most once per content (ETag); (bytes, downloaded)."""
+        cached = self._models.get(model_id)
+        if cached is not None and cached[0] == sha256:
+            return cached[1], 0
+        data = self.client.download_model(model_id, expected_sha256=sha256)
+        assert data is not None
+        self._models[model_id] = (sha256, data)
+        return data, len(data)
+
+    def _forget_models_except(self, keep: set[str]) -> None:
+        for model_id in list(self._models):
+            if model_id not in keep:
+                del self._models[model_id]
+
+    def train_round(self, current: CurrentRound) -> RoundSummary:
+        """Run one round from its instructions and upload the result."""
+        assert current.instructions is not None and current.round is not None
+        instructions: Instructions = current.instructions
+        downloaded = 0
+        global_id = str(instructions.global_model_id)
+        data, n = self._fetch(global_id, instructions.global_model_sha256)
+        downloaded += n
+        load_state_bytes(self.model, data)
+        neighbors = []
+        for neighbor in instructions.neighbors:
+            if instructions.recipe != "fedrn":
+                break
+            blob, n = self._fetch(str(neighbor.model_id), neighbor.model_sha256)
+            downloaded += n
+            neighbors.append(
+                NeighborModel(
+                    client_id=str(neighbor.client_id),
+                    state_dict={
+                        k: v.to(self.device) for k, v in load_safetensors(blob).items()
+                    },
+                    weight=float(neighbor.weight),
+                )
+            )
+        self._forget_models_except({global_id, *(str(n.model_id) for n in instructions.neighbors)})
+
+        global_model = copy.deepcopy(self.model)
+        global_model.eval()
+        for parameter in global_model.parameters():
+            parameter.requires_grad_(False)
+        self.model.train()
+        ctx = RoundContext(
+            round_index=instructions.round_index,
+            total_rounds=instructions.total_rounds,
+            num_classes=instructions.num_classes,
+            hyperparameters=instructions.hyperparameters,
+            role=instructions.role,
+            label_correction=instructions.label_correction,
+            neighbors=neighbors,
+            self_weight=instructions.self_weight,
+            global_centroids=(
+                torch.tensor(instructions.centroids, dtype=torch.float32, device=self.device)
+                if instructions.centroids is not None
+                else None
+            ),
+            device=self.device,
+            amp=self.amp,
+            seed=instructions.seed,
+            state=self.state,
+        )
+        recipe = get_recipe(instructions.recipe)
+        started = time.perf_counter()
+        report: TrainReport = recipe.train(self.model, global_model, self.data, ctx)
+        trained = time.perf_counter()
+        signals = compute_signals(
+            global_model=global_model,
+            local_model=self.model,
+            data=self.data,
+            num_classes=instructions.num_classes,
+            required=instructions.signals,
+            train_report=report,
+            probe_seed=instructions.probe.seed if instructions.probe is not None else None,
+            probe_size=instructions.probe.size if instructions.probe is not None else 0,
+            input_shape=instructions.input_shape,
+            device=self.device,
+        )
+        signal_seconds = time.perf_counter() - trained
+        payload = state_to_bytes(self.model)
+        accepted = True
+        try:
+            self.client.submit_update(
+                self.federation_id,
+                instructions.round_index,
+                state=payload,
+                num_samples=self.data.num_samples,
+                signals=signals.to_json(),
+                metrics=report.metrics,
+                idempotency_key=f"{current.round.id}",
+            )
+        except ConflictError as exc:
+            if (exc.problem is None) or exc.problem.type != "/problems/round-closed":
+                raise
+            accepted = False
+            log.warning("round %d closed before the upload: %s", instructions.round_index, exc)
+        self.state.flush()
+        return RoundSummary(
+            round_index=instructions.round_index,
+            recipe=instructions.recipe,
+            train_loss=report.train_loss,
+            train_seconds=trained - started,
+            signal_seconds=signal_seconds,
+            upload_bytes=len(payload),
+            download_bytes=downloaded,
+            metrics=dict(report.metrics),
+            notes=list(report.notes),
+            accepted=accepted,
+        )
+
+    def _load_final(self, current: CurrentRound) -> None:
+        if current.final_model_id is None:
+            return
+        data = self.client.download_model(current.final_model_id)
+        if data is not None:
+            load_state_bytes(self.model, data)
+
+
+__all__ = ["FederationFailedError", "Participant", "RoundSummary", "default_device"]

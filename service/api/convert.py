@@ -1,0 +1,107 @@
+"""ORM objects to wire models."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from service.api.schemas.federations import (
+    ClientRead,
+    EventRead,
+    FederationRead,
+    ModelRead,
+    PlanSpec,
+    TaskSpec,
+)
+from service.api.schemas.rounds import RoundRead
+from service.coordinator.federations import federation_summary
+from service.coordinator.rounds import participation
+from service.store.models import Client, Event, Federation, ModelVersion, Round
+
+
+def federation_read(session: Session, federation: Federation) -> FederationRead:
+    summary = federation_summary(session, federation)
+    return FederationRead(
+        id=federation.id,
+        name=federation.name,
+        status=federation.status,
+        status_reason=federation.status_reason,
+        task=TaskSpec(
+            num_classes=federation.num_classes,
+            input_shape=federation.input_shape,
+            class_names=federation.class_names,
+        ),
+        plan=PlanSpec(
+            rounds=federation.rounds,
+            min_clients=federation.min_clients,
+            max_clients=federation.max_clients,
+            round_deadline_s=federation.round_deadline_s,
+        ),
+        config=federation.config,
+        seed=federation.seed,
+        current_model_id=federation.current_model_id,
+        created_at=federation.created_at,
+        **summary,
+    )
+
+
+def client_read(client: Client) -> ClientRead:
+    return ClientRead(
+        id=client.id,
+        federation_id=client.federation_id,
+        name=client.name,
+        status=client.status,
+        pinned_status=client.pinned_status,
+        pin_reason=client.pin_reason,
+        num_samples=client.num_samples,
+        class_counts=client.class_counts,
+        joined_at=client.joined_at,
+        last_seen_at=client.last_seen_at,
+    )
+
+
+def model_read(model: ModelVersion) -> ModelRead:
+    return ModelRead(
+        id=model.id,
+        federation_id=model.federation_id,
+        version=model.version,
+        round_index=model.round_index,
+        sha256=model.sha256,
+        size_bytes=model.size_bytes,
+        manifest=model.manifest,
+        created_at=model.created_at,
+    )
+
+
+def round_read(session: Session, rnd: Round) -> RoundRead:
+    selected, submitted = participation(session, rnd)
+    return RoundRead(
+        id=rnd.id,
+        federation_id=rnd.federation_id,
+        index=rnd.index,
+        state=rnd.state,
+        state_reason=rnd.state_reason,
+        opened_at=rnd.opened_at,
+        deadline_at=rnd.deadline_at,
+        deadline_extensions=rnd.deadline_extensions,
+        closed_at=rnd.closed_at,
+        model_in_id=rnd.model_in_id,
+        model_out_id=rnd.model_out_id,
+        selected_clients=selected,
+        submitted_clients=submitted,
+        aggregation_rule=rnd.aggregation_rule,
+        aggregation_weights=rnd.aggregation_weights,
+        coordinator_seconds=rnd.coordinator_seconds,
+    )
+
+
+def event_read(event: Event) -> EventRead:
+    return EventRead(
+        id=event.id,
+        kind=event.kind,
+        actor=event.actor,
+        message=event.message,
+        round_id=event.round_id,
+        client_id=event.client_id,
+        data=event.data,
+        created_at=event.created_at,
+    )

@@ -1,0 +1,65 @@
+"""Dependency aliases shared by the routes (the only API module touching sessions)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.coordinator import clients as client_use_cases
+from service.coordinator.services import Services
+from service.store.models import Client
+
+bearer = HTTPBearer(auto_error=False, description="Admin token or a client token")
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings_dep(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
+    """One session per request; handlers that write commit explicitly before answering."""
+    with services.sessions() as session:
+        try:
+            yield session
+        except BaseException:
+            session.rollback()
+            raise
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+def require_admin(services: ServicesDep, credentials: Credentials) -> str:
+    client_use_cases.authenticate_admin(_token(credentials), services.settings.admin_secret())
+    return "admin"
+
+
+AdminDep = Annotated[str, Depends(require_admin)]
+
+
+def current_client(session: SessionDep, credentials: Credentials) -> Client:
+    return client_use_cases.authenticate_client(session, _token(credentials))
+
+
+CurrentClient = Annotated[Client, Depends(current_client)]

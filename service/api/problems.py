@@ -1,0 +1,155 @@
+"""RFC 9457 problem details for every error the API returns.
+
+FastAPI has no built-in ``application/problem+json`` (fastapi/fastapi#512), so the app installs
+these handlers: domain errors (`service.errors`), request validation, Starlette HTTP errors, and a
+last-resort 500 that logs the traceback and says nothing internal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import CoordinatorError
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class ProblemDetails(BaseModel):
+    """An RFC 9457 problem; extension members (``errors``, ``open_round`` ...) are allowed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+
+
+def problem_response(
+    request: Request,
+    *,
+    status: int,
+    title: str,
+    slug: str,
+    detail: str | None,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> JSONResponse:
+    body = ProblemDetails(
+        type=f"/problems/{slug}",
+        title=title,
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+        **extensions,
+    )
+    return JSONResponse(
+        body.model_dump(exclude_none=True),
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def _slug(status: int) -> str:
+    return {
+        400: "bad-request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not-found",
+        405: "method-not-allowed",
+        409: "conflict",
+        413: "payload-too-large",
+        415: "unsupported-media-type",
+        422: "validation-error",
+        429: "rate-limited",
+    }.get(status, "http-error" if status < 500 else "internal")
+
+
+async def _coordinator_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CoordinatorError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return problem_response(
+        request,
+        status=exc.status,
+        title=exc.title,
+        slug=exc.type_slug,
+        detail=exc.detail,
+        headers=headers,
+        **exc.extensions,
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return problem_response(
+        request,
+        status=422,
+        title="Request validation failed",
+        slug="validation-error",
+        detail=f"{where}: {first['msg']}" if where else str(first["msg"]),
+        errors=errors,
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return problem_response(
+        request,
+        status=exc.status_code,
+        title=str(exc.detail) if exc.status_code < 500 else "Internal error",
+        slug=_slug(exc.status_code),
+        detail=str(exc.detail),
+        headers=dict(exc.headers) if exc.headers else None,
+    )
+
+
+async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(
+        request,
+        status=500,
+        title="Internal error",
+        slug="internal",
+        detail="an unexpected error occurred; it has been logged",
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(CoordinatorError, _coordinator_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unhandled)
+
+
+def problem(status: int, description: str) -> dict[str, Any]:
+    """An OpenAPI `responses` entry for a problem response."""
+    return {
+        "description": description,
+        "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}},
+    }
+
+
+PROBLEM_400 = {400: problem(400, "Bad request")}
+PROBLEM_401 = {401: problem(401, "Missing or invalid bearer token")}
+PROBLEM_403 = {403: problem(403, "Forbidden")}
+PROBLEM_404 = {404: problem(404, "Not found")}
+PROBLEM_409 = {409: problem(409, "Conflict with the current state")}
+PROBLEM_413 = {413: problem(413, "Payload too large")}
+PROBLEM_422 = {422: problem(422, "Invalid input")}

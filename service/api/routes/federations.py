@@ -1,0 +1,200 @@
+"""Admin endpoints: federations, the initial model, clients, rounds, events."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+
+from service.api import convert
+from service.api.deps import AdminDep, ServicesDep, SessionDep
+from service.api.problems import (
+    PROBLEM_400,
+    PROBLEM_401,
+    PROBLEM_404,
+    PROBLEM_409,
+    PROBLEM_413,
+    PROBLEM_422,
+)
+from service.api.schemas.federations import (
+    ClientCreate,
+    ClientCreated,
+    ClientRead,
+    EventPage,
+    FederationCreate,
+    FederationPage,
+    FederationRead,
+    ModelRead,
+)
+from service.api.schemas.rounds import RoundDetail, RoundPage
+from service.api.uploads import receive_raw
+from service.coordinator import federations as use_cases
+from service.coordinator import queries, rounds
+from service.coordinator.services import Services
+from service.coordinator.updates import StagedUpload
+
+router = APIRouter(prefix="/federations", tags=["federations"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    summary="Create a federation",
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_409, **PROBLEM_422},
+)
+def create_federation(body: FederationCreate, session: SessionDep, actor: AdminDep) -> FederationRead:
+    federation = use_cases.create_federation(
+        session,
+        name=body.name,
+        num_classes=body.task.num_classes,
+        input_shape=body.task.input_shape,
+        class_names=body.task.class_names,
+        rounds=body.plan.rounds,
+        min_clients=body.plan.min_clients,
+        max_clients=body.plan.max_clients,
+        round_deadline_s=body.plan.round_deadline_s,
+        config=body.config,
+        seed=body.seed,
+        actor=actor,
+    )
+    session.commit()
+    return convert.federation_read(session, federation)
+
+
+@router.get("", summary="List federations", responses={**PROBLEM_401})
+def list_federations(
+    session: SessionDep,
+    _: AdminDep,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(100, ge=1, le=1000),
+) -> FederationPage:
+    items, total = queries.list_federations(session, offset=offset, limit=limit)
+    return FederationPage(items=[convert.federation_read(session, f) for f in items], total=total)
+
+
+@router.get("/{federation_id}", summary="Get a federation", responses={**PROBLEM_401, **PROBLEM_404})
+def get_federation(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> FederationRead:
+    return convert.federation_read(session, queries.federation_of(session, federation_id))
+
+
+def _store_initial_model(
+    services: Services, federation_id: uuid.UUID, staged: StagedUpload, actor: str
+) -> ModelRead:
+    try:
+        with services.sessions.begin() as session:
+            version = use_cases.upload_initial_model(
+                services,
+                session,
+                federation_id,
+                staged=staged.path,
+                sha256=staged.sha256,
+                size=staged.size,
+                actor=actor,
+            )
+            return convert.model_read(version)
+    finally:
+        staged.path.unlink(missing_ok=True)
+
+
+@router.put(
+    "/{federation_id}/model",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload the initial global model (safetensors body)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_413, **PROBLEM_422},
+)
+async def upload_initial_model(
+    federation_id: uuid.UUID, request: Request, services: ServicesDep, actor: AdminDep
+) -> ModelRead:
+    staged = await receive_raw(
+        request, services.settings.tmp_dir, services.settings.max_upload_bytes
+    )
+    return await run_in_threadpool(_store_initial_model, services, federation_id, staged, actor)
+
+
+@router.get("/{federation_id}/models", summary="List the global model versions", responses={**PROBLEM_401})
+def list_models(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> list[ModelRead]:
+    queries.federation_of(session, federation_id)
+    return [convert.model_read(m) for m in queries.list_models(session, federation_id)]
+
+
+@router.post(
+    "/{federation_id}/start",
+    summary="Open round 0 now with the clients that have joined",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
+)
+def start_federation(
+    federation_id: uuid.UUID, session: SessionDep, services: ServicesDep, _: AdminDep
+) -> FederationRead:
+    federation = queries.federation_of(session, federation_id)
+    rounds.maybe_start(session, federation, services.clock(), force=True)
+    session.commit()
+    return convert.federation_read(session, federation)
+
+
+@router.post(
+    "/{federation_id}/clients",
+    status_code=status.HTTP_201_CREATED,
+    summary="Add a client; its token is returned once",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_422},
+)
+def add_client(
+    federation_id: uuid.UUID, body: ClientCreate, session: SessionDep, actor: AdminDep
+) -> ClientCreated:
+    client, token = use_cases.add_client(session, federation_id, name=body.name, actor=actor)
+    session.commit()
+    return ClientCreated(**convert.client_read(client).model_dump(), token=token)
+
+
+@router.get("/{federation_id}/clients", summary="List clients", responses={**PROBLEM_401, **PROBLEM_404})
+def list_clients(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> list[ClientRead]:
+    queries.federation_of(session, federation_id)
+    return [convert.client_read(c) for c in queries.list_clients(session, federation_id)]
+
+
+@router.get("/{federation_id}/rounds", summary="List rounds", responses={**PROBLEM_401, **PROBLEM_404})
+def list_rounds(
+    federation_id: uuid.UUID,
+    session: SessionDep,
+    _: AdminDep,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(1000, ge=1, le=10000),
+) -> RoundPage:
+    queries.federation_of(session, federation_id)
+    items, total = queries.list_rounds(session, federation_id, offset=offset, limit=limit)
+    return RoundPage(items=[convert.round_read(session, r) for r in items], total=total)
+
+
+@router.get(
+    "/{federation_id}/rounds/{index}",
+    summary="Get a round with its audit",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def get_round(federation_id: uuid.UUID, index: int, session: SessionDep, _: AdminDep) -> RoundDetail:
+    queries.federation_of(session, federation_id)
+    rnd = rounds.get_round(session, federation_id, index)
+    base = convert.round_read(session, rnd)
+    return RoundDetail(**base.model_dump(), audit=queries.audit_of_round(session, rnd.id))
+
+
+@router.get("/{federation_id}/events", summary="The audit trail", responses={**PROBLEM_401, **PROBLEM_404})
+def list_events(
+    federation_id: uuid.UUID,
+    session: SessionDep,
+    _: AdminDep,
+    kind: str | None = None,
+    client_id: uuid.UUID | None = None,
+    after_id: int = Query(0, ge=0),
+    limit: int = Query(1000, ge=1, le=10000),
+) -> EventPage:
+    queries.federation_of(session, federation_id)
+    events = queries.list_events(
+        session, federation_id, kind=kind, client_id=client_id, after_id=after_id, limit=limit
+    )
+    return EventPage(items=[convert.event_read(e) for e in events])

@@ -1,0 +1,53 @@
+"""Model downloads (safetensors; ETag = sha256, 304 on If-None-Match)."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import FileResponse
+
+from service.api.deps import Credentials, ServicesDep, SessionDep
+from service.api.problems import PROBLEM_401, PROBLEM_403, PROBLEM_404
+from service.coordinator import clients as client_use_cases
+from service.coordinator import queries
+from service.errors import AuthError
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+@router.get(
+    "/{model_id}",
+    summary="Download a model state (safetensors)",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The safetensors bytes"},
+        304: {"description": "Not modified (If-None-Match matched the ETag)"},
+        **PROBLEM_401,
+        **PROBLEM_403,
+        **PROBLEM_404,
+    },
+)
+def download_model(
+    model_id: uuid.UUID,
+    session: SessionDep,
+    services: ServicesDep,
+    credentials: Credentials,
+    if_none_match: str | None = Header(None),
+) -> Response:
+    token = credentials.credentials if credentials is not None else None
+    client = None
+    try:
+        client_use_cases.authenticate_admin(token, services.settings.admin_secret())
+    except AuthError:
+        client = client_use_cases.authenticate_client(session, token)
+    key, sha256, size = queries.downloadable_model(session, model_id, client=client)
+    etag = f'"{sha256}"'
+    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
+        return Response(status_code=304, headers={"ETag": etag})
+    return FileResponse(
+        services.blobs.local_path(key),
+        media_type="application/octet-stream",
+        headers={"ETag": etag, "X-Content-SHA256": sha256, "Cache-Control": "private, max-age=0"},
+        filename=f"{model_id}.safetensors",
+    )

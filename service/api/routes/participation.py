@@ -1,0 +1,187 @@
+"""Client endpoints: join, the current round (long-poll), submit an update."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+
+from service.api.deps import CurrentClient, ServicesDep, SessionDep
+from service.api.problems import (
+    PROBLEM_400,
+    PROBLEM_401,
+    PROBLEM_403,
+    PROBLEM_404,
+    PROBLEM_409,
+    PROBLEM_413,
+    PROBLEM_422,
+)
+from service.api.schemas.federations import TaskSpec
+from service.api.schemas.rounds import CurrentRound, Instructions, JoinRead, JoinRequest, RoundRef, UpdateRead
+from service.api.uploads import receive_update
+from service.coordinator import clients as client_use_cases
+from service.coordinator import rounds, updates
+from service.coordinator.queries import federation_of
+from service.coordinator.services import Services
+from service.errors import CoordinatorError
+
+router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
+
+MAX_WAIT_S = 30.0
+POLL_INTERVAL_S = 0.1
+
+
+@router.get("/task", summary="The federation's task (classes, input shape)", responses={**PROBLEM_401, **PROBLEM_404})
+def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> TaskSpec:
+    client_use_cases.check_scope(client, federation_id)
+    federation = federation_of(session, federation_id)
+    return TaskSpec(
+        num_classes=federation.num_classes,
+        input_shape=federation.input_shape,
+        class_names=federation.class_names,
+    )
+
+
+@router.post("/join", summary="Join the federation", responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404})
+def join(
+    federation_id: uuid.UUID,
+    body: JoinRequest,
+    session: SessionDep,
+    services: ServicesDep,
+    client: CurrentClient,
+) -> JoinRead:
+    client_use_cases.check_scope(client, federation_id)
+    client_use_cases.join(
+        session,
+        client,
+        num_samples=body.num_samples,
+        class_counts=body.class_counts,
+        now=services.clock(),
+    )
+    session.commit()
+    federation = federation_of(session, federation_id)
+    return JoinRead(
+        client_id=client.id,
+        federation_id=federation.id,
+        name=client.name,
+        federation_status=federation.status,
+        num_classes=federation.num_classes,
+        input_shape=federation.input_shape,
+    )
+
+
+def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
+    with services.sessions() as session:
+        state = rounds.current_for_client_id(session, client_id)
+    if isinstance(state, rounds.Finished):
+        return CurrentRound(status="finished", final_model_id=state.final_model_id)
+    if isinstance(state, rounds.Wait):
+        return CurrentRound(status="wait", retry_after_s=state.retry_after_s, reason=state.reason)
+    return CurrentRound(
+        status="train",
+        round=RoundRef(id=state.round.id, index=state.round.index, deadline_at=state.round.deadline_at),
+        instructions=Instructions.model_validate(state.instructions),
+    )
+
+
+@router.get(
+    "/rounds/current",
+    summary="What to do now: train (with instructions), wait, or finished",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
+)
+async def get_current_round(
+    federation_id: uuid.UUID,
+    response: Response,
+    services: ServicesDep,
+    client: CurrentClient,
+    wait_s: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Long-poll up to this long"),
+) -> CurrentRound:
+    client_use_cases.check_scope(client, federation_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        current = await run_in_threadpool(_current, services, client.id)
+        if current.status != "wait" or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_INTERVAL_S)
+    if current.status == "wait":
+        response.headers["Retry-After"] = str(max(1, round(current.retry_after_s or 1)))
+    return current
+
+
+@router.post(
+    "/rounds/{round_index}/updates",
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit an update (multipart: metadata JSON + safetensors state)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["metadata", "state"],
+                        "properties": {
+                            "metadata": {"type": "string", "description": "JSON: num_samples, sha256, signals, metrics"},
+                            "state": {"type": "string", "format": "binary"},
+                        },
+                    }
+                }
+            },
+        }
+    },
+    responses={
+        200: {"description": "A retried identical upload: the stored result", "model": UpdateRead},
+        **PROBLEM_400,
+        **PROBLEM_401,
+        **PROBLEM_403,
+        **PROBLEM_404,
+        **PROBLEM_409,
+        **PROBLEM_413,
+        **PROBLEM_422,
+    },
+)
+async def submit_update(
+    federation_id: uuid.UUID,
+    round_index: int,
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    client: CurrentClient,
+    idempotency_key: str = Header(..., alias="Idempotency-Key"),
+) -> UpdateRead:
+    try:
+        client_use_cases.check_scope(client, federation_id)
+        metadata, staged = await receive_update(
+            request, services.settings.tmp_dir, services.settings.max_upload_bytes
+        )
+    except CoordinatorError as exc:
+        await run_in_threadpool(updates.record_rejection, services, client, federation_id, round_index, exc)
+        raise
+    result = await run_in_threadpool(
+        lambda: updates.submit_update(
+            services,
+            client,
+            federation_id=federation_id,
+            round_index=round_index,
+            metadata_raw=metadata,
+            staged=staged,
+            idempotency_key=idempotency_key,
+        )
+    )
+    if not result.created:
+        response.status_code = status.HTTP_200_OK
+    update = result.update
+    return UpdateRead(
+        id=update.id,
+        round_id=update.round_id,
+        round_index=update.round_index,
+        client_id=update.client_id,
+        sha256=update.sha256,
+        size_bytes=update.size_bytes,
+        num_samples=update.num_samples,
+        received_at=update.received_at,
+        replayed=not result.created,
+    )

@@ -1,0 +1,120 @@
+"""Rounds, instructions and updates on the wire."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RoundRead(BaseModel):
+    id: uuid.UUID
+    federation_id: uuid.UUID
+    index: int
+    state: str
+    state_reason: str | None
+    opened_at: datetime
+    deadline_at: datetime
+    deadline_extensions: int
+    closed_at: datetime | None
+    model_in_id: uuid.UUID
+    model_out_id: uuid.UUID | None
+    selected_clients: list[uuid.UUID]
+    submitted_clients: list[uuid.UUID]
+    aggregation_rule: str | None
+    aggregation_weights: dict[str, Any] | None
+    coordinator_seconds: float | None
+
+
+class RoundDetail(RoundRead):
+    audit: dict[str, Any] | None = Field(
+        default=None, description="The audit stored when the round closed"
+    )
+
+
+class RoundPage(BaseModel):
+    items: list[RoundRead]
+    total: int
+
+
+class JoinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_samples: int = Field(gt=0)
+    class_counts: list[int] = Field(min_length=1)
+
+    def model_post_init(self, _context: Any) -> None:
+        if any(c < 0 for c in self.class_counts):
+            raise ValueError("class_counts must be non-negative")
+
+
+class JoinRead(BaseModel):
+    client_id: uuid.UUID
+    federation_id: uuid.UUID
+    name: str
+    federation_status: str
+    num_classes: int
+    input_shape: list[int]
+
+
+class Neighbor(BaseModel):
+    client_id: uuid.UUID
+    model_id: uuid.UUID
+    model_sha256: str
+    weight: float
+
+
+class Probe(BaseModel):
+    seed: int
+    size: int
+
+
+class Instructions(BaseModel):
+    recipe: str
+    hyperparameters: dict[str, Any]
+    global_model_id: uuid.UUID
+    global_model_sha256: str
+    round_index: int
+    total_rounds: int
+    num_classes: int
+    input_shape: list[int]
+    signals: list[str]
+    probe: Probe | None
+    centroids: list[list[float]] | None
+    deadline_at: datetime
+    seed: int
+    role: Literal["clean", "noisy"]
+    label_correction: bool
+    neighbors: list[Neighbor]
+    self_weight: float | None
+
+
+class RoundRef(BaseModel):
+    id: uuid.UUID
+    index: int
+    deadline_at: datetime
+
+
+class CurrentRound(BaseModel):
+    """What a client should do now."""
+
+    status: Literal["train", "wait", "finished"]
+    round: RoundRef | None = None
+    instructions: Instructions | None = None
+    retry_after_s: float | None = None
+    reason: str | None = None
+    final_model_id: uuid.UUID | None = None
+
+
+class UpdateRead(BaseModel):
+    id: uuid.UUID
+    round_id: uuid.UUID
+    round_index: int
+    client_id: uuid.UUID
+    sha256: str
+    size_bytes: int
+    num_samples: int
+    received_at: datetime
+    replayed: bool = Field(description="True when this answers a retried identical upload")

@@ -1,0 +1,163 @@
+"""Streaming request bodies to disk: never held whole in memory, hashed on the way, size-capped.
+
+An update is ``multipart/form-data`` with a ``metadata`` part (JSON, kept in memory up to a small
+cap) and a ``state`` part (safetensors, streamed to a temporary file). The initial model is a raw
+``application/octet-stream`` body. Past the configured limit the request fails with 413 as soon
+as the limit is crossed (or at once when Content-Length already says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from service.coordinator.updates import StagedUpload
+from service.errors import BadRequestError, PayloadTooLargeError
+
+MAX_METADATA_BYTES = 16 * 1024 * 1024
+
+
+class _TempWriter:
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=directory, prefix="upload-", suffix=".part")
+        self.path = Path(name)
+        self._file = os.fdopen(fd, "wb")
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._digest.update(data)
+        self.size += len(data)
+
+    def finish(self) -> StagedUpload:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return StagedUpload(path=self.path, sha256=self._digest.hexdigest(), size=self.size)
+
+    def discard(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _check_declared_length(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(
+            f"the request body is {int(declared)} bytes; the limit is {limit}", limit=limit
+        )
+
+
+async def receive_raw(request: Request, directory: Path, limit: int) -> StagedUpload:
+    """Stream a raw body into a temporary file."""
+    _check_declared_length(request, limit)
+    writer = _TempWriter(directory)
+    try:
+        async for chunk in request.stream():
+            if writer.size + len(chunk) > limit:
+                raise PayloadTooLargeError(
+                    f"the request body exceeds the limit of {limit} bytes", limit=limit
+                )
+            writer.write(chunk)
+        if writer.size == 0:
+            raise BadRequestError("the request body is empty")
+        return writer.finish()
+    except BaseException:
+        writer.discard()
+        raise
+
+
+async def receive_update(request: Request, directory: Path, limit: int) -> tuple[bytes, StagedUpload]:
+    """Parse a multipart update: returns the metadata bytes and the staged state file."""
+    content_type, params = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or b"boundary" not in params:
+        raise BadRequestError(
+            "an update must be multipart/form-data with the parts 'metadata' and 'state'"
+        )
+    _check_declared_length(request, limit)
+    state: dict[str, Any] = {"name": None, "header_field": b"", "header_value": b"", "headers": {}}
+    metadata = bytearray()
+    writer = _TempWriter(directory)
+    seen: set[str] = set()
+    total = 0
+
+    def on_part_begin() -> None:
+        state["headers"] = {}
+        state["name"] = None
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state["header_field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state["header_value"] += data[start:end]
+
+    def on_header_end() -> None:
+        state["headers"][state["header_field"].lower()] = state["header_value"]
+        state["header_field"] = b""
+        state["header_value"] = b""
+
+    def on_headers_finished() -> None:
+        disposition = state["headers"].get(b"content-disposition", b"")
+        _, disp = parse_options_header(disposition)
+        name = disp.get(b"name", b"").decode("utf-8", "replace")
+        if name not in ("metadata", "state"):
+            raise BadRequestError(f"unexpected multipart part {name!r}")
+        if name in seen:
+            raise BadRequestError(f"the part {name!r} appears twice")
+        seen.add(name)
+        state["name"] = name
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if state["name"] == "metadata":
+            if len(metadata) + len(chunk) > MAX_METADATA_BYTES:
+                raise PayloadTooLargeError(
+                    f"the metadata part exceeds {MAX_METADATA_BYTES} bytes",
+                    limit=MAX_METADATA_BYTES,
+                )
+            metadata.extend(chunk)
+        elif state["name"] == "state":
+            writer.write(chunk)
+
+    callbacks: Any = {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished,
+        "on_part_data": on_part_data,
+    }
+    parser = MultipartParser(params[b"boundary"], callbacks)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLargeError(
+                    f"the request body exceeds the limit of {limit} bytes", limit=limit
+                )
+            parser.write(chunk)
+        parser.finalize()
+        missing = {"metadata", "state"} - seen
+        if missing:
+            raise BadRequestError(f"the multipart body lacks the part(s) {sorted(missing)}")
+        if writer.size == 0:
+            raise BadRequestError("the 'state' part is empty")
+        return bytes(metadata), writer.finish()
+    except (BadRequestError, PayloadTooLargeError):
+        writer.discard()
+        raise
+    except Exception as exc:  # the parser's own errors: a malformed body
+        writer.discard()
+        raise BadRequestError(f"malformed multipart body: {exc}") from None
+    except BaseException:
+        writer.discard()
+        raise

@@ -1,0 +1,271 @@
+"""The audit at round close, and what its results mean for the next round.
+
+Loads the stored updates as lazy safetensors readers (one tensor at a time), turns their signals
+into the arrays `service.audit.run_audit` takes, and keeps the JSON result for the reports. Flags
+drive roles and aggregation only after the federation's warm-up; an admin's pin overrides the
+detector for that client (recorded in the result).
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from service.audit import AuditConfig, ClientRoundData, correction_candidates, run_audit
+from service.coordinator.services import Services
+from service.coordinator.tensors import SafetensorsReader, write_state
+from service.store import repositories as repo
+from service.store.models import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
+
+
+@dataclass
+class RoundOutcome:
+    state: dict[str, np.ndarray]
+    rule: str
+    fallback_reason: str | None
+    weights_by_client: dict[str, Any]
+    flags_by_client: dict[str, dict[str, bool | None]]
+    centroids: list[list[float]] | None
+    result: dict[str, Any]
+
+
+def _array(value: Any, dtype: Any = np.float64) -> np.ndarray | None:
+    if value is None:
+        return None
+    return np.asarray([np.nan if v is None else v for v in value], dtype=dtype)
+
+
+def _matrix(value: Any) -> np.ndarray | None:
+    return None if value is None else np.asarray(value, dtype=np.float64)
+
+
+def client_round_data(update: ModelUpdate, reader: Any) -> ClientRoundData:
+    signals = update.signals
+    per_class = signals.get("per_class_loss")
+    return ClientRoundData(
+        client_id=str(update.client_id),
+        num_samples=int(update.num_samples),
+        class_counts=np.asarray(signals["class_counts"], dtype=np.int64),
+        per_class_loss=_array(per_class) if per_class is not None else None,
+        train_loss=signals.get("train_loss"),
+        train_accuracy=signals.get("train_accuracy"),
+        probe_softmax=_matrix(signals.get("probe_softmax")),
+        centroids=_matrix(signals.get("centroids")),
+        state=reader,
+    )
+
+
+def audit_config_for_round(federation: Federation, rnd: Round) -> tuple[AuditConfig, bool]:
+    """The federation's audit configuration; FedAvg while the warm-up lasts."""
+    data = dict(federation.config["audit"])
+    in_warmup = rnd.index < int(federation.config["warmup_rounds"])
+    if in_warmup:
+        data["aggregation"] = "fedavg"
+    return AuditConfig.from_json(data), in_warmup
+
+
+def pinned_flags(clients: list[Client]) -> list[bool | None]:
+    """An admin pin forces the flag: noisy -> True, trusted -> False, suspect/none -> detector."""
+    result: list[bool | None] = []
+    for client in clients:
+        if client.pinned_status == "noisy":
+            result.append(True)
+        elif client.pinned_status == "trusted":
+            result.append(False)
+        else:
+            result.append(None)
+    return result
+
+
+def audit_round(
+    services: Services,
+    session: Session,
+    federation: Federation,
+    rnd: Round,
+    model_in: ModelVersion,
+    updates: list[ModelUpdate],
+    clients: dict[uuid.UUID, Client],
+    *,
+    config: AuditConfig | None = None,
+    exclude: set[uuid.UUID] | None = None,
+) -> RoundOutcome:
+    """Run the audit and the aggregation of a round from its stored updates (no writes)."""
+    if config is None:
+        config, in_warmup = audit_config_for_round(federation, rnd)
+    else:
+        in_warmup = False
+    if exclude:
+        updates = [u for u in updates if u.client_id not in exclude]
+    # A stable order (by client name) makes results independent of arrival order.
+    updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
+    round_clients = [clients[u.client_id] for u in updates]
+    with ExitStack() as stack:
+        global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
+        data = [
+            client_round_data(u, SafetensorsReader(services.blobs.local_path(u.blob_key)))
+            for u in updates
+        ]
+        candidates = _neighbor_candidates(services, session, federation, updates, data)
+        stack.callback(lambda: None)
+        outcome = run_audit(
+            global_reader,
+            data,
+            config,
+            round_index=rnd.index,
+            previous_centroids=(
+                np.asarray(federation.centroids, dtype=np.float64)
+                if federation.centroids is not None
+                else None
+            ),
+            neighbor_candidates=candidates,
+            flag_overrides=pinned_flags(round_clients) if not in_warmup else None,
+            use_flags=not in_warmup,
+        )
+    aggregation = outcome.aggregation
+    ids = [str(u.client_id) for u in updates]
+    weights: dict[str, Any] = {cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)}
+    flags: dict[str, dict[str, bool | None]] = {}
+    for position, cid in enumerate(ids):
+        entry: dict[str, bool | None] = {"primary": outcome.primary_flags[position]}
+        for name, detection in outcome.detections.items():
+            verdict = detection.verdicts[position] if detection.status == "ok" else None
+            entry[name] = None if verdict is None else verdict.flag
+        flags[cid] = entry
+    result = outcome.to_json()
+    result["round_index"] = rnd.index
+    result["in_warmup"] = in_warmup
+    result["clients"] = [
+        {
+            "client_id": cid,
+            "name": clients[uuid.UUID(cid)].name,
+            "num_samples": u.num_samples,
+            "update_id": str(u.id),
+            "pinned_status": clients[uuid.UUID(cid)].pinned_status,
+        }
+        for cid, u in zip(ids, updates, strict=True)
+    ]
+    centroids = outcome.centroids
+    return RoundOutcome(
+        state=aggregation.state,
+        rule=aggregation.rule,
+        fallback_reason=aggregation.fallback_reason,
+        weights_by_client=weights,
+        flags_by_client=flags,
+        centroids=None if centroids is None else np.asarray(centroids).tolist(),
+        result=result,
+    )
+
+
+def _neighbor_candidates(
+    services: Services,
+    session: Session,
+    federation: Federation,
+    updates: list[ModelUpdate],
+    data: list[ClientRoundData],
+) -> list[ClientRoundData] | None:
+    """Every client's latest local model with a probe (this round's updates win)."""
+    if "probe_softmax" not in federation.config["signals"]:
+        return None
+    this_round = {u.client_id for u in updates}
+    joined = [c.id for c in repo.joined_clients(session, federation.id)]
+    older = repo.latest_updates(session, federation.id, [c for c in joined if c not in this_round])
+    candidates = list(data)
+    for update in sorted(older.values(), key=lambda u: str(u.client_id)):
+        if update.signals.get("probe_softmax") is None:
+            continue
+        candidates.append(client_round_data(update, _LazyReader(services, update.blob_key)))
+    return candidates
+
+
+class _LazyReader:
+    """Opens the blob only if an algorithm actually reads the state."""
+
+    def __init__(self, services: Services, key: str) -> None:
+        self._services = services
+        self._key = key
+        self._reader: SafetensorsReader | None = None
+
+    def _open(self) -> SafetensorsReader:
+        if self._reader is None:
+            self._reader = SafetensorsReader(self._services.blobs.local_path(self._key))
+        return self._reader
+
+    def keys(self) -> Any:
+        return self._open().keys()
+
+    def get(self, name: str) -> np.ndarray:
+        return self._open().get(name)
+
+
+def store_new_model(
+    services: Services,
+    session: Session,
+    federation: Federation,
+    rnd: Round,
+    outcome: RoundOutcome,
+) -> ModelVersion:
+    path, sha, size = write_state(outcome.state, services.settings.tmp_dir)
+    try:
+        from service.coordinator.tensors import read_manifest
+
+        manifest = read_manifest(path)
+        services.blobs.put_file(path, sha)
+    finally:
+        path.unlink(missing_ok=True)
+    version = ModelVersion(
+        federation_id=federation.id,
+        version=rnd.index + 1,
+        round_index=rnd.index,
+        sha256=sha,
+        size_bytes=size,
+        blob_key=sha,
+        manifest=manifest,
+    )
+    repo.add(session, version)
+    return version
+
+
+def neighbor_assignments(
+    session: Session, federation: Federation, audit: AuditResult | None
+) -> dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]]:
+    """Per client: its neighbors (with weights and the model id of their latest local model)."""
+    if audit is None or not audit.result.get("neighbors"):
+        return {}
+    neighbors: dict[str, list[dict[str, Any]]] = audit.result["neighbors"]
+    self_weights: dict[str, float] = audit.result.get("self_weights") or {}
+    wanted = {uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries}
+    latest = repo.latest_updates(session, federation.id, sorted(wanted, key=str))
+    result: dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]] = {}
+    for client_id, entries in neighbors.items():
+        assigned = []
+        for entry in entries:
+            update = latest.get(uuid.UUID(entry["client_id"]))
+            if update is None:
+                continue
+            assigned.append(
+                {
+                    "client_id": entry["client_id"],
+                    "model_id": str(update.id),
+                    "model_sha256": update.sha256,
+                    "weight": float(entry["weight"]),
+                }
+            )
+        result[uuid.UUID(client_id)] = (assigned, self_weights.get(client_id))
+    return result
+
+
+def is_correction_candidate(client: Client, t_corr: int, alpha: float) -> bool:
+    """Fed-NCL eq. 17 on the client's stored Fed-NCL flags of the first t_corr rounds."""
+    history = client.flag_history or []
+    flagged = sum(
+        1 for entry in history if entry.get("round", 0) < t_corr and entry.get("fedncl") is True
+    )
+    seen = sum(1 for entry in history if entry.get("round", 0) < t_corr)
+    if seen == 0:
+        return False
+    return bool(correction_candidates(np.asarray([flagged]), t_corr=t_corr, alpha=alpha)[0])

@@ -1,0 +1,80 @@
+"""Use cases of a client: authenticate, join, read its own diagnostics."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from service.coordinator import rounds
+from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
+from service.errors import AuthError, BadRequestError, NotFoundError
+from service.store import repositories as repo
+from service.store.models import Client
+
+
+def authenticate_admin(token: str | None, admin_token: str) -> None:
+    if not token or not hmac.compare_digest(token.encode(), admin_token.encode()):
+        raise AuthError("a valid admin bearer token is required")
+
+
+def authenticate_client(session: Session, token: str | None) -> Client:
+    if not token or not token.startswith(CLIENT_TOKEN_PREFIX):
+        raise AuthError("a valid client bearer token is required")
+    client = repo.get_client_by_token_hash(session, hash_token(token))
+    if client is None:
+        raise AuthError("a valid client bearer token is required")
+    return client
+
+
+def check_scope(client: Client, federation_id: uuid.UUID) -> None:
+    """A client sees only its own federation; another one does not exist for it."""
+    if client.federation_id != federation_id:
+        raise NotFoundError(f"federation {federation_id} does not exist")
+
+
+def join(
+    session: Session,
+    client: Client,
+    *,
+    num_samples: int,
+    class_counts: list[int],
+    now: datetime,
+) -> Client:
+    """Record the client's data summary; joining again updates it (e.g. after a restart)."""
+    federation = repo.get_federation(session, client.federation_id)
+    assert federation is not None
+    errors = []
+    if len(class_counts) != federation.num_classes:
+        errors.append(
+            {"loc": ["body", "class_counts"], "msg": f"must have {federation.num_classes} entries"}
+        )
+    elif sum(class_counts) != num_samples:
+        errors.append(
+            {
+                "loc": ["body", "class_counts"],
+                "msg": f"sums to {sum(class_counts)} but num_samples is {num_samples}",
+            }
+        )
+    if errors:
+        raise BadRequestError("invalid join request: " + errors[0]["msg"], errors=errors)
+    first = client.joined_at is None
+    client.num_samples = num_samples
+    client.class_counts = list(class_counts)
+    client.joined_at = client.joined_at or now
+    client.last_seen_at = now
+    repo.add_event(
+        session,
+        kind="client.joined" if first else "client.rejoined",
+        actor=f"client:{client.id}",
+        message=f"client {client.name!r} {'joined' if first else 'joined again'} "
+        f"with {num_samples} samples",
+        federation_id=federation.id,
+        client_id=client.id,
+        data={"num_samples": num_samples, "class_counts": class_counts},
+    )
+    session.flush()
+    rounds.maybe_start(session, federation, now, force=False)
+    return client

@@ -1,0 +1,149 @@
+"""A federation's training and audit configuration, resolved once at creation.
+
+A *method* preset (``fedavg``, ``fedprox``, ``fednoro``, ``fedrn``, ``fedncl``, ``rofl``, ``flr``)
+chooses the client recipe, the aggregation rule and the primary detector; every field can be
+overridden. Round schedules quoted in the papers for the papers' run lengths are scaled to the
+planned number of rounds (ALGORITHMS.md, preamble) unless set explicitly, and the resolved values
+are what gets stored, so a report always says which values were used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.audit import AuditConfig, scale_rounds
+
+Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
+RECIPES = ("fedavg", "fedprox", "fednoro", "fedrn", "fedncl_correction", "rofl", "flr")
+AGGREGATIONS = (
+    "fedavg",
+    "daagg",
+    "fedncl_layerwise",
+    "trimmed_mean",
+    "median",
+    "reliability_weighted",
+)
+DETECTORS = ("fednoro", "fedncl", "expertise")
+SIGNALS = ("per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids")
+
+# method -> (recipe, aggregation, primary detector)
+PRESETS: dict[str, tuple[str, str, str]] = {
+    "fedavg": ("fedavg", "fedavg", "fednoro"),
+    "fedprox": ("fedprox", "fedavg", "fednoro"),
+    "fednoro": ("fednoro", "daagg", "fednoro"),
+    "fedrn": ("fedrn", "fedavg", "fednoro"),
+    "fedncl": ("fedncl_correction", "fedncl_layerwise", "fedncl"),
+    "rofl": ("rofl", "fedavg", "fednoro"),
+    "flr": ("flr", "fedavg", "fednoro"),
+}
+
+# Schedules in rounds as the papers give them: key -> (value, the paper's run length).
+PAPER_SCHEDULES: dict[str, dict[str, tuple[int, int]]] = {
+    "fednoro": {"warmup_rounds": (10, 100), "ramp_rounds": (39, 100)},
+    "fedrn": {"warmup_rounds": (100, 500)},
+    "fedncl_correction": {"t_corr": (60, 150)},
+    "rofl": {"forget_rounds": (10, 1000), "t_pl": (100, 1000)},
+    "flr": {"r_w": (50, 300), "warmup_rounds": (50, 300)},
+}
+
+# The federation-level warm-up (rounds before detector flags drive roles and aggregation).
+METHOD_WARMUP: dict[str, tuple[int, int] | None] = {
+    "fedavg": (10, 100),
+    "fedprox": (10, 100),
+    "fednoro": (10, 100),
+    "fedrn": (100, 500),
+    "fedncl": None,
+    "rofl": (10, 100),
+    "flr": (10, 100),
+}
+
+COMMON_HYPERPARAMETERS: dict[str, Any] = {
+    "optimizer": "sgd",
+    "lr": 0.01,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "local_epochs": 1,
+    "batch_size": 32,
+}
+
+
+class FederationConfigInput(BaseModel):
+    """What an operator may set; everything else comes from the method preset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Method = "fedavg"
+    recipe: Literal[RECIPES] | None = None  # type: ignore[valid-type]
+    aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
+    primary_detector: Literal[DETECTORS] | None = None  # type: ignore[valid-type]
+    detectors: list[Literal[DETECTORS]] | None = None  # type: ignore[valid-type]
+    warmup_rounds: int | None = Field(default=None, ge=0)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    audit: dict[str, Any] = Field(default_factory=dict)
+    probe_size: int = Field(default=8, ge=1, le=1024)
+    status_flagged_rounds: int = Field(default=2, ge=1, description="m of the status rule")
+    status_window: int = Field(default=3, ge=1, description="w of the status rule")
+
+    @model_validator(mode="after")
+    def _window(self) -> FederationConfigInput:
+        if self.status_flagged_rounds > self.status_window:
+            raise ValueError("status_flagged_rounds (m) cannot exceed status_window (w)")
+        return self
+
+
+def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any]:
+    """The stored, fully resolved configuration of a federation planned for `rounds` rounds."""
+    recipe, aggregation, primary = PRESETS[data.method]
+    recipe = data.recipe or recipe
+    aggregation = data.aggregation or aggregation
+    primary = data.primary_detector or primary
+    detectors = list(data.detectors) if data.detectors is not None else list(DETECTORS)
+    if primary not in detectors:
+        raise ValueError(f"the primary detector {primary!r} is not among detectors {detectors}")
+
+    hyperparameters = dict(COMMON_HYPERPARAMETERS)
+    for key, (value, paper_rounds) in PAPER_SCHEDULES.get(recipe, {}).items():
+        hyperparameters[key] = scale_rounds(value, paper_rounds, rounds)
+    hyperparameters.update(data.hyperparameters)
+
+    if data.warmup_rounds is not None:
+        warmup = data.warmup_rounds
+    else:
+        quoted = METHOD_WARMUP[data.method]
+        warmup = 0 if quoted is None else scale_rounds(quoted[0], quoted[1], rounds)
+    warmup = min(warmup, max(rounds - 1, 0))
+
+    audit_defaults = AuditConfig().to_json()
+    audit = {
+        **audit_defaults,
+        "detectors": detectors,
+        "primary_detector": primary,
+        "aggregation": aggregation,
+        "fedncl_t_corr": scale_rounds(60, 150, rounds),
+    }
+    audit.update(data.audit)
+    audit_config = AuditConfig.from_json(audit)  # validates names and values
+
+    signals = {"train_loss"}
+    if "fednoro" in detectors:
+        signals.add("per_class_loss")
+    if "expertise" in detectors or recipe == "fedrn":
+        signals.update({"train_accuracy", "probe_softmax"})
+    if recipe == "rofl":
+        signals.add("centroids")
+    return {
+        "method": data.method,
+        "recipe": recipe,
+        "aggregation": aggregation,
+        "primary_detector": primary,
+        "detectors": detectors,
+        "warmup_rounds": warmup,
+        "hyperparameters": hyperparameters,
+        "audit": audit_config.to_json(),
+        "probe_size": data.probe_size,
+        "signals": sorted(signals),
+        "status_flagged_rounds": data.status_flagged_rounds,
+        "status_window": data.status_window,
+    }

@@ -1,0 +1,187 @@
+"""Use cases of the operator: federations, the initial model, clients."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.coordinator.federation_config import FederationConfigInput, resolve_config
+from service.coordinator.services import Services
+from service.coordinator.tensors import (
+    SafetensorsFormatError,
+    non_finite_tensors,
+    read_manifest,
+)
+from service.errors import (
+    BadRequestError,
+    ConflictError,
+    FederationStateError,
+    InvalidModelError,
+    NotFoundError,
+)
+from service.store import repositories as repo
+from service.store.models import Client, Federation, ModelVersion
+
+CLIENT_TOKEN_PREFIX = "fa_c_"
+
+
+def hash_token(token: str) -> str:
+    """Client tokens are 256-bit random strings, so a plain sha256 is a safe stored form."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def get_federation(session: Session, federation_id: uuid.UUID) -> Federation:
+    federation = repo.get_federation(session, federation_id)
+    if federation is None:
+        raise NotFoundError(f"federation {federation_id} does not exist")
+    return federation
+
+
+def create_federation(
+    session: Session,
+    *,
+    name: str,
+    num_classes: int,
+    input_shape: list[int],
+    class_names: list[str] | None,
+    rounds: int,
+    min_clients: int,
+    max_clients: int | None,
+    round_deadline_s: float,
+    config: FederationConfigInput,
+    seed: int | None,
+    actor: str,
+) -> Federation:
+    if class_names is not None and len(class_names) != num_classes:
+        raise BadRequestError(
+            f"class_names has {len(class_names)} names for {num_classes} classes",
+            errors=[{"loc": ["task", "class_names"], "msg": "length must equal num_classes"}],
+        )
+    if max_clients is not None and max_clients < min_clients:
+        raise BadRequestError(
+            "max_clients is smaller than min_clients",
+            errors=[{"loc": ["plan", "max_clients"], "msg": "must be >= min_clients"}],
+        )
+    if repo.get_federation_by_name(session, name) is not None:
+        raise ConflictError(f"a federation named {name!r} already exists")
+    try:
+        resolved = resolve_config(config, rounds=rounds)
+    except ValueError as exc:
+        raise BadRequestError(
+            f"invalid audit configuration: {exc}",
+            errors=[{"loc": ["config"], "msg": str(exc)}],
+        ) from None
+    federation = Federation(
+        name=name,
+        num_classes=num_classes,
+        input_shape=list(input_shape),
+        class_names=class_names,
+        rounds=rounds,
+        min_clients=min_clients,
+        max_clients=max_clients,
+        round_deadline_s=round_deadline_s,
+        seed=seed if seed is not None else secrets.randbelow(2**31),
+        config=resolved,
+        status="created",
+    )
+    try:
+        repo.add(session, federation)
+    except IntegrityError:
+        raise ConflictError(f"a federation named {name!r} already exists") from None
+    repo.add_event(
+        session,
+        kind="federation.created",
+        actor=actor,
+        message=f"federation {name!r} created ({rounds} rounds, method {resolved['method']})",
+        federation_id=federation.id,
+        data={"config": resolved},
+    )
+    return federation
+
+
+def upload_initial_model(
+    services: Services,
+    session: Session,
+    federation_id: uuid.UUID,
+    *,
+    staged: Path,
+    sha256: str,
+    size: int,
+    actor: str,
+) -> ModelVersion:
+    """Store version 0 of the global model; the federation then waits for its clients."""
+    federation = get_federation(session, federation_id)
+    if federation.status != "created":
+        raise FederationStateError(
+            f"federation {federation.name!r} already has its initial model "
+            f"(status {federation.status})"
+        )
+    try:
+        manifest = read_manifest(staged)
+    except SafetensorsFormatError as exc:
+        raise InvalidModelError(f"the initial model is not usable safetensors: {exc}") from None
+    bad = non_finite_tensors(staged, manifest)
+    if bad:
+        raise InvalidModelError(f"the initial model has non-finite values in {bad[:5]}")
+    services.blobs.put_file(staged, sha256)
+    version = ModelVersion(
+        federation_id=federation.id,
+        version=0,
+        round_index=None,
+        sha256=sha256,
+        size_bytes=size,
+        blob_key=sha256,
+        manifest=manifest,
+    )
+    repo.add(session, version)
+    federation.current_model_id = version.id
+    federation.status = "waiting"
+    repo.add_event(
+        session,
+        kind="model.initial_uploaded",
+        actor=actor,
+        message=f"initial model uploaded ({len(manifest)} tensors, {size} bytes)",
+        federation_id=federation.id,
+        data={"model_id": str(version.id), "sha256": sha256},
+    )
+    session.flush()
+    return version
+
+
+def add_client(
+    session: Session, federation_id: uuid.UUID, *, name: str, actor: str
+) -> tuple[Client, str]:
+    """Register a client; its token is returned once and only its hash is stored."""
+    federation = get_federation(session, federation_id)
+    if federation.status in ("finished", "failed"):
+        raise FederationStateError(f"federation {federation.name!r} is {federation.status}")
+    if any(c.name == name for c in repo.list_clients(session, federation.id)):
+        raise ConflictError(f"federation {federation.name!r} already has a client named {name!r}")
+    token = CLIENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    client = Client(federation_id=federation.id, name=name, token_hash=hash_token(token))
+    repo.add(session, client)
+    repo.add_event(
+        session,
+        kind="client.added",
+        actor=actor,
+        message=f"client {name!r} added",
+        federation_id=federation.id,
+        client_id=client.id,
+    )
+    return client, token
+
+
+def federation_summary(session: Session, federation: Federation) -> dict[str, Any]:
+    """Counts shown with a federation."""
+    clients = repo.list_clients(session, federation.id)
+    return {
+        "clients": len(clients),
+        "joined_clients": sum(1 for c in clients if c.joined_at is not None),
+        "rounds_started": repo.count_rounds(session, federation.id),
+    }

@@ -1,0 +1,459 @@
+"""Round lifecycle: open, tell each client what to do, close exactly once, check deadlines.
+
+A round opens with its selected clients and their instructions. It closes exactly once when every
+selected client has submitted, or at the deadline when at least ``min_clients`` did (otherwise the
+deadline is extended and the extension recorded). Closing runs the audit on the stored updates,
+aggregates, stores the new global model and opens the next round, all in one transaction that
+starts with a compare-and-set on the round's state (see `repositories.claim_round_for_close`), so
+two closers — threads, processes or replicas — never both close a round, and a crash half-way
+rolls back to an open round whose updates are all still stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from service.audit import next_status
+from service.coordinator import audits
+from service.coordinator.services import Services
+from service.errors import FederationStateError, NotFoundError
+from service.store import repositories as repo
+from service.store.models import AuditResult, Client, Federation, ModelVersion, Round
+
+log = logging.getLogger(__name__)
+
+WAIT_AGGREGATING_S = 0.5
+WAIT_DEFAULT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Train:
+    round: Round
+    instructions: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Wait:
+    retry_after_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    final_model_id: uuid.UUID | None
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (same inputs, same seed, on every machine)."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def effective_status(client: Client) -> str:
+    return client.pinned_status or client.status
+
+
+# --- opening -----------------------------------------------------------------------------------
+
+
+def select_clients(federation: Federation, joined: list[Client], index: int) -> list[Client]:
+    """Every joined client, or a seeded random subset of max_clients of them."""
+    if federation.max_clients is None or len(joined) <= federation.max_clients:
+        return list(joined)
+    rng = random.Random(derive_seed(federation.seed, "select", index))
+    return sorted(rng.sample(joined, federation.max_clients), key=lambda c: (c.name, str(c.id)))
+
+
+def open_round(
+    session: Session,
+    federation: Federation,
+    *,
+    index: int,
+    model: ModelVersion,
+    now: datetime,
+    previous_audit: AuditResult | None,
+) -> Round:
+    joined = repo.joined_clients(session, federation.id)
+    selected = select_clients(federation, joined, index)
+    rnd = Round(
+        federation_id=federation.id,
+        index=index,
+        state="open",
+        opened_at=now,
+        deadline_at=now + timedelta(seconds=federation.round_deadline_s),
+        model_in_id=model.id,
+        probe_seed=derive_seed(federation.seed, "probe", index),
+    )
+    repo.add(session, rnd)
+    instructions = build_instructions(session, federation, rnd, model, selected, previous_audit)
+    repo.add_participants(session, rnd.id, instructions)
+    repo.add_event(
+        session,
+        kind="round.opened",
+        actor="system",
+        message=f"round {index} opened with {len(selected)} clients",
+        federation_id=federation.id,
+        round_id=rnd.id,
+        data={
+            "index": index,
+            "clients": [str(c.id) for c in selected],
+            "model_in": str(model.id),
+            "deadline_at": rnd.deadline_at.isoformat(),
+        },
+    )
+    return rnd
+
+
+def build_instructions(
+    session: Session,
+    federation: Federation,
+    rnd: Round,
+    model: ModelVersion,
+    selected: list[Client],
+    previous_audit: AuditResult | None,
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """What each selected client is told to do in this round."""
+    config = federation.config
+    after_warmup = rnd.index >= config["warmup_rounds"]
+    signals = list(config["signals"])
+    neighbor_sets = audits.neighbor_assignments(session, federation, previous_audit)
+    t_corr = int(config["audit"]["fedncl_t_corr"])
+    alpha = float(config["audit"]["fedncl_alpha"])
+    base = {
+        "recipe": config["recipe"],
+        "hyperparameters": config["hyperparameters"],
+        "global_model_id": str(model.id),
+        "global_model_sha256": model.sha256,
+        "round_index": rnd.index,
+        "total_rounds": federation.rounds,
+        "num_classes": federation.num_classes,
+        "input_shape": federation.input_shape,
+        "signals": signals,
+        "probe": (
+            {"seed": rnd.probe_seed, "size": config["probe_size"]}
+            if "probe_softmax" in signals
+            else None
+        ),
+        "centroids": federation.centroids if config["recipe"] == "rofl" else None,
+        "deadline_at": rnd.deadline_at.isoformat(),
+    }
+    result: dict[uuid.UUID, dict[str, Any]] = {}
+    for client in selected:
+        status = effective_status(client)
+        neighbors, self_weight = neighbor_sets.get(client.id, ([], None))
+        result[client.id] = {
+            **base,
+            "seed": derive_seed(federation.seed, "client", client.id, rnd.index),
+            "role": "noisy" if after_warmup and status == "noisy" else "clean",
+            "label_correction": audits.is_correction_candidate(client, t_corr, alpha),
+            "neighbors": neighbors,
+            "self_weight": self_weight,
+        }
+    return result
+
+
+def maybe_start(session: Session, federation: Federation, now: datetime, *, force: bool) -> bool:
+    """Open round 0 when every registered client has joined (or when forced by the admin)."""
+    if federation.status != "waiting" or federation.current_model_id is None:
+        if force:
+            raise FederationStateError(
+                f"federation {federation.name!r} cannot start from status {federation.status}"
+                + (" (upload the initial model first)" if federation.status == "created" else "")
+            )
+        return False
+    clients = repo.list_clients(session, federation.id)
+    joined = [c for c in clients if c.joined_at is not None]
+    if len(joined) < federation.min_clients:
+        if force:
+            raise FederationStateError(
+                f"only {len(joined)} clients joined; the federation needs at least "
+                f"{federation.min_clients} per round"
+            )
+        return False
+    if not force and len(joined) < len(clients):
+        return False
+    model = repo.get_model_version(session, federation.current_model_id)
+    assert model is not None
+    federation.status = "running"
+    open_round(session, federation, index=0, model=model, now=now, previous_audit=None)
+    repo.add_event(
+        session,
+        kind="federation.started",
+        actor="system",
+        message=f"federation started with {len(joined)} of {len(clients)} clients joined",
+        federation_id=federation.id,
+    )
+    return True
+
+
+# --- what a client sees ------------------------------------------------------------------------
+
+
+def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wait | Finished:
+    client = repo.get_client(session, client_id)
+    if client is None:
+        raise NotFoundError(f"client {client_id} does not exist")
+    return current_for_client(session, client)
+
+
+def current_for_client(session: Session, client: Client) -> Train | Wait | Finished:
+    federation = repo.get_federation(session, client.federation_id)
+    assert federation is not None
+    if federation.status == "finished":
+        return Finished(final_model_id=federation.current_model_id)
+    if federation.status == "failed":
+        raise FederationStateError(
+            f"federation {federation.name!r} failed: {federation.status_reason}"
+        )
+    if federation.status in ("created", "waiting"):
+        return Wait(WAIT_DEFAULT_S, "the federation has not started (waiting for clients)")
+    if client.joined_at is None:
+        return Wait(WAIT_DEFAULT_S, "join the federation first")
+    rnd = repo.open_round_of(session, federation.id)
+    if rnd is None:
+        return Wait(WAIT_AGGREGATING_S, "the last round is being aggregated")
+    participant = repo.participant(session, rnd.id, client.id)
+    if participant is None:
+        return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
+    if repo.update_of(session, rnd.id, client.id) is not None:
+        return Wait(WAIT_AGGREGATING_S, f"update for round {rnd.index} received; waiting for others")
+    return Train(round=rnd, instructions=participant.instructions)
+
+
+# --- closing -----------------------------------------------------------------------------------
+
+
+def participation(session: Session, rnd: Round) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """The selected clients and those that have submitted."""
+    selected = [p.client_id for p in repo.participants(session, rnd.id)]
+    submitted = [u.client_id for u in repo.updates_of_round(session, rnd.id)]
+    return selected, submitted
+
+
+def round_is_complete(session: Session, rnd: Round) -> bool:
+    selected = {p.client_id for p in repo.participants(session, rnd.id)}
+    submitted = {u.client_id for u in repo.updates_of_round(session, rnd.id)}
+    return bool(selected) and selected <= submitted
+
+
+def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool:
+    """Close the round once: audit, aggregate, store the new model, open the next round.
+
+    Returns False when the round was not open (already closed by someone else). Expected
+    transient database errors leave the round open for the next attempt; any other error marks
+    the round failed (with the reason) in a separate transaction, so it is not retried forever.
+    """
+    started = time.perf_counter()
+    try:
+        with services.sessions.begin() as session:
+            if not repo.claim_round_for_close(session, round_id):
+                return False
+            _close_claimed(services, session, round_id, reason=reason, started=started)
+        return True
+    except OperationalError:
+        log.exception("closing round %s hit a database error; it stays open", round_id)
+        raise
+    except Exception as exc:
+        log.exception("closing round %s failed", round_id)
+        _mark_failed(services, round_id, f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _close_claimed(
+    services: Services, session: Session, round_id: uuid.UUID, *, reason: str, started: float
+) -> None:
+    rnd = repo.get_round(session, round_id)
+    assert rnd is not None
+    session.refresh(rnd)
+    federation = repo.lock_federation(session, rnd.federation_id)
+    assert federation is not None
+    now = services.clock()
+    model_in = repo.get_model_version(session, rnd.model_in_id)
+    assert model_in is not None
+    updates = repo.updates_of_round(session, rnd.id)
+    clients = {c.id: c for c in repo.list_clients(session, federation.id)}
+
+    outcome = audits.audit_round(services, session, federation, rnd, model_in, updates, clients)
+    model_out = audits.store_new_model(services, session, federation, rnd, outcome)
+
+    rnd.state = "closed"
+    rnd.state_reason = reason
+    rnd.closed_at = now
+    rnd.model_out_id = model_out.id
+    rnd.aggregation_rule = outcome.rule
+    rnd.aggregation_weights = outcome.weights_by_client
+    federation.current_model_id = model_out.id
+    if outcome.centroids is not None:
+        federation.centroids = outcome.centroids
+    audit_row = AuditResult(
+        federation_id=federation.id,
+        round_id=rnd.id,
+        round_index=rnd.index,
+        config=federation.config["audit"],
+        result=outcome.result,
+        created_at=now,
+    )
+    repo.add(session, audit_row)
+    _update_statuses(session, federation, rnd, clients, outcome.flags_by_client)
+    repo.add_event(
+        session,
+        kind="round.closed",
+        actor="system",
+        message=(
+            f"round {rnd.index} closed ({reason}) with {len(updates)} updates; "
+            f"aggregation {outcome.rule}"
+            + (f" (fallback: {outcome.fallback_reason})" if outcome.fallback_reason else "")
+        ),
+        federation_id=federation.id,
+        round_id=rnd.id,
+        data={
+            "index": rnd.index,
+            "reason": reason,
+            "updates": len(updates),
+            "model_out": str(model_out.id),
+            "aggregation_rule": outcome.rule,
+            "weights": outcome.weights_by_client,
+            "fallback": outcome.fallback_reason,
+        },
+    )
+    if rnd.index + 1 >= federation.rounds:
+        federation.status = "finished"
+        repo.add_event(
+            session,
+            kind="federation.finished",
+            actor="system",
+            message=f"federation finished after {federation.rounds} rounds",
+            federation_id=federation.id,
+            data={"final_model": str(model_out.id)},
+        )
+    else:
+        open_round(
+            session,
+            federation,
+            index=rnd.index + 1,
+            model=model_out,
+            now=now,
+            previous_audit=audit_row,
+        )
+    rnd.coordinator_seconds = time.perf_counter() - started
+
+
+def _update_statuses(
+    session: Session,
+    federation: Federation,
+    rnd: Round,
+    clients: dict[uuid.UUID, Client],
+    flags: dict[str, dict[str, bool | None]],
+) -> None:
+    """Append this round's flags to each client's history and apply the status rule."""
+    m = int(federation.config["status_flagged_rounds"])
+    w = int(federation.config["status_window"])
+    for client_id_text, client_flags in flags.items():
+        client = clients[uuid.UUID(client_id_text)]
+        history = list(client.flag_history or [])
+        history.append({"round": rnd.index, **client_flags})
+        client.flag_history = history
+        recent = [entry.get("primary") for entry in history]
+        new = next_status(client.status, recent, m=m, w=w)
+        if new != client.status:
+            repo.add_event(
+                session,
+                kind="client.status_changed",
+                actor="system",
+                message=f"client {client.name!r}: {client.status} -> {new} after round {rnd.index}",
+                federation_id=federation.id,
+                round_id=rnd.id,
+                client_id=client.id,
+                data={"from": client.status, "to": new, "round": rnd.index},
+            )
+            client.status = new
+
+
+def _mark_failed(services: Services, round_id: uuid.UUID, reason: str) -> None:
+    with services.sessions.begin() as session:
+        rnd = repo.get_round(session, round_id)
+        if rnd is None or rnd.state == "closed":
+            return
+        rnd.state = "failed"
+        rnd.state_reason = reason
+        federation = repo.get_federation(session, rnd.federation_id)
+        assert federation is not None
+        federation.status = "failed"
+        federation.status_reason = f"round {rnd.index} failed to close: {reason}"
+        repo.add_event(
+            session,
+            kind="round.failed",
+            actor="system",
+            message=f"round {rnd.index} failed to close: {reason}",
+            federation_id=rnd.federation_id,
+            round_id=rnd.id,
+        )
+
+
+def check_rounds(services: Services) -> list[uuid.UUID]:
+    """The deadline checker: close complete or expired rounds, extend starved ones.
+
+    Runs at start-up (so open rounds resume after a restart) and then periodically.
+    Returns the ids of rounds it closed.
+    """
+    closed: list[uuid.UUID] = []
+    with services.sessions() as session:
+        candidates = [(r.id, r.federation_id) for r in repo.all_open_rounds(session)]
+    for round_id, _ in candidates:
+        action = _deadline_action(services, round_id)
+        if action is not None and close_round(services, round_id, reason=action):
+            closed.append(round_id)
+    return closed
+
+
+def _deadline_action(services: Services, round_id: uuid.UUID) -> str | None:
+    """'complete' or 'deadline' when the round should close now; extends it when starved."""
+    now = services.clock()
+    with services.sessions.begin() as session:
+        rnd = repo.get_round(session, round_id)
+        if rnd is None or rnd.state != "open":
+            return None
+        if round_is_complete(session, rnd):
+            return "complete"
+        if now < rnd.deadline_at:
+            return None
+        federation = repo.get_federation(session, rnd.federation_id)
+        assert federation is not None
+        submitted = repo.count_updates_of_round(session, rnd.id)
+        if submitted >= federation.min_clients:
+            return "deadline"
+        if not repo.touch_open_round(session, rnd.id):
+            return None
+        old = rnd.deadline_at
+        rnd.deadline_at = now + timedelta(seconds=federation.round_deadline_s)
+        rnd.deadline_extensions += 1
+        repo.add_event(
+            session,
+            kind="round.deadline_extended",
+            actor="system",
+            message=(
+                f"round {rnd.index}: {submitted} of {federation.min_clients} required updates at "
+                f"the deadline; extended to {rnd.deadline_at.isoformat()}"
+            ),
+            federation_id=federation.id,
+            round_id=rnd.id,
+            data={"old_deadline": old.isoformat(), "new_deadline": rnd.deadline_at.isoformat()},
+        )
+        return None
+
+
+def get_round(session: Session, federation_id: uuid.UUID, index: int) -> Round:
+    rnd = repo.get_round_by_index(session, federation_id, index)
+    if rnd is None:
+        raise NotFoundError(f"round {index} of federation {federation_id} does not exist")
+    return rnd

@@ -1,0 +1,72 @@
+"""What the use cases need from the outside world, bundled once per process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.store.base import utcnow
+from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    blobs: BlobStore
+    clock: Callable[[], datetime] = utcnow
+    worker: BackgroundWorker = field(default_factory=lambda: BackgroundWorker())
+
+    @classmethod
+    def create(cls, settings: Settings, sessions: sessionmaker[Session]) -> Services:
+        blobs: BlobStore
+        if settings.blob_backend == "database":
+            blobs = DatabaseBlobStore(sessions, settings.data_dir / "blob-cache")
+        else:
+            blobs = DirectoryBlobStore(settings.blob_dir)
+        settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+        return cls(settings=settings, sessions=sessions, blobs=blobs)
+
+
+class BackgroundWorker:
+    """One thread that closes rounds off the request path; each round is queued at most once.
+
+    Nothing lives only here: a round that was queued when the process died is found again by
+    the deadline checker (`rounds.check_rounds`) after a restart, because its updates are stored.
+    """
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedaudit-close")
+        self._pending: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+
+    def submit_once(self, key: uuid.UUID, job: Callable[[], object]) -> Future[object] | None:
+        with self._lock:
+            if key in self._pending:
+                return None
+            self._pending.add(key)
+
+        def run() -> object:
+            try:
+                return job()
+            except Exception:
+                log.exception("background job for %s failed", key)
+                raise
+            finally:
+                with self._lock:
+                    self._pending.discard(key)
+
+        return self._executor.submit(run)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,96 @@
+"""Application factory: the only module that wires the layers together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
+
+from service import __version__
+from service.api import problems
+from service.api.problems import ProblemDetails
+from service.api.routes import federations, health, models, participation
+from service.config import Settings, get_settings
+from service.coordinator.reaper import DeadlineReaper
+from service.coordinator.services import Services
+from service.store.migrate import check_at_head
+from service.store.session import make_engine, make_sessionmaker
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+
+
+def _operation_id(route: APIRoute) -> str:
+    tag = route.tags[0] if route.tags else "default"
+    return f"{tag}-{route.name}"
+
+
+def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
+    """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
+    settings = settings or get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url)
+    if settings.check_migrations:
+        check_at_head(engine)
+    services = Services.create(settings, make_sessionmaker(engine))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reaper = DeadlineReaper(services) if run_reaper else None
+        if reaper is not None:
+            reaper.start()
+        try:
+            yield
+        finally:
+            if reaper is not None:
+                reaper.stop()
+            services.worker.shutdown()
+            engine.dispose()
+
+    app = FastAPI(
+        title="fedaudit coordinator",
+        version=__version__,
+        description=(
+            "Runs federated-learning rounds and audits label quality while the federation runs: "
+            "noisy-client detection, reliability, neighbor sets and robust aggregation."
+        ),
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.services = services
+    problems.install(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    app.include_router(health.router)
+    for router in (federations.router, participation.router, models.router):
+        app.include_router(router, prefix=API_PREFIX)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            schema.setdefault("components", {}).setdefault("schemas", {})["ProblemDetails"] = (
+                ProblemDetails.model_json_schema()
+            )
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
