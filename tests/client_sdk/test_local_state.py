@@ -31,7 +31,9 @@ def test_state_survives_a_new_store_on_the_same_directory(tmp_path: Path) -> Non
     # Assert
     assert torch.equal(reopened.get_tensor("flr/s"), s)
     seen = reopened.get_tensor("flr/seen")
-    assert seen is not None and seen.dtype == torch.bool and seen.tolist() == [True, False]
+    assert seen is not None
+    assert seen.dtype == torch.bool
+    assert seen.tolist() == [True, False]
     prev = reopened.get_tensors("fedrn/prev_model/")
     assert sorted(prev) == ["0.bias", "0.weight"]
     assert torch.equal(prev["0.weight"], torch.ones(2, 3))
@@ -62,7 +64,8 @@ def test_files_are_safetensors_and_json_without_pickle(tmp_path: Path) -> None:
     raw = (tmp_path / "state.safetensors").read_bytes()
     header_len = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + header_len])
-    assert header["x"]["dtype"] == "F32" and header["x"]["shape"] == [2]
+    assert header["x"]["dtype"] == "F32"
+    assert header["x"]["shape"] == [2]
     assert b"\x80\x04" not in raw[:2]  # not a pickle stream
     document = json.loads((tmp_path / "state.json").read_text())
     assert document["values"] == {"y": [1, 2]}
@@ -74,7 +77,8 @@ def test_returned_and_stored_tensors_are_copies() -> None:
     store.put_tensor("k", original)
     original += 1  # the caller mutates its tensor after storing it
     got = store.get_tensor("k")
-    assert got is not None and got.tolist() == [0.0, 0.0, 0.0]
+    assert got is not None
+    assert got.tolist() == [0.0, 0.0, 0.0]
     got += 5  # the caller mutates what it read
     assert store.get_tensor("k").tolist() == [0.0, 0.0, 0.0]
 
