@@ -322,3 +322,30 @@ def list_events(
     if client_id is not None:
         query = query.where(Event.client_id == client_id)
     return list(session.scalars(query.order_by(Event.id).limit(limit)))
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+def status_counts(session: Session) -> dict[str, dict[str, int]]:
+    """Counts for the metrics endpoint."""
+    federations = session.execute(
+        select(Federation.status, func.count()).group_by(Federation.status)
+    ).all()
+    rounds = session.execute(select(Round.state, func.count()).group_by(Round.state)).all()
+    updates = session.scalar(select(func.count()).select_from(ModelUpdate)) or 0
+    rejected = (
+        session.scalar(
+            select(func.count()).select_from(Event).where(Event.kind == "update.rejected")
+        )
+        or 0
+    )
+    return {
+        "federations": {str(s): int(n) for s, n in federations},
+        "rounds": {str(s): int(n) for s, n in rounds},
+        "updates": {"accepted": int(updates), "rejected": int(rejected)},
+    }
+
+
+def ping(session: Session) -> None:
+    session.execute(select(1))

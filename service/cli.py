@@ -1,0 +1,218 @@
+"""The ``fedaudit`` command line.
+
+Server side: ``serve``, ``db upgrade``, ``openapi``. Operator side, over HTTP against a running
+coordinator (``--url`` / ``FEDAUDIT_URL``, ``--token`` / ``FEDAUDIT_ADMIN_TOKEN``):
+``federation create/list/show``, ``client add/list``, ``report``. Whole runs on one machine:
+``simulate`` and ``demo``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="fedaudit",
+    help="Audit label quality in a running federated-learning federation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+federation_app = typer.Typer(help="Federations (admin, over HTTP).", no_args_is_help=True)
+client_app = typer.Typer(help="Clients of a federation (admin, over HTTP).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(federation_app, name="federation")
+app.add_typer(client_app, name="client")
+
+console = Console()
+err = Console(stderr=True)
+
+UrlOption = Annotated[str, typer.Option("--url", envvar="FEDAUDIT_URL", help="Coordinator URL")]
+TokenOption = Annotated[
+    str, typer.Option("--token", envvar="FEDAUDIT_ADMIN_TOKEN", help="Admin token", show_default=False)
+]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    if fmt == "json":
+        logging.basicConfig(
+            level=level,
+            format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":%(message)r}',
+        )
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (FEDAUDIT_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (FEDAUDIT_PORT)")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+) -> None:
+    """Run the coordinator (the database must be migrated: `fedaudit db upgrade`)."""
+    import uvicorn
+
+    from service.config import get_settings
+    from service.errors import MigrationsNotAtHeadError
+    from service.main import create_app
+
+    settings = get_settings()
+    _configure_logging(settings.log_level, settings.log_format)
+    if settings.admin_token is None:
+        token = settings.admin_secret()
+        err.print(
+            "[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] "
+            f"{token}"
+        )
+    try:
+        if workers > 1:
+            create_app(settings, run_reaper=False)  # fail fast on the migration check
+            uvicorn.run(
+                "service.main:create_app",
+                factory=True,
+                host=host or settings.host,
+                port=port if port is not None else settings.port,
+                workers=workers,
+            )
+        else:
+            uvicorn.run(
+                create_app(settings),
+                host=host or settings.host,
+                port=port if port is not None else settings.port,
+                log_level=settings.log_level.lower(),
+            )
+    except MigrationsNotAtHeadError as exc:
+        _fail(str(exc))
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Apply the database migrations (default: up to head)."""
+    from service.config import get_settings
+    from service.store.migrate import upgrade
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url, revision)
+    console.print(f"database at {revision}: {_redact(settings.resolved_database_url)}")
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@app.command()
+def openapi(
+    output: Annotated[Path, typer.Option(help="Where to write the spec")] = Path("openapi/openapi.json"),
+) -> None:
+    """Write the OpenAPI spec of the HTTP API."""
+    from service.api.openapi import write_spec
+
+    write_spec(output)
+    console.print(f"wrote {output}")
+
+
+# --- admin over HTTP -----------------------------------------------------------------------------
+
+
+def _admin(url: str, token: str) -> Any:
+    from client_sdk import AdminClient
+
+    if not token:
+        _fail("an admin token is required (--token or FEDAUDIT_ADMIN_TOKEN)")
+    return AdminClient(url, token, max_retries=2)
+
+
+def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
+    from client_sdk import APIStatusError, CoordinatorSDKError
+
+    try:
+        return function(*args, **kwargs)
+    except APIStatusError as exc:
+        _fail(f"{exc.status_code}: {exc.problem.detail if exc.problem else exc}")
+    except CoordinatorSDKError as exc:
+        _fail(str(exc))
+
+
+@federation_app.command("create")
+def federation_create(
+    spec: Annotated[Path, typer.Argument(help="JSON file: name, task, plan, config")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Create a federation from a JSON spec."""
+    with _admin(url, token) as admin:
+        federation = _call(admin.create_federation, json.loads(spec.read_text()))
+    console.print_json(federation.model_dump_json())
+
+
+@federation_app.command("list")
+def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = "") -> None:
+    """List federations."""
+    with _admin(url, token) as admin:
+        items = _call(admin.list_federations)
+    table = Table("id", "name", "status", "clients", "rounds")
+    for f in items:
+        table.add_row(str(f.id), f.name, f.status, f"{f.joined_clients}/{f.clients}", f"{f.rounds_started}/{f.plan.rounds}")
+    console.print(table)
+
+
+@federation_app.command("show")
+def federation_show(
+    federation_id: str, url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = ""
+) -> None:
+    """Show one federation."""
+    with _admin(url, token) as admin:
+        federation = _call(admin.get_federation, federation_id)
+    console.print_json(federation.model_dump_json())
+
+
+@client_app.command("add")
+def client_add(
+    federation_id: str,
+    name: str,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Add a client and print its token (shown once)."""
+    with _admin(url, token) as admin:
+        created = _call(admin.add_client, federation_id, name)
+    console.print(f"client {created.name} ({created.id})")
+    console.print(f"token: {created.token}")
+
+
+@client_app.command("list")
+def client_list(
+    federation_id: str, url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = ""
+) -> None:
+    """List the clients of a federation."""
+    with _admin(url, token) as admin:
+        clients = _call(admin.list_clients, federation_id)
+    table = Table("id", "name", "status", "samples", "joined")
+    for c in clients:
+        table.add_row(
+            str(c.id), c.name, c.pinned_status or c.status, str(c.num_samples or "-"), "yes" if c.joined_at else "no"
+        )
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

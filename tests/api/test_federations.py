@@ -1,0 +1,124 @@
+"""Admin endpoints: federations, the initial model, clients; auth and problem details."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.api.conftest import make_federation
+from tests.factories import ADMIN, auth, federation_spec, state_bytes, tiny_state
+
+pytestmark = [pytest.mark.anyio, pytest.mark.db]
+
+PROBLEM = "application/problem+json"
+
+
+async def test_create_list_get_federation(api: httpx.AsyncClient) -> None:
+    # Execute
+    created = await api.post("/api/v1/federations", json=federation_spec("alpha", rounds=4), headers=ADMIN)
+    listed = await api.get("/api/v1/federations", headers=ADMIN)
+    fetched = await api.get(f"/api/v1/federations/{created.json()['id']}", headers=ADMIN)
+
+    # Assert
+    assert created.status_code == 201
+    body = created.json()
+    assert body["status"] == "created"
+    assert body["plan"]["rounds"] == 4
+    assert body["config"]["aggregation"] == "fedavg"
+    assert body["config"]["recipe"] == "fedavg"
+    assert listed.json()["total"] == 1
+    assert [f["name"] for f in listed.json()["items"]] == ["alpha"]
+    assert fetched.json()["id"] == body["id"]
+
+
+async def test_missing_or_wrong_admin_token_is_401_problem(api: httpx.AsyncClient) -> None:
+    no_token = await api.get("/api/v1/federations")
+    wrong = await api.get("/api/v1/federations", headers=auth("nope"))
+    for response in (no_token, wrong):
+        assert response.status_code == 401
+        assert response.headers["content-type"] == PROBLEM
+        assert response.json()["type"] == "/problems/unauthorized"
+        assert response.json()["instance"] == "/api/v1/federations"
+
+
+async def test_duplicate_name_is_409(api: httpx.AsyncClient) -> None:
+    await api.post("/api/v1/federations", json=federation_spec("dup"), headers=ADMIN)
+    again = await api.post("/api/v1/federations", json=federation_spec("dup"), headers=ADMIN)
+    assert again.status_code == 409
+    assert again.headers["content-type"] == PROBLEM
+
+
+async def test_invalid_body_names_the_field(api: httpx.AsyncClient) -> None:
+    spec = federation_spec()
+    spec["plan"]["rounds"] = 0
+    response = await api.post("/api/v1/federations", json=spec, headers=ADMIN)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == PROBLEM
+    locs = [e["loc"] for e in response.json()["errors"]]
+    assert ["body", "plan", "rounds"] in locs
+
+
+async def test_unknown_config_key_is_rejected(api: httpx.AsyncClient) -> None:
+    spec = federation_spec(config={"method": "fedavg", "audit": {"no_such_knob": 1}})
+    response = await api.post("/api/v1/federations", json=spec, headers=ADMIN)
+    assert response.status_code == 400
+    assert "no_such_knob" in response.json()["detail"]
+    assert (await api.get("/api/v1/federations", headers=ADMIN)).json()["total"] == 0
+
+
+async def test_initial_model_upload_validates_and_stores_once(api: httpx.AsyncClient, settings) -> None:
+    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()["id"]
+    url = f"/api/v1/federations/{fid}/model"
+    headers = {**ADMIN, "Content-Type": "application/octet-stream"}
+
+    garbage = await api.put(url, content=b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", headers=headers)
+    assert garbage.status_code == 422
+    assert garbage.json()["type"] == "/problems/invalid-model"
+    assert (await api.get(f"/api/v1/federations/{fid}", headers=ADMIN)).json()["status"] == "created"
+    blobs = [p for p in settings.blob_dir.rglob("*") if p.is_file()]
+    assert blobs == []
+
+    good = await api.put(url, content=state_bytes(tiny_state(1.0)), headers=headers)
+    assert good.status_code == 201
+    assert good.json()["version"] == 0
+    assert good.json()["manifest"]["layer.weight"] == {"dtype": "F32", "shape": [3, 2]}
+    again = await api.put(url, content=state_bytes(tiny_state(2.0)), headers=headers)
+    assert again.status_code == 409
+    federation = (await api.get(f"/api/v1/federations/{fid}", headers=ADMIN)).json()
+    assert federation["status"] == "waiting"
+    assert federation["current_model_id"] == good.json()["id"]
+
+
+async def test_non_finite_initial_model_is_rejected(api: httpx.AsyncClient) -> None:
+    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()["id"]
+    state = tiny_state(1.0)
+    state["layer.bias"][1] = float("inf")
+    response = await api.put(
+        f"/api/v1/federations/{fid}/model",
+        content=state_bytes(state),
+        headers={**ADMIN, "Content-Type": "application/octet-stream"},
+    )
+    assert response.status_code == 422
+    assert "layer.bias" in response.json()["detail"]
+
+
+async def test_client_token_is_returned_once_and_only_hashed(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=("hospital-a",), join=False)
+    listed = await api.get(f"/api/v1/federations/{fed.id}/clients", headers=ADMIN)
+    assert listed.status_code == 200
+    assert [c["name"] for c in listed.json()] == ["hospital-a"]
+    assert "token" not in listed.json()[0]
+    assert fed.tokens["hospital-a"].startswith("fa_c_")
+    # The token authenticates the client, and the admin endpoints stay closed to it.
+    task = await api.get(f"/api/v1/federations/{fed.id}/task", headers=fed.headers("hospital-a"))
+    assert task.status_code == 200
+    assert task.json()["num_classes"] == 2
+    admin_only = await api.get("/api/v1/federations", headers=fed.headers("hospital-a"))
+    assert admin_only.status_code == 401
+
+
+async def test_health_and_readiness(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/healthz")).json() == {"status": "ok"}
+    assert (await api.get("/readyz")).json() == {"status": "ready"}
+    metrics = await api.get("/metrics")
+    assert "fedaudit_updates_accepted_total 0" in metrics.text
