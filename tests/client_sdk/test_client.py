@@ -1,0 +1,161 @@
+"""The SDK's HTTP client against `httpx.MockTransport`: errors, retries, headers, integrity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import httpx
+import pytest
+
+from client_sdk import (
+    APIConnectionError,
+    AuthenticationError,
+    ConflictError,
+    FederationClient,
+    IntegrityError,
+    InternalServerError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+
+FID = "00000000-0000-0000-0000-000000000001"
+
+
+def make_client(handler, *, max_retries: int = 3, sleeps: list[float] | None = None) -> FederationClient:
+    transport = httpx.MockTransport(handler)
+    http = httpx.Client(transport=transport, base_url="http://coord")
+    recorded = sleeps if sleeps is not None else []
+    return FederationClient(
+        api_token="fa_c_token", http_client=http, max_retries=max_retries, sleep=recorded.append
+    )
+
+
+def problem(status: int, slug: str, detail: str, **ext) -> httpx.Response:
+    body = {"type": f"/problems/{slug}", "title": slug, "status": status, "detail": detail, **ext}
+    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json"})
+
+
+@pytest.mark.parametrize(
+    ("status", "slug", "exc"),
+    [
+        (401, "unauthorized", AuthenticationError),
+        (409, "round-closed", ConflictError),
+        (422, "update-rejected", UnprocessableEntityError),
+    ],
+)
+def test_status_errors_are_typed_and_carry_the_problem(status, slug, exc) -> None:
+    client = make_client(lambda request: problem(status, slug, "nope", open_round=3))
+    with pytest.raises(exc) as info:
+        client.join(FID, num_samples=2, class_counts=[1, 1])
+    assert info.value.status_code == status
+    assert info.value.problem is not None
+    assert info.value.problem.type == f"/problems/{slug}"
+    assert info.value.extensions["open_round"] == 3
+    assert "nope" in str(info.value)
+
+
+def test_retries_5xx_and_429_honouring_retry_after() -> None:
+    answers = [
+        httpx.Response(503, text="busy"),
+        httpx.Response(429, headers={"Retry-After": "2"}, json={}),
+        httpx.Response(200, json={"status": "wait", "retry_after_s": 1.0, "reason": "x"}),
+    ]
+    sleeps: list[float] = []
+    client = make_client(lambda request: answers.pop(0), sleeps=sleeps)
+    current = client.get_current_round(FID)
+    assert current.status == "wait"
+    assert len(sleeps) == 2
+    assert 0.25 <= sleeps[0] <= 0.5  # backoff base 0.5 s with jitter in [0.5, 1] x base
+    assert sleeps[1] == 2.0  # the server's Retry-After wins
+
+
+def test_gives_up_after_max_retries() -> None:
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(500, text="boom")
+
+    client = make_client(handler, max_retries=2)
+    with pytest.raises(InternalServerError):
+        client.get_current_round(FID)
+    assert len(calls) == 3
+
+
+def test_rate_limit_error_after_retries() -> None:
+    client = make_client(lambda r: httpx.Response(429, headers={"Retry-After": "0"}), max_retries=1)
+    with pytest.raises(RateLimitError):
+        client.get_current_round(FID)
+
+
+def test_connection_errors_are_retried_then_raised() -> None:
+    attempts = []
+
+    def handler(request):
+        attempts.append(1)
+        raise httpx.ConnectError("refused", request=request)
+
+    client = make_client(handler, max_retries=2)
+    with pytest.raises(APIConnectionError):
+        client.get_current_round(FID)
+    assert len(attempts) == 3
+
+
+def test_submit_sends_token_idempotency_key_and_declared_sha() -> None:
+    seen: dict = {}
+    state = b"fake-safetensors-bytes"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["auth"] = request.headers["authorization"]
+        seen["key"] = request.headers["idempotency-key"]
+        body = request.read()
+        seen["body"] = body
+        return httpx.Response(
+            201,
+            json={
+                "id": "00000000-0000-0000-0000-0000000000aa",
+                "round_id": "00000000-0000-0000-0000-0000000000bb",
+                "round_index": 4,
+                "client_id": "00000000-0000-0000-0000-0000000000cc",
+                "sha256": hashlib.sha256(state).hexdigest(),
+                "size_bytes": len(state),
+                "num_samples": 5,
+                "received_at": "2026-01-01T00:00:00Z",
+                "replayed": False,
+            },
+        )
+
+    client = make_client(handler)
+    receipt = client.submit_update(
+        FID, 4, state=state, num_samples=5, signals={"class_counts": [5]}, idempotency_key="k-1"
+    )
+    assert receipt.round_index == 4
+    assert seen["auth"] == "Bearer fa_c_token"
+    assert seen["key"] == "k-1"
+    # the metadata part declares the sha256 of the state part
+    metadata = json.loads(seen["body"].split(b"\r\n\r\n", 1)[1].split(b"\r\n--", 1)[0])
+    assert metadata["sha256"] == hashlib.sha256(state).hexdigest()
+    assert state in seen["body"]
+
+
+def test_download_checks_sha256() -> None:
+    client = make_client(
+        lambda request: httpx.Response(200, content=b"tampered", headers={"ETag": '"abc"'})
+    )
+    with pytest.raises(IntegrityError, match="does not match"):
+        client.download_model("m", expected_sha256="0" * 64)
+
+
+def test_download_304_returns_none() -> None:
+    def handler(request):
+        assert request.headers["if-none-match"] == '"abc"'
+        return httpx.Response(304)
+
+    assert make_client(handler).download_model("m", if_none_match="abc") is None
+
+
+def test_missing_token_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.delenv("FEDAUDIT_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="api_token is required"):
+        FederationClient("http://x")
