@@ -1,1 +1,97 @@
-"""Pure audit algorithms (no I/O)."""
+"""Pure audit algorithms (no I/O): detection, reliability, neighbors, aggregation.
+
+Implements ALGORITHMS.md sections 2-4 over numpy arrays and streamed model states; see each
+module for the paper sections (FedNoRo, Fed-NCL, FedRN, RoFL). Nothing here imports the web,
+database or configuration layers, and nothing reads settings: the coordinator passes every
+hyper-parameter explicitly (:class:`AuditConfig`).
+"""
+
+from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
+from service.audit._validation import InvalidInputError, InvalidParameterError
+from service.audit.aggregation import (
+    AGGREGATION_RULES,
+    AggregationResult,
+    aggregate,
+    aggregate_daagg,
+    aggregate_fedavg,
+    aggregate_fedncl_layerwise,
+    aggregate_median,
+    aggregate_reliability_weighted,
+    aggregate_trimmed_mean,
+)
+from service.audit.centroids import aggregate_centroids
+from service.audit.detection import (
+    ClientStatus,
+    ClientVerdict,
+    DetectionResult,
+    FedNCLDetector,
+    FedNoRoDetector,
+    ashman_d,
+    correction_candidates,
+    expertise,
+    expertise_detection,
+    fedncl_divergence,
+    fedncl_divergences,
+    next_status,
+)
+from service.audit.pipeline import (
+    DETECTORS,
+    PRIMARY_DETECTORS,
+    AuditConfig,
+    AuditOutcome,
+    ClientRoundData,
+    run_audit,
+)
+from service.audit.reliability import (
+    NeighborSets,
+    k_reliable_neighbors,
+    probe_similarity,
+    reliability_scores,
+)
+from service.audit.schedules import scale_rounds
+from service.audit.state import DictStateReader, StateReader, is_float_tensor
+
+__all__ = [
+    "AGGREGATION_RULES",
+    "DETECTORS",
+    "PRIMARY_DETECTORS",
+    "AggregationResult",
+    "AnyArray",
+    "AuditConfig",
+    "AuditOutcome",
+    "BoolArray",
+    "ClientRoundData",
+    "ClientStatus",
+    "ClientVerdict",
+    "DetectionResult",
+    "DictStateReader",
+    "FedNCLDetector",
+    "FedNoRoDetector",
+    "FloatArray",
+    "IntArray",
+    "InvalidInputError",
+    "InvalidParameterError",
+    "NeighborSets",
+    "StateReader",
+    "aggregate",
+    "aggregate_centroids",
+    "aggregate_daagg",
+    "aggregate_fedavg",
+    "aggregate_fedncl_layerwise",
+    "aggregate_median",
+    "aggregate_reliability_weighted",
+    "aggregate_trimmed_mean",
+    "ashman_d",
+    "correction_candidates",
+    "expertise",
+    "expertise_detection",
+    "fedncl_divergence",
+    "fedncl_divergences",
+    "is_float_tensor",
+    "k_reliable_neighbors",
+    "next_status",
+    "probe_similarity",
+    "reliability_scores",
+    "run_audit",
+    "scale_rounds",
+]
