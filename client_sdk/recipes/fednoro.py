@@ -1,0 +1,187 @@
+"""FedNoRo local training: logit adjustment in both stages, distillation for noisy clients.
+
+Seed 004 (Wu et al., IJCAI 2023), section 4.1 (stage 1: local training with logit adjustment,
+``f(x) + log pi`` with pi the client's local class prior) and section 4.2 (stage 2: clean clients
+keep logit-adjusted cross-entropy; noisy clients minimise eq. 5,
+``lambda * L_KL + (1 - lambda) * L_CE``, with the teacher ``y_G = softmax(f_G(x) / T)`` of eq. 4,
+T = 0.8, and lambda grown from 0 to lambda_max = 0.8 by a Gaussian ramp-up).
+
+Details the paper leaves out, as ALGORITHMS.md section 5 fixes them from the authors' code: the
+temperature divides the teacher logits only; the KL is KL(p_teacher || q) with q the student's
+logit-adjusted softmax (no temperature), summed over classes and averaged over the batch
+("batchmean"), with no T^2 factor; the ramp is w(t) = w_max * exp(-5 (1 - lambda)^2) with
+lambda = clip((t - T1) / T_ramp, 0, 1), T1 = 10 and T_ramp = 39 rounds of 100. Classes absent
+locally have log pi = -inf: they are never a target and their terms are left out of the KL
+(the authors zero those log-probabilities, which gives the same gradient).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client_sdk.recipes.base import (
+    BatchLoss,
+    LocalData,
+    RoundContext,
+    TrainReport,
+    check_logits,
+    class_counts,
+    predict_logits,
+    prepare_round,
+    run_local_training,
+    seeded_rng,
+)
+from client_sdk.recipes.errors import InvalidHyperparameterError, RecipeError
+
+__all__ = [
+    "FedNoRoRecipe",
+    "kd_loss",
+    "kd_weight",
+    "log_class_prior",
+    "logit_adjusted_cross_entropy",
+]
+
+
+def log_class_prior(counts: torch.Tensor) -> torch.Tensor:
+    """``log(counts / sum(counts))`` as float32; ``-inf`` for a class with no sample.
+
+    Raises
+    ------
+    RecipeError
+        If ``counts`` is not 1-D, has a negative entry or sums to zero.
+    """
+    if counts.dim() != 1 or bool((counts < 0).any()) or int(counts.sum().item()) <= 0:
+        raise RecipeError("counts: expected a 1-D non-negative histogram with a positive sum")
+    prior = counts.to(torch.float32) / counts.sum().to(torch.float32)
+    return torch.log(prior)
+
+
+def logit_adjusted_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, log_prior: torch.Tensor
+) -> torch.Tensor:
+    """Mean cross-entropy of the adjusted logits ``logits + log_prior`` (seed 004, section 4.1).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(B, C)`` student logits.
+    labels : torch.Tensor
+        ``(B,)`` given labels; never a class with ``log_prior = -inf``.
+    log_prior : torch.Tensor
+        ``(C,)`` log of the local class prior.
+    """
+    return F.cross_entropy(logits.float() + log_prior, labels)
+
+
+def kd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    log_prior: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """``KL(p_teacher || q)`` with batch-mean reduction (seed 004, eq. 4-5).
+
+    ``p_teacher = softmax(teacher_logits / T)`` (temperature on the teacher only) and
+    ``log q = log_softmax(student_logits + log_prior)`` (logit-adjusted student). The sum over
+    classes skips classes with ``log_prior = -inf`` (absent locally); the result is divided by
+    the batch size.
+
+    Parameters
+    ----------
+    student_logits, teacher_logits : torch.Tensor
+        ``(B, C)``; the teacher is treated as a constant.
+    log_prior : torch.Tensor
+        ``(C,)`` log local class prior.
+    temperature : float
+        T > 0.
+    """
+    log_q = F.log_softmax(student_logits.float() + log_prior, dim=1)
+    p_t = F.softmax(teacher_logits.detach().float() / temperature, dim=1)
+    present = torch.isfinite(log_prior).expand_as(log_q)
+    safe_log_q = torch.where(present, log_q, torch.zeros_like(log_q))
+    terms = torch.xlogy(p_t, p_t) - p_t * safe_log_q
+    terms = torch.where(present, terms, torch.zeros_like(terms))
+    return terms.sum() / student_logits.shape[0]
+
+
+def kd_weight(round_index: int, warmup_rounds: int, ramp_rounds: int, max_weight: float) -> float:
+    """Gaussian ramp-up ``w_max * exp(-5 (1 - lambda)^2)``, lambda = clip((t - T1)/T_ramp, 0, 1).
+
+    ``ramp_rounds = 0`` gives lambda = 1 from round T1 on.
+    """
+    if ramp_rounds <= 0:
+        lam = 1.0 if round_index >= warmup_rounds else 0.0
+    else:
+        lam = min(max((round_index - warmup_rounds) / ramp_rounds, 0.0), 1.0)
+    return max_weight * math.exp(-5.0 * (1.0 - lam) ** 2)
+
+
+class FedNoRoRecipe:
+    """FedNoRo client training (``fednoro``): LA-CE, plus KD for clients marked noisy.
+
+    Hyper-parameters: ``warmup_rounds`` T1 (10), ``kd_temperature`` (0.8), ``kd_weight_max``
+    (0.8), ``ramp_rounds`` (39), plus the common ones.
+    """
+
+    name = "fednoro"
+
+    def train(
+        self, model: nn.Module, global_model: nn.Module, data: LocalData, ctx: RoundContext
+    ) -> TrainReport:
+        """Train ``model`` in place for one FedNoRo round.
+
+        Parameters
+        ----------
+        model, global_model : nn.Module
+            The student (theta_G, trained in place) and the frozen teacher theta_G.
+        data : LocalData
+            The client's training set; its label histogram is the prior pi.
+        ctx : RoundContext
+            ``ctx.role`` chooses the stage-2 loss ("noisy": KD, otherwise LA-CE).
+
+        Returns
+        -------
+        TrainReport
+            train_loss = the logit-adjusted cross-entropy part. Metrics: ``stage`` (1 or 2),
+            ``distilled`` (0/1), ``kd_weight``.
+        """
+        setup = prepare_round(data, ctx)
+        hp = setup.hp
+        warmup = hp.get_int("warmup_rounds", 10, minimum=0)
+        temperature = hp.get_float("kd_temperature", 0.8, minimum=0.0, exclusive_minimum=True)
+        weight_max = hp.get_float("kd_weight_max", 0.8, minimum=0.0, maximum=1.0)
+        ramp = hp.get_int("ramp_rounds", 39, minimum=0)
+        if not math.isfinite(1.0 / temperature):
+            raise InvalidHyperparameterError("kd_temperature: too small")
+        d = setup.data
+        log_prior = log_class_prior(class_counts(d.labels, ctx.num_classes)).to(d.device)
+        stage2 = ctx.round_index >= warmup
+        distil = stage2 and ctx.role == "noisy"
+        weight = kd_weight(ctx.round_index, warmup, ramp, weight_max) if distil else 0.0
+        teacher = predict_logits(global_model, d.inputs)[0] if distil else None
+
+        def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
+            logits = model(x)
+            check_logits(logits, ctx.num_classes)
+            ce = logit_adjusted_cross_entropy(logits, y, log_prior)
+            if teacher is None:
+                return BatchLoss(loss=ce, ce=ce.detach(), count=int(y.shape[0]))
+            kl = kd_loss(logits, teacher[idx], log_prior, temperature)
+            loss = weight * kl + (1.0 - weight) * ce
+            return BatchLoss(loss=loss, ce=ce.detach(), count=int(y.shape[0]))
+
+        with seeded_rng(ctx.seed, ctx.device):
+            result = run_local_training(model, d, ctx, setup.config, step, setup.generator)
+        return TrainReport(
+            train_loss=result.mean_ce,
+            num_steps=result.num_steps,
+            metrics={
+                "stage": 2.0 if stage2 else 1.0,
+                "distilled": 1.0 if distil else 0.0,
+                "kd_weight": weight,
+            },
+        )

@@ -1,0 +1,161 @@
+"""FedNoRo: logit adjustment, distillation with temperature, the ramp-up, stage and role."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from client_sdk.recipes import (
+    get_recipe,
+    kd_loss,
+    kd_weight,
+    log_class_prior,
+    logit_adjusted_cross_entropy,
+)
+from client_sdk.recipes.errors import RecipeError
+from tests.client_sdk.recipes.helpers import frozen, make_context, make_data, tiny_mlp
+
+
+class TestLogitAdjustment:
+    def test_zero_logits_give_minus_log_prior(self) -> None:
+        # counts [2, 1, 1] -> pi = [0.5, 0.25, 0.25]. With zero logits the adjusted logits are
+        # log pi, so softmax = pi and CE(label c) = -log pi_c.
+        # labels [0, 1]: mean(-log 0.5, -log 0.25) = (0.693147 + 1.386294) / 2 = 1.039721
+        log_prior = log_class_prior(torch.tensor([2, 1, 1]))
+        loss = logit_adjusted_cross_entropy(torch.zeros(2, 3), torch.tensor([0, 1]), log_prior)
+        assert loss.item() == pytest.approx(1.039721, abs=1e-5)
+
+    def test_offset_is_added_to_the_logits(self) -> None:
+        # counts [1, 1, 2] -> pi = [0.25, 0.25, 0.5]; logits [ln 2, 0, 0].
+        # exp(adjusted) = [2 * 0.25, 0.25, 0.5] = [0.5, 0.25, 0.5] -> softmax [0.4, 0.2, 0.4]
+        # CE(label 1) = -ln 0.2 = 1.609438
+        log_prior = log_class_prior(torch.tensor([1, 1, 2]))
+        logits = torch.tensor([[math.log(2.0), 0.0, 0.0]])
+        loss = logit_adjusted_cross_entropy(logits, torch.tensor([1]), log_prior)
+        assert loss.item() == pytest.approx(1.609438, abs=1e-5)
+
+    def test_absent_class_has_zero_probability_and_no_nan(self) -> None:
+        # counts [3, 1, 0] -> pi = [0.75, 0.25, 0]; zero logits -> softmax [0.75, 0.25, 0]
+        # CE(label 0) = -ln 0.75 = 0.287682; the absent class gets no gradient.
+        log_prior = log_class_prior(torch.tensor([3, 1, 0]))
+        assert math.isinf(float(log_prior[2]))
+        logits = torch.zeros(1, 3, requires_grad=True)
+        loss = logit_adjusted_cross_entropy(logits, torch.tensor([0]), log_prior)
+        torch.autograd.backward(loss)
+        assert loss.item() == pytest.approx(0.287682, abs=1e-5)
+        assert logits.grad is not None
+        assert torch.isfinite(logits.grad).all()
+        assert float(logits.grad[0, 2]) == 0.0
+
+    def test_bad_counts_are_rejected(self) -> None:
+        with pytest.raises(RecipeError, match="counts"):
+            log_class_prior(torch.tensor([0, 0, 0]))
+
+
+class TestKnowledgeDistillation:
+    def test_kl_with_teacher_temperature_and_batchmean(self) -> None:
+        # T = 0.8. Row 1: teacher logits [0.8 ln 3, 0, 0] -> / T = [ln 3, 0, 0]
+        #   -> p_t = [3, 1, 1] / 5 = [0.6, 0.2, 0.2]. Student: zero logits, uniform prior
+        #   -> q = [1/3, 1/3, 1/3]. KL(p_t || q) = 0.6 ln 1.8 + 2 * 0.2 ln 0.6
+        #   = 0.352672 - 0.204330 = 0.148342.
+        # Row 2: teacher zeros -> p_t uniform = q -> KL 0.
+        # batchmean: (0.148342 + 0) / 2 = 0.074171. (KL(q || p_t) would be 0.144622 / 2; a
+        # teacher without temperature, or a mean over B*C entries, also differ.)
+        teacher = torch.tensor([[0.8 * math.log(3.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
+        student = torch.zeros(2, 3)
+        log_prior = log_class_prior(torch.tensor([1, 1, 1]))
+        loss = kd_loss(student, teacher, log_prior, temperature=0.8)
+        assert loss.item() == pytest.approx(0.074171, abs=1e-5)
+
+    def test_absent_class_is_left_out_of_the_kl(self) -> None:
+        # counts [1, 1, 0] -> q = softmax(0 + log pi) = [0.5, 0.5, 0]; p_t = [0.6, 0.2, 0.2].
+        # Sum over the present classes only: 0.6 ln(0.6/0.5) + 0.2 ln(0.2/0.5)
+        # = 0.109393 - 0.183258 = -0.073865 (the teacher's mass on the absent class is ignored).
+        teacher = torch.tensor([[0.8 * math.log(3.0), 0.0, 0.0]])
+        student = torch.zeros(1, 3, requires_grad=True)
+        log_prior = log_class_prior(torch.tensor([1, 1, 0]))
+        loss = kd_loss(student, teacher, log_prior, temperature=0.8)
+        torch.autograd.backward(loss)
+        assert loss.item() == pytest.approx(-0.073865, abs=1e-5)
+        assert student.grad is not None
+        assert torch.isfinite(student.grad).all()
+        assert float(student.grad[0, 2]) == 0.0
+
+    def test_teacher_gets_no_gradient(self) -> None:
+        teacher = torch.randn(4, 3, requires_grad=True)
+        student = torch.randn(4, 3, requires_grad=True)
+        torch.autograd.backward(kd_loss(student, teacher, torch.zeros(3), 0.8))
+        assert teacher.grad is None
+        assert student.grad is not None
+
+    def test_kl_is_zero_when_student_equals_teacher_at_t1(self) -> None:
+        logits = torch.randn(5, 3)
+        assert kd_loss(logits, logits, torch.zeros(3), 1.0).item() == pytest.approx(0.0, abs=1e-6)
+
+    def test_ramp_up(self) -> None:
+        # w = 0.8 exp(-5 (1 - lambda)^2), lambda = clip((t - 10) / 39, 0, 1)
+        # t = 10: lambda = 0 -> 0.8 e^-5 = 0.005390
+        # t = 30: lambda = 20/39 -> (1 - lambda)^2 = 0.237344 -> 0.8 e^-1.186719 = 0.244177
+        # t >= 49: lambda = 1 -> 0.8; t < 10: lambda = 0 (clipped)
+        assert kd_weight(10, 10, 39, 0.8) == pytest.approx(0.005390, abs=1e-6)
+        assert kd_weight(30, 10, 39, 0.8) == pytest.approx(0.244177, abs=1e-6)
+        assert kd_weight(49, 10, 39, 0.8) == pytest.approx(0.8)
+        assert kd_weight(90, 10, 39, 0.8) == pytest.approx(0.8)
+        assert kd_weight(3, 10, 39, 0.8) == pytest.approx(0.005390, abs=1e-6)
+        assert kd_weight(10, 10, 0, 0.8) == pytest.approx(0.8)
+
+
+class TestRecipe:
+    @pytest.mark.parametrize(
+        ("round_index", "role", "stage", "distilled"),
+        [
+            (3, "noisy", 1.0, 0.0),
+            (12, "clean", 2.0, 0.0),
+            (12, None, 2.0, 0.0),
+            (12, "noisy", 2.0, 1.0),
+        ],
+    )
+    def test_stage_and_role_choose_the_loss(
+        self, round_index: int, role: str | None, stage: float, distilled: float
+    ) -> None:
+        model, global_model = tiny_mlp(), frozen(tiny_mlp(1))
+        ctx = make_context(
+            round_index=round_index,
+            total_rounds=100,
+            role=role,
+            hyperparameters={"batch_size": 8, "warmup_rounds": 10},
+        )
+        report = get_recipe("fednoro").train(model, global_model, make_data(24), ctx)
+        assert report.metrics["stage"] == stage
+        assert report.metrics["distilled"] == distilled
+        assert math.isfinite(report.train_loss)
+
+    def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
+        # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
+        data = make_data(48, flip=0.3)
+        teacher = frozen(tiny_mlp(5))
+        student = tiny_mlp(0)
+        hp = {
+            "batch_size": 8,
+            "lr": 0.2,
+            "warmup_rounds": 0,
+            "ramp_rounds": 0,
+            "kd_weight_max": 1.0,
+            "kd_temperature": 1.0,
+            "local_epochs": 5,
+        }
+
+        def disagreement(model: torch.nn.Module) -> float:
+            with torch.no_grad():
+                p = torch.softmax(teacher(data.inputs), 1)
+                q = torch.softmax(
+                    model(data.inputs) + log_class_prior(torch.bincount(data.labels)), 1
+                )
+                return float((p * (p.log() - q.log())).sum(1).mean())
+
+        before = disagreement(student)
+        ctx = make_context(round_index=5, role="noisy", hyperparameters=hp)
+        get_recipe("fednoro").train(student, teacher, data, ctx)
+        assert disagreement(student) < 0.5 * before
