@@ -29,7 +29,9 @@ def test_state_survives_a_new_store_on_the_same_directory(tmp_path: Path) -> Non
     store.flush()
     reopened = LocalStateStore(tmp_path / "client-7")
     # Assert
-    assert torch.equal(reopened.get_tensor("flr/s"), s)
+    got = reopened.get_tensor("flr/s")
+    assert got is not None
+    assert torch.equal(got, s)
     seen = reopened.get_tensor("flr/seen")
     assert seen is not None
     assert seen.dtype == torch.bool
@@ -80,7 +82,9 @@ def test_returned_and_stored_tensors_are_copies() -> None:
     assert got is not None
     assert got.tolist() == [0.0, 0.0, 0.0]
     got += 5  # the caller mutates what it read
-    assert store.get_tensor("k").tolist() == [0.0, 0.0, 0.0]
+    again = store.get_tensor("k")
+    assert again is not None
+    assert again.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_in_memory_store_flush_is_a_no_op() -> None:

@@ -1,0 +1,267 @@
+"""Signals a client reports every round (ALGORITHMS.md section 1).
+
+- ``num_samples`` and ``class_counts``: always sent (every weighting; FedNoRo's fill-in and prior).
+- ``per_class_loss``: mean cross-entropy per given label with **theta_G** (the model received this
+  round, before local training), eval mode, no augmentation; ``None`` for a class with no sample
+  (FedNoRo detection, seed 004 section 4.1, eq. 3's input).
+- ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k, seed 001
+  eq. 8).
+- ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
+  mode (FedRN expertise, seed 000 eq. 4).
+- ``probe_softmax``: softmax of theta_k on P Gaussian inputs drawn from the server's seed (FedRN
+  similarity, seed 000 eq. 5).
+- ``centroids``: RoFL local centroids (seed 002 eq. 11).
+
+Only the signals the server lists in ``required`` are computed. Evaluation passes are batched on the
+device under ``torch.inference_mode()`` in eval mode, in float32, and restore each model's mode.
+
+The probe must be the same bytes on every client. ``torch.randn`` in float32 on the CPU is **not**:
+its vectorised kernel (used from 16 elements on) depends on the CPU's instruction set (AVX2 vs the
+default kernel give different float32 values for the same seed, measured with
+``ATEN_CPU_CAPABILITY``). The float64 path does not, so :func:`make_probe` draws float64
+normals from a seeded CPU ``torch.Generator`` and rounds them to float32; only then is the probe
+moved to the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client_sdk.recipes.base import (
+    DeviceLike,
+    LocalData,
+    TrainReport,
+    check_logits,
+    class_counts,
+    normalize_device,
+)
+from client_sdk.recipes.errors import InvalidLocalDataError, SignalError
+
+__all__ = [
+    "OPTIONAL_SIGNALS",
+    "Signals",
+    "compute_signals",
+    "make_probe",
+]
+
+OPTIONAL_SIGNALS = frozenset(
+    {"per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids"}
+)
+"""Signal names a server may require (num_samples and class_counts are always sent)."""
+
+
+def make_probe(seed: int, num_inputs: int, input_shape: Sequence[int]) -> torch.Tensor:
+    """Return the round's probe: ``num_inputs`` N(0, 1) inputs, identical bytes everywhere.
+
+    Parameters
+    ----------
+    seed : int
+        The server's probe seed, ``0 <= seed < 2**63``.
+    num_inputs : int
+        P >= 1.
+    input_shape : sequence of int
+        Shape of one model input (positive ints).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(P, *input_shape)`` float32 on the CPU: float64 normals from
+        ``torch.Generator(device="cpu").manual_seed(seed)``, rounded to float32.
+
+    Raises
+    ------
+    SignalError
+        On a negative or too large seed, ``num_inputs < 1`` or a bad shape.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise SignalError(f"seed: expected an int in [0, 2**63), got {seed!r}")
+    if isinstance(num_inputs, bool) or not isinstance(num_inputs, int) or num_inputs < 1:
+        raise SignalError(f"num_inputs: expected an int >= 1, got {num_inputs!r}")
+    shape = tuple(input_shape)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
+        raise SignalError(f"input_shape: expected positive ints, got {input_shape!r}")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn((num_inputs, *shape), generator=generator, dtype=torch.float64).to(
+        torch.float32
+    )
+
+
+@dataclass
+class Signals:
+    """The signals of one client for one round (ALGORITHMS.md section 1).
+
+    Attributes
+    ----------
+    num_samples : int
+        n_k.
+    class_counts : list of int
+        Histogram of the given labels (C ints).
+    per_class_loss : list of (float or None) or None
+        theta_G's mean cross-entropy per given label; None where the count is 0.
+    train_loss : float or None
+        Mean training cross-entropy of the recipe.
+    train_accuracy : float or None
+        theta_k's accuracy on its own data against the given labels.
+    probe_softmax : list of list of float or None
+        ``(P, C)`` softmax of theta_k on the probe.
+    centroids : list of list of float or None
+        ``(C, d)`` RoFL local centroids.
+    """
+
+    num_samples: int
+    class_counts: list[int]
+    per_class_loss: list[float | None] | None = None
+    train_loss: float | None = None
+    train_accuracy: float | None = None
+    probe_softmax: list[list[float]] | None = None
+    centroids: list[list[float]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the signals as a JSON object, leaving out those that were not computed."""
+        out: dict[str, Any] = {"num_samples": self.num_samples, "class_counts": self.class_counts}
+        for name in sorted(OPTIONAL_SIGNALS):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def _batched_logits(
+    model: nn.Module, inputs: torch.Tensor, batch_size: int, num_classes: int
+) -> torch.Tensor:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            outs = []
+            for start in range(0, inputs.shape[0], batch_size):
+                logits = model(inputs[start : start + batch_size])
+                check_logits(logits, num_classes)
+                outs.append(logits.float())
+            return torch.cat(outs)
+    finally:
+        model.train(was_training)
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise SignalError(f"{name}: is not finite ({value}); the model diverged")
+    return value
+
+
+def compute_signals(
+    *,
+    global_model: nn.Module,
+    local_model: nn.Module,
+    data: LocalData,
+    num_classes: int,
+    required: Collection[str],
+    train_report: TrainReport,
+    probe_seed: int | None,
+    probe_size: int,
+    input_shape: Sequence[int],
+    device: DeviceLike,
+    batch_size: int = 256,
+) -> Signals:
+    """Compute the signals the server requires for this round.
+
+    Parameters
+    ----------
+    global_model : nn.Module
+        theta_G as received this round (before local training).
+    local_model : nn.Module
+        theta_k after local training.
+    data : LocalData
+        The client's training set (moved to ``device`` once, cached).
+    num_classes : int
+        C.
+    required : collection of str
+        Subset of ``OPTIONAL_SIGNALS``; only these are computed.
+    train_report : TrainReport
+        What the recipe returned (train_loss, centroids).
+    probe_seed : int or None
+        The server's probe seed (needed for ``probe_softmax``).
+    probe_size : int
+        P.
+    input_shape : sequence of int
+        Shape of one model input, for the probe.
+    device : torch.device or str
+        Where the models are.
+    batch_size : int
+        Evaluation batch size.
+
+    Returns
+    -------
+    Signals
+
+    Raises
+    ------
+    SignalError
+        On an unknown signal name, a required signal whose input is missing (probe seed,
+        centroids), input shape mismatch or a non-finite value.
+    """
+    unknown = set(required) - OPTIONAL_SIGNALS
+    if unknown:
+        raise SignalError(
+            f"required: unknown signals {sorted(unknown)}; known {sorted(OPTIONAL_SIGNALS)}"
+        )
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise SignalError(f"num_classes: expected an int >= 2, got {num_classes!r}")
+    if batch_size < 1:
+        raise SignalError(f"batch_size: expected >= 1, got {batch_size}")
+    dev = normalize_device(device)
+    d = data.to(dev)
+    if int(d.labels.max().item()) >= num_classes:
+        raise InvalidLocalDataError(f"labels: a label is outside [0, {num_classes})")
+    counts = class_counts(d.labels, num_classes)
+    signals = Signals(num_samples=d.num_samples, class_counts=[int(c) for c in counts.tolist()])
+
+    if "per_class_loss" in required:
+        logits = _batched_logits(global_model, d.inputs, batch_size, num_classes)
+        losses = F.cross_entropy(logits, d.labels, reduction="none")
+        sums = torch.zeros(num_classes, dtype=torch.float64, device=dev)
+        sums.index_add_(0, d.labels, losses.to(torch.float64))
+        per_class: list[float | None] = []
+        for total, count in zip(sums.tolist(), counts.tolist(), strict=True):
+            per_class.append(None if count == 0 else _finite("per_class_loss", total / count))
+        signals.per_class_loss = per_class
+
+    if "train_loss" in required:
+        signals.train_loss = _finite("train_loss", float(train_report.train_loss))
+
+    if "train_accuracy" in required:
+        logits = _batched_logits(local_model, d.inputs, batch_size, num_classes)
+        correct = int((logits.argmax(dim=1) == d.labels).sum().item())
+        signals.train_accuracy = correct / d.num_samples
+
+    if "probe_softmax" in required:
+        if probe_seed is None:
+            raise SignalError("probe_seed: required for probe_softmax")
+        probe = make_probe(probe_seed, probe_size, input_shape)
+        if tuple(probe.shape[1:]) != d.input_shape:
+            raise SignalError(
+                f"input_shape: {tuple(input_shape)} differs from the data's {d.input_shape}"
+            )
+        logits = _batched_logits(local_model, probe.to(dev), batch_size, num_classes)
+        probs = F.softmax(logits, dim=1).to("cpu", torch.float64)
+        if not bool(torch.isfinite(probs).all()):
+            raise SignalError("probe_softmax: is not finite; the model diverged")
+        signals.probe_softmax = probs.tolist()
+
+    if "centroids" in required:
+        if train_report.centroids is None:
+            raise SignalError("centroids: required, but the recipe produced none (use 'rofl')")
+        cent = train_report.centroids.detach().to("cpu", torch.float64)
+        if cent.dim() != 2 or cent.shape[0] != num_classes or not bool(torch.isfinite(cent).all()):
+            raise SignalError(
+                f"centroids: expected finite ({num_classes}, d), got {tuple(cent.shape)}"
+            )
+        signals.centroids = cent.tolist()
+    return signals
