@@ -491,11 +491,14 @@ def make_generator(seed: int) -> torch.Generator:
 @contextlib.contextmanager
 def seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
     """Seed the global RNGs used by layers such as dropout, restoring them afterwards."""
-    devices = [normalize_device(device).index] if device.type == "cuda" else []
+    dev = normalize_device(device)
+    devices = [dev.index] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.default_generator.manual_seed(seed)
-        if device.type == "cuda":
-            torch.cuda.manual_seed(seed)
+        if dev.type == "cuda":
+            # seed the generator of the training device, not whichever device is current
+            with torch.cuda.device(dev):
+                torch.cuda.manual_seed(seed)
         yield
 
 
