@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from client_sdk.local_state import LocalStateStore
-from client_sdk.recipes import RECIPES, LocalData, RoundContext, get_recipe
+from client_sdk.recipes import RECIPES, LocalData, RoundContext, TrainingDivergedError, get_recipe
 from client_sdk.signals import compute_signals
 from tests.client_sdk.recipes.helpers import (
     INPUT_SHAPE,
@@ -169,6 +169,34 @@ def test_batchnorm_model_and_a_missing_class(name: str) -> None:
     assert signals.per_class_loss is not None
     assert signals.per_class_loss[2] is None
     assert signals.class_counts[2] == 0
+
+
+def test_amp_is_ignored_on_cpu() -> None:
+    data = make_data(24)
+    models = []
+    for amp in (False, True):
+        model = tiny_mlp()
+        get_recipe("fedavg").train(
+            model, frozen(tiny_mlp()), data, round_context("fedavg", 0, amp=amp)
+        )
+        models.append(state_bytes(model))
+    assert models[0] == models[1]
+
+
+def test_adam_optimizer_trains() -> None:
+    model, global_model = tiny_mlp(), frozen(tiny_mlp())
+    ctx = round_context("fedavg", 0, hyperparameters={"optimizer": "adam", "lr": 1e-2})
+    report = get_recipe("fedavg").train(model, global_model, make_data(24), ctx)
+    assert math.isfinite(report.train_loss)
+    assert state_bytes(model) != state_bytes(global_model)
+
+
+def test_divergence_raises_a_clear_error() -> None:
+    data = make_data(24)
+    huge = LocalData(data.inputs * 1e6, data.labels)
+    ctx = round_context("fedavg", 0, hyperparameters={"lr": 1e12, "batch_size": 4})
+    with pytest.raises(TrainingDivergedError, match="non-finite"):
+        get_recipe("fedavg").train(tiny_mlp(), frozen(tiny_mlp()), huge, ctx)
 
 
 # ------------------------------------------------------------------------------------------
