@@ -38,6 +38,7 @@ from client_sdk.recipes.base import (
     DeviceLike,
     LocalData,
     TrainReport,
+    accumulator_dtype,
     check_logits,
     class_counts,
     normalize_device,
@@ -226,8 +227,9 @@ def compute_signals(
     if "per_class_loss" in required:
         logits = _batched_logits(global_model, d.inputs, batch_size, num_classes)
         losses = F.cross_entropy(logits, d.labels, reduction="none")
-        sums = torch.zeros(num_classes, dtype=torch.float64, device=dev)
-        sums.index_add_(0, d.labels, losses.to(torch.float64))
+        acc = accumulator_dtype(dev)
+        sums = torch.zeros(num_classes, dtype=acc, device=dev)
+        sums.index_add_(0, d.labels, losses.to(acc))
         per_class: list[float | None] = []
         for total, count in zip(sums.tolist(), counts.tolist(), strict=True):
             per_class.append(None if count == 0 else _finite("per_class_loss", total / count))

@@ -55,6 +55,7 @@ __all__ = [
     "RoundSetup",
     "TrainReport",
     "TrainingConfig",
+    "accumulator_dtype",
     "amp_active",
     "autocast",
     "check_logits",
@@ -526,6 +527,11 @@ def minibatch_indices(
     return batches
 
 
+def accumulator_dtype(device: torch.device) -> torch.dtype:
+    """float64 for running sums, except on backends without it (Apple MPS): float32."""
+    return torch.float64 if device.type in ("cpu", "cuda") else torch.float32
+
+
 def amp_active(ctx: RoundContext) -> bool:
     """Mixed precision is used only when asked for and training on CUDA."""
     return ctx.amp and ctx.device.type == "cuda"
@@ -632,8 +638,9 @@ def run_local_training(
     num = data.num_samples if subset is None else int(subset.numel())
     if num == 0:
         raise RecipeError("subset: no sample to train on")
-    ce_sum = torch.zeros((), dtype=torch.float64, device=data.device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=data.device)
+    acc = accumulator_dtype(data.device)
+    ce_sum = torch.zeros((), dtype=acc, device=data.device)
+    loss_sum = torch.zeros((), dtype=acc, device=data.device)
     seen = 0
     steps = 0
     model.train(train_mode)
@@ -652,8 +659,8 @@ def run_local_training(
             scaled.backward()  # type: ignore[no-untyped-call]
             scaler.step(opt)
             scaler.update()
-            ce_sum += out.ce.detach().to(torch.float64) * out.count
-            loss_sum += out.loss.detach().to(torch.float64)
+            ce_sum += out.ce.detach().to(acc) * out.count
+            loss_sum += out.loss.detach().to(acc)
             seen += out.count
             steps += 1
             if out.after_step is not None:

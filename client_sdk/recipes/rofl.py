@@ -41,6 +41,7 @@ from client_sdk.recipes.base import (
     LocalData,
     RoundContext,
     TrainReport,
+    accumulator_dtype,
     check_logits,
     find_head,
     forward_with_features,
@@ -259,7 +260,7 @@ class RoFLRecipe:
         if t >= t_pl:
             pseudo = predict_logits(global_model, d.inputs)[0].argmax(dim=1)
         holder = [centroids]
-        confident_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+        confident_sum = torch.zeros((), dtype=accumulator_dtype(d.device), device=d.device)
         selected_total = [0]
 
         def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
