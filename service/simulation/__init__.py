@@ -1,1 +1,200 @@
+"""Pure building blocks of the simulator: data sets, partitions, label noise, models, metrics.
 
+ALGORITHMS.md section 6 (partitions and noise) and EVALUATION.md (data sets, metrics). These
+modules import numpy, scipy, scikit-learn and torch only.
+
+The names below are re-exported lazily (PEP 562): ``import service.simulation.metrics`` does not
+pay for importing torch, and ``from service.simulation import build_model`` imports only
+``models``. The partition names are imported eagerly (numpy only, cheap) because the function
+``partition`` shares its name with its module: binding it here, after the submodule is loaded,
+makes ``service.simulation.partition`` the function however the package is first imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from service.simulation.partition import (
+    PARTITION_METHODS,
+    PartitionError,
+    as_generator,
+    bernoulli_dirichlet,
+    dirichlet,
+    iid,
+    lognormal_quantity,
+    partition,
+    shards,
+)
+
+if TYPE_CHECKING:
+    from service.simulation.datasets import (
+        DATASET_NAMES,
+        Dataset,
+        DatasetChecksumError,
+        DatasetError,
+        DatasetFormatError,
+        DatasetNotFoundError,
+        DataSplit,
+        UnknownDatasetError,
+        default_data_dir,
+        load_dataset,
+    )
+    from service.simulation.metrics import (
+        CurveSummary,
+        DetectionScores,
+        MetricInputError,
+        SelectionScores,
+        accuracy,
+        auroc,
+        balanced_accuracy,
+        detection_metrics,
+        label_precision_recall,
+        spearman,
+        summarise_curve,
+    )
+    from service.simulation.models import (
+        MLP,
+        ModelConfigError,
+        SmallCNN,
+        TorchvisionNotInstalledError,
+        build_model,
+        classifier_head,
+    )
+    from service.simulation.noise import (
+        CONTINUOUS_PROTOCOLS,
+        FLIP_TYPES,
+        NOISE_PROTOCOLS,
+        TWO_GROUP_PROTOCOLS,
+        InstanceProbabilities,
+        NoiseError,
+        NoiseReport,
+        flip_labels,
+        inject_noise,
+        instance_probabilities,
+        noise_levels,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "datasets": (
+        "DATASET_NAMES",
+        "DataSplit",
+        "Dataset",
+        "DatasetChecksumError",
+        "DatasetError",
+        "DatasetFormatError",
+        "DatasetNotFoundError",
+        "UnknownDatasetError",
+        "default_data_dir",
+        "load_dataset",
+    ),
+    "partition": (
+        "PARTITION_METHODS",
+        "PartitionError",
+        "as_generator",
+        "bernoulli_dirichlet",
+        "dirichlet",
+        "iid",
+        "lognormal_quantity",
+        "partition",
+        "shards",
+    ),
+    "noise": (
+        "CONTINUOUS_PROTOCOLS",
+        "FLIP_TYPES",
+        "NOISE_PROTOCOLS",
+        "TWO_GROUP_PROTOCOLS",
+        "InstanceProbabilities",
+        "NoiseError",
+        "NoiseReport",
+        "flip_labels",
+        "inject_noise",
+        "instance_probabilities",
+        "noise_levels",
+    ),
+    "models": (
+        "MLP",
+        "ModelConfigError",
+        "SmallCNN",
+        "TorchvisionNotInstalledError",
+        "build_model",
+        "classifier_head",
+    ),
+    "metrics": (
+        "CurveSummary",
+        "DetectionScores",
+        "MetricInputError",
+        "SelectionScores",
+        "accuracy",
+        "auroc",
+        "balanced_accuracy",
+        "detection_metrics",
+        "label_precision_recall",
+        "spearman",
+        "summarise_curve",
+    ),
+}
+_MODULE_OF: dict[str, str] = {name: mod for mod, names in _EXPORTS.items() for name in names}
+
+__all__ = [
+    "CONTINUOUS_PROTOCOLS",
+    "CurveSummary",
+    "DATASET_NAMES",
+    "DataSplit",
+    "Dataset",
+    "DatasetChecksumError",
+    "DatasetError",
+    "DatasetFormatError",
+    "DatasetNotFoundError",
+    "DetectionScores",
+    "FLIP_TYPES",
+    "InstanceProbabilities",
+    "MLP",
+    "MetricInputError",
+    "ModelConfigError",
+    "NOISE_PROTOCOLS",
+    "NoiseError",
+    "NoiseReport",
+    "PARTITION_METHODS",
+    "PartitionError",
+    "SelectionScores",
+    "SmallCNN",
+    "TWO_GROUP_PROTOCOLS",
+    "TorchvisionNotInstalledError",
+    "UnknownDatasetError",
+    "accuracy",
+    "as_generator",
+    "auroc",
+    "balanced_accuracy",
+    "bernoulli_dirichlet",
+    "build_model",
+    "classifier_head",
+    "default_data_dir",
+    "detection_metrics",
+    "dirichlet",
+    "flip_labels",
+    "iid",
+    "inject_noise",
+    "instance_probabilities",
+    "label_precision_recall",
+    "load_dataset",
+    "lognormal_quantity",
+    "noise_levels",
+    "partition",
+    "shards",
+    "spearman",
+    "summarise_curve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,64 @@
+"""The public surface of service.simulation: re-exports, lazy imports, import boundaries."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import service.simulation as simulation
+
+_PACKAGE_DIR = Path(simulation.__file__).parent
+_ALLOWED_THIRD_PARTY = {"numpy", "scipy", "sklearn", "torch", "threadpoolctl"}
+# The pure building blocks; other modules of the package (the simulator's process plumbing) are
+# allowed other dependencies.
+_PURE_MODULES = ("__init__", "datasets", "partition", "noise", "models", "metrics")
+
+
+def test_every_exported_name_resolves_to_its_module_object():
+    for name in simulation.__all__:
+        value = getattr(simulation, name)
+        module = importlib.import_module(f"service.simulation.{simulation._MODULE_OF[name]}")
+        assert value is getattr(module, name), name
+    assert set(simulation.__all__) == set(simulation._MODULE_OF)
+
+
+def test_partition_is_the_function_even_after_importing_the_module():
+    import service.simulation.partition  # noqa: F401  (binds the submodule on first import)
+    from service.simulation import partition
+
+    assert callable(partition)
+    assert partition.__module__ == "service.simulation.partition"
+
+
+def test_metrics_alone_does_not_import_torch_or_sklearn():
+    code = (
+        "import sys, service.simulation.metrics; "
+        "print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_modules_import_only_numpy_scipy_sklearn_torch():
+    # The contract: no fastapi, sqlalchemy, httpx, pydantic, and no other service.* package.
+    # (threadpoolctl ships with scikit-learn and is used to pin its BLAS/OpenMP threads.)
+    for path in (_PACKAGE_DIR / f"{name}.py" for name in _PURE_MODULES):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                roots = [node.module]
+            else:
+                continue
+            for root in roots:
+                top = root.split(".")[0]
+                if top == "service":
+                    assert root.startswith("service.simulation"), (path.name, root)
+                elif top not in sys.stdlib_module_names:
+                    assert top in _ALLOWED_THIRD_PARTY, (path.name, root)
