@@ -106,7 +106,8 @@ class DatasetFormatError(DatasetError):
     """A data file passed its checksum step but does not have the documented layout."""
 
 
-@dataclass(frozen=True)
+# eq=False: the fields hold numpy arrays, whose == is elementwise (no usable equality/hash).
+@dataclass(frozen=True, eq=False)
 class Dataset:
     """One split of a data set, ready for training.
 
@@ -140,7 +141,8 @@ class Dataset:
         return int(self.y.shape[0])
 
 
-@dataclass(frozen=True)
+# eq=False: the fields hold numpy arrays, whose == is elementwise (no usable equality/hash).
+@dataclass(frozen=True, eq=False)
 class DataSplit:
     """A training split and a clean held-out test split of one data set."""
 

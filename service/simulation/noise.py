@@ -434,7 +434,8 @@ def flip_labels(
 # instance-dependent probabilities
 
 
-@dataclass(frozen=True)
+# eq=False: the fields hold numpy arrays, whose == is elementwise (no usable equality/hash).
+@dataclass(frozen=True, eq=False)
 class InstanceProbabilities:
     """Out-of-fold class probabilities for instance-dependent noise.
 
@@ -562,7 +563,8 @@ def _fit_out_of_fold(
 # whole-federation injection
 
 
-@dataclass(frozen=True)
+# eq=False: the fields hold numpy arrays, whose == is elementwise (no usable equality/hash).
+@dataclass(frozen=True, eq=False)
 class NoiseReport:
     """Noisy labels of a federation and the per-client ground truth.
 
