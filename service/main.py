@@ -37,7 +37,11 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url)
     if settings.check_migrations:
-        check_at_head(engine)
+        try:
+            check_at_head(engine)
+        except Exception:
+            engine.dispose()
+            raise
     services = Services.create(settings, make_sessionmaker(engine))
 
     @asynccontextmanager
@@ -50,8 +54,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         finally:
             if reaper is not None:
                 reaper.stop()
-            services.worker.shutdown()
-            engine.dispose()
+            services.close()
 
     app = FastAPI(
         title="fedaudit coordinator",
@@ -73,7 +76,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
             allow_headers=["*"],
         )
     app.include_router(health.router)
-    for router in (federations.router, participation.router, models.router):
+    # participation first: its /rounds/current must win over the admin /rounds/{index}
+    for router in (participation.router, federations.router, models.router):
         app.include_router(router, prefix=API_PREFIX)
 
     def openapi() -> dict[str, Any]:

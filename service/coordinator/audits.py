@@ -9,7 +9,6 @@ detector for that client (recorded in the result).
 from __future__ import annotations
 
 import uuid
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,14 +103,13 @@ def audit_round(
     # A stable order (by client name) makes results independent of arrival order.
     updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
     round_clients = [clients[u.client_id] for u in updates]
-    with ExitStack() as stack:
+    if True:
         global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
         data = [
             client_round_data(u, SafetensorsReader(services.blobs.local_path(u.blob_key)))
             for u in updates
         ]
         candidates = _neighbor_candidates(services, session, federation, updates, data)
-        stack.callback(lambda: None)
         outcome = run_audit(
             global_reader,
             data,
@@ -123,8 +121,6 @@ def audit_round(
                 else None
             ),
             neighbor_candidates=candidates,
-            flag_overrides=pinned_flags(round_clients) if not in_warmup else None,
-            use_flags=not in_warmup,
         )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]

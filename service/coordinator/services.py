@@ -27,6 +27,13 @@ class Services:
     clock: Callable[[], datetime] = utcnow
     worker: BackgroundWorker = field(default_factory=lambda: BackgroundWorker())
 
+    def close(self) -> None:
+        """Stop the worker and release the database connections."""
+        self.worker.shutdown()
+        bind = self.sessions.kw.get("bind")
+        if bind is not None:
+            bind.dispose()
+
     @classmethod
     def create(cls, settings: Settings, sessions: sessionmaker[Session]) -> Services:
         blobs: BlobStore

@@ -147,7 +147,8 @@ def write_state(tensors: Mapping[str, np.ndarray], directory: Path) -> tuple[Pat
     """Write a state as an fsynced temporary safetensors file; return (path, sha256, size)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"state-{os.getpid()}-{os.urandom(6).hex()}.safetensors.part"
-    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, str(path))
+    # np.require keeps 0-d tensors 0-d (np.ascontiguousarray would make them 1-d).
+    save_file({name: np.require(value, requirements="C") for name, value in tensors.items()}, str(path))
     with path.open("rb+") as handle:
         os.fsync(handle.fileno())
     return path, sha256_file(path), path.stat().st_size

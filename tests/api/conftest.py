@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -15,8 +15,10 @@ from tests.factories import ADMIN, auth, federation_spec, state_bytes, tiny_stat
 
 
 @pytest.fixture
-def app(settings: Settings) -> FastAPI:
-    return create_app(settings, run_reaper=False)
+def app(settings: Settings) -> Iterator[FastAPI]:
+    app = create_app(settings, run_reaper=False)
+    yield app
+    app.state.services.close()
 
 
 @pytest.fixture
@@ -24,7 +26,6 @@ async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield client
-    app.state.services.worker.shutdown()
 
 
 class Federation:

@@ -180,6 +180,7 @@ async def test_oversized_upload_is_413_and_not_stored(settings) -> None:
         assert response.json()["limit"] == 600
         rejected = await nothing_stored(api, fed, settings, before)
         assert rejected[0]["data"]["status"] == 413
+    app.state.services.close()
 
 
 async def test_rejection_event_reason_is_readable(api) -> None:
