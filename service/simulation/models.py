@@ -277,7 +277,9 @@ def _build_torchvision(
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, *shape))
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        # torchvision checks input sizes with torch._assert (AssertionError), e.g. ViT's
+        # image_size; shape mismatches inside layers are RuntimeErrors.
         raise ModelConfigError(f"{label} does not accept inputs of shape {shape}: {exc}") from exc
     model.train(was_training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):

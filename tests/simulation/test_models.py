@@ -175,6 +175,14 @@ class _FakeNet(nn.Module):
         return out
 
 
+class _PickyNet(_FakeNet):
+    """Like ViT: asserts a fixed input size (torchvision raises AssertionError)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert x.shape[-1] == 224, "Wrong image width! Expected 224"
+        return super().forward(x)
+
+
 class _NoLinearNet(_FakeNet):
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
@@ -187,7 +195,7 @@ def _install_fake_torchvision(monkeypatch) -> list[dict[str, object]]:
 
     def get_model(name: str, **kwargs: object) -> nn.Module:
         calls.append({"name": name, **kwargs})
-        builders = {"fakenet": _FakeNet, "nolinear": _NoLinearNet}
+        builders = {"fakenet": _FakeNet, "nolinear": _NoLinearNet, "picky": _PickyNet}
         if name not in builders:
             raise ValueError(f"Unknown model {name}")
         return builders[name](int(kwargs["num_classes"]))  # type: ignore[call-overload]
@@ -230,6 +238,8 @@ def test_torchvision_path_errors(monkeypatch):
         build_model("tv:nolinear", (1, 28, 28), 7)
     with pytest.raises(ModelConfigError, match="image input_shape"):
         build_model("tv:fakenet", (30,), 7)
+    with pytest.raises(ModelConfigError, match="does not accept inputs"):
+        build_model("tv:picky", (1, 28, 28), 7)
 
 
 def test_real_torchvision_resnet18_when_installed():
