@@ -236,6 +236,8 @@ class Participant:
         )
         signal_seconds = time.perf_counter() - trained
         payload = state_to_bytes(self.model)
+        reported = signals.to_json()
+        reported.pop("num_samples", None)  # sent once, at the top of the metadata
         accepted = True
         try:
             self.client.submit_update(
@@ -243,7 +245,7 @@ class Participant:
                 instructions.round_index,
                 state=payload,
                 num_samples=self.data.num_samples,
-                signals=signals.to_json(),
+                signals=reported,
                 metrics=report.metrics,
                 idempotency_key=f"{current.round.id}",
             )
