@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--amp", action="store_true", help="mixed precision (CUDA only)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
