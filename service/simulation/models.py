@@ -19,9 +19,12 @@ head fine-tuning work on all of them.
     standardised inputs a two-conv network trains well without normalisation. So the state of
     ``mlp`` and ``cnn`` is float parameters only.
   * **Stride-2 convolutions instead of conv + max-pool, 16 then 32 channels.** V3/V6 train 50
-    MNIST clients of ~160 samples for tens of rounds on a 2-core CPU; measured on this machine,
-    one local epoch of the 28x28 model takes about 15-25 ms (batch 32-50) versus 45-90 ms for
-    conv(32)+pool blocks. The 8x8 model takes about 8-10 ms.
+    MNIST clients of ~160 samples for tens of rounds on a 2-core CPU. Measured on the shared
+    2-core development machine (SGD, one epoch over 160 samples, batch 32-50): about 20-35 ms for
+    28x28 inputs (45-90 ms with conv(32)+max-pool blocks) and 10-20 ms for 8x8 inputs, where the
+    ~2 ms fixed cost of each optimizer step dominates, so batch size matters more than width.
+    ``channels=(8, 16)`` roughly halves the 28x28 time. On a loaded machine one torch thread is
+    faster than two for models this small.
 - ``tv:<name>``: any torchvision classification model by name (``weights=None``, nothing is
   downloaded), built with ``num_classes``; its first ``Conv2d`` is replaced by one with the input's
   channel count, and the model must end in an ``nn.Linear`` head. It is checked with one dry
