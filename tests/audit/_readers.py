@@ -1,18 +1,23 @@
-"""Test helpers: a StateReader that records every read (to check streaming)."""
+"""Test helpers: a StateReader that records every read (to check streaming), Optional narrowing."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 import numpy as np
 
 from service.audit import DictStateReader
 
+T = TypeVar("T")
+
 
 class RecordingReader(DictStateReader):
     """A DictStateReader that appends ``(label, name)`` to a shared log on every ``get``."""
 
-    def __init__(self, tensors: Mapping[str, np.ndarray], label: str, log: list) -> None:
+    def __init__(
+        self, tensors: Mapping[str, np.ndarray], label: str, log: list[tuple[str, str]]
+    ) -> None:
         super().__init__(tensors)
         self.label = label
         self.log = log
@@ -22,7 +27,7 @@ class RecordingReader(DictStateReader):
         return super().get(name)
 
 
-def reads_grouped_by_tensor(log: list, names: list[str]) -> bool:
+def reads_grouped_by_tensor(log: list[tuple[str, str]], names: list[str]) -> bool:
     """True when the reads of each tensor name form one contiguous run per pass.
 
     Streaming means: for each name, every reader's copy of that tensor is read, then the
@@ -37,3 +42,9 @@ def reads_grouped_by_tensor(log: list, names: list[str]) -> bool:
     return len(runs) % len(names) == 0 and all(
         runs[i] == names[i % len(names)] for i in range(len(runs))
     )
+
+
+def present(value: T | None) -> T:
+    """Return ``value`` after asserting it is not None (narrows Optional results in tests)."""
+    assert value is not None
+    return value

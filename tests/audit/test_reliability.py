@@ -176,7 +176,7 @@ class TestReliability:
 
 class TestChunkedTopK:
     @staticmethod
-    def _inputs(seed, n_clients, with_ties):
+    def _inputs(seed: int, n_clients: int, with_ties: bool) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(seed)
         probes = rng.dirichlet(np.ones(5), size=(n_clients, 2))
         acc = rng.uniform(0.1, 0.95, size=n_clients)
@@ -199,9 +199,13 @@ class TestChunkedTopK:
 
     def test_chunked_equals_exact_with_targets_and_candidates(self):
         probes, acc = self._inputs(7, 30, True)
-        kwargs = {"targets": [29, 3, 3, 0, 17], "candidates": list(range(0, 30, 2)), "k": 3}
-        exact = k_reliable_neighbors(probes, acc, **kwargs)
-        assert k_reliable_neighbors(probes, acc, chunk_size=2, **kwargs) == exact
+        targets = [29, 3, 3, 0, 17]
+        candidates = list(range(0, 30, 2))
+        exact = k_reliable_neighbors(probes, acc, 3, targets=targets, candidates=candidates)
+        chunked = k_reliable_neighbors(
+            probes, acc, 3, targets=targets, candidates=candidates, chunk_size=2
+        )
+        assert chunked == exact
         assert exact.targets == [29, 3, 3, 0, 17]
         assert all(n % 2 == 0 for row in exact.neighbors for n in row)
         assert 0 not in exact.neighbors[3]

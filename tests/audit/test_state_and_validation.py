@@ -29,7 +29,10 @@ from service.audit._validation import (
 
 class TestDictStateReader:
     def test_keys_in_insertion_order_and_read_only_views(self):
-        source = {"b": np.zeros(2), "a": np.ones((1, 2), dtype=np.float32)}
+        source: dict[str, np.ndarray] = {
+            "b": np.zeros(2),
+            "a": np.ones((1, 2), dtype=np.float32),
+        }
         reader = DictStateReader(source)
         assert reader.keys() == ["b", "a"]
         view = reader.get("a")
@@ -46,7 +49,7 @@ class TestDictStateReader:
         with pytest.raises(InvalidInputError, match="no tensor 'x'"):
             DictStateReader({}).get("x")
         with pytest.raises(InvalidInputError, match="names must be str"):
-            DictStateReader({1: np.zeros(1)})
+            DictStateReader({1: np.zeros(1)})  # type: ignore[dict-item]
         with pytest.raises(InvalidInputError, match="not a numeric array"):
             DictStateReader({"x": np.array([None, "a"], dtype=object)})
 

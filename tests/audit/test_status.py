@@ -14,6 +14,7 @@ from service.audit import (
     expertise_detection,
     next_status,
 )
+from tests.audit._readers import present
 
 
 class TestNextStatus:
@@ -56,7 +57,7 @@ class TestNextStatus:
         assert next_status("trusted", [True, False, True, False, True], m=3, w=5) == "noisy"
 
     def test_numpy_booleans_accepted(self):
-        assert next_status("trusted", [np.True_, np.True_]) == "noisy"
+        assert next_status("trusted", [np.True_, np.True_]) == "noisy"  # type: ignore[list-item]
 
     @pytest.mark.parametrize(
         ("kwargs", "error", "match"),
@@ -98,7 +99,7 @@ class TestExpertise:
         assert result.status == "ok"
         assert result.flags == [None, None]
         assert result.scores == [0.0, 1.0]
-        assert result.verdicts[1].evidence == {"train_accuracy": 0.9}
+        assert present(result.verdicts[1]).evidence == {"train_accuracy": 0.9}
         json.dumps(result.to_json(), allow_nan=False)
         empty = expertise_detection([])
         assert empty.status == "undetermined"
