@@ -118,6 +118,6 @@ def anyio_backend() -> str:
 
 
 def shared_data_dir() -> Path:
-    """``../shared/data`` (or FEDAUDIT_DATA_DIR); tests needing it skip when absent."""
-    configured = os.environ.get("FEDAUDIT_DATA_DIR")
+    """``../shared/data`` (or FEDAUDIT_DATASETS_DIR); tests needing it skip when absent."""
+    configured = os.environ.get("FEDAUDIT_DATASETS_DIR")
     return Path(configured) if configured else SHARED_DATA

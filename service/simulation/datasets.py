@@ -51,7 +51,7 @@ __all__ = [
     "verify_sha256",
 ]
 
-DATA_DIR_ENV: Final = "FEDAUDIT_DATA_DIR"
+DATA_DIR_ENV: Final = "FEDAUDIT_DATASETS_DIR"
 
 #: Published sha256 of every file the loaders read, keyed by path relative to the data directory
 #: (``shared/data/README.md``).
@@ -153,7 +153,7 @@ class DataSplit:
 def default_data_dir() -> Path | None:
     """Return the default directory of the file-based data sets.
 
-    The environment variable ``FEDAUDIT_DATA_DIR`` wins; otherwise ``<repo>/../shared/data`` when
+    The environment variable ``FEDAUDIT_DATASETS_DIR`` wins; otherwise ``<repo>/../shared/data`` when
     that directory exists; otherwise ``None``.
     """
     env = os.environ.get(DATA_DIR_ENV)

@@ -30,7 +30,7 @@ def _needs(sub: str) -> pytest.MarkDecorator:
     path = _DATA_DIR / sub
     return pytest.mark.skipif(
         not path.is_dir(),
-        reason=f"real data set directory {path} is absent (set FEDAUDIT_DATA_DIR to run this)",
+        reason=f"real data set directory {path} is absent (set FEDAUDIT_DATASETS_DIR to run this)",
     )
 
 
@@ -145,11 +145,11 @@ def test_missing_file_says_where_it_looked(tmp_path):
     with pytest.raises(DatasetNotFoundError, match=re.escape(str(tmp_path))) as info:
         load_dataset("breastmnist", data_dir=tmp_path)
     assert isinstance(info.value, FileNotFoundError)
-    assert "FEDAUDIT_DATA_DIR" in str(info.value)
+    assert "FEDAUDIT_DATASETS_DIR" in str(info.value)
 
 
 def test_environment_variable_is_the_default_data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("FEDAUDIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDAUDIT_DATASETS_DIR", str(tmp_path))
     assert datasets.default_data_dir() == tmp_path
     with pytest.raises(DatasetNotFoundError, match=re.escape(str(tmp_path))):
         load_dataset("mnist")
