@@ -210,6 +210,78 @@ def client_list(
     console.print(table)
 
 
+@app.command()
+def report(
+    federation_id: str,
+    csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the JSON report")] = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Print a federation's noisy-client report."""
+    with _admin(url, token) as admin:
+        if csv_output:
+            sys.stdout.write(_call(admin.get_text, f"/federations/{federation_id}/report", format="csv"))
+            return
+        data = _call(admin.get_json, f"/federations/{federation_id}/report")
+    if json_output:
+        console.print_json(json.dumps(data))
+        return
+    console.print(render_report(data))
+
+
+def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
+    """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
+    latest = data.get("latest") or {}
+    title = (
+        f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
+        f"{data['primary_detector']}"
+    )
+    caption = ""
+    if latest:
+        summary = latest.get("primary_summary") or {}
+        separation = summary.get("ashman_d")
+        caption = (
+            f"round {latest['round']}: {latest['primary_detector']} {latest['primary_status']}"
+            + (f" ({latest['primary_reason']})" if latest.get("primary_reason") else "")
+            + (f", Ashman's D {separation:.1f}" if isinstance(separation, int | float) else "")
+            + f"; aggregation {latest.get('aggregation_rule')}"
+            + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
+        )
+    table = Table(title=title, caption=caption)
+    table.add_column("client")
+    table.add_column("status")
+    if truth is not None:
+        table.add_column("true noise", justify="right")
+    table.add_column("flagged", justify="right")
+    table.add_column("p(noisy)", justify="right")
+    table.add_column("Fed-NCL q", justify="right")
+    table.add_column("expertise", justify="right")
+    table.add_column("noisy classes")
+    table.add_column("weight", justify="right")
+    styles = {"noisy": "bold red", "suspect": "yellow", "trusted": "green"}
+
+    def number(value: Any, fmt: str = ".2f") -> str:
+        return "-" if value is None else format(float(value), fmt)
+
+    for row in data["clients"]:
+        scores = row.get("latest_scores") or {}
+        status = row["status"] + (" (pinned)" if row.get("pinned_status") else "")
+        cells = [row["name"], f"[{styles.get(row['status'], '')}]{status}[/]"]
+        if truth is not None:
+            cells.append(number(truth.get(row["name"])))
+        cells += [
+            f"{row['times_flagged']}/{row['rounds_audited']}",
+            number(scores.get("fednoro")),
+            number(scores.get("fedncl"), ".3g"),
+            number(row.get("reliability")),
+            ", ".join(row.get("noisy_classes") or []) or "-",
+            number(row.get("last_weight"), ".3f"),
+        ]
+        table.add_row(*cells)
+    return table
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()
 

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from service import __version__
 from service.api import problems
 from service.api.problems import ProblemDetails
-from service.api.routes import federations, health, models, participation
+from service.api.routes import federations, health, models, participation, reports
 from service.config import Settings, get_settings
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         )
     app.include_router(health.router)
     # participation first: its /rounds/current must win over the admin /rounds/{index}
-    for router in (participation.router, federations.router, models.router):
+    for router in (participation.router, federations.router, reports.router, models.router):
         app.include_router(router, prefix=API_PREFIX)
 
     def openapi() -> dict[str, Any]:

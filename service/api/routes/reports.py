@@ -1,0 +1,135 @@
+"""Noisy-client reports (JSON and CSV), client histories, pins, recomputations, diagnostics."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse, Response
+
+from service.api import convert
+from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
+from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404
+from service.api.schemas.federations import ClientRead
+from service.api.schemas.reports import PinRequest, RecomputeRequest
+from service.coordinator import clients as client_use_cases
+from service.coordinator import queries, reports
+from service.coordinator.services import Services
+
+router = APIRouter(prefix="/federations/{federation_id}", tags=["reports"])
+
+
+@router.get(
+    "/report",
+    summary="The noisy-client report (JSON, or CSV with format=csv)",
+    responses={
+        200: {"content": {"application/json": {}, "text/csv": {}}},
+        **PROBLEM_401,
+        **PROBLEM_404,
+    },
+)
+def get_report(
+    federation_id: uuid.UUID,
+    session: SessionDep,
+    _: AdminDep,
+    format: Literal["json", "csv"] = Query("json"),
+) -> Any:
+    federation = queries.federation_of(session, federation_id)
+    report = reports.noisy_client_report(session, federation)
+    if format == "csv":
+        return PlainTextResponse(
+            reports.report_csv(report),
+            media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="report-{federation_id}.csv"'},
+        )
+    return report
+
+
+@router.get(
+    "/clients/{client_id}/history",
+    summary="What the audit said about one client, round by round",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def get_client_history(
+    federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, _: AdminDep
+) -> dict[str, Any]:
+    federation = queries.federation_of(session, federation_id)
+    client = queries.get_client(session, federation_id, client_id)
+    return reports.client_history(session, federation, client)
+
+
+@router.put(
+    "/clients/{client_id}/pin",
+    summary="Pin a client's status by hand (with a reason)",
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404},
+)
+def pin_client(
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    body: PinRequest,
+    session: SessionDep,
+    actor: AdminDep,
+) -> ClientRead:
+    federation = queries.federation_of(session, federation_id)
+    client = queries.get_client(session, federation_id, client_id)
+    reports.set_pin(session, federation, client, status=body.status, reason=body.reason, actor=actor)
+    session.commit()
+    return convert.client_read(client)
+
+
+@router.delete(
+    "/clients/{client_id}/pin",
+    summary="Remove a pin: the detectors decide again",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def unpin_client(
+    federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, actor: AdminDep
+) -> ClientRead:
+    federation = queries.federation_of(session, federation_id)
+    client = queries.get_client(session, federation_id, client_id)
+    reports.set_pin(session, federation, client, status=None, reason=None, actor=actor)
+    session.commit()
+    return convert.client_read(client)
+
+
+def _recompute(services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest) -> dict[str, Any]:
+    with services.sessions() as session:
+        federation = queries.federation_of(session, federation_id)
+        return reports.recompute_round(
+            services,
+            session,
+            federation,
+            index,
+            audit_overrides=body.audit,
+            exclude_clients=list(body.exclude_clients),
+        )
+
+
+@router.post(
+    "/rounds/{index}/recompute",
+    summary="Re-run a past round's audit or a what-if aggregation (nothing is stored)",
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404},
+)
+async def recompute_round(
+    federation_id: uuid.UUID,
+    index: int,
+    body: RecomputeRequest,
+    services: ServicesDep,
+    _: AdminDep,
+) -> dict[str, Any]:
+    return await run_in_threadpool(_recompute, services, federation_id, index, body)
+
+
+@router.get(
+    "/diagnostics",
+    summary="A client's own diagnostics (its status and which of its classes look noisy)",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def get_diagnostics(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> dict[str, Any]:
+    client_use_cases.check_scope(client, federation_id)
+    return reports.client_diagnostics(session, client)
+
+
+__all__ = ["router", "Response"]

@@ -1,0 +1,332 @@
+"""Noisy-client reports, client histories, pins, re-runs and what-if aggregations.
+
+Everything here reads the stored audit results and updates; nothing but a pin changes state.
+Re-runs and what-ifs recompute an audit or an aggregation of a past round from its stored
+updates (the same code path as the round close) and return the result without storing it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from service.audit import AuditConfig, InvalidParameterError
+from service.coordinator import audits
+from service.coordinator.rounds import effective_status, get_round
+from service.coordinator.services import Services
+from service.coordinator.tensors import SafetensorsReader
+from service.errors import BadRequestError, NotFoundError
+from service.store import repositories as repo
+from service.store.base import utcnow
+from service.store.models import AuditResult, Client, Federation
+
+DETECTOR_NAMES = ("fednoro", "fedncl", "expertise")
+
+
+def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:
+    ids: list[str] = audit.result.get("client_ids", [])
+    try:
+        return ids.index(str(client_id))
+    except ValueError:
+        return None
+
+
+def _class_label(federation: Federation, index: int) -> str:
+    names = federation.class_names
+    return names[index] if names and 0 <= index < len(names) else str(index)
+
+
+def _client_view(
+    federation: Federation, client: Client, audit: AuditResult, position: int
+) -> dict[str, Any]:
+    """What one stored audit says about one client."""
+    result = audit.result
+    detections: dict[str, Any] = result.get("detections", {})
+    scores: dict[str, Any] = {}
+    flags: dict[str, Any] = {}
+    noisy_classes: list[int] = []
+    for name, detection in detections.items():
+        verdict = (detection.get("verdicts") or [None])[position] if detection.get("verdicts") else None
+        if detection.get("status") != "ok" or verdict is None:
+            scores[name] = None
+            flags[name] = None
+            continue
+        scores[name] = verdict.get("score")
+        flags[name] = verdict.get("flag")
+        if name == "fednoro":
+            noisy_classes = list(verdict.get("evidence", {}).get("noisy_classes", []))
+    weights = (result.get("aggregation") or {}).get("weights") or []
+    neighbors = (result.get("neighbors") or {}).get(str(client.id))
+    expertise = result.get("expertise")
+    return {
+        "round": audit.round_index,
+        "primary_flag": (result.get("primary_flags") or [None])[position],
+        "flags": flags,
+        "scores": scores,
+        "noisy_classes": [_class_label(federation, c) for c in noisy_classes],
+        "reliability": expertise[position] if expertise else None,
+        "neighbors": neighbors,
+        "weight": weights[position] if position < len(weights) else None,
+    }
+
+
+def noisy_client_report(session: Session, federation: Federation) -> dict[str, Any]:
+    """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
+    audits_by_round = repo.audits_of_federation(session, federation.id)
+    clients = repo.list_clients(session, federation.id)
+    names = {str(c.id): c.name for c in clients}
+    rows = []
+    for client in clients:
+        latest: dict[str, Any] | None = None
+        for audit in reversed(audits_by_round):
+            position = _position(audit, client.id)
+            if position is not None:
+                latest = _client_view(federation, client, audit, position)
+                break
+        history = [
+            {"round": h.get("round"), "primary": h.get("primary"),
+             **{d: h.get(d) for d in DETECTOR_NAMES if d in h}}
+            for h in (client.flag_history or [])
+        ]
+        neighbors = None
+        if latest is not None and latest["neighbors"]:
+            neighbors = [
+                {**n, "name": names.get(n["client_id"], n["client_id"])} for n in latest["neighbors"]
+            ]
+        rows.append(
+            {
+                "client_id": str(client.id),
+                "name": client.name,
+                "status": effective_status(client),
+                "detected_status": client.status,
+                "pinned_status": client.pinned_status,
+                "pin_reason": client.pin_reason,
+                "num_samples": client.num_samples,
+                "times_flagged": sum(1 for h in history if h["primary"] is True),
+                "rounds_audited": len(history),
+                "flag_history": history,
+                "latest_round": None if latest is None else latest["round"],
+                "latest_flags": None if latest is None else latest["flags"],
+                "latest_scores": None if latest is None else latest["scores"],
+                "noisy_classes": [] if latest is None else latest["noisy_classes"],
+                "reliability": None if latest is None else latest["reliability"],
+                "neighbors": neighbors,
+                "last_weight": None if latest is None else latest["weight"],
+            }
+        )
+    last = audits_by_round[-1] if audits_by_round else None
+    summary: dict[str, Any] = {}
+    if last is not None:
+        primary = last.result.get("primary")
+        detection = last.result.get("detections", {}).get(primary, {})
+        summary = {
+            "round": last.round_index,
+            "primary_detector": primary,
+            "primary_status": detection.get("status"),
+            "primary_reason": detection.get("reason"),
+            "primary_summary": detection.get("summary"),
+            "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
+            "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
+            "in_warmup": last.result.get("in_warmup"),
+        }
+    return {
+        "federation_id": str(federation.id),
+        "federation": federation.name,
+        "status": federation.status,
+        "rounds_audited": len(audits_by_round),
+        "warmup_rounds": federation.config["warmup_rounds"],
+        "primary_detector": federation.config["primary_detector"],
+        "latest": summary,
+        "clients": rows,
+    }
+
+
+CSV_COLUMNS = (
+    "client_id",
+    "name",
+    "status",
+    "pinned_status",
+    "num_samples",
+    "times_flagged",
+    "rounds_audited",
+    "latest_round",
+    "fednoro_score",
+    "fedncl_score",
+    "expertise",
+    "noisy_classes",
+    "last_weight",
+    "neighbors",
+)
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in report["clients"]:
+        scores = row["latest_scores"] or {}
+        writer.writerow(
+            [
+                row["client_id"],
+                row["name"],
+                row["status"],
+                row["pinned_status"] or "",
+                row["num_samples"] if row["num_samples"] is not None else "",
+                row["times_flagged"],
+                row["rounds_audited"],
+                "" if row["latest_round"] is None else row["latest_round"],
+                _csv_number(scores.get("fednoro")),
+                _csv_number(scores.get("fedncl")),
+                _csv_number(row["reliability"]),
+                " ".join(row["noisy_classes"]),
+                _csv_number(row["last_weight"]),
+                " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or []),
+            ]
+        )
+    return buffer.getvalue()
+
+
+def _csv_number(value: Any) -> str:
+    return "" if value is None else f"{float(value):.6g}"
+
+
+def client_history(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
+    """Round by round, what the audit said about one client."""
+    rounds = []
+    for audit in repo.audits_of_federation(session, federation.id):
+        position = _position(audit, client.id)
+        if position is not None:
+            rounds.append(_client_view(federation, client, audit, position))
+    return {
+        "client_id": str(client.id),
+        "name": client.name,
+        "status": effective_status(client),
+        "detected_status": client.status,
+        "pinned_status": client.pinned_status,
+        "pin_reason": client.pin_reason,
+        "pinned_by": client.pinned_by,
+        "rounds": rounds,
+    }
+
+
+def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:
+    """What a client may learn about itself: its status and which of its classes look noisy."""
+    federation = repo.get_federation(session, client.federation_id)
+    assert federation is not None
+    history = client_history(session, federation, client)
+    latest = history["rounds"][-1] if history["rounds"] else None
+    return {
+        "client_id": str(client.id),
+        "name": client.name,
+        "status": history["status"],
+        "latest_round": None if latest is None else latest["round"],
+        "flagged_rounds": [r["round"] for r in history["rounds"] if r["primary_flag"] is True],
+        "rounds_audited": len(history["rounds"]),
+        "noisy_classes": [] if latest is None else latest["noisy_classes"],
+        "scores": None if latest is None else latest["scores"],
+        "advice": _advice(history["status"], [] if latest is None else latest["noisy_classes"]),
+    }
+
+
+def _advice(status: str, classes: list[str]) -> str:
+    if status == "trusted":
+        return "No label problem detected in your recent updates."
+    where = f" Look first at the labels of class(es) {', '.join(classes)}." if classes else ""
+    if status == "suspect":
+        return "Your last update looked noisier than the federation's." + where
+    return "Your updates were repeatedly flagged as noisy; they count less in aggregation." + where
+
+
+def set_pin(
+    session: Session,
+    federation: Federation,
+    client: Client,
+    *,
+    status: str | None,
+    reason: str | None,
+    actor: str,
+) -> Client:
+    """Pin a client's status (or unpin with status None), recorded in the event trail."""
+    if status is not None and not reason:
+        raise BadRequestError("a pin needs a reason", errors=[{"loc": ["body", "reason"], "msg": "required"}])
+    previous = client.pinned_status
+    client.pinned_status = status
+    client.pin_reason = reason if status is not None else None
+    client.pinned_by = actor if status is not None else None
+    client.pinned_at = utcnow() if status is not None else None
+    repo.add_event(
+        session,
+        kind="client.pinned" if status is not None else "client.unpinned",
+        actor=actor,
+        message=(
+            f"client {client.name!r} pinned {status} by {actor}: {reason}"
+            if status is not None
+            else f"client {client.name!r} unpinned by {actor} (was {previous})"
+        ),
+        federation_id=federation.id,
+        client_id=client.id,
+        data={"status": status, "previous": previous, "reason": reason},
+    )
+    return client
+
+
+def recompute_round(
+    services: Services,
+    session: Session,
+    federation: Federation,
+    index: int,
+    *,
+    audit_overrides: dict[str, Any] | None = None,
+    exclude_clients: list[uuid.UUID] | None = None,
+) -> dict[str, Any]:
+    """Re-run the audit (and aggregation) of a closed round from its stored updates; store nothing.
+
+    `audit_overrides` changes audit settings (e.g. ``{"aggregation": "median"}``);
+    `exclude_clients` leaves some updates out. The answer compares the recomputed global model
+    with the one actually produced (L2 distance per tensor and overall).
+    """
+    rnd = get_round(session, federation.id, index)
+    if rnd.state != "closed" or rnd.model_out_id is None:
+        raise BadRequestError(f"round {index} is {rnd.state}; only closed rounds can be recomputed")
+    stored = dict(federation.config["audit"])
+    try:
+        config = AuditConfig.from_json({**stored, **(audit_overrides or {})})
+    except InvalidParameterError as exc:
+        raise BadRequestError(f"invalid audit settings: {exc}") from None
+    clients = {c.id: c for c in repo.list_clients(session, federation.id)}
+    excluded = set(exclude_clients or [])
+    unknown = excluded - set(clients)
+    if unknown:
+        raise NotFoundError(f"client(s) {sorted(map(str, unknown))} do not exist in this federation")
+    updates = repo.updates_of_round(session, rnd.id)
+    if not [u for u in updates if u.client_id not in excluded]:
+        raise BadRequestError("no update left after the exclusions")
+    model_in = repo.get_model_version(session, rnd.model_in_id)
+    model_out = repo.get_model_version(session, rnd.model_out_id)
+    assert model_in is not None and model_out is not None
+    outcome = audits.audit_round(
+        services, session, federation, rnd, model_in, updates, clients, config=config, exclude=excluded
+    )
+    actual = SafetensorsReader(services.blobs.local_path(model_out.blob_key))
+    distances = {}
+    total = 0.0
+    for name, value in outcome.state.items():
+        diff = float(np.sum((value.astype(np.float64) - actual.get(name).astype(np.float64)) ** 2))
+        distances[name] = diff**0.5
+        total += diff
+    return {
+        "round": index,
+        "audit_settings": config.to_json(),
+        "excluded_clients": sorted(str(c) for c in excluded),
+        "aggregation_rule": outcome.rule,
+        "fallback_reason": outcome.fallback_reason,
+        "weights": outcome.weights_by_client,
+        "flags": outcome.flags_by_client,
+        "audit": outcome.result,
+        "distance_to_actual_model": {"total": total**0.5, "per_tensor": distances},
+    }

@@ -1,0 +1,159 @@
+"""Audit at round close, the stored result, and the report endpoints that read it."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.api.conftest import make_federation
+from tests.api.test_rounds import current, submit
+from tests.factories import ADMIN, tiny_state
+
+pytestmark = [pytest.mark.anyio, pytest.mark.db]
+
+NAMES = ("a", "b", "c", "d")
+FEDNCL = {"method": "fedncl", "detectors": ["fedncl"], "primary_detector": "fedncl"}
+
+
+async def run_round(api, fed, index: int) -> None:
+    # Global model is all zeros (round 0), so e_k = ||theta_k||^2 = 8 v^2 over the 8 floats.
+    # Clean clients: v = 1, train_loss 0.1 -> q = e * (loss * n) / n = 8 * 0.1 = 0.8.
+    # Client d: v = 3, train_loss 2.0 -> q = 72 * 2.0 = 144.
+    # mean q = (3 * 0.8 + 144) / 4 = 36.6; population std = sqrt((3 * 35.8^2 + 107.4^2) / 4)
+    # = sqrt((3844.92 + 11534.76) / 4) = 62.0 ; d: 144 - 36.6 = 107.4 > 1.0 * 62.0 -> flagged,
+    # the clean ones are below the mean -> not flagged (one-sided rule).
+    for name in NAMES:
+        noisy = name == "d"
+        response = await submit(
+            api,
+            fed,
+            name,
+            index,
+            tiny_state(3.0 if noisy else 1.0),
+            10,
+            signal_overrides={"train_loss": 2.0 if noisy else 0.1},
+        )
+        assert response.status_code == 201, response.text
+
+
+async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
+    await run_round(api, fed, 0)
+
+    round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    audit = round0["audit"]
+    fedncl = audit["detections"]["fedncl"]
+    assert fedncl["status"] == "ok"
+    ids = audit["client_ids"]
+    flags = {fed_name: fedncl["verdicts"][ids.index(fed.client_ids[fed_name])]["flag"] for fed_name in NAMES}
+    assert flags == {"a": False, "b": False, "c": False, "d": True}
+    q_d = fedncl["verdicts"][ids.index(fed.client_ids["d"])]["score"]
+    assert q_d == pytest.approx(144.0, rel=1e-5)
+    # Fed-NCL layer-wise aggregation penalises d: its weight is below the clean ones'.
+    weights = round0["aggregation_weights"]
+    assert audit["aggregation"]["rule"] == "fedncl_layerwise"
+    assert weights[fed.client_ids["d"]] < weights[fed.client_ids["a"]]
+
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    rows = {row["name"]: row for row in report["clients"]}
+    assert rows["d"]["times_flagged"] == 1
+    assert rows["d"]["latest_flags"]["fedncl"] is True
+    assert rows["d"]["latest_scores"]["fedncl"] == pytest.approx(q_d)
+    assert rows["d"]["last_weight"] == pytest.approx(weights[fed.client_ids["d"]])
+    assert rows["d"]["status"] == "suspect"  # flagged once: m = 2 flags needed for noisy
+    assert rows["a"]["status"] == "trusted"
+
+    csv_text = (await api.get(f"/api/v1/federations/{fed.id}/report?format=csv", headers=ADMIN)).text
+    parsed = {r["name"]: r for r in csv.DictReader(io.StringIO(csv_text))}
+    assert parsed["d"]["status"] == "suspect"
+    assert float(parsed["d"]["fedncl_score"]) == pytest.approx(q_d, rel=1e-5)
+
+    # a second flag makes d noisy; the next round's instructions say so
+    await run_round(api, fed, 1)
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert {r["name"]: r["status"] for r in report["clients"]}["d"] == "noisy"
+    assert (await current(api, fed, "d"))["instructions"]["role"] == "noisy"
+    assert (await current(api, fed, "a"))["instructions"]["role"] == "clean"
+    history = (
+        await api.get(f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history", headers=ADMIN)
+    ).json()
+    assert [r["round"] for r in history["rounds"]] == [0, 1]
+    assert all(r["flags"]["fedncl"] is True for r in history["rounds"])
+
+
+async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=FEDNCL)
+    await run_round(api, fed, 0)
+    mine = (await api.get(f"/api/v1/federations/{fed.id}/diagnostics", headers=fed.headers("d"))).json()
+    assert mine["name"] == "d"
+    assert mine["status"] == "suspect"
+    assert mine["flagged_rounds"] == [0]
+    assert set(mine) == {
+        "client_id", "name", "status", "latest_round", "flagged_rounds", "rounds_audited",
+        "noisy_classes", "scores", "advice",
+    }
+    # the admin report and another client's history are closed to clients
+    assert (await api.get(f"/api/v1/federations/{fed.id}/report", headers=fed.headers("d"))).status_code == 401
+    other = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/history"
+    assert (await api.get(other, headers=fed.headers("d"))).status_code == 401
+
+
+async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
+    url = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/pin"
+    no_reason = await api.put(url, json={"status": "noisy", "reason": ""}, headers=ADMIN)
+    assert no_reason.status_code == 422
+    pinned = await api.put(url, json={"status": "noisy", "reason": "known bad scanner"}, headers=ADMIN)
+    assert pinned.status_code == 200
+    assert pinned.json()["pinned_status"] == "noisy"
+    await run_round(api, fed, 0)
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["a"]
+    assert row["status"] == "noisy"
+    assert row["pin_reason"] == "known bad scanner"
+    assert (await current(api, fed, "a"))["instructions"]["role"] == "noisy"
+    unpinned = await api.delete(url, headers=ADMIN)
+    assert unpinned.json()["pinned_status"] is None
+    events = (await api.get(f"/api/v1/federations/{fed.id}/events", headers=ADMIN)).json()["items"]
+    pins = [e for e in events if e["kind"] in ("client.pinned", "client.unpinned")]
+    assert [e["kind"] for e in pins] == ["client.pinned", "client.unpinned"]
+    assert pins[0]["actor"] == "admin"
+    assert "known bad scanner" in pins[0]["message"]
+
+
+async def test_recompute_is_a_what_if_that_changes_nothing(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=FEDNCL)
+    await run_round(api, fed, 0)
+    before = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    url = f"/api/v1/federations/{fed.id}/rounds/0/recompute"
+
+    same = (await api.post(url, json={}, headers=ADMIN)).json()
+    assert same["distance_to_actual_model"]["total"] == pytest.approx(0.0, abs=1e-6)
+    assert same["weights"] == pytest.approx(before["aggregation_weights"])
+
+    # FedAvg without client d: the three clean clients (all 1.0) average to exactly 1.0,
+    # while the stored model (layer-wise, d included) is not 1.0 -> a positive distance.
+    without_d = (
+        await api.post(
+            url,
+            json={"audit": {"aggregation": "fedavg"}, "exclude_clients": [fed.client_ids["d"]]},
+            headers=ADMIN,
+        )
+    ).json()
+    assert set(without_d["weights"]) == {fed.client_ids[n] for n in ("a", "b", "c")}
+    assert all(w == pytest.approx(1 / 3) for w in without_d["weights"].values())
+    assert without_d["distance_to_actual_model"]["total"] > 0
+    median = (await api.post(url, json={"audit": {"aggregation": "median"}}, headers=ADMIN)).json()
+    assert median["aggregation_rule"] == "median"
+
+    bad = await api.post(url, json={"audit": {"aggregation": "nope"}}, headers=ADMIN)
+    assert bad.status_code == 400
+    open_round = await api.post(f"/api/v1/federations/{fed.id}/rounds/1/recompute", json={}, headers=ADMIN)
+    assert open_round.status_code == 400
+    after = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    assert after == before
+    assert np.isfinite(without_d["distance_to_actual_model"]["total"])
