@@ -156,7 +156,8 @@ def _noisy_flags(noisy: Any, n_clients: int) -> BoolArray | None:
 
 
 def _normalise(raw: FloatArray, name: str) -> FloatArray:
-    total = float(raw.sum())
+    with np.errstate(over="ignore"):  # an overflowing sum is reported below, not warned
+        total = float(raw.sum())
     if not math.isfinite(total) or total <= 0.0:
         raise InvalidInputError(f"{name}: weights must be finite with a positive sum")
     result: FloatArray = raw / total

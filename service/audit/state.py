@@ -39,11 +39,9 @@ class StateReader(Protocol):
 
     def keys(self) -> Sequence[str]:
         """Return the tensor names, in a stable order."""
-        ...
 
     def get(self, name: str) -> AnyArray:
         """Return the tensor called ``name`` as a numpy array (any dtype)."""
-        ...
 
 
 class DictStateReader:

@@ -389,6 +389,11 @@ class TestValidation:
         with pytest.raises(InvalidInputError, match=match):
             aggregate("fedavg", g(), readers(), num_samples)
 
+    def test_weights_must_stay_finite(self):
+        # each count is finite but their sum overflows to inf
+        with pytest.raises(InvalidInputError, match="weights must be finite"):
+            aggregate_fedavg(g(), readers(), [1e308, 1e308, 1e308])
+
     def test_no_updates(self):
         with pytest.raises(InvalidInputError, match="at least one"):
             aggregate_fedavg(g(), [], [])

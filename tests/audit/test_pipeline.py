@@ -154,6 +154,17 @@ class TestRunAudit:
         assert outcome.expertise is None
         assert outcome.aggregation.rule == "fedncl_layerwise"
 
+    def test_present_detectors_run_beside_a_fedncl_primary(self):
+        global_state, clients = make_federation()
+        config = AuditConfig(primary_detector="fedncl")
+        outcome = run_audit(global_state, clients, config, round_index=0)
+        assert list(outcome.detections) == ["fednoro", "fedncl", "expertise"]
+        assert outcome.primary == "fedncl"
+        assert outcome.primary_flags == outcome.detections["fedncl"].flags
+        without_losses = [dataclasses.replace(c, per_class_loss=None) for c in clients]
+        outcome = run_audit(global_state, without_losses, config, round_index=0)
+        assert list(outcome.detections) == ["fedncl", "expertise"]
+
     def test_fedncl_too_few_clients_reads_no_state(self):
         log: list[tuple[str, str]] = []
         global_state, clients = make_federation(n_clients=2)
