@@ -90,9 +90,18 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
                 description=app.description,
                 routes=app.routes,
             )
-            schema.setdefault("components", {}).setdefault("schemas", {})["ProblemDetails"] = (
-                ProblemDetails.model_json_schema()
-            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components["ProblemDetails"] = ProblemDetails.model_json_schema()
+            # FastAPI documents request validation errors as HTTPValidationError JSON; this app
+            # answers them (like every error) with problem details.
+            problem = {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    response = operation.get("responses", {}).get("422")
+                    if response is not None:
+                        response["content"] = {"application/problem+json": problem}
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
             app.openapi_schema = schema
         return app.openapi_schema
 

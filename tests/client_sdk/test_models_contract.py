@@ -1,0 +1,46 @@
+"""The SDK's response models agree with the committed OpenAPI spec (its contract)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from client_sdk import _models as sdk
+from service.api.openapi import DEFAULT_OUTPUT
+
+SPEC = json.loads(DEFAULT_OUTPUT.read_text(encoding="utf-8"))
+SCHEMAS = SPEC["components"]["schemas"]
+
+PAIRS: list[tuple[type[BaseModel], str]] = [
+    (sdk.Federation, "FederationRead"),
+    (sdk.TaskSpec, "TaskSpec"),
+    (sdk.PlanSpec, "PlanSpec"),
+    (sdk.ModelInfo, "ModelRead"),
+    (sdk.ClientInfo, "ClientRead"),
+    (sdk.ClientCreated, "ClientCreated"),
+    (sdk.JoinInfo, "JoinRead"),
+    (sdk.Neighbor, "Neighbor"),
+    (sdk.Probe, "Probe"),
+    (sdk.Instructions, "Instructions"),
+    (sdk.RoundRef, "RoundRef"),
+    (sdk.CurrentRound, "CurrentRound"),
+    (sdk.UpdateReceipt, "UpdateRead"),
+    (sdk.RoundInfo, "RoundDetail"),
+    (sdk.Event, "EventRead"),
+]
+
+
+@pytest.mark.parametrize(("model", "schema_name"), PAIRS, ids=[p[1] for p in PAIRS])
+def test_sdk_model_matches_server_schema(model: type[BaseModel], schema_name: str) -> None:
+    schema = SCHEMAS[schema_name]
+    server_fields = set(schema["properties"])
+    sdk_fields = set(model.model_fields)
+    assert sdk_fields <= server_fields, f"SDK expects fields the server never sends: {sdk_fields - server_fields}"
+    missing = set(schema.get("required", [])) - sdk_fields
+    assert not missing, f"SDK ignores required server fields: {missing}"
+
+
+def test_problem_details_shape() -> None:
+    assert set(sdk.ProblemDetails.model_fields) == set(SCHEMAS["ProblemDetails"]["properties"])
