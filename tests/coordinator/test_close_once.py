@@ -1,0 +1,168 @@
+"""A round closes exactly once, even with concurrent closers on separate engines ("replicas")."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from service.config import Settings
+from service.coordinator import clients, federations, rounds, updates
+from service.coordinator.federation_config import FederationConfigInput
+from service.coordinator.services import Services
+from service.store import models
+from service.store.blobs import write_temp_file
+from service.store.session import make_engine, make_sessionmaker
+from tests.factories import state_bytes, tiny_state, update_parts
+
+pytestmark = pytest.mark.db
+
+
+def make_services(settings: Settings) -> Services:
+    return Services.create(settings, make_sessionmaker(make_engine(settings.resolved_database_url)))
+
+
+def staged(settings: Settings, data: bytes) -> updates.StagedUpload:
+    path, digest, size = write_temp_file(settings.tmp_dir, data)
+    return updates.StagedUpload(path=path, sha256=digest, size=size)
+
+
+def prepare_round(services: Services, names: list[str], *, min_clients: int = 1, deadline_s: float = 600):
+    """A federation whose round 0 is open with every client joined; returns (fid, round, clients)."""
+    settings = services.settings
+    with services.sessions.begin() as session:
+        federation = federations.create_federation(
+            session,
+            name="race",
+            num_classes=2,
+            input_shape=[2],
+            class_names=None,
+            rounds=3,
+            min_clients=min_clients,
+            max_clients=None,
+            round_deadline_s=deadline_s,
+            config=FederationConfigInput(method="fedavg", detectors=["fedncl"], primary_detector="fedncl"),
+            seed=1,
+            actor="admin",
+        )
+        upload = staged(settings, state_bytes(tiny_state(0.0)))
+        federations.upload_initial_model(
+            services, session, federation.id, staged=upload.path, sha256=upload.sha256, size=upload.size, actor="admin"
+        )
+        created = [federations.add_client(session, federation.id, name=n, actor="admin")[0] for n in names]
+        for client in created:
+            clients.join(session, client, num_samples=10, class_counts=[5, 5], now=services.clock())
+        fid = federation.id
+    with services.sessions() as session:
+        rnd = rounds.get_round(session, fid, 0)
+        return fid, rnd.id, {c.name: c for c in created}
+
+
+def submit(services: Services, fid, client, value: float, index: int = 0) -> None:
+    files = update_parts(tiny_state(value), num_samples=10)
+    upload = staged(services.settings, files["state"][1])
+    updates.submit_update(
+        services,
+        client,
+        federation_id=fid,
+        round_index=index,
+        metadata_raw=files["metadata"][1],
+        staged=upload,
+        idempotency_key=f"{client.name}-{index}",
+    )
+
+
+def test_concurrent_closers_close_once(settings: Settings) -> None:
+    settings.close_rounds_inline = False
+    primary = make_services(settings)
+    primary.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # closers race below
+    fid, round_id, members = prepare_round(primary, ["a", "b"])
+    submit(primary, fid, members["a"], 1.0)
+    submit(primary, fid, members["b"], 3.0)
+
+    replicas = [make_services(settings) for _ in range(4)]
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def closer(services: Services) -> None:
+        barrier.wait()
+        try:
+            results.append(rounds.close_round(services, round_id, reason="complete"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=closer, args=(replicas[i % 4],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert not errors, errors
+    assert sorted(results) == [False] * 7 + [True]
+    with primary.sessions() as session:
+        versions = session.scalar(
+            select(func.count()).select_from(models.ModelVersion).where(models.ModelVersion.federation_id == fid)
+        )
+        audits = session.scalar(select(func.count()).select_from(models.AuditResult))
+        opened = session.scalars(select(models.Round.index).where(models.Round.federation_id == fid)).all()
+        closed_events = session.scalar(
+            select(func.count()).select_from(models.Event).where(models.Event.kind == "round.closed")
+        )
+    assert versions == 2  # the initial model and round 0's output
+    assert audits == 1
+    assert sorted(opened) == [0, 1]
+    assert closed_events == 1
+    for services in [primary, *replicas]:
+        services.close()
+
+
+def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None:
+    services = make_services(settings)
+    fid, round_id, members = prepare_round(services, ["a", "b", "c"], min_clients=2, deadline_s=30)
+    opened = services.clock()
+
+    # Nobody submitted and the deadline passed: the deadline is extended and recorded.
+    services.clock = lambda: opened + timedelta(seconds=31)
+    assert rounds.check_rounds(services) == []
+    with services.sessions() as session:
+        rnd = session.get(models.Round, round_id)
+        assert rnd.state == "open"
+        assert rnd.deadline_extensions == 1
+        assert rnd.deadline_at == opened + timedelta(seconds=61)  # now (31 s) + the 30 s deadline
+        kinds = session.scalars(select(models.Event.kind)).all()
+    assert "round.deadline_extended" in kinds
+
+    # Two of three submit (min_clients = 2); at the new deadline the round closes without c.
+    services.clock = lambda: opened + timedelta(seconds=32)
+    submit(services, fid, members["a"], 1.0)
+    submit(services, fid, members["b"], 1.0)
+    assert rounds.check_rounds(services) == []  # not yet at the extended deadline
+    services.clock = lambda: opened + timedelta(seconds=120)
+    assert rounds.check_rounds(services) == [round_id]
+    with services.sessions() as session:
+        rnd = session.get(models.Round, round_id)
+        assert rnd.state == "closed"
+        assert rnd.state_reason == "deadline"
+        assert set(rnd.aggregation_weights) == {str(members["a"].id), str(members["b"].id)}
+    services.close()
+
+
+def test_reaper_resumes_a_complete_round_after_restart(settings: Settings, tmp_path: Path) -> None:
+    """Updates accepted but the close never ran (crash): a new process's checker closes it."""
+    settings.close_rounds_inline = False
+    before_crash = make_services(settings)
+    before_crash.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # the crash
+    fid, round_id, members = prepare_round(before_crash, ["a", "b"])
+    submit(before_crash, fid, members["a"], 1.0)
+    submit(before_crash, fid, members["b"], 1.0)
+    before_crash.close()
+
+    after_restart = make_services(settings)
+    assert rounds.check_rounds(after_restart) == [round_id]
+    with after_restart.sessions() as session:
+        assert session.get(models.Round, round_id).state == "closed"
+    after_restart.close()
