@@ -305,6 +305,9 @@ class AuditOutcome:
         The clients, in input order (what the per-client lists are aligned with).
     centroid_weights : ndarray of shape (n_clients, n_classes) or None
         Weights of the centroid aggregation.
+    effective_flags : list of bool or None, optional
+        The flags the aggregation used: the primary flags with the caller's overrides (an
+        admin's pins) applied. None when no override was given.
     """
 
     detections: dict[str, DetectionResult]
@@ -317,6 +320,7 @@ class AuditOutcome:
     centroids: FloatArray | None
     client_ids: list[str] = field(default_factory=list)
     centroid_weights: FloatArray | None = None
+    effective_flags: list[bool | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return everything but the aggregated state as plain JSON values (NaN-free)."""
@@ -331,6 +335,9 @@ class AuditOutcome:
             "aggregation": self.aggregation.to_json(),
             "centroids": to_jsonable(self.centroids, "$.centroids"),
             "centroid_weights": to_jsonable(self.centroid_weights, "$.centroid_weights"),
+            "effective_flags": (
+                None if self.effective_flags is None else list(self.effective_flags)
+            ),
         }
 
 
@@ -581,6 +588,7 @@ def run_audit(
     round_index: int,
     previous_centroids: FloatArray | None = None,
     neighbor_candidates: Sequence[ClientRoundData] | None = None,
+    flag_overrides: Sequence[bool | None] | None = None,
 ) -> AuditOutcome:
     """Audit one round and aggregate its updates.
 
@@ -602,6 +610,12 @@ def run_audit(
         entry (this round's signals). Candidates without probe or accuracy are skipped; a
         client missing from the candidates is a target only. Only their probes and
         accuracies are read.
+    flag_overrides : sequence of bool or None, optional
+        Aligned with ``clients``: True/False forces that client's flag (and its noisy
+        probability to 1/0) for the aggregation, None keeps the primary detector's verdict.
+        This is how an admin's pin reaches the aggregation; the detectors' own results are
+        reported unchanged. Ignored for the aggregation when the primary detector is
+        undetermined (FedAvg fallback).
 
     Returns
     -------
@@ -656,12 +670,28 @@ def run_audit(
     )
     neighbor_info = _neighbors(data, candidates, config)
 
+    effective_flags: list[bool | None] | None = None
     noisy = np.asarray(primary_flags, dtype=bool) if primary.status == "ok" else None
     probability = (
         np.asarray(primary.scores, dtype=np.float64)
         if primary.status == "ok" and primary.method == "fednoro"
         else None
     )
+    if flag_overrides is not None:
+        if len(flag_overrides) != len(data.ids):
+            raise InvalidInputError(
+                f"flag_overrides: {len(flag_overrides)} entries for {len(data.ids)} clients"
+            )
+        effective_flags = list(primary_flags)
+        for i, override in enumerate(flag_overrides):
+            if override is None:
+                continue
+            check_bool(f"flag_overrides[{i}]", override)
+            effective_flags[i] = override
+            if noisy is not None:
+                noisy[i] = override
+            if probability is not None:
+                probability[i] = 1.0 if override else 0.0
     params: dict[str, Any] = {}
     if config.aggregation == "daagg":
         params["variant"] = config.daagg_variant
@@ -699,4 +729,5 @@ def run_audit(
         centroids=None if centroid_result is None else centroid_result[0],
         client_ids=data.ids,
         centroid_weights=None if centroid_result is None else centroid_result[1],
+        effective_flags=effective_flags,
     )

@@ -103,31 +103,33 @@ def audit_round(
     # A stable order (by client name) makes results independent of arrival order.
     updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
     round_clients = [clients[u.client_id] for u in updates]
-    if True:
-        global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
-        data = [
-            client_round_data(u, SafetensorsReader(services.blobs.local_path(u.blob_key)))
-            for u in updates
-        ]
-        candidates = _neighbor_candidates(services, session, federation, updates, data)
-        outcome = run_audit(
-            global_reader,
-            data,
-            config,
-            round_index=rnd.index,
-            previous_centroids=(
-                np.asarray(federation.centroids, dtype=np.float64)
-                if federation.centroids is not None
-                else None
-            ),
-            neighbor_candidates=candidates,
-        )
+    global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
+    data = [
+        client_round_data(u, SafetensorsReader(services.blobs.local_path(u.blob_key)))
+        for u in updates
+    ]
+    candidates = _neighbor_candidates(services, session, federation, updates, data)
+    outcome = run_audit(
+        global_reader,
+        data,
+        config,
+        round_index=rnd.index,
+        previous_centroids=(
+            np.asarray(federation.centroids, dtype=np.float64)
+            if federation.centroids is not None
+            else None
+        ),
+        neighbor_candidates=candidates,
+        flag_overrides=pinned_flags(round_clients),
+    )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]
     weights: dict[str, Any] = {cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)}
     flags: dict[str, dict[str, bool | None]] = {}
     for position, cid in enumerate(ids):
         entry: dict[str, bool | None] = {"primary": outcome.primary_flags[position]}
+        if outcome.effective_flags is not None:
+            entry["effective"] = outcome.effective_flags[position]
         for name, detection in outcome.detections.items():
             verdict = detection.verdicts[position] if detection.status == "ok" else None
             entry[name] = None if verdict is None else verdict.flag

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.audit import AuditConfig, scale_rounds
 
@@ -83,14 +83,6 @@ class FederationConfigInput(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     audit: dict[str, Any] = Field(default_factory=dict)
     probe_size: int = Field(default=8, ge=1, le=1024)
-    status_flagged_rounds: int = Field(default=2, ge=1, description="m of the status rule")
-    status_window: int = Field(default=3, ge=1, description="w of the status rule")
-
-    @model_validator(mode="after")
-    def _window(self) -> FederationConfigInput:
-        if self.status_flagged_rounds > self.status_window:
-            raise ValueError("status_flagged_rounds (m) cannot exceed status_window (w)")
-        return self
 
 
 def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any]:
@@ -144,6 +136,4 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
         "audit": audit_config.to_json(),
         "probe_size": data.probe_size,
         "signals": sorted(signals),
-        "status_flagged_rounds": data.status_flagged_rounds,
-        "status_window": data.status_window,
     }

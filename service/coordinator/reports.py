@@ -89,10 +89,15 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 latest = _client_view(federation, client, audit, position)
                 break
         history = [
-            {"round": h.get("round"), "primary": h.get("primary"),
-             **{d: h.get(d) for d in DETECTOR_NAMES if d in h}}
+            {
+                "round": h.get("round"),
+                "in_warmup": bool(h.get("in_warmup")),
+                "primary": h.get("primary"),
+                **{d: h.get(d) for d in DETECTOR_NAMES if d in h},
+            }
             for h in (client.flag_history or [])
         ]
+        counted = [h for h in history if not h["in_warmup"]]
         neighbors = None
         if latest is not None and latest["neighbors"]:
             neighbors = [
@@ -107,8 +112,8 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 "pinned_status": client.pinned_status,
                 "pin_reason": client.pin_reason,
                 "num_samples": client.num_samples,
-                "times_flagged": sum(1 for h in history if h["primary"] is True),
-                "rounds_audited": len(history),
+                "times_flagged": sum(1 for h in counted if h["primary"] is True),
+                "rounds_audited": len(counted),
                 "flag_history": history,
                 "latest_round": None if latest is None else latest["round"],
                 "latest_flags": None if latest is None else latest["flags"],

@@ -304,7 +304,9 @@ def _close_claimed(
         created_at=now,
     )
     repo.add(session, audit_row)
-    _update_statuses(session, federation, rnd, clients, outcome.flags_by_client)
+    _update_statuses(
+        session, federation, rnd, clients, outcome.flags_by_client, bool(outcome.result["in_warmup"])
+    )
     repo.add_event(
         session,
         kind="round.closed",
@@ -354,16 +356,23 @@ def _update_statuses(
     rnd: Round,
     clients: dict[uuid.UUID, Client],
     flags: dict[str, dict[str, bool | None]],
+    in_warmup: bool,
 ) -> None:
-    """Append this round's flags to each client's history and apply the status rule."""
-    m = int(federation.config["status_flagged_rounds"])
-    w = int(federation.config["status_window"])
+    """Append this round's flags to each client's history and apply the status rule.
+
+    Flags raised during the warm-up are kept in the history (marked) but do not count
+    towards a status: the global model is not trained enough for them to mean much.
+    """
+    m = int(federation.config["audit"]["status_m"])
+    w = int(federation.config["audit"]["status_w"])
     for client_id_text, client_flags in flags.items():
         client = clients[uuid.UUID(client_id_text)]
         history = list(client.flag_history or [])
-        history.append({"round": rnd.index, **client_flags})
+        history.append({"round": rnd.index, "in_warmup": in_warmup, **client_flags})
         client.flag_history = history
-        recent = [entry.get("primary") for entry in history]
+        if in_warmup:
+            continue
+        recent = [entry.get("primary") for entry in history if not entry.get("in_warmup")]
         new = next_status(client.status, recent, m=m, w=w)
         if new != client.status:
             repo.add_event(

@@ -115,6 +115,11 @@ async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> N
     row = {r["name"]: r for r in report["clients"]}["a"]
     assert row["status"] == "noisy"
     assert row["pin_reason"] == "known bad scanner"
+    # the pin reaches the aggregation: a's update (identical to b's and c's) is penalised
+    round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    weights = round0["aggregation_weights"]
+    assert weights[fed.client_ids["a"]] < weights[fed.client_ids["b"]]
+    assert round0["audit"]["effective_flags"][round0["audit"]["client_ids"].index(fed.client_ids["a"])] is True
     assert (await current(api, fed, "a"))["instructions"]["role"] == "noisy"
     unpinned = await api.delete(url, headers=ADMIN)
     assert unpinned.json()["pinned_status"] is None
