@@ -156,7 +156,9 @@ class FederationClient(_Base):
         response = self._request("GET", f"{API}/federations/{federation_id}/task")
         return TaskSpec.model_validate(response.json())
 
-    def join(self, federation_id: uuid.UUID | str, *, num_samples: int, class_counts: list[int]) -> JoinInfo:
+    def join(
+        self, federation_id: uuid.UUID | str, *, num_samples: int, class_counts: list[int]
+    ) -> JoinInfo:
         response = self._request(
             "POST",
             f"{API}/federations/{federation_id}/join",
@@ -164,7 +166,9 @@ class FederationClient(_Base):
         )
         return JoinInfo.model_validate(response.json())
 
-    def get_current_round(self, federation_id: uuid.UUID | str, *, wait_s: float = 0.0) -> CurrentRound:
+    def get_current_round(
+        self, federation_id: uuid.UUID | str, *, wait_s: float = 0.0
+    ) -> CurrentRound:
         """The open round and this client's instructions, or wait, or finished.
 
         `wait_s` long-polls: the coordinator answers as soon as there is something to do.
@@ -194,7 +198,9 @@ class FederationClient(_Base):
             return None
         data = response.content
         digest = hashlib.sha256(data).hexdigest()
-        announced = response.headers.get("x-content-sha256") or response.headers.get("etag", "").strip('"')
+        announced = response.headers.get("x-content-sha256") or response.headers.get(
+            "etag", ""
+        ).strip('"')
         for label, want in (("expected", expected_sha256), ("announced", announced)):
             if want and want != digest:
                 raise IntegrityError(
@@ -276,7 +282,9 @@ class AdminClient(_Base):
 
     def add_client(self, federation_id: uuid.UUID | str, name: str) -> ClientCreated:
         response = self._request(
-            "POST", f"{API}/federations/{federation_id}/clients", json={"name": name},
+            "POST",
+            f"{API}/federations/{federation_id}/clients",
+            json={"name": name},
             retry_status=False,
         )
         return ClientCreated.model_validate(response.json())
@@ -286,7 +294,9 @@ class AdminClient(_Base):
         return [ClientInfo.model_validate(c) for c in response.json()]
 
     def start_federation(self, federation_id: uuid.UUID | str) -> Federation:
-        response = self._request("POST", f"{API}/federations/{federation_id}/start", retry_status=False)
+        response = self._request(
+            "POST", f"{API}/federations/{federation_id}/start", retry_status=False
+        )
         return Federation.model_validate(response.json())
 
     def list_rounds(self, federation_id: uuid.UUID | str) -> list[RoundInfo]:
@@ -297,7 +307,9 @@ class AdminClient(_Base):
         response = self._request("GET", f"{API}/federations/{federation_id}/rounds/{index}")
         return RoundInfo.model_validate(response.json())
 
-    def list_events(self, federation_id: uuid.UUID | str, *, kind: str | None = None) -> list[Event]:
+    def list_events(
+        self, federation_id: uuid.UUID | str, *, kind: str | None = None
+    ) -> list[Event]:
         params = {"kind": kind} if kind else {}
         response = self._request("GET", f"{API}/federations/{federation_id}/events", params=params)
         return [Event.model_validate(e) for e in response.json()["items"]]

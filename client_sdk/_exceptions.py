@@ -127,5 +127,7 @@ def status_error(response: httpx.Response) -> APIStatusError:
     if cls is None:
         cls = InternalServerError if response.status_code >= 500 else APIStatusError
     detail = problem.detail if problem is not None and problem.detail else response.text[:500]
-    message = f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
+    message = (
+        f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
+    )
     return cls(message, response=response, problem=problem)

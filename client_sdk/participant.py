@@ -170,7 +170,8 @@ class Participant:
 
     def train_round(self, current: CurrentRound) -> RoundSummary:
         """Run one round from its instructions and upload the result."""
-        assert current.instructions is not None and current.round is not None
+        assert current.instructions is not None
+        assert current.round is not None
         instructions: Instructions = current.instructions
         downloaded = 0
         global_id = str(instructions.global_model_id)
@@ -186,9 +187,7 @@ class Participant:
             neighbors.append(
                 NeighborModel(
                     client_id=str(neighbor.client_id),
-                    state_dict={
-                        k: v.to(self.device) for k, v in load_safetensors(blob).items()
-                    },
+                    state_dict={k: v.to(self.device) for k, v in load_safetensors(blob).items()},
                     weight=float(neighbor.weight),
                 )
             )

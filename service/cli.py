@@ -36,7 +36,8 @@ err = Console(stderr=True)
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="FEDAUDIT_URL", help="Coordinator URL")]
 TokenOption = Annotated[
-    str, typer.Option("--token", envvar="FEDAUDIT_ADMIN_TOKEN", help="Admin token", show_default=False)
+    str,
+    typer.Option("--token", envvar="FEDAUDIT_ADMIN_TOKEN", help="Admin token", show_default=False),
 ]
 
 
@@ -72,10 +73,7 @@ def serve(
     _configure_logging(settings.log_level, settings.log_format)
     if settings.admin_token is None:
         token = settings.admin_secret()
-        err.print(
-            "[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] "
-            f"{token}"
-        )
+        err.print(f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}")
     try:
         if workers > 1:
             create_app(settings, run_reaper=False)  # fail fast on the migration check
@@ -117,7 +115,9 @@ def _redact(url: str) -> str:
 
 @app.command()
 def openapi(
-    output: Annotated[Path, typer.Option(help="Where to write the spec")] = Path("openapi/openapi.json"),
+    output: Annotated[Path, typer.Option(help="Where to write the spec")] = Path(
+        "openapi/openapi.json"
+    ),
 ) -> None:
     """Write the OpenAPI spec of the HTTP API."""
     from service.api.openapi import write_spec
@@ -167,7 +167,13 @@ def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption
         items = _call(admin.list_federations)
     table = Table("id", "name", "status", "clients", "rounds")
     for f in items:
-        table.add_row(str(f.id), f.name, f.status, f"{f.joined_clients}/{f.clients}", f"{f.rounds_started}/{f.plan.rounds}")
+        table.add_row(
+            str(f.id),
+            f.name,
+            f.status,
+            f"{f.joined_clients}/{f.clients}",
+            f"{f.rounds_started}/{f.plan.rounds}",
+        )
     console.print(table)
 
 
@@ -205,7 +211,11 @@ def client_list(
     table = Table("id", "name", "status", "samples", "joined")
     for c in clients:
         table.add_row(
-            str(c.id), c.name, c.pinned_status or c.status, str(c.num_samples or "-"), "yes" if c.joined_at else "no"
+            str(c.id),
+            c.name,
+            c.pinned_status or c.status,
+            str(c.num_samples or "-"),
+            "yes" if c.joined_at else "no",
         )
     console.print(table)
 
@@ -221,7 +231,9 @@ def report(
     """Print a federation's noisy-client report."""
     with _admin(url, token) as admin:
         if csv_output:
-            sys.stdout.write(_call(admin.get_text, f"/federations/{federation_id}/report", format="csv"))
+            sys.stdout.write(
+                _call(admin.get_text, f"/federations/{federation_id}/report", format="csv")
+            )
             return
         data = _call(admin.get_json, f"/federations/{federation_id}/report")
     if json_output:

@@ -90,7 +90,8 @@ def database_url(
         yield f"sqlite:///{target}"
         return
     base = postgres_url()
-    assert base is not None and postgres_template is not None
+    assert base is not None
+    assert postgres_template is not None
     name = f"fedaudit_t_{uuid.uuid4().hex[:10]}"
     engine = _pg_admin_engine(base)
     with engine.connect() as conn:

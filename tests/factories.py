@@ -50,8 +50,8 @@ def federation_spec(
             "min_clients": min_clients,
             "round_deadline_s": deadline_s,
         },
-        "config": config or {"method": "fedavg", "detectors": ["fedncl"],
-                             "primary_detector": "fedncl"},
+        "config": config
+        or {"method": "fedavg", "detectors": ["fedncl"], "primary_detector": "fedncl"},
         "seed": 7,
     }
 

@@ -76,7 +76,9 @@ async def receive_raw(request: Request, directory: Path, limit: int) -> StagedUp
         raise
 
 
-async def receive_update(request: Request, directory: Path, limit: int) -> tuple[bytes, StagedUpload]:
+async def receive_update(
+    request: Request, directory: Path, limit: int
+) -> tuple[bytes, StagedUpload]:
     """Parse a multipart update: returns the metadata bytes and the staged state file."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:

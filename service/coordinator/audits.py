@@ -124,7 +124,9 @@ def audit_round(
     )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]
-    weights: dict[str, Any] = {cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)}
+    weights: dict[str, Any] = {
+        cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)
+    }
     flags: dict[str, dict[str, bool | None]] = {}
     for position, cid in enumerate(ids):
         entry: dict[str, bool | None] = {"primary": outcome.primary_flags[position]}

@@ -27,7 +27,10 @@ def prometheus_metrics(services: Services) -> str:
     lines = [
         "# HELP fedaudit_federations Federations by status.",
         "# TYPE fedaudit_federations gauge",
-        *(f'fedaudit_federations{{status="{s}"}} {n}' for s, n in sorted(counts["federations"].items())),
+        *(
+            f'fedaudit_federations{{status="{s}"}} {n}'
+            for s, n in sorted(counts["federations"].items())
+        ),
         "# HELP fedaudit_rounds Rounds by state.",
         "# TYPE fedaudit_rounds gauge",
         *(f'fedaudit_rounds{{state="{s}"}} {n}' for s, n in sorted(counts["rounds"].items())),

@@ -79,9 +79,11 @@ def downloadable_model(
     if client is not None and update.client_id != client.id:
         rnd = repo.open_round_of(session, client.federation_id)
         participant = repo.participant(session, rnd.id, client.id) if rnd is not None else None
-        assigned = {
-            n["model_id"] for n in (participant.instructions.get("neighbors") or [])
-        } if participant is not None else set()
+        assigned = (
+            {n["model_id"] for n in (participant.instructions.get("neighbors") or [])}
+            if participant is not None
+            else set()
+        )
         if str(update.id) not in assigned:
             raise ForbiddenError(
                 f"model {model_id} is another client's local model and was not assigned to you"

@@ -51,7 +51,9 @@ def _client_view(
     flags: dict[str, Any] = {}
     noisy_classes: list[int] = []
     for name, detection in detections.items():
-        verdict = (detection.get("verdicts") or [None])[position] if detection.get("verdicts") else None
+        verdict = (
+            (detection.get("verdicts") or [None])[position] if detection.get("verdicts") else None
+        )
         if detection.get("status") != "ok" or verdict is None:
             scores[name] = None
             flags[name] = None
@@ -101,7 +103,8 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         neighbors = None
         if latest is not None and latest["neighbors"]:
             neighbors = [
-                {**n, "name": names.get(n["client_id"], n["client_id"])} for n in latest["neighbors"]
+                {**n, "name": names.get(n["client_id"], n["client_id"])}
+                for n in latest["neighbors"]
             ]
         rows.append(
             {
@@ -258,7 +261,9 @@ def set_pin(
 ) -> Client:
     """Pin a client's status (or unpin with status None), recorded in the event trail."""
     if status is not None and not reason:
-        raise BadRequestError("a pin needs a reason", errors=[{"loc": ["body", "reason"], "msg": "required"}])
+        raise BadRequestError(
+            "a pin needs a reason", errors=[{"loc": ["body", "reason"], "msg": "required"}]
+        )
     previous = client.pinned_status
     client.pinned_status = status
     client.pin_reason = reason if status is not None else None
@@ -307,15 +312,26 @@ def recompute_round(
     excluded = set(exclude_clients or [])
     unknown = excluded - set(clients)
     if unknown:
-        raise NotFoundError(f"client(s) {sorted(map(str, unknown))} do not exist in this federation")
+        raise NotFoundError(
+            f"client(s) {sorted(map(str, unknown))} do not exist in this federation"
+        )
     updates = repo.updates_of_round(session, rnd.id)
     if not [u for u in updates if u.client_id not in excluded]:
         raise BadRequestError("no update left after the exclusions")
     model_in = repo.get_model_version(session, rnd.model_in_id)
     model_out = repo.get_model_version(session, rnd.model_out_id)
-    assert model_in is not None and model_out is not None
+    assert model_in is not None
+    assert model_out is not None
     outcome = audits.audit_round(
-        services, session, federation, rnd, model_in, updates, clients, config=config, exclude=excluded
+        services,
+        session,
+        federation,
+        rnd,
+        model_in,
+        updates,
+        clients,
+        config=config,
+        exclude=excluded,
     )
     actual = SafetensorsReader(services.blobs.local_path(model_out.blob_key))
     distances = {}

@@ -226,7 +226,9 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     if participant is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
     if repo.update_of(session, rnd.id, client.id) is not None:
-        return Wait(WAIT_AGGREGATING_S, f"update for round {rnd.index} received; waiting for others")
+        return Wait(
+            WAIT_AGGREGATING_S, f"update for round {rnd.index} received; waiting for others"
+        )
     return Train(round=rnd, instructions=participant.instructions)
 
 
@@ -305,7 +307,12 @@ def _close_claimed(
     )
     repo.add(session, audit_row)
     _update_statuses(
-        session, federation, rnd, clients, outcome.flags_by_client, bool(outcome.result["in_warmup"])
+        session,
+        federation,
+        rnd,
+        clients,
+        outcome.flags_by_client,
+        bool(outcome.result["in_warmup"]),
     )
     repo.add_event(
         session,

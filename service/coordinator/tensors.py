@@ -33,7 +33,17 @@ NUMPY_DTYPES = {
     "U8": np.uint8,
     "BOOL": np.bool_,
 }
-ITEM_SIZES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+ITEM_SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16"})
 
 Manifest = dict[str, dict[str, Any]]
@@ -148,7 +158,9 @@ def write_state(tensors: Mapping[str, np.ndarray], directory: Path) -> tuple[Pat
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"state-{os.getpid()}-{os.urandom(6).hex()}.safetensors.part"
     # np.require keeps 0-d tensors 0-d (np.ascontiguousarray would make them 1-d).
-    save_file({name: np.require(value, requirements="C") for name, value in tensors.items()}, str(path))
+    save_file(
+        {name: np.require(value, requirements="C") for name, value in tensors.items()}, str(path)
+    )
     with path.open("rb+") as handle:
         os.fsync(handle.fileno())
     return path, sha256_file(path), path.stat().st_size

@@ -97,8 +97,14 @@ def validate_signals(
     if not isinstance(signals, dict):
         errors.append(_error(["metadata", "signals"], "must be an object"))
         raise UpdateRejectedError("signals are missing", errors=errors)
-    known = {"class_counts", "per_class_loss", "train_loss", "train_accuracy", "probe_softmax",
-             "centroids"}
+    known = {
+        "class_counts",
+        "per_class_loss",
+        "train_loss",
+        "train_accuracy",
+        "probe_softmax",
+        "centroids",
+    }
     for key in sorted(set(signals) - known):
         errors.append(_error(["metadata", "signals", key], "unknown signal"))
     for key in federation.config["signals"]:
@@ -255,7 +261,11 @@ def record_rejection(
 ) -> None:
     """The event saying why an upload was refused (its own transaction)."""
     with services.sessions.begin() as session:
-        fid = federation_id if repo.get_federation(session, federation_id or uuid.UUID(int=0)) else None
+        fid = (
+            federation_id
+            if repo.get_federation(session, federation_id or uuid.UUID(int=0))
+            else None
+        )
         repo.add_event(
             session,
             kind="update.rejected",
@@ -416,7 +426,9 @@ def schedule_close_if_complete(services: Services, round_id: uuid.UUID) -> None:
     """Close the round now (inline) or on the background worker once everyone has submitted."""
     with services.sessions() as session:
         rnd = repo.get_round(session, round_id)
-        complete = rnd is not None and rnd.state == "open" and rounds.round_is_complete(session, rnd)
+        complete = (
+            rnd is not None and rnd.state == "open" and rounds.round_is_complete(session, rnd)
+        )
     if not complete:
         return
     if services.settings.close_rounds_inline:

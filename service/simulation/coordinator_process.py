@@ -80,7 +80,16 @@ class CoordinatorProcess:
         )
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
             env=self._env(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -103,7 +112,9 @@ class CoordinatorProcess:
                 pass
             time.sleep(0.1)
         self.kill()
-        raise CoordinatorStartError(f"coordinator not ready after {self.startup_timeout_s}s:\n{self.log_tail()}")
+        raise CoordinatorStartError(
+            f"coordinator not ready after {self.startup_timeout_s}s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():

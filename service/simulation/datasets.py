@@ -153,8 +153,8 @@ class DataSplit:
 def default_data_dir() -> Path | None:
     """Return the default directory of the file-based data sets.
 
-    The environment variable ``FEDAUDIT_DATASETS_DIR`` wins; otherwise ``<repo>/../shared/data`` when
-    that directory exists; otherwise ``None``.
+    The environment variable ``FEDAUDIT_DATASETS_DIR`` wins; otherwise ``<repo>/../shared/data``
+    when that directory exists; otherwise ``None``.
     """
     env = os.environ.get(DATA_DIR_ENV)
     if env:

@@ -114,7 +114,7 @@ class Round(Base):
 
 
 class RoundParticipant(Base):
-    """A client selected for a round, with the instructions computed for it when the round opened."""
+    """A client selected for a round, with the instructions computed when the round opened."""
 
     __tablename__ = "round_participant"
 

@@ -1,4 +1,4 @@
-"""Every query of the coordinator. Functions flush, never commit: the caller owns the transaction."""
+"""Every query of the coordinator. Functions flush, never commit: the caller owns transactions."""
 
 from __future__ import annotations
 
@@ -261,9 +261,7 @@ def latest_updates(
 def blob_is_referenced(session: Session, key: str) -> bool:
     in_updates = select(ModelUpdate.id).where(ModelUpdate.blob_key == key).limit(1)
     in_models = select(ModelVersion.id).where(ModelVersion.blob_key == key).limit(1)
-    return (
-        session.scalar(in_updates) is not None or session.scalar(in_models) is not None
-    )
+    return session.scalar(in_updates) is not None or session.scalar(in_models) is not None
 
 
 # --- audit results ---------------------------------------------------------------------------

@@ -48,7 +48,9 @@ async def make_federation(
     join: bool = True,
     **spec_kwargs: Any,
 ) -> Federation:
-    response = await api.post("/api/v1/federations", json=federation_spec(**spec_kwargs), headers=ADMIN)
+    response = await api.post(
+        "/api/v1/federations", json=federation_spec(**spec_kwargs), headers=ADMIN
+    )
     assert response.status_code == 201, response.text
     data = response.json()
     fid = data["id"]
@@ -60,7 +62,9 @@ async def make_federation(
     assert response.status_code == 201, response.text
     tokens, ids = {}, {}
     for name in clients:
-        response = await api.post(f"/api/v1/federations/{fid}/clients", json={"name": name}, headers=ADMIN)
+        response = await api.post(
+            f"/api/v1/federations/{fid}/clients", json={"name": name}, headers=ADMIN
+        )
         assert response.status_code == 201, response.text
         tokens[name] = response.json()["token"]
         ids[name] = response.json()["id"]

@@ -15,7 +15,9 @@ PROBLEM = "application/problem+json"
 
 async def test_create_list_get_federation(api: httpx.AsyncClient) -> None:
     # Execute
-    created = await api.post("/api/v1/federations", json=federation_spec("alpha", rounds=4), headers=ADMIN)
+    created = await api.post(
+        "/api/v1/federations", json=federation_spec("alpha", rounds=4), headers=ADMIN
+    )
     listed = await api.get("/api/v1/federations", headers=ADMIN)
     fetched = await api.get(f"/api/v1/federations/{created.json()['id']}", headers=ADMIN)
 
@@ -66,15 +68,23 @@ async def test_unknown_config_key_is_rejected(api: httpx.AsyncClient) -> None:
     assert (await api.get("/api/v1/federations", headers=ADMIN)).json()["total"] == 0
 
 
-async def test_initial_model_upload_validates_and_stores_once(api: httpx.AsyncClient, settings) -> None:
-    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()["id"]
+async def test_initial_model_upload_validates_and_stores_once(
+    api: httpx.AsyncClient, settings
+) -> None:
+    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()[
+        "id"
+    ]
     url = f"/api/v1/federations/{fid}/model"
     headers = {**ADMIN, "Content-Type": "application/octet-stream"}
 
-    garbage = await api.put(url, content=b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", headers=headers)
+    garbage = await api.put(
+        url, content=b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", headers=headers
+    )
     assert garbage.status_code == 422
     assert garbage.json()["type"] == "/problems/invalid-model"
-    assert (await api.get(f"/api/v1/federations/{fid}", headers=ADMIN)).json()["status"] == "created"
+    assert (await api.get(f"/api/v1/federations/{fid}", headers=ADMIN)).json()[
+        "status"
+    ] == "created"
     blobs = [p for p in settings.blob_dir.rglob("*") if p.is_file()]
     assert blobs == []
 
@@ -90,7 +100,9 @@ async def test_initial_model_upload_validates_and_stores_once(api: httpx.AsyncCl
 
 
 async def test_non_finite_initial_model_is_rejected(api: httpx.AsyncClient) -> None:
-    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()["id"]
+    fid = (await api.post("/api/v1/federations", json=federation_spec(), headers=ADMIN)).json()[
+        "id"
+    ]
     state = tiny_state(1.0)
     state["layer.bias"][1] = float("inf")
     response = await api.put(

@@ -49,7 +49,10 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     fedncl = audit["detections"]["fedncl"]
     assert fedncl["status"] == "ok"
     ids = audit["client_ids"]
-    flags = {fed_name: fedncl["verdicts"][ids.index(fed.client_ids[fed_name])]["flag"] for fed_name in NAMES}
+    flags = {
+        fed_name: fedncl["verdicts"][ids.index(fed.client_ids[fed_name])]["flag"]
+        for fed_name in NAMES
+    }
     assert flags == {"a": False, "b": False, "c": False, "d": True}
     q_d = fedncl["verdicts"][ids.index(fed.client_ids["d"])]["score"]
     assert q_d == pytest.approx(144.0, rel=1e-5)
@@ -67,7 +70,9 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert rows["d"]["status"] == "suspect"  # flagged once: m = 2 flags needed for noisy
     assert rows["a"]["status"] == "trusted"
 
-    csv_text = (await api.get(f"/api/v1/federations/{fed.id}/report?format=csv", headers=ADMIN)).text
+    csv_text = (
+        await api.get(f"/api/v1/federations/{fed.id}/report?format=csv", headers=ADMIN)
+    ).text
     parsed = {r["name"]: r for r in csv.DictReader(io.StringIO(csv_text))}
     assert parsed["d"]["status"] == "suspect"
     assert float(parsed["d"]["fedncl_score"]) == pytest.approx(q_d, rel=1e-5)
@@ -79,7 +84,9 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert (await current(api, fed, "d"))["instructions"]["role"] == "noisy"
     assert (await current(api, fed, "a"))["instructions"]["role"] == "clean"
     history = (
-        await api.get(f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history", headers=ADMIN)
+        await api.get(
+            f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history", headers=ADMIN
+        )
     ).json()
     assert [r["round"] for r in history["rounds"]] == [0, 1]
     assert all(r["flags"]["fedncl"] is True for r in history["rounds"])
@@ -88,16 +95,27 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
 async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> None:
     fed = await make_federation(api, clients=NAMES, rounds=2, config=FEDNCL)
     await run_round(api, fed, 0)
-    mine = (await api.get(f"/api/v1/federations/{fed.id}/diagnostics", headers=fed.headers("d"))).json()
+    mine = (
+        await api.get(f"/api/v1/federations/{fed.id}/diagnostics", headers=fed.headers("d"))
+    ).json()
     assert mine["name"] == "d"
     assert mine["status"] == "suspect"
     assert mine["flagged_rounds"] == [0]
     assert set(mine) == {
-        "client_id", "name", "status", "latest_round", "flagged_rounds", "rounds_audited",
-        "noisy_classes", "scores", "advice",
+        "client_id",
+        "name",
+        "status",
+        "latest_round",
+        "flagged_rounds",
+        "rounds_audited",
+        "noisy_classes",
+        "scores",
+        "advice",
     }
     # the admin report and another client's history are closed to clients
-    assert (await api.get(f"/api/v1/federations/{fed.id}/report", headers=fed.headers("d"))).status_code == 401
+    assert (
+        await api.get(f"/api/v1/federations/{fed.id}/report", headers=fed.headers("d"))
+    ).status_code == 401
     other = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/history"
     assert (await api.get(other, headers=fed.headers("d"))).status_code == 401
 
@@ -107,7 +125,9 @@ async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> N
     url = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/pin"
     no_reason = await api.put(url, json={"status": "noisy", "reason": ""}, headers=ADMIN)
     assert no_reason.status_code == 422
-    pinned = await api.put(url, json={"status": "noisy", "reason": "known bad scanner"}, headers=ADMIN)
+    pinned = await api.put(
+        url, json={"status": "noisy", "reason": "known bad scanner"}, headers=ADMIN
+    )
     assert pinned.status_code == 200
     assert pinned.json()["pinned_status"] == "noisy"
     await run_round(api, fed, 0)
@@ -119,7 +139,10 @@ async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> N
     round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     weights = round0["aggregation_weights"]
     assert weights[fed.client_ids["a"]] < weights[fed.client_ids["b"]]
-    assert round0["audit"]["effective_flags"][round0["audit"]["client_ids"].index(fed.client_ids["a"])] is True
+    assert (
+        round0["audit"]["effective_flags"][round0["audit"]["client_ids"].index(fed.client_ids["a"])]
+        is True
+    )
     assert (await current(api, fed, "a"))["instructions"]["role"] == "noisy"
     unpinned = await api.delete(url, headers=ADMIN)
     assert unpinned.json()["pinned_status"] is None
@@ -157,7 +180,9 @@ async def test_recompute_is_a_what_if_that_changes_nothing(api: httpx.AsyncClien
 
     bad = await api.post(url, json={"audit": {"aggregation": "nope"}}, headers=ADMIN)
     assert bad.status_code == 400
-    open_round = await api.post(f"/api/v1/federations/{fed.id}/rounds/1/recompute", json={}, headers=ADMIN)
+    open_round = await api.post(
+        f"/api/v1/federations/{fed.id}/rounds/1/recompute", json={}, headers=ADMIN
+    )
     assert open_round.status_code == 400
     after = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     assert after == before

@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.db]
 
 
 async def current(api: httpx.AsyncClient, fed, name: str) -> dict:
-    response = await api.get(f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers(name))
+    response = await api.get(
+        f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers(name)
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -29,7 +31,9 @@ async def submit(api, fed, name, index, state, n, key=None, **kwargs) -> httpx.R
 
 async def test_round_zero_opens_when_every_client_joined(api: httpx.AsyncClient) -> None:
     fed = await make_federation(api, join=False)
-    waiting = await api.get(f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers("a"))
+    waiting = await api.get(
+        f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers("a")
+    )
     assert waiting.json()["status"] == "wait"
     assert waiting.headers["retry-after"] == "2"
     join = {"num_samples": 10, "class_counts": [5, 5]}
@@ -63,7 +67,8 @@ async def test_join_rejects_inconsistent_counts(api: httpx.AsyncClient) -> None:
         json={"num_samples": 10, "class_counts": [11, -1]},
         headers=fed.headers("a"),
     )
-    assert bad_sum.status_code == 400 and "sums to 9" in bad_sum.json()["detail"]
+    assert bad_sum.status_code == 400
+    assert "sums to 9" in bad_sum.json()["detail"]
     assert bad_len.status_code == 400
     assert negative.status_code == 422
     clients = (await api.get(f"/api/v1/federations/{fed.id}/clients", headers=ADMIN)).json()
@@ -124,7 +129,9 @@ async def test_model_download_etag_and_304(api: httpx.AsyncClient) -> None:
     first = await api.get(f"/api/v1/models/{model_id}", headers=fed.headers("a"))
     assert first.status_code == 200
     etag = first.headers["etag"]
-    again = await api.get(f"/api/v1/models/{model_id}", headers={**fed.headers("a"), "If-None-Match": etag})
+    again = await api.get(
+        f"/api/v1/models/{model_id}", headers={**fed.headers("a"), "If-None-Match": etag}
+    )
     assert again.status_code == 304
     assert again.content == b""
 
@@ -133,10 +140,14 @@ async def test_clients_cannot_see_other_federations_or_clients(api: httpx.AsyncC
     one = await make_federation(api, name="one")
     two = await make_federation(api, name="two")
     # another federation does not exist for this client
-    response = await api.get(f"/api/v1/federations/{two.id}/rounds/current", headers=one.headers("a"))
+    response = await api.get(
+        f"/api/v1/federations/{two.id}/rounds/current", headers=one.headers("a")
+    )
     assert response.status_code == 404
     model_two = (await current(api, two, "a"))["instructions"]["global_model_id"]
-    assert (await api.get(f"/api/v1/models/{model_two}", headers=one.headers("a"))).status_code == 404
+    assert (
+        await api.get(f"/api/v1/models/{model_two}", headers=one.headers("a"))
+    ).status_code == 404
     # another client's local model is private unless assigned as a neighbor
     await submit(api, one, "a", 0, tiny_state(1.0), 10)
     round0 = (await api.get(f"/api/v1/federations/{one.id}/rounds/0", headers=ADMIN)).json()

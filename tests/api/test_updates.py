@@ -62,7 +62,11 @@ def extra_tensor() -> dict[str, np.ndarray]:
         (extra_tensor(), {}, "'rogue' is not in the global model"),
         (tiny_state(1.0), {"declared_sha": "0" * 64}, "declared sha256"),
         (tiny_state(1.0), {"signal_overrides": {"class_counts": [3, 3]}}, "sums to 6"),
-        (tiny_state(1.0), {"signal_overrides": {"class_counts": [10, 0], "per_class_loss": [0.1, 0.2]}}, "null"),
+        (
+            tiny_state(1.0),
+            {"signal_overrides": {"class_counts": [10, 0], "per_class_loss": [0.1, 0.2]}},
+            "null",
+        ),
         (tiny_state(1.0), {"signal_overrides": {"train_loss": None}}, "required"),
         (tiny_state(1.0), {"signal_overrides": {"train_accuracy": 1.5}}, "[0, 1]"),
         (tiny_state(1.0), {"signal_overrides": {"per_class_loss": [0.1]}}, "2 entries"),
@@ -82,7 +86,9 @@ def extra_tensor() -> dict[str, np.ndarray]:
         "unknown-field",
     ],
 )
-async def test_invalid_update_is_rejected_and_nothing_changes(api, settings, state, kwargs, needle) -> None:
+async def test_invalid_update_is_rejected_and_nothing_changes(
+    api, settings, state, kwargs, needle
+) -> None:
     fed = await make_federation(api)
     before = blob_files(settings)
     response = await api.post(
@@ -108,13 +114,19 @@ async def test_malformed_metadata_and_missing_parts(api, settings) -> None:
     headers = {**fed.headers("a"), "Idempotency-Key": "k"}
     not_json = await api.post(
         url,
-        files={"metadata": (None, "{oops", "application/json"), "state": ("s", state_bytes(tiny_state()), "application/octet-stream")},
+        files={
+            "metadata": (None, "{oops", "application/json"),
+            "state": ("s", state_bytes(tiny_state()), "application/octet-stream"),
+        },
         headers=headers,
     )
-    no_state = await api.post(url, files={"metadata": (None, "{}", "application/json")}, headers=headers)
+    no_state = await api.post(
+        url, files={"metadata": (None, "{}", "application/json")}, headers=headers
+    )
     not_multipart = await api.post(url, content=b"hello", headers=headers)
     assert not_json.status_code == 422
-    assert no_state.status_code == 400 and "state" in no_state.json()["detail"]
+    assert no_state.status_code == 400
+    assert "state" in no_state.json()["detail"]
     assert not_multipart.status_code == 400
     assert len(await nothing_stored(api, fed, settings, before)) == 3
 
@@ -158,7 +170,9 @@ async def test_wrong_token_and_wrong_federation(api) -> None:
     anonymous = await api.post(url, files=parts, headers={"Idempotency-Key": "x"})
     assert anonymous.status_code == 401
     assert anonymous.headers["www-authenticate"] == "Bearer"
-    foreign = await api.post(url, files=parts, headers={**other.headers("a"), "Idempotency-Key": "x"})
+    foreign = await api.post(
+        url, files=parts, headers={**other.headers("a"), "Idempotency-Key": "x"}
+    )
     assert foreign.status_code == 404
     round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     assert round0["submitted_clients"] == []
@@ -167,7 +181,9 @@ async def test_wrong_token_and_wrong_federation(api) -> None:
 async def test_oversized_upload_is_413_and_not_stored(settings) -> None:
     settings.max_upload_bytes = 600  # the multipart body of tiny_state is ~700 bytes
     app = create_app(settings, run_reaper=False)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as api:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as api:
         fed = await make_federation(api)
         before = blob_files(settings)
         big = {**tiny_state(1.0), "layer.weight": np.ones((3, 2), dtype=np.float32)}
@@ -190,7 +206,9 @@ async def test_rejection_event_reason_is_readable(api) -> None:
         files=update_parts(wrong_shape(), num_samples=10),
         headers={**fed.headers("a"), "Idempotency-Key": "k"},
     )
-    events = (await api.get(f"/api/v1/federations/{fed.id}/events?kind=update.rejected", headers=ADMIN)).json()
+    events = (
+        await api.get(f"/api/v1/federations/{fed.id}/events?kind=update.rejected", headers=ADMIN)
+    ).json()
     (event,) = events["items"]
     assert "shape" in event["message"]
     assert json.dumps(event["data"]["errors"])  # serialisable, names the tensor

@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from service.audit import AuditConfig, ClientRoundData, DictStateReader, InvalidInputError, run_audit
+from service.audit import (
+    AuditConfig,
+    ClientRoundData,
+    DictStateReader,
+    InvalidInputError,
+    run_audit,
+)
 
 
 def clients() -> list[ClientRoundData]:
@@ -43,7 +49,9 @@ def test_detector_flag_drives_daagg_without_overrides() -> None:
 
 
 def test_trusted_pin_overrides_the_flag_for_aggregation() -> None:
-    outcome = run_audit(GLOBAL, clients(), CONFIG, round_index=0, flag_overrides=[False, None, None, None])
+    outcome = run_audit(
+        GLOBAL, clients(), CONFIG, round_index=0, flag_overrides=[False, None, None, None]
+    )
     # the detector still says client 0 is noisy ...
     assert outcome.primary_flags == [True, False, False, False]
     assert outcome.detections["fedncl"].verdicts[0].flag is True
@@ -54,7 +62,9 @@ def test_trusted_pin_overrides_the_flag_for_aggregation() -> None:
 
 
 def test_noisy_pin_on_a_clean_client() -> None:
-    outcome = run_audit(GLOBAL, clients(), CONFIG, round_index=0, flag_overrides=[None, True, None, None])
+    outcome = run_audit(
+        GLOBAL, clients(), CONFIG, round_index=0, flag_overrides=[None, True, None, None]
+    )
     assert outcome.effective_flags == [True, True, False, False]
     # d_0 = min(||3-1|| over clean 2, 3) = 4, d_1 = min(||1-1||) = 0 -> D = [1, 0, 0, 0]
     expected = np.array([math.exp(-1), 1.0, 1.0, 1.0])

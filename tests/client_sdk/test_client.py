@@ -22,7 +22,9 @@ from client_sdk import (
 FID = "00000000-0000-0000-0000-000000000001"
 
 
-def make_client(handler, *, max_retries: int = 3, sleeps: list[float] | None = None) -> FederationClient:
+def make_client(
+    handler, *, max_retries: int = 3, sleeps: list[float] | None = None
+) -> FederationClient:
     transport = httpx.MockTransport(handler)
     http = httpx.Client(transport=transport, base_url="http://coord")
     recorded = sleeps if sleeps is not None else []

@@ -37,7 +37,9 @@ def test_sdk_model_matches_server_schema(model: type[BaseModel], schema_name: st
     schema = SCHEMAS[schema_name]
     server_fields = set(schema["properties"])
     sdk_fields = set(model.model_fields)
-    assert sdk_fields <= server_fields, f"SDK expects fields the server never sends: {sdk_fields - server_fields}"
+    assert sdk_fields <= server_fields, (
+        f"SDK expects fields the server never sends: {sdk_fields - server_fields}"
+    )
     missing = set(schema.get("required", [])) - sdk_fields
     assert not missing, f"SDK ignores required server fields: {missing}"
 

@@ -30,8 +30,10 @@ def staged(settings: Settings, data: bytes) -> updates.StagedUpload:
     return updates.StagedUpload(path=path, sha256=digest, size=size)
 
 
-def prepare_round(services: Services, names: list[str], *, min_clients: int = 1, deadline_s: float = 600):
-    """A federation whose round 0 is open with every client joined; returns (fid, round, clients)."""
+def prepare_round(
+    services: Services, names: list[str], *, min_clients: int = 1, deadline_s: float = 600
+):
+    """A federation with round 0 open and every client joined: (fid, round id, clients)."""
     settings = services.settings
     with services.sessions.begin() as session:
         federation = federations.create_federation(
@@ -44,15 +46,25 @@ def prepare_round(services: Services, names: list[str], *, min_clients: int = 1,
             min_clients=min_clients,
             max_clients=None,
             round_deadline_s=deadline_s,
-            config=FederationConfigInput(method="fedavg", detectors=["fedncl"], primary_detector="fedncl"),
+            config=FederationConfigInput(
+                method="fedavg", detectors=["fedncl"], primary_detector="fedncl"
+            ),
             seed=1,
             actor="admin",
         )
         upload = staged(settings, state_bytes(tiny_state(0.0)))
         federations.upload_initial_model(
-            services, session, federation.id, staged=upload.path, sha256=upload.sha256, size=upload.size, actor="admin"
+            services,
+            session,
+            federation.id,
+            staged=upload.path,
+            sha256=upload.sha256,
+            size=upload.size,
+            actor="admin",
         )
-        created = [federations.add_client(session, federation.id, name=n, actor="admin")[0] for n in names]
+        created = [
+            federations.add_client(session, federation.id, name=n, actor="admin")[0] for n in names
+        ]
         for client in created:
             clients.join(session, client, num_samples=10, class_counts=[5, 5], now=services.clock())
         fid = federation.id
@@ -105,12 +117,18 @@ def test_concurrent_closers_close_once(settings: Settings) -> None:
     assert sorted(results) == [False] * 7 + [True]
     with primary.sessions() as session:
         versions = session.scalar(
-            select(func.count()).select_from(models.ModelVersion).where(models.ModelVersion.federation_id == fid)
+            select(func.count())
+            .select_from(models.ModelVersion)
+            .where(models.ModelVersion.federation_id == fid)
         )
         audits = session.scalar(select(func.count()).select_from(models.AuditResult))
-        opened = session.scalars(select(models.Round.index).where(models.Round.federation_id == fid)).all()
+        opened = session.scalars(
+            select(models.Round.index).where(models.Round.federation_id == fid)
+        ).all()
         closed_events = session.scalar(
-            select(func.count()).select_from(models.Event).where(models.Event.kind == "round.closed")
+            select(func.count())
+            .select_from(models.Event)
+            .where(models.Event.kind == "round.closed")
         )
     assert versions == 2  # the initial model and round 0's output
     assert audits == 1

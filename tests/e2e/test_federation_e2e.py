@@ -80,7 +80,9 @@ def test_three_clients_three_rounds_over_http(tmp_path: Path) -> None:
             assert [r.index for r in rounds] == [0, 1, 2]
             for rnd in rounds:
                 assert rnd.state == "closed"
-                assert sorted(map(str, rnd.submitted_clients)) == sorted(map(str, rnd.selected_clients))
+                assert sorted(map(str, rnd.submitted_clients)) == sorted(
+                    map(str, rnd.selected_clients)
+                )
                 assert len(rnd.selected_clients) == 3
                 assert sum(rnd.aggregation_weights.values()) == pytest.approx(1.0)
             # the global model changed, and every client ends on the final model
@@ -105,7 +107,9 @@ def test_three_clients_three_rounds_over_http(tmp_path: Path) -> None:
 def submit_round(server: CoordinatorProcess, federation_id, token: str, seed: int) -> int:
     """One client: join, train one round through the Participant, upload; returns its round."""
     with FederationClient(server.url, token, max_retries=0) as client:
-        participant = Participant(client, federation_id, tiny_model(seed), tiny_data(seed), device="cpu")
+        participant = Participant(
+            client, federation_id, tiny_model(seed), tiny_data(seed), device="cpu"
+        )
         participant.join()
         current = client.get_current_round(federation_id, wait_s=5)
         assert current.status == "train"

@@ -10,14 +10,12 @@ from service.store.blobs import DatabaseBlobStore, DirectoryBlobStore, sha256_fi
 from service.store.session import make_engine, make_sessionmaker
 
 
-def stores(tmp_path: Path, database_url: str) -> list[object]:
-    sessions = make_sessionmaker(make_engine(database_url))
-    return [DirectoryBlobStore(tmp_path / "dir"), DatabaseBlobStore(sessions, tmp_path / "cache")]
-
-
 @pytest.mark.db
 def test_put_is_content_addressed_and_idempotent(tmp_path: Path, database_url: str) -> None:
-    for store in stores(tmp_path, database_url):
+    engine = make_engine(database_url)
+    sessions = make_sessionmaker(engine)
+    stores = [DirectoryBlobStore(tmp_path / "dir"), DatabaseBlobStore(sessions, tmp_path / "cache")]
+    for store in stores:
         path, digest, size = write_temp_file(tmp_path / "tmp", b"hello model")
         assert size == 11
         assert store.put_file(path, digest) is True  # type: ignore[attr-defined]
@@ -31,6 +29,7 @@ def test_put_is_content_addressed_and_idempotent(tmp_path: Path, database_url: s
         assert store.size(digest) == 11  # type: ignore[attr-defined]
         store.delete(digest)  # type: ignore[attr-defined]
         assert not store.exists(digest)  # type: ignore[attr-defined]
+    engine.dispose()
 
 
 def test_directory_store_rejects_bad_keys(tmp_path: Path) -> None:

@@ -43,7 +43,9 @@ router = APIRouter(prefix="/federations", tags=["federations"])
     summary="Create a federation",
     responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_409, **PROBLEM_422},
 )
-def create_federation(body: FederationCreate, session: SessionDep, actor: AdminDep) -> FederationRead:
+def create_federation(
+    body: FederationCreate, session: SessionDep, actor: AdminDep
+) -> FederationRead:
     federation = use_cases.create_federation(
         session,
         name=body.name,
@@ -73,7 +75,9 @@ def list_federations(
     return FederationPage(items=[convert.federation_read(session, f) for f in items], total=total)
 
 
-@router.get("/{federation_id}", summary="Get a federation", responses={**PROBLEM_401, **PROBLEM_404})
+@router.get(
+    "/{federation_id}", summary="Get a federation", responses={**PROBLEM_401, **PROBLEM_404}
+)
 def get_federation(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> FederationRead:
     return convert.federation_read(session, queries.federation_of(session, federation_id))
 
@@ -104,10 +108,19 @@ def _store_initial_model(
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
         }
     },
-    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_413, **PROBLEM_422},
+    responses={
+        **PROBLEM_400,
+        **PROBLEM_401,
+        **PROBLEM_404,
+        **PROBLEM_409,
+        **PROBLEM_413,
+        **PROBLEM_422,
+    },
 )
 async def upload_initial_model(
     federation_id: uuid.UUID, request: Request, services: ServicesDep, actor: AdminDep
@@ -118,7 +131,9 @@ async def upload_initial_model(
     return await run_in_threadpool(_store_initial_model, services, federation_id, staged, actor)
 
 
-@router.get("/{federation_id}/models", summary="List the global model versions", responses={**PROBLEM_401})
+@router.get(
+    "/{federation_id}/models", summary="List the global model versions", responses={**PROBLEM_401}
+)
 def list_models(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> list[ModelRead]:
     queries.federation_of(session, federation_id)
     return [convert.model_read(m) for m in queries.list_models(session, federation_id)]
@@ -152,13 +167,17 @@ def add_client(
     return ClientCreated(**convert.client_read(client).model_dump(), token=token)
 
 
-@router.get("/{federation_id}/clients", summary="List clients", responses={**PROBLEM_401, **PROBLEM_404})
+@router.get(
+    "/{federation_id}/clients", summary="List clients", responses={**PROBLEM_401, **PROBLEM_404}
+)
 def list_clients(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> list[ClientRead]:
     queries.federation_of(session, federation_id)
     return [convert.client_read(c) for c in queries.list_clients(session, federation_id)]
 
 
-@router.get("/{federation_id}/rounds", summary="List rounds", responses={**PROBLEM_401, **PROBLEM_404})
+@router.get(
+    "/{federation_id}/rounds", summary="List rounds", responses={**PROBLEM_401, **PROBLEM_404}
+)
 def list_rounds(
     federation_id: uuid.UUID,
     session: SessionDep,
@@ -176,14 +195,18 @@ def list_rounds(
     summary="Get a round with its audit",
     responses={**PROBLEM_401, **PROBLEM_404},
 )
-def get_round(federation_id: uuid.UUID, index: int, session: SessionDep, _: AdminDep) -> RoundDetail:
+def get_round(
+    federation_id: uuid.UUID, index: int, session: SessionDep, _: AdminDep
+) -> RoundDetail:
     queries.federation_of(session, federation_id)
     rnd = rounds.get_round(session, federation_id, index)
     base = convert.round_read(session, rnd)
     return RoundDetail(**base.model_dump(), audit=queries.audit_of_round(session, rnd.id))
 
 
-@router.get("/{federation_id}/events", summary="The audit trail", responses={**PROBLEM_401, **PROBLEM_404})
+@router.get(
+    "/{federation_id}/events", summary="The audit trail", responses={**PROBLEM_401, **PROBLEM_404}
+)
 def list_events(
     federation_id: uuid.UUID,
     session: SessionDep,

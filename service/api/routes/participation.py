@@ -20,7 +20,14 @@ from service.api.problems import (
     PROBLEM_422,
 )
 from service.api.schemas.federations import TaskSpec
-from service.api.schemas.rounds import CurrentRound, Instructions, JoinRead, JoinRequest, RoundRef, UpdateRead
+from service.api.schemas.rounds import (
+    CurrentRound,
+    Instructions,
+    JoinRead,
+    JoinRequest,
+    RoundRef,
+    UpdateRead,
+)
 from service.api.uploads import receive_update
 from service.coordinator import clients as client_use_cases
 from service.coordinator import rounds, updates
@@ -34,7 +41,11 @@ MAX_WAIT_S = 30.0
 POLL_INTERVAL_S = 0.1
 
 
-@router.get("/task", summary="The federation's task (classes, input shape)", responses={**PROBLEM_401, **PROBLEM_404})
+@router.get(
+    "/task",
+    summary="The federation's task (classes, input shape)",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
 def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> TaskSpec:
     client_use_cases.check_scope(client, federation_id)
     federation = federation_of(session, federation_id)
@@ -45,7 +56,9 @@ def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClien
     )
 
 
-@router.post("/join", summary="Join the federation", responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404})
+@router.post(
+    "/join", summary="Join the federation", responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404}
+)
 def join(
     federation_id: uuid.UUID,
     body: JoinRequest,
@@ -82,7 +95,9 @@ def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
         return CurrentRound(status="wait", retry_after_s=state.retry_after_s, reason=state.reason)
     return CurrentRound(
         status="train",
-        round=RoundRef(id=state.round.id, index=state.round.index, deadline_at=state.round.deadline_at),
+        round=RoundRef(
+            id=state.round.id, index=state.round.index, deadline_at=state.round.deadline_at
+        ),
         instructions=Instructions.model_validate(state.instructions),
     )
 
@@ -124,7 +139,10 @@ async def get_current_round(
                         "type": "object",
                         "required": ["metadata", "state"],
                         "properties": {
-                            "metadata": {"type": "string", "description": "JSON: num_samples, sha256, signals, metrics"},
+                            "metadata": {
+                                "type": "string",
+                                "description": "JSON: num_samples, sha256, signals, metrics",
+                            },
                             "state": {"type": "string", "format": "binary"},
                         },
                     }
@@ -158,7 +176,9 @@ async def submit_update(
             request, services.settings.tmp_dir, services.settings.max_upload_bytes
         )
     except CoordinatorError as exc:
-        await run_in_threadpool(updates.record_rejection, services, client, federation_id, round_index, exc)
+        await run_in_threadpool(
+            updates.record_rejection, services, client, federation_id, round_index, exc
+        )
         raise
     result = await run_in_threadpool(
         lambda: updates.submit_update(

@@ -74,7 +74,9 @@ def pin_client(
 ) -> ClientRead:
     federation = queries.federation_of(session, federation_id)
     client = queries.get_client(session, federation_id, client_id)
-    reports.set_pin(session, federation, client, status=body.status, reason=body.reason, actor=actor)
+    reports.set_pin(
+        session, federation, client, status=body.status, reason=body.reason, actor=actor
+    )
     session.commit()
     return convert.client_read(client)
 
@@ -94,7 +96,9 @@ def unpin_client(
     return convert.client_read(client)
 
 
-def _recompute(services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest) -> dict[str, Any]:
+def _recompute(
+    services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest
+) -> dict[str, Any]:
     with services.sessions() as session:
         federation = queries.federation_of(session, federation_id)
         return reports.recompute_round(
@@ -127,7 +131,9 @@ async def recompute_round(
     summary="A client's own diagnostics (its status and which of its classes look noisy)",
     responses={**PROBLEM_401, **PROBLEM_404},
 )
-def get_diagnostics(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> dict[str, Any]:
+def get_diagnostics(
+    federation_id: uuid.UUID, session: SessionDep, client: CurrentClient
+) -> dict[str, Any]:
     client_use_cases.check_scope(client, federation_id)
     return reports.client_diagnostics(session, client)
 
