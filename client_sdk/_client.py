@@ -95,7 +95,7 @@ class _Base:
                     return min(max(float(retry_after), 0.0), self._backoff_max_s)
                 except ValueError:
                     pass
-        base = min(self._backoff_base_s * 2**attempt, self._backoff_max_s)
+        base: float = min(self._backoff_base_s * 2**attempt, self._backoff_max_s)
         return base * (0.5 + random.random() / 2)
 
     def _request(

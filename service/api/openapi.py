@@ -20,7 +20,7 @@ def build_spec() -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             data_dir=Path(tmp),
             admin_token=SecretStr("openapi-export-token"),
             check_migrations=False,

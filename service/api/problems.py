@@ -146,10 +146,14 @@ def problem(status: int, description: str) -> dict[str, Any]:
     }
 
 
-PROBLEM_400 = {400: problem(400, "Bad request")}
-PROBLEM_401 = {401: problem(401, "Missing or invalid bearer token")}
-PROBLEM_403 = {403: problem(403, "Forbidden")}
-PROBLEM_404 = {404: problem(404, "Not found")}
-PROBLEM_409 = {409: problem(409, "Conflict with the current state")}
-PROBLEM_413 = {413: problem(413, "Payload too large")}
-PROBLEM_422 = {422: problem(422, "Invalid input")}
+PROBLEM_400: dict[int | str, dict[str, Any]] = {400: problem(400, "Bad request")}
+PROBLEM_401: dict[int | str, dict[str, Any]] = {
+    401: problem(401, "Missing or invalid bearer token")
+}
+PROBLEM_403: dict[int | str, dict[str, Any]] = {403: problem(403, "Forbidden")}
+PROBLEM_404: dict[int | str, dict[str, Any]] = {404: problem(404, "Not found")}
+PROBLEM_409: dict[int | str, dict[str, Any]] = {
+    409: problem(409, "Conflict with the current state")
+}
+PROBLEM_413: dict[int | str, dict[str, Any]] = {413: problem(413, "Payload too large")}
+PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input")}

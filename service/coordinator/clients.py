@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -46,7 +47,7 @@ def join(
     """Record the client's data summary; joining again updates it (e.g. after a restart)."""
     federation = repo.get_federation(session, client.federation_id)
     assert federation is not None
-    errors = []
+    errors: list[dict[str, Any]] = []
     if len(class_counts) != federation.num_classes:
         errors.append(
             {"loc": ["body", "class_counts"], "msg": f"must have {federation.num_classes} entries"}

@@ -144,7 +144,7 @@ class SafetensorsReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._handle: Any = safe_open(str(path), framework="numpy")
-        self._keys: list[str] = sorted(self._handle.keys())
+        self._keys: list[str] = sorted(self._handle.keys())  # type: ignore[no-untyped-call]
 
     def keys(self) -> Sequence[str]:
         return self._keys

@@ -111,7 +111,7 @@ def validate_signals(
         if signals.get(key) is None:
             errors.append(_error(["metadata", "signals", key], "required by this federation"))
 
-    counts = signals.get("class_counts")
+    counts: Any = signals.get("class_counts")
     counts_ok = (
         isinstance(counts, list)
         and len(counts) == num_classes
