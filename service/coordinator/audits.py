@@ -214,7 +214,7 @@ def store_new_model(
         from service.coordinator.tensors import read_manifest
 
         manifest = read_manifest(path)
-        services.blobs.put_file(path, sha)
+        services.blobs.put_file(path, sha, session=session)
     finally:
         path.unlink(missing_ok=True)
     version = ModelVersion(

@@ -129,7 +129,7 @@ def upload_initial_model(
     bad = non_finite_tensors(staged, manifest)
     if bad:
         raise InvalidModelError(f"the initial model has non-finite values in {bad[:5]}")
-    services.blobs.put_file(staged, sha256)
+    services.blobs.put_file(staged, sha256, session=session)
     version = ModelVersion(
         federation_id=federation.id,
         version=0,

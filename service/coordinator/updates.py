@@ -348,7 +348,7 @@ def _submit(
         )
     num_samples, signals, metrics = validate_signals(metadata, federation)
 
-    created_blob = services.blobs.put_file(staged.path, staged.sha256)
+    created_blob = False
     try:
         with services.sessions.begin() as session:
             if not repo.touch_open_round(session, rnd.id):
@@ -360,6 +360,7 @@ def _submit(
                 raise DuplicateUpdateError(
                     f"an update for round {round_index} was already accepted from this client"
                 )
+            created_blob = services.blobs.put_file(staged.path, staged.sha256, session=session)
             update = ModelUpdate(
                 federation_id=federation_id,
                 round_id=rnd.id,

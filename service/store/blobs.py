@@ -64,8 +64,13 @@ def write_temp_file(directory: Path, chunks: Iterator[bytes] | bytes) -> tuple[P
 class BlobStore(Protocol):
     """Where model states live. Keys are sha256 hex digests of the content."""
 
-    def put_file(self, path: Path, key: str) -> bool:
-        """Move the fsynced file at `path` into the store under `key`; True if it was new."""
+    def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
+        """Move the fsynced file at `path` into the store under `key`; True if it was new.
+
+        `session`: the caller's open transaction, which a database-backed store joins (so the
+        blob commits or rolls back with the rows that reference it, and SQLite's single writer
+        is not asked for a second, nested write transaction). Ignored by the directory store.
+        """
         ...
 
     def exists(self, key: str) -> bool: ...
@@ -94,7 +99,7 @@ class DirectoryBlobStore:
             raise ValueError(f"invalid blob key {key!r}")
         return self.root / key[:2] / key
 
-    def put_file(self, path: Path, key: str) -> bool:
+    def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
         target = self._path(key)
         if target.exists():
             path.unlink(missing_ok=True)
@@ -135,14 +140,24 @@ class DatabaseBlobStore:
         self.sessions = sessions
         self.cache = DirectoryBlobStore(cache_dir)
 
-    def put_file(self, path: Path, key: str) -> bool:
-        with self.sessions.begin() as session:
-            if session.get(Blob, key) is not None:
-                path.unlink(missing_ok=True)
-                return False
-            data = path.read_bytes()
-            session.add(Blob(key=key, size_bytes=len(data), data=data))
-        self.cache.put_file(path, key)
+    def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
+        if session is not None:
+            created = self._insert(session, path, key)
+        else:
+            with self.sessions.begin() as own:
+                created = self._insert(own, path, key)
+        if created:
+            self.cache.put_file(path, key)  # a cache entry outliving a rollback is harmless
+        return created
+
+    @staticmethod
+    def _insert(session: Session, path: Path, key: str) -> bool:
+        if session.get(Blob, key) is not None:
+            path.unlink(missing_ok=True)
+            return False
+        data = path.read_bytes()
+        session.add(Blob(key=key, size_bytes=len(data), data=data))
+        session.flush()
         return True
 
     def exists(self, key: str) -> bool:

@@ -159,3 +159,26 @@ async def test_clients_cannot_see_other_federations_or_clients(api: httpx.AsyncC
     assert forbidden.headers["content-type"] == "application/problem+json"
     own = await api.get(f"/api/v1/models/{update_id}", headers=one.headers("a"))
     assert own.status_code == 200
+
+
+async def test_database_blob_backend_serves_the_same_protocol(settings) -> None:
+    """Blobs in the database (several replicas, no shared disk): nothing under blob_dir."""
+    from service.main import create_app
+
+    settings.blob_backend = "database"
+    app = create_app(settings, run_reaper=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
+        fed = await make_federation(api)
+        await submit(api, fed, "a", 0, tiny_state(1.0), 10)
+        await submit(api, fed, "b", 0, tiny_state(3.0), 30)
+        round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+        model = await api.get(f"/api/v1/models/{round0['model_out_id']}", headers=fed.headers("a"))
+        np.testing.assert_allclose(load(model.content)["layer.bias"], [2.5, 2.5])
+    app.state.services.close()
+    on_disk = (
+        [p for p in settings.blob_dir.rglob("*") if p.is_file()]
+        if settings.blob_dir.exists()
+        else []
+    )
+    assert on_disk == []
