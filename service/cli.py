@@ -42,7 +42,7 @@ TokenOption = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -261,7 +261,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
         )
     table = Table(title=title, caption=caption)
-    table.add_column("client")
+    table.add_column("client", no_wrap=True)
     table.add_column("status")
     if truth is not None:
         table.add_column("true noise", justify="right")
@@ -292,6 +292,14 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         ]
         table.add_row(*cells)
     return table
+
+
+# --- whole runs on one machine (the simulator; see service/simulation/commands.py) ----------------
+
+from service.simulation import commands as _simulation_commands  # noqa: E402
+
+app.command("simulate")(_simulation_commands.simulate)
+app.command("demo")(_simulation_commands.demo)
 
 
 def main() -> None:  # pragma: no cover - entry point

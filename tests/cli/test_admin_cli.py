@@ -1,0 +1,84 @@
+"""The operator's CLI against a real coordinator: federation, client and report commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.simulation.coordinator_process import CoordinatorProcess
+
+pytestmark = pytest.mark.slow
+
+
+def test_federation_client_and_report_commands(tmp_path: Path) -> None:
+    runner = CliRunner()
+    with CoordinatorProcess(tmp_path / "coord") as server:
+        env = {
+            "FEDAUDIT_URL": server.url,
+            "FEDAUDIT_ADMIN_TOKEN": server.admin_token,
+            "COLUMNS": "200",
+        }
+        spec = tmp_path / "spec.json"
+        spec.write_text(
+            json.dumps(
+                {
+                    "name": "cli-fed",
+                    "task": {"num_classes": 3, "input_shape": [4]},
+                    "plan": {"rounds": 2},
+                    "config": {"method": "fednoro"},
+                }
+            )
+        )
+        created = runner.invoke(app, ["federation", "create", str(spec)], env=env)
+        assert created.exit_code == 0, created.output
+        fid = json.loads(created.output)["id"]
+        assert json.loads(created.output)["config"]["aggregation"] == "daagg"
+
+        listed = runner.invoke(app, ["federation", "list"], env=env)
+        assert listed.exit_code == 0
+        assert "cli-fed" in listed.output
+        shown = runner.invoke(app, ["federation", "show", fid], env=env)
+        assert json.loads(shown.output)["name"] == "cli-fed"
+
+        added = runner.invoke(app, ["client", "add", fid, "hospital-a"], env=env)
+        assert added.exit_code == 0
+        assert "token: fa_c_" in added.output
+        clients = runner.invoke(app, ["client", "list", fid], env=env)
+        assert "hospital-a" in clients.output
+
+        report = runner.invoke(app, ["report", fid], env=env)
+        assert report.exit_code == 0, report.output
+        assert "hospital-a" in report.output
+        csv_report = runner.invoke(app, ["report", fid, "--csv"], env=env)
+        assert csv_report.output.splitlines()[0].startswith("client_id,name,status")
+
+        missing = runner.invoke(
+            app, ["federation", "show", "00000000-0000-0000-0000-000000000000"], env=env
+        )
+        assert missing.exit_code == 1
+        assert "404" in missing.output
+        wrong_token = runner.invoke(
+            app, ["federation", "list"], env={**env, "FEDAUDIT_ADMIN_TOKEN": "x"}
+        )
+        assert wrong_token.exit_code == 1
+        assert "401" in wrong_token.output
+
+
+def test_db_upgrade_then_serve_refuses_unmigrated(tmp_path: Path) -> None:
+    runner = CliRunner()
+    env = {"FEDAUDIT_DATA_DIR": str(tmp_path), "FEDAUDIT_ADMIN_TOKEN": "t" * 20}
+    from service.config import get_settings
+
+    get_settings.cache_clear()
+    refused = runner.invoke(app, ["serve", "--port", "0"], env=env)
+    assert refused.exit_code == 1
+    assert "fedaudit db upgrade" in refused.output
+    get_settings.cache_clear()
+    upgraded = runner.invoke(app, ["db", "upgrade"], env=env)
+    assert upgraded.exit_code == 0, upgraded.output
+    assert "database at head" in upgraded.output
+    get_settings.cache_clear()
