@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.coordinator import clients as client_use_cases
 from service.coordinator.services import Services
+from service.errors import AuthError
 from service.store.models import Client
 
 bearer = HTTPBearer(auto_error=False, description="Admin token or a client token")
@@ -58,8 +60,21 @@ def require_admin(services: ServicesDep, credentials: Credentials) -> str:
 AdminDep = Annotated[str, Depends(require_admin)]
 
 
-def current_client(session: SessionDep, credentials: Credentials) -> Client:
-    return client_use_cases.authenticate_client(session, _token(credentials))
+def current_client(request: Request, session: SessionDep, credentials: Credentials) -> Client:
+    try:
+        return client_use_cases.authenticate_client(session, _token(credentials))
+    except AuthError as exc:
+        # A refused client request is part of the audit trail of the federation it named.
+        raw = request.path_params.get("federation_id")
+        try:
+            federation_id = uuid.UUID(str(raw)) if raw is not None else None
+        except ValueError:
+            federation_id = None
+        client_use_cases.record_auth_failure(
+            session, federation_id, method=request.method, path=request.url.path, reason=exc.detail
+        )
+        session.commit()
+        raise
 
 
 CurrentClient = Annotated[Client, Depends(current_client)]

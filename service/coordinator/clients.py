@@ -30,6 +30,22 @@ def authenticate_client(session: Session, token: str | None) -> Client:
     return client
 
 
+def record_auth_failure(
+    session: Session, federation_id: uuid.UUID | None, *, method: str, path: str, reason: str
+) -> None:
+    """An event for a refused token, when the request names a federation that exists."""
+    if federation_id is None or repo.get_federation(session, federation_id) is None:
+        return
+    repo.add_event(
+        session,
+        kind="auth.rejected",
+        actor="anonymous",
+        message=f"{method} {path} refused: {reason}",
+        federation_id=federation_id,
+        data={"method": method, "path": path},
+    )
+
+
 def check_scope(client: Client, federation_id: uuid.UUID) -> None:
     """A client sees only its own federation; another one does not exist for it."""
     if client.federation_id != federation_id:

@@ -176,6 +176,10 @@ async def test_wrong_token_and_wrong_federation(api) -> None:
     assert foreign.status_code == 404
     round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     assert round0["submitted_clients"] == []
+    events = (await api.get(f"/api/v1/federations/{fed.id}/events", headers=ADMIN)).json()["items"]
+    refused = [e for e in events if e["kind"] in ("auth.rejected", "update.rejected")]
+    assert [e["kind"] for e in refused] == ["auth.rejected", "update.rejected"]
+    assert "Authorization" not in refused[0]["message"]
 
 
 async def test_oversized_upload_is_413_and_not_stored(settings) -> None:
