@@ -1,0 +1,403 @@
+"""Simulation scenarios: what ``fedaudit simulate`` runs (EVALUATION.md, "The simulator").
+
+A :class:`Scenario` fixes the data set, the number of clients, the partition and the client noise
+protocol (ALGORITHMS.md section 6), the model, the training schedule and one or more *method
+configurations* (a coordinator method preset plus overrides, run on identical data and noise).
+It is a pydantic model with ``extra="forbid"`` at every level, so a typo in a scenario file is an
+error that names the offending key instead of a silently ignored setting.
+
+Scenarios come from a YAML or JSON file (:func:`load_scenario`), from a preset
+(``service.simulation.presets``) or from command-line flags (:func:`apply_overrides`); all three
+end in :func:`validate_scenario`, which raises :class:`ScenarioError` with one line per problem.
+
+What is checked here and what is left to the coordinator: partition and noise parameter *names*
+and the noise parameter *values* are checked here (the noise levels are drawn once for a dummy
+seed, which costs nothing); partition values that depend on the data (more clients than samples,
+shards that do not divide) fail when the run is prepared, with a :class:`ScenarioError` that names
+the field. The method configuration's recipe, aggregation and detector names and the audit
+overrides are validated by the coordinator itself when the federation is created (this package
+talks to it over HTTP only and does not import its configuration code); its problem details are
+reported as a :class:`ScenarioError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from service.simulation.partition import (
+    PARTITION_METHODS,
+    bernoulli_dirichlet,
+    dirichlet,
+    iid,
+    lognormal_quantity,
+    shards,
+)
+
+__all__ = [
+    "METHOD_PRESETS",
+    "MethodSpec",
+    "ModelSpec",
+    "NoiseSpec",
+    "PartitionSpec",
+    "Scenario",
+    "ScenarioError",
+    "TrainingSpec",
+    "apply_overrides",
+    "load_scenario",
+    "parse_key_values",
+    "validate_scenario",
+]
+
+#: The coordinator's method presets (``service/coordinator/federation_config.py``). Duplicated on
+#: purpose: the simulator talks to the coordinator over HTTP only; the coordinator validates again.
+METHOD_PRESETS: Final[tuple[str, ...]] = (
+    "fedavg",
+    "fedprox",
+    "fednoro",
+    "fedrn",
+    "fedncl",
+    "rofl",
+    "flr",
+)
+_DATASETS: Final[tuple[str, ...]] = (
+    "digits",
+    "breast_cancer",
+    "wine",
+    "pneumoniamnist",
+    "breastmnist",
+    "mnist",
+)
+_NOISE_PROTOCOLS: Final[tuple[str, ...]] = (
+    "none",
+    "linear",
+    "rho_tau",
+    "rho_range",
+    "bernoulli",
+    "truncated_gaussian",
+    "uniform_all",
+)
+_FLIPS: Final[tuple[str, ...]] = ("symmetric", "pairflip", "asymmetric", "instance")
+
+Scalar = bool | int | float | str
+_PARTITION_FUNCTIONS: Final[dict[str, Any]] = {
+    "iid": iid,
+    "shards": shards,
+    "dirichlet": dirichlet,
+    "bernoulli_dirichlet": bernoulli_dirichlet,
+    "lognormal_quantity": lognormal_quantity,
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario (file, preset or flags) is invalid; the message lists every problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartitionSpec(_Strict):
+    """How samples are split among clients (``service.simulation.partition``)."""
+
+    method: Literal[PARTITION_METHODS] = "iid"  # type: ignore[valid-type]
+    params: dict[str, Scalar] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_params(self) -> PartitionSpec:
+        function = _PARTITION_FUNCTIONS[self.method]
+        allowed = {
+            name
+            for name, p in inspect.signature(function).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        unknown = sorted(set(self.params) - allowed)
+        if unknown:
+            raise ValueError(
+                f"partition {self.method!r} has no parameter(s) {unknown}; "
+                f"it accepts {sorted(allowed) or 'none'}"
+            )
+        return self
+
+
+class NoiseSpec(_Strict):
+    """Client noise levels and the label flip (``service.simulation.noise``)."""
+
+    protocol: Literal[_NOISE_PROTOCOLS] = "none"  # type: ignore[valid-type]
+    params: dict[str, Scalar] = Field(default_factory=dict)
+    flip: Literal[_FLIPS] = "symmetric"  # type: ignore[valid-type]
+    class_map: dict[int, int] | None = Field(
+        default=None, description="asymmetric flips: {source class: target class}"
+    )
+    threshold: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="continuous protocols: realised rate at which a client counts as noisy",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NoiseSpec:
+        from service.simulation.noise import NoiseError, noise_levels
+
+        try:
+            # Cheap: draws K=4 rates; validates names and values of the parameters.
+            noise_levels(4, self.protocol, 0, **self.params)
+        except NoiseError as exc:
+            raise ValueError(str(exc)) from None
+        if self.flip == "asymmetric" and not self.class_map:
+            raise ValueError("flip 'asymmetric' needs class_map {source: target}")
+        if self.flip != "asymmetric" and self.class_map:
+            raise ValueError(f"class_map is only used by flip 'asymmetric', not {self.flip!r}")
+        return self
+
+
+class ModelSpec(_Strict):
+    """The model every client trains (``service.simulation.models.build_model``)."""
+
+    name: str | None = Field(
+        default=None, description="'mlp', 'cnn' or 'tv:<name>'; default cnn for images, else mlp"
+    )
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainingSpec(_Strict):
+    """Schedule and local optimiser (sent as the federation's common hyper-parameters)."""
+
+    rounds: int = Field(default=20, ge=1, le=100_000)
+    local_epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=0.01, gt=0.0)
+    batch_size: int = Field(default=32, ge=1)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+
+
+class MethodSpec(_Strict):
+    """One method configuration: a coordinator preset plus overrides.
+
+    The fields after ``method`` are the coordinator's ``FederationConfigInput`` fields; unset
+    ones are not sent (the preset decides).
+    """
+
+    name: str = Field(default="", description="label in tables and plots; default: the method")
+    method: Literal[METHOD_PRESETS] = "fednoro"  # type: ignore[valid-type]
+    recipe: str | None = None
+    aggregation: str | None = None
+    primary_detector: str | None = None
+    detectors: list[str] | None = None
+    warmup_rounds: int | None = Field(default=None, ge=0)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    audit: dict[str, Any] = Field(default_factory=dict)
+    probe_size: int | None = Field(default=None, ge=1, le=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("name"):
+            return {**data, "name": data.get("method", "fednoro")}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        # The label becomes part of file names.
+        if value and not all(ch.isalnum() or ch in "-_." for ch in value):
+            raise ValueError(f"name {value!r} may hold only letters, digits, '-', '_' and '.'")
+        return value
+
+    def config_input(self, training: TrainingSpec) -> dict[str, Any]:
+        """The ``config`` object of the federation-create request."""
+        hyperparameters: dict[str, Any] = {
+            "lr": training.lr,
+            "local_epochs": training.local_epochs,
+            "batch_size": training.batch_size,
+            "momentum": training.momentum,
+            **self.hyperparameters,
+        }
+        config: dict[str, Any] = {"method": self.method, "hyperparameters": hyperparameters}
+        for key in ("recipe", "aggregation", "primary_detector", "detectors", "warmup_rounds"):
+            value = getattr(self, key)
+            if value is not None:
+                config[key] = value
+        if self.audit:
+            config["audit"] = dict(self.audit)
+        if self.probe_size is not None:
+            config["probe_size"] = self.probe_size
+        return config
+
+
+class Scenario(_Strict):
+    """A whole simulated federation (see the module docstring)."""
+
+    name: str = "custom"
+    description: str = ""
+    dataset: Literal[_DATASETS] = "digits"  # type: ignore[valid-type]
+    data_dir: str | None = Field(
+        default=None, description="directory of the file-based data sets (default: shared/data)"
+    )
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    clients: int = Field(default=10, ge=1, le=10_000)
+    partition: PartitionSpec = Field(default_factory=PartitionSpec)
+    noise: NoiseSpec = Field(default_factory=NoiseSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    methods: list[MethodSpec] = Field(
+        default_factory=lambda: [MethodSpec(method="fednoro")], min_length=1
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    round_deadline_s: float = Field(default=3600.0, gt=0.0)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        if any(s < 0 or s >= 2**31 for s in value):
+            raise ValueError("seeds must lie in [0, 2**31)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds {value} repeat a value")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> Scenario:
+        labels = [m.name for m in self.methods]
+        repeated = sorted({x for x in labels if labels.count(x) > 1})
+        if repeated:
+            raise ValueError(f"method names must be unique; repeated: {repeated}")
+        return self
+
+    def method(self, label: str) -> MethodSpec:
+        """The method configuration called ``label``."""
+        for spec in self.methods:
+            if spec.name == label:
+                return spec
+        raise ScenarioError(
+            f"scenario {self.name!r} has no method {label!r}; it has "
+            f"{[m.name for m in self.methods]}"
+        )
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def validate_scenario(data: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
+    """Build a :class:`Scenario` from plain data.
+
+    Raises
+    ------
+    ScenarioError
+        With one line per problem, each naming the field path (``partition.params``, ...).
+    """
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ScenarioError(f"{source} is invalid:\n{_format_errors(exc)}") from None
+
+
+def load_scenario(path: Path | str) -> Scenario:
+    """Read a scenario from a ``.yaml``/``.yml`` or ``.json`` file.
+
+    Raises
+    ------
+    ScenarioError
+        Missing file, unknown extension, a syntax error, or an invalid scenario.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ScenarioError(f"scenario file {str(file)!r} does not exist")
+    suffix = file.suffix.lower()
+    text = file.read_text(encoding="utf-8")
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"scenario file {str(file)!r} is not valid YAML: {exc}") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"scenario file {str(file)!r} is not valid JSON: {exc}") from None
+    else:
+        raise ScenarioError(
+            f"scenario file {str(file)!r}: unknown extension {suffix!r}; use .yaml, .yml or .json"
+        )
+    if data is None:
+        raise ScenarioError(f"scenario file {str(file)!r} is empty")
+    return validate_scenario(data, source=f"scenario file {str(file)!r}")
+
+
+def _parse_scalar(text: str) -> Any:
+    """A flag value: JSON when it parses (numbers, true/false, lists), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_key_values(items: list[str] | None, *, option: str) -> dict[str, Any]:
+    """Parse repeated ``KEY=VALUE`` flags; values are JSON when they parse, else strings.
+
+    Raises
+    ------
+    ScenarioError
+        An item without ``=`` or with an empty key.
+    """
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"{option} {item!r}: expected KEY=VALUE")
+        result[key.strip()] = _parse_scalar(value.strip())
+    return result
+
+
+_RESET_ON_CHANGE: Final[dict[str, str]] = {
+    "partition.method": "params",
+    "noise.protocol": "params",
+    "model.name": "params",
+}
+
+
+def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario:
+    """Return ``scenario`` with dotted-path overrides applied and validated again.
+
+    ``overrides`` maps paths such as ``"clients"``, ``"training.rounds"``,
+    ``"partition.params"`` (a dict, merged) or ``"methods"`` (a list, replaced) to values; a
+    ``None`` value means "not given" and is skipped. Selecting methods is done by the caller.
+
+    Raises
+    ------
+    ScenarioError
+        The result is invalid.
+    """
+    data = scenario.model_dump()
+    # A method/protocol change first, so parameters given with it land on the new one.
+    ordered = sorted(overrides.items(), key=lambda item: item[0] not in _RESET_ON_CHANGE)
+    for path, value in ordered:
+        if value is None:
+            continue
+        *parents, leaf = path.split(".")
+        reset = _RESET_ON_CHANGE.get(path)
+        if reset is not None and value != data[parents[0]][leaf]:
+            # Another partition method or noise protocol has other parameters.
+            data[parents[0]][reset] = {}
+        target = data
+        for part in parents:
+            target = target[part]
+        if isinstance(value, Mapping) and isinstance(target.get(leaf), dict):
+            target[leaf] = {**target[leaf], **value}
+        else:
+            target[leaf] = value
+    return validate_scenario(data, source="scenario with command-line overrides")
