@@ -1,0 +1,840 @@
+"""Results of simulated federations: records, metrics, JSON, CSV, plots, comparison table.
+
+EVALUATION.md, "The simulator" and "Metrics". A :class:`RunResult` is one method configuration
+run with one seed; it holds, per round, what the coordinator's stored audit said about every
+client next to the ground truth, and the global model's accuracy on the clean test split.
+:func:`summarise_run` turns it into the metrics EVALUATION.md defines (all computed with
+``service.simulation.metrics``):
+
+- Detection, per round after the federation's warm-up (``round >= warmup_rounds``, the resolved
+  value the coordinator stored) and at the last round: precision, recall, F1 and matching of the
+  primary detector's flags against the ground truth (an undetermined flag counts as "not
+  flagged"; the number of such rounds is reported); the matching ratio is the mean matching over
+  those rounds.
+- AUROC of the primary detector's noisiness score. Which score (``auroc_source``): ``fednoro``
+  uses the evidence ``gmm_noisy_probability``, the averaged GMM posterior *before* the separation
+  guard (equal to the verdict's score whenever the guard passed; the score is 0 for everybody
+  when the guard withheld the flags, which would make the AUROC meaningless); ``fedncl`` uses
+  q_k (higher = noisier); ``expertise`` uses 1 - expertise.
+- Spearman correlation with the *realised* noise rate of the expertise (FedRN reliability; a
+  good signal is strongly negative) and of each detector's noisiness score (same choices as
+  above, but expertise not inverted).
+- Label precision and recall of sample selection: the mean over the clients that reported
+  ``label_precision``/``label_recall`` in their round metrics (FedRN, RoFL), per round and at the
+  last round.
+- Model quality: best and last-10% mean of accuracy and balanced accuracy.
+- Cost: coordinator seconds per round (the round's ``coordinator_seconds``), bytes up and down per
+  client per round, SDK signal time relative to local training time.
+
+Ground truth: the noise protocol's rule (``NoiseReport.noisy_clients``): two-group protocols
+flag every client with a positive target rate, continuous ones a realised rate >= the scenario's
+threshold.
+
+Plots use matplotlib's object-oriented API on the Agg canvas (no pyplot state, no display).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from service.simulation.metrics import (
+    auroc,
+    detection_metrics,
+    spearman,
+    summarise_curve,
+)
+
+__all__ = [
+    "DETECTOR_NAMES",
+    "ClientRecord",
+    "ClientRoundRecord",
+    "RoundRecord",
+    "RunResult",
+    "comparison_rows",
+    "comparison_table",
+    "noisiness_score",
+    "plot_accuracy",
+    "plot_per_class_loss",
+    "plot_scores_vs_noise",
+    "round_metrics",
+    "summarise_run",
+    "write_outputs",
+    "write_run_csv",
+    "write_run_json",
+]
+
+#: Detectors the coordinator knows, in table order.
+DETECTOR_NAMES: Final[tuple[str, ...]] = ("fednoro", "fedncl", "expertise")
+
+
+@dataclass
+class ClientRecord:
+    """A simulated client and its ground truth."""
+
+    index: int
+    name: str
+    client_id: str
+    num_samples: int
+    class_counts: list[int]
+    target_rate: float
+    realised_rate: float
+    true_noisy: bool
+
+
+@dataclass
+class ClientRoundRecord:
+    """What one round's audit and training said about one client.
+
+    ``detectors`` maps a detector name to ``{"status", "score", "flag", "noisiness"}`` where
+    ``noisiness`` is the score used for AUROC/Spearman (module docstring).
+    """
+
+    name: str
+    role: str | None
+    detectors: dict[str, dict[str, Any]]
+    primary_flag: bool | None
+    status: str | None
+    expertise: float | None
+    neighbors: list[str] | None
+    self_weight: float | None
+    weight: float | None
+    train_loss: float | None
+    train_seconds: float
+    signal_seconds: float
+    upload_bytes: int
+    download_bytes: int
+    label_precision: float | None
+    label_recall: float | None
+    normalised_loss: list[float | None] | None = None
+    per_class_loss: list[float | None] | None = None
+
+
+@dataclass
+class RoundRecord:
+    """One closed round."""
+
+    index: int
+    in_warmup: bool
+    accuracy: float
+    balanced_accuracy: float
+    coordinator_seconds: float | None
+    wall_seconds: float
+    aggregation_rule: str | None
+    fallback_reason: str | None
+    primary: str | None
+    detector_status: dict[str, str | None]
+    detector_reason: dict[str, str | None]
+    ashman_d: float | None
+    clients: list[ClientRoundRecord]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """One method configuration run with one seed."""
+
+    scenario: str
+    label: str
+    seed: int
+    federation_id: str
+    config: dict[str, Any]
+    clients: list[ClientRecord]
+    rounds: list[RoundRecord]
+    noise_protocol: str
+    noise_threshold: float
+    num_classes: int
+    wall_seconds: float = 0.0
+    report: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def warmup_rounds(self) -> int:
+        """The federation's resolved warm-up (rounds before flags take effect)."""
+        return int(self.config.get("warmup_rounds", 0))
+
+    @property
+    def true_noisy(self) -> np.ndarray:
+        """Ground-truth noisy flags, in client order."""
+        return np.asarray([c.true_noisy for c in self.clients], dtype=bool)
+
+    @property
+    def realised_rates(self) -> np.ndarray:
+        """Realised noise rates, in client order."""
+        return np.asarray([c.realised_rate for c in self.clients], dtype=np.float64)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (no NaN)."""
+        data: dict[str, Any] = _clean(dataclasses.asdict(self))
+        return data
+
+
+def _clean(value: Any) -> Any:
+    """Replace non-finite floats by None so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        return _clean(value.item())
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def noisiness_score(detector: str, verdict: Mapping[str, Any] | None) -> float | None:
+    """The per-client score used for AUROC and Spearman (module docstring).
+
+    Parameters
+    ----------
+    detector : str
+        ``fednoro``, ``fedncl`` or ``expertise`` (another name: its verdict score).
+    verdict : mapping or None
+        One stored verdict ``{"score", "flag", "evidence"}``; None when undetermined.
+    """
+    if verdict is None:
+        return None
+    if detector == "fednoro":
+        value = (verdict.get("evidence") or {}).get("gmm_noisy_probability")
+        if value is None:
+            value = verdict.get("score")
+    else:
+        value = verdict.get("score")
+    return None if value is None else float(value)
+
+
+def _primary_auroc_scores(run: RunResult, record: RoundRecord) -> tuple[list[float] | None, str]:
+    primary = record.primary or ""
+    scores: list[float] = []
+    for client in record.clients:
+        value = client.detectors.get(primary, {}).get("noisiness")
+        if value is None:
+            return None, _SOURCES.get(primary, "score")
+        scores.append(1.0 - value if primary == "expertise" else value)
+    return scores, _SOURCES.get(primary, "score")
+
+
+_SOURCES: Final[dict[str, str]] = {
+    "fednoro": "evidence.gmm_noisy_probability (GMM posterior before the separation guard)",
+    "fedncl": "score q_k (higher = noisier)",
+    "expertise": "1 - expertise",
+}
+
+
+def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
+    """Detection, AUROC, Spearman and label-selection metrics of one round."""
+    truth = run.true_noisy
+    rates = run.realised_rates
+    flags = [c.primary_flag for c in record.clients]
+    undetermined = any(f is None for f in flags)
+    detection = detection_metrics(truth, np.asarray([bool(f) for f in flags], dtype=bool))
+    scores, source = _primary_auroc_scores(run, record)
+    result: dict[str, Any] = {
+        "precision": detection["precision"],
+        "recall": detection["recall"],
+        "f1": detection["f1"],
+        "matching": detection["matching"],
+        "flagged": [c.name for c in record.clients if c.primary_flag],
+        "primary_undetermined": undetermined,
+        "auroc": None if scores is None else auroc(truth, np.asarray(scores)),
+        "auroc_source": source,
+    }
+    correlations: dict[str, float | None] = {}
+    expertise = [c.expertise for c in record.clients]
+    correlations["expertise"] = (
+        None
+        if any(v is None for v in expertise)
+        else spearman(np.asarray(expertise, dtype=np.float64), rates)
+    )
+    names = sorted({name for c in record.clients for name in c.detectors})
+    for name in names:
+        values = [c.detectors.get(name, {}).get("noisiness") for c in record.clients]
+        correlations[f"{name}_score"] = (
+            None
+            if any(v is None for v in values)
+            else spearman(np.asarray(values, dtype=np.float64), rates)
+        )
+    result["spearman"] = correlations
+    precision = [c.label_precision for c in record.clients if c.label_precision is not None]
+    recall = [c.label_recall for c in record.clients if c.label_recall is not None]
+    result["label_precision"] = float(np.mean(precision)) if precision else None
+    result["label_recall"] = float(np.mean(recall)) if recall else None
+    return result
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def summarise_run(run: RunResult) -> dict[str, Any]:
+    """Fill every round's ``metrics`` and return the run's summary (also stored on ``run``)."""
+    if not run.rounds:
+        raise ValueError(f"run {run.label!r} (seed {run.seed}) has no closed round to summarise")
+    for record in run.rounds:
+        record.metrics = round_metrics(run, record)
+    after = [r for r in run.rounds if r.index >= run.warmup_rounds] or run.rounds[-1:]
+    last = run.rounds[-1]
+    accuracy = summarise_curve([r.accuracy for r in run.rounds])
+    balanced = summarise_curve([r.balanced_accuracy for r in run.rounds])
+    client_rounds = [c for r in run.rounds for c in r.clients]
+    train = sum(c.train_seconds for c in client_rounds)
+    signal = sum(c.signal_seconds for c in client_rounds)
+    truth = run.true_noisy
+    summary: dict[str, Any] = {
+        "label": run.label,
+        "seed": run.seed,
+        "rounds": len(run.rounds),
+        "warmup_rounds": run.warmup_rounds,
+        "clients": len(run.clients),
+        "true_noisy": int(truth.sum()),
+        "ground_truth_rule": (
+            f"realised rate >= {run.noise_threshold}"
+            if run.noise_protocol in ("linear", "truncated_gaussian")
+            else "target rate > 0"
+        ),
+        "primary_detector": last.primary,
+        "final": {
+            key: last.metrics[key]
+            for key in ("precision", "recall", "f1", "matching", "auroc", "flagged")
+        },
+        "after_warmup": {
+            "rounds": len(after),
+            "precision": _mean(r.metrics["precision"] for r in after),
+            "recall": _mean(r.metrics["recall"] for r in after),
+            "f1": _mean(r.metrics["f1"] for r in after),
+            "matching_ratio": _mean(r.metrics["matching"] for r in after),
+            "auroc": _mean(r.metrics["auroc"] for r in after),
+            "rounds_primary_undetermined": sum(
+                1 for r in after if r.metrics["primary_undetermined"]
+            ),
+        },
+        "auroc_source": last.metrics["auroc_source"],
+        "spearman_final": dict(last.metrics["spearman"]),
+        "label_precision_final": last.metrics["label_precision"],
+        "label_recall_final": last.metrics["label_recall"],
+        "label_precision_mean": _mean(r.metrics["label_precision"] for r in run.rounds),
+        "label_recall_mean": _mean(r.metrics["label_recall"] for r in run.rounds),
+        "accuracy": dict(accuracy),
+        "balanced_accuracy": dict(balanced),
+        "final_accuracy": last.accuracy,
+        "final_balanced_accuracy": last.balanced_accuracy,
+        "coordinator_seconds_mean": _mean(r.coordinator_seconds for r in run.rounds),
+        "bytes_up_per_client_round": _mean(c.upload_bytes for c in client_rounds),
+        "bytes_down_per_client_round": _mean(c.download_bytes for c in client_rounds),
+        "signal_to_train_time": signal / train if train > 0 else None,
+        "final_status": {c.name: c.status for c in last.clients},
+        "wall_seconds": run.wall_seconds,
+    }
+    run.summary = _clean(summary)
+    return run.summary
+
+
+# --------------------------------------------------------------------------------------------
+# JSON and CSV
+
+
+def _stem(run: RunResult) -> str:
+    return f"{run.label}_seed{run.seed}"
+
+
+def write_run_json(run: RunResult, directory: Path) -> Path:
+    """Write ``<label>_seed<seed>.json`` (the whole run, strict JSON); return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{_stem(run)}.json"
+    path.write_text(json.dumps(run.to_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else ""
+    if isinstance(value, list | tuple):
+        return ";".join(_cell(v) for v in value)
+    return str(value)
+
+
+ROUND_COLUMNS: Final[tuple[str, ...]] = (
+    "label",
+    "seed",
+    "round",
+    "in_warmup",
+    "accuracy",
+    "balanced_accuracy",
+    "coordinator_seconds",
+    "wall_seconds",
+    "aggregation_rule",
+    "fallback_reason",
+    "primary",
+    "primary_status",
+    "ashman_d",
+    "precision",
+    "recall",
+    "f1",
+    "matching",
+    "auroc",
+    "spearman_expertise",
+    "label_precision",
+    "label_recall",
+    "flagged",
+)
+
+
+def _client_columns(detectors: Sequence[str]) -> list[str]:
+    columns = [
+        "label",
+        "seed",
+        "round",
+        "in_warmup",
+        "client",
+        "target_rate",
+        "true_noise_rate",
+        "true_noisy",
+        "role",
+    ]
+    for name in detectors:
+        columns += [f"{name}_status", f"{name}_score", f"{name}_flag", f"{name}_noisiness"]
+    columns += [
+        "primary_flag",
+        "status",
+        "expertise",
+        "neighbors",
+        "self_weight",
+        "weight",
+        "train_loss",
+        "label_precision",
+        "label_recall",
+        "upload_bytes",
+        "download_bytes",
+    ]
+    return columns
+
+
+def _detectors_of(runs: Iterable[RunResult]) -> list[str]:
+    seen = {name for run in runs for r in run.rounds for c in r.clients for name in c.detectors}
+    known = [d for d in DETECTOR_NAMES if d in seen]
+    return known + sorted(seen - set(known))
+
+
+def write_run_csv(runs: Sequence[RunResult], directory: Path) -> tuple[Path, Path]:
+    """Write ``rounds.csv`` (one row per run and round) and ``clients.csv`` (per run, round,
+    client); return both paths. Call :func:`summarise_run` first (for the metrics columns)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rounds_path = directory / "rounds.csv"
+    clients_path = directory / "clients.csv"
+    detectors = _detectors_of(runs)
+    with rounds_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(ROUND_COLUMNS)
+        for run in runs:
+            for r in run.rounds:
+                m = r.metrics
+                writer.writerow(
+                    _cell(v)
+                    for v in (
+                        run.label,
+                        run.seed,
+                        r.index,
+                        r.in_warmup,
+                        r.accuracy,
+                        r.balanced_accuracy,
+                        r.coordinator_seconds,
+                        r.wall_seconds,
+                        r.aggregation_rule,
+                        r.fallback_reason,
+                        r.primary,
+                        r.detector_status.get(r.primary or ""),
+                        r.ashman_d,
+                        m.get("precision"),
+                        m.get("recall"),
+                        m.get("f1"),
+                        m.get("matching"),
+                        m.get("auroc"),
+                        (m.get("spearman") or {}).get("expertise"),
+                        m.get("label_precision"),
+                        m.get("label_recall"),
+                        m.get("flagged"),
+                    )
+                )
+    with clients_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(_client_columns(detectors))
+        for run in runs:
+            truth = {c.name: c for c in run.clients}
+            for r in run.rounds:
+                for c in r.clients:
+                    gt = truth[c.name]
+                    row: list[Any] = [
+                        run.label,
+                        run.seed,
+                        r.index,
+                        r.in_warmup,
+                        c.name,
+                        gt.target_rate,
+                        gt.realised_rate,
+                        gt.true_noisy,
+                        c.role,
+                    ]
+                    for name in detectors:
+                        entry = c.detectors.get(name, {})
+                        row += [
+                            entry.get("status"),
+                            entry.get("score"),
+                            entry.get("flag"),
+                            entry.get("noisiness"),
+                        ]
+                    row += [
+                        c.primary_flag,
+                        c.status,
+                        c.expertise,
+                        c.neighbors,
+                        c.self_weight,
+                        c.weight,
+                        c.train_loss,
+                        c.label_precision,
+                        c.label_recall,
+                        c.upload_bytes,
+                        c.download_bytes,
+                    ]
+                    writer.writerow(_cell(v) for v in row)
+    return rounds_path, clients_path
+
+
+SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
+    "label",
+    "seed",
+    "rounds",
+    "warmup_rounds",
+    "true_noisy",
+    "primary_detector",
+    "final_precision",
+    "final_recall",
+    "final_f1",
+    "final_matching",
+    "final_auroc",
+    "matching_ratio",
+    "mean_f1_after_warmup",
+    "spearman_expertise",
+    "spearman_fednoro",
+    "spearman_fedncl",
+    "label_precision",
+    "label_recall",
+    "accuracy_best",
+    "accuracy_last10",
+    "balanced_accuracy_best",
+    "balanced_accuracy_last10",
+    "coordinator_seconds_mean",
+    "bytes_up_per_client_round",
+    "bytes_down_per_client_round",
+    "signal_to_train_time",
+    "wall_seconds",
+)
+
+
+def _summary_row(run: RunResult) -> list[Any]:
+    s = run.summary
+    final = s["final"]
+    spear = s["spearman_final"]
+    return [
+        run.label,
+        run.seed,
+        s["rounds"],
+        s["warmup_rounds"],
+        s["true_noisy"],
+        s["primary_detector"],
+        final["precision"],
+        final["recall"],
+        final["f1"],
+        final["matching"],
+        final["auroc"],
+        s["after_warmup"]["matching_ratio"],
+        s["after_warmup"]["f1"],
+        spear.get("expertise"),
+        spear.get("fednoro_score"),
+        spear.get("fedncl_score"),
+        s["label_precision_final"],
+        s["label_recall_final"],
+        s["accuracy"]["best"],
+        s["accuracy"]["last10"],
+        s["balanced_accuracy"]["best"],
+        s["balanced_accuracy"]["last10"],
+        s["coordinator_seconds_mean"],
+        s["bytes_up_per_client_round"],
+        s["bytes_down_per_client_round"],
+        s["signal_to_train_time"],
+        s["wall_seconds"],
+    ]
+
+
+def write_summary_csv(runs: Sequence[RunResult], path: Path) -> Path:
+    """One row per run (``summary.csv``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(SUMMARY_COLUMNS)
+        for run in runs:
+            writer.writerow(_cell(v) for v in _summary_row(run))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# comparison table
+
+
+def _fmt_stat(values: Sequence[float | None], fmt: str = ".3f") -> str:
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return "-"
+    if len(kept) == 1:
+        return format(kept[0], fmt)
+    return f"{format(float(np.mean(kept)), fmt)} ± {format(float(np.std(kept)), fmt)}"
+
+
+COMPARISON_COLUMNS: Final[tuple[str, ...]] = (
+    "method",
+    "seeds",
+    "acc best",
+    "acc last10%",
+    "bal. acc last10%",
+    "precision",
+    "recall",
+    "F1",
+    "matching ratio",
+    "AUROC",
+    "Spearman expertise",
+    "coord. s/round",
+)
+
+
+def comparison_rows(runs: Sequence[RunResult]) -> list[list[str]]:
+    """One row per method label (mean ± std over seeds), in first-seen order.
+
+    Detection columns are the last round's precision, recall and F1 and the matching ratio over
+    the rounds after warm-up; AUROC is the last round's.
+    """
+    labels: list[str] = []
+    for run in runs:
+        if run.label not in labels:
+            labels.append(run.label)
+    rows = []
+    for label in labels:
+        group = [r.summary for r in runs if r.label == label]
+        rows.append(
+            [
+                label,
+                ",".join(str(s["seed"]) for s in group),
+                _fmt_stat([s["accuracy"]["best"] for s in group]),
+                _fmt_stat([s["accuracy"]["last10"] for s in group]),
+                _fmt_stat([s["balanced_accuracy"]["last10"] for s in group]),
+                _fmt_stat([s["final"]["precision"] for s in group], ".2f"),
+                _fmt_stat([s["final"]["recall"] for s in group], ".2f"),
+                _fmt_stat([s["final"]["f1"] for s in group], ".2f"),
+                _fmt_stat([s["after_warmup"]["matching_ratio"] for s in group], ".2f"),
+                _fmt_stat([s["final"]["auroc"] for s in group], ".2f"),
+                _fmt_stat([s["spearman_final"].get("expertise") for s in group], ".2f"),
+                _fmt_stat([s["coordinator_seconds_mean"] for s in group], ".2f"),
+            ]
+        )
+    return rows
+
+
+def comparison_table(runs: Sequence[RunResult], *, title: str = "") -> Any:
+    """The comparison as a ``rich.table.Table`` (see :func:`comparison_rows`)."""
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    for i, column in enumerate(COMPARISON_COLUMNS):
+        table.add_column(column, justify="left" if i < 2 else "right")
+    for row in comparison_rows(runs):
+        table.add_row(*row)
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def plot_accuracy(runs: Sequence[RunResult], path: Path) -> Path:
+    """Accuracy and balanced accuracy per round, one line per method (mean over seeds, the
+    band is the min-max over seeds)."""
+    from matplotlib.ticker import MaxNLocator
+
+    figure = _figure(10, 4)
+    axes = figure.subplots(1, 2)
+    labels: list[str] = []
+    for run in runs:
+        if run.label not in labels:
+            labels.append(run.label)
+    for ax, key, title in (
+        (axes[0], "accuracy", "test accuracy"),
+        (axes[1], "balanced_accuracy", "test balanced accuracy"),
+    ):
+        for label in labels:
+            group = [r for r in runs if r.label == label]
+            length = min(len(r.rounds) for r in group)
+            values = np.asarray(
+                [[getattr(rec, key) for rec in r.rounds[:length]] for r in group], dtype=np.float64
+            )
+            x = np.arange(1, length + 1)
+            (line,) = ax.plot(x, values.mean(axis=0), label=label)
+            if len(group) > 1:
+                ax.fill_between(
+                    x, values.min(axis=0), values.max(axis=0), alpha=0.2, color=line.get_color()
+                )
+        warmup = runs[0].warmup_rounds if runs else 0
+        if warmup:
+            ax.axvline(warmup + 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("rounds completed")
+        ax.set_title(title)
+        ax.set_ylim(0.0, 1.0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def plot_scores_vs_noise(runs: Sequence[RunResult], path: Path) -> Path:
+    """Each detector's noisiness score (last round) against the realised noise rate; one row
+    per method (first seed), one column per detector; filled markers were flagged."""
+    firsts: list[RunResult] = []
+    for run in runs:
+        if run.label not in {r.label for r in firsts}:
+            firsts.append(run)
+    detectors = _detectors_of(firsts) or ["fednoro"]
+    figure = _figure(3.6 * len(detectors), 3.2 * len(firsts))
+    grid = figure.subplots(len(firsts), len(detectors), squeeze=False)
+    for row, run in enumerate(firsts):
+        last = run.rounds[-1]
+        rates = {c.name: c.realised_rate for c in run.clients}
+        truth = {c.name: c.true_noisy for c in run.clients}
+        for col, name in enumerate(detectors):
+            ax = grid[row][col]
+            xs, ys, flagged, noisy = [], [], [], []
+            for c in last.clients:
+                entry = c.detectors.get(name, {})
+                if entry.get("noisiness") is None:
+                    continue
+                xs.append(rates[c.name])
+                ys.append(entry["noisiness"])
+                flagged.append(bool(entry.get("flag")))
+                noisy.append(truth[c.name])
+            if xs:
+                colours = ["tab:red" if n else "tab:blue" for n in noisy]
+                faces = [col_ if f else "none" for col_, f in zip(colours, flagged, strict=True)]
+                ax.scatter(xs, ys, edgecolors=colours, facecolors=faces, s=36)
+            else:
+                ax.text(0.5, 0.5, "undetermined", ha="center", va="center", transform=ax.transAxes)
+            score_name = {
+                "fednoro": "GMM p(noisy)",
+                "fedncl": "Fed-NCL q",
+                "expertise": "expertise",
+            }.get(name, f"{name} score")
+            ax.set_title(f"{run.label} run: {score_name} (round {last.index})", fontsize=9)
+            ax.set_xlabel("true (realised) noise rate")
+            ax.grid(alpha=0.3)
+    figure.suptitle(
+        "detector score vs true noise (red = truly noisy, filled = flagged)", fontsize=10
+    )
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def plot_per_class_loss(run: RunResult, path: Path) -> Path | None:
+    """Heat map of the last round's FedNoRo per-class losses (min-max normalised across
+    clients, the detector's input), clients sorted by true noise rate. Falls back to the raw
+    reported losses when no FedNoRo evidence is stored. Returns None when neither exists."""
+    last = run.rounds[-1]
+    key = "normalised_loss"
+    if all(c.normalised_loss is None for c in last.clients):
+        key = "per_class_loss"
+        if all(c.per_class_loss is None for c in last.clients):
+            return None
+    rates = {c.name: c.realised_rate for c in run.clients}
+    ordered = sorted(last.clients, key=lambda c: (rates[c.name], c.name))
+    matrix = np.full((len(ordered), run.num_classes), np.nan)
+    for i, c in enumerate(ordered):
+        values = getattr(c, key) or []
+        for j, v in enumerate(values[: run.num_classes]):
+            if v is not None:
+                matrix[i, j] = float(v)
+    figure = _figure(1.0 + 0.5 * run.num_classes, 1.2 + 0.28 * len(ordered))
+    ax = figure.subplots()
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap="viridis")
+    figure.colorbar(image, ax=ax, label="normalised loss" if key == "normalised_loss" else "loss")
+    ax.set_yticks(range(len(ordered)))
+    ax.set_yticklabels([f"{c.name} ({rates[c.name]:.2f})" for c in ordered], fontsize=7)
+    ax.set_xticks(range(run.num_classes))
+    ax.set_xlabel("class")
+    ax.set_title(f"{run.label} seed {run.seed}: per-class loss, round {last.index}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# everything at once
+
+
+def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = True) -> list[Path]:
+    """Summarise every run and write JSON, CSV and (optionally) PNG plots under ``directory``.
+
+    Files: ``runs/<label>_seed<seed>.json``, ``results.json`` (every run's summary),
+    ``rounds.csv``, ``clients.csv``, ``summary.csv``, ``accuracy.png``,
+    ``scores_vs_noise.png``, ``per_class_loss_<label>_seed<seed>.png`` (first seed of each
+    method).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        if not run.summary:
+            summarise_run(run)
+    written = [write_run_json(run, directory / "runs") for run in runs]
+    overview = directory / "results.json"
+    overview.write_text(
+        json.dumps({"runs": [_clean(run.summary) for run in runs]}, indent=1, allow_nan=False)
+        + "\n",
+        encoding="utf-8",
+    )
+    written.append(overview)
+    written.extend(write_run_csv(runs, directory))
+    written.append(write_summary_csv(runs, directory / "summary.csv"))
+    if plots and runs:
+        written.append(plot_accuracy(runs, directory / "accuracy.png"))
+        written.append(plot_scores_vs_noise(runs, directory / "scores_vs_noise.png"))
+        done: set[str] = set()
+        for run in runs:
+            if run.label in done:
+                continue
+            done.add(run.label)
+            heat = plot_per_class_loss(run, directory / f"per_class_loss_{_stem(run)}.png")
+            if heat is not None:
+                written.append(heat)
+    return written

@@ -1,0 +1,387 @@
+"""Run records, metrics, JSON/CSV writers, the comparison table and plots (results.py).
+
+The runs here are written by hand: four clients a, b (clean), c (rate 0.5) and d (rate 0.8),
+three rounds, a one-round warm-up. Every expected number is worked out in the comments.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.simulation.results import (
+    ClientRecord,
+    ClientRoundRecord,
+    RoundRecord,
+    RunResult,
+    comparison_rows,
+    comparison_table,
+    noisiness_score,
+    round_metrics,
+    summarise_run,
+    write_outputs,
+    write_run_csv,
+    write_run_json,
+)
+
+RATES = {"a": 0.0, "b": 0.0, "c": 0.5, "d": 0.8}
+
+
+def client_round(
+    name: str,
+    *,
+    flag: bool | None,
+    score: float | None,
+    gmm: float | None,
+    expertise: float | None,
+    label_precision: float | None = None,
+    label_recall: float | None = None,
+    train_loss: float | None = 0.5,
+) -> ClientRoundRecord:
+    verdict = (
+        None
+        if score is None
+        else {"score": score, "flag": flag, "evidence": {"gmm_noisy_probability": gmm}}
+    )
+    return ClientRoundRecord(
+        name=name,
+        role="clean",
+        detectors={
+            "fednoro": {
+                "status": "ok" if verdict is not None else "undetermined",
+                "score": score,
+                "flag": flag,
+                "noisiness": noisiness_score("fednoro", verdict),
+            },
+            "expertise": {
+                "status": "ok",
+                "score": expertise,
+                "flag": None,
+                "noisiness": expertise,
+            },
+        },
+        primary_flag=flag,
+        status="trusted",
+        expertise=expertise,
+        neighbors=[n for n in ("a", "b", "c", "d") if n != name][:2],
+        self_weight=0.5,
+        weight=0.25,
+        train_loss=train_loss,
+        train_seconds=1.0,
+        signal_seconds=0.1,
+        upload_bytes=100,
+        download_bytes=200,
+        label_precision=label_precision,
+        label_recall=label_recall,
+        normalised_loss=[RATES[name], None, 1.0 - RATES[name]],
+    )
+
+
+def make_round(index: int, rows: list[ClientRoundRecord], acc: float, bal: float, coord: Any):
+    return RoundRecord(
+        index=index,
+        in_warmup=index < 1,
+        accuracy=acc,
+        balanced_accuracy=bal,
+        coordinator_seconds=coord,
+        wall_seconds=2.0,
+        aggregation_rule="daagg",
+        fallback_reason=None,
+        primary="fednoro",
+        detector_status={"fednoro": "ok", "expertise": "ok"},
+        detector_reason={"fednoro": None, "expertise": None},
+        ashman_d=3.0,
+        clients=rows,
+    )
+
+
+def make_run(seed: int = 0, accuracies=(0.5, 0.7, 0.6), label: str = "fednoro") -> RunResult:
+    clients = [
+        ClientRecord(
+            index=i,
+            name=name,
+            client_id=f"id-{name}",
+            num_samples=10,
+            class_counts=[5, 0, 5],
+            target_rate=rate,
+            realised_rate=rate,
+            true_noisy=rate > 0,
+        )
+        for i, (name, rate) in enumerate(RATES.items())
+    ]
+    round0 = [  # warm-up: c flagged only
+        client_round("a", flag=False, score=0.1, gmm=0.1, expertise=1.0),
+        client_round("b", flag=False, score=0.2, gmm=0.2, expertise=0.9),
+        client_round("c", flag=True, score=0.9, gmm=0.9, expertise=0.4),
+        client_round("d", flag=False, score=0.3, gmm=0.3, expertise=0.1),
+    ]
+    round1 = [  # b, c, d flagged
+        client_round("a", flag=False, score=0.1, gmm=0.1, expertise=1.0),
+        client_round("b", flag=True, score=0.6, gmm=0.6, expertise=0.8),
+        client_round("c", flag=True, score=0.9, gmm=0.9, expertise=0.5),
+        client_round("d", flag=True, score=0.8, gmm=0.8, expertise=0.2),
+    ]
+    round2 = [  # the separation guard withheld the flags: scores 0, the posterior in evidence
+        client_round("a", flag=False, score=0.0, gmm=0.1, expertise=1.0, train_loss=math.nan),
+        client_round("b", flag=False, score=0.0, gmm=0.6, expertise=0.8),
+        client_round(
+            "c",
+            flag=False,
+            score=0.0,
+            gmm=0.9,
+            expertise=0.5,
+            label_precision=0.5,
+            label_recall=0.9,
+        ),
+        client_round(
+            "d",
+            flag=False,
+            score=0.0,
+            gmm=0.8,
+            expertise=0.2,
+            label_precision=0.7,
+            label_recall=1.0,
+        ),
+    ]
+    balanced = (0.4, 0.65, 0.55)
+    rounds = [
+        make_round(0, round0, accuracies[0], balanced[0], 0.1),
+        make_round(1, round1, accuracies[1], balanced[1], 0.2),
+        make_round(2, round2, accuracies[2], balanced[2], None),
+    ]
+    return RunResult(
+        scenario="unit",
+        label=label,
+        seed=seed,
+        federation_id="fed",
+        config={"warmup_rounds": 1, "method": "fednoro"},
+        clients=clients,
+        rounds=rounds,
+        noise_protocol="rho_range",
+        noise_threshold=0.1,
+        num_classes=3,
+    )
+
+
+def test_noisiness_score_prefers_the_gmm_posterior_for_fednoro():
+    verdict = {"score": 0.0, "flag": False, "evidence": {"gmm_noisy_probability": 0.7}}
+    assert noisiness_score("fednoro", verdict) == 0.7
+    assert noisiness_score("fednoro", {"score": 0.4, "flag": True, "evidence": {}}) == 0.4
+    assert noisiness_score("fedncl", {"score": 12.5, "flag": True, "evidence": {}}) == 12.5
+    assert noisiness_score("fednoro", None) is None
+
+
+def test_round_metrics_by_hand():
+    run = make_run()
+    m1 = round_metrics(run, run.rounds[1])
+    # flagged {b, c, d}, truly noisy {c, d}: precision 2/3, recall 2/2, F1 2PR/(P+R) = 0.8.
+    assert m1["precision"] == pytest.approx(2 / 3)
+    assert m1["recall"] == 1.0
+    assert m1["f1"] == pytest.approx(0.8)
+    assert m1["matching"] == 0.0
+    assert m1["flagged"] == ["b", "c", "d"]
+    # Noisy scores {0.9, 0.8} beat both clean scores {0.1, 0.6} in all 4 pairs: AUROC 1.
+    assert m1["auroc"] == 1.0
+    # Expertise [1.0, 0.8, 0.5, 0.2] vs rates [0, 0, 0.5, 0.8]: centred ranks
+    # [1.5, 0.5, -0.5, -1.5] and [-1, -1, 0.5, 1.5]; sum of products -4.5,
+    # sqrt(5 * 4.5) = sqrt(22.5): rho = -4.5 / 4.7434 = -0.9487.
+    assert m1["spearman"]["expertise"] == pytest.approx(-4.5 / math.sqrt(22.5))
+    # GMM posterior [0.1, 0.6, 0.9, 0.8]: centred ranks [-1.5, -0.5, 1.5, 0.5];
+    # products with the rate ranks 1.5 + 0.5 + 0.75 + 0.75 = 3.5: rho = 3.5 / 4.7434.
+    assert m1["spearman"]["fednoro_score"] == pytest.approx(3.5 / math.sqrt(22.5))
+    assert m1["label_precision"] is None
+
+
+def test_guard_withheld_flags_use_the_posterior_for_auroc():
+    run = make_run()
+    m2 = round_metrics(run, run.rounds[2])
+    # Nobody flagged while c and d are noisy: precision 0 (nothing claimed, something to
+    # find), recall 0, F1 0.
+    assert (m2["precision"], m2["recall"], m2["f1"], m2["matching"]) == (0.0, 0.0, 0.0, 0.0)
+    # The verdict scores are all 0 (an AUROC of 0.5); the posterior [0.1, 0.6, 0.9, 0.8] is
+    # what the AUROC is computed from: 1.0.
+    assert m2["auroc"] == 1.0
+    assert m2["auroc_source"].startswith("evidence.gmm_noisy_probability")
+    # Label selection: mean over the reporting clients c and d.
+    assert m2["label_precision"] == pytest.approx((0.5 + 0.7) / 2)
+    assert m2["label_recall"] == pytest.approx((0.9 + 1.0) / 2)
+
+
+def test_undetermined_primary_counts_as_not_flagged():
+    run = make_run()
+    record = copy.deepcopy(run.rounds[1])
+    record.clients[2] = client_round("c", flag=None, score=None, gmm=None, expertise=0.5)
+    m = round_metrics(run, record)
+    # flagged {b, d} of noisy {c, d}: precision 1/2, recall 1/2.
+    assert (m["precision"], m["recall"]) == (0.5, 0.5)
+    assert m["primary_undetermined"] is True
+    assert m["auroc"] is None  # a missing score makes the AUROC undefined
+    assert m["spearman"]["fednoro_score"] is None
+
+
+def test_summary_by_hand():
+    run = make_run()
+    s = summarise_run(run)
+    assert s is run.summary
+    assert s["warmup_rounds"] == 1
+    assert s["true_noisy"] == 2
+    assert s["ground_truth_rule"] == "target rate > 0"
+    # After the warm-up: rounds 1 and 2. Means: precision (2/3 + 0) / 2, recall (1 + 0) / 2,
+    # F1 (0.8 + 0) / 2, matching (0 + 0) / 2, AUROC (1 + 1) / 2.
+    after = s["after_warmup"]
+    assert after["rounds"] == 2
+    assert after["precision"] == pytest.approx(1 / 3)
+    assert after["recall"] == 0.5
+    assert after["f1"] == pytest.approx(0.4)
+    assert after["matching_ratio"] == 0.0
+    assert after["auroc"] == 1.0
+    assert s["final"]["f1"] == 0.0
+    assert s["final"]["auroc"] == 1.0
+    # Accuracy [0.5, 0.7, 0.6]: best 0.7, last ceil(3/10) = 1 round: 0.6.
+    assert s["accuracy"] == {"best": 0.7, "last10": 0.6}
+    assert s["balanced_accuracy"] == {"best": 0.65, "last10": 0.55}
+    # Coordinator seconds (0.1, 0.2, unknown): mean of the known 0.15.
+    assert s["coordinator_seconds_mean"] == pytest.approx(0.15)
+    assert s["bytes_up_per_client_round"] == 100
+    assert s["bytes_down_per_client_round"] == 200
+    # 12 client rounds of 0.1 s signals and 1.0 s training.
+    assert s["signal_to_train_time"] == pytest.approx(0.1)
+    assert s["label_precision_final"] == pytest.approx(0.6)
+    assert s["final_status"] == {"a": "trusted", "b": "trusted", "c": "trusted", "d": "trusted"}
+
+
+def test_continuous_protocols_state_their_threshold():
+    run = make_run()
+    run.noise_protocol = "linear"
+    run.noise_threshold = 0.2
+    assert summarise_run(run)["ground_truth_rule"] == "realised rate >= 0.2"
+
+
+def test_summary_of_a_run_without_rounds_is_an_error():
+    run = make_run()
+    run.rounds = []
+    with pytest.raises(ValueError, match="has no closed round"):
+        summarise_run(run)
+
+
+def test_json_is_strict_and_complete(tmp_path: Path):
+    run = make_run()
+    summarise_run(run)
+    path = write_run_json(run, tmp_path)
+    assert path.name == "fednoro_seed0.json"
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    assert [c["name"] for c in data["clients"]] == ["a", "b", "c", "d"]
+    assert len(data["rounds"]) == 3
+    # The NaN training loss of client a in round 2 became null.
+    assert data["rounds"][2]["clients"][0]["train_loss"] is None
+    assert data["rounds"][1]["clients"][1]["detectors"]["fednoro"]["flag"] is True
+    assert data["summary"]["accuracy"] == {"best": 0.7, "last10": 0.6}
+
+
+def test_csv_rows_per_round_and_per_client(tmp_path: Path):
+    run = make_run()
+    summarise_run(run)
+    rounds_path, clients_path = write_run_csv([run], tmp_path)
+    with rounds_path.open() as handle:
+        rounds = list(csv.DictReader(handle))
+    assert [r["round"] for r in rounds] == ["0", "1", "2"]
+    assert rounds[1]["flagged"] == "b;c;d"
+    assert rounds[1]["precision"] == "0.666667"
+    assert rounds[0]["in_warmup"] == "1"
+    assert rounds[2]["coordinator_seconds"] == ""
+    with clients_path.open() as handle:
+        clients = list(csv.DictReader(handle))
+    assert len(clients) == 12  # 3 rounds x 4 clients
+    b1 = clients[4 + 1]  # round 1, client b
+    assert (b1["round"], b1["client"], b1["true_noise_rate"], b1["true_noisy"]) == (
+        "1",
+        "b",
+        "0",
+        "0",
+    )
+    assert (b1["fednoro_flag"], b1["fednoro_score"], b1["primary_flag"]) == ("1", "0.6", "1")
+    assert b1["neighbors"] == "a;c"
+    assert b1["expertise_score"] == "0.8"
+    d2 = clients[8 + 3]  # round 2, client d: guard withheld, posterior kept as noisiness
+    assert (d2["fednoro_score"], d2["fednoro_noisiness"], d2["label_precision"]) == (
+        "0",
+        "0.8",
+        "0.7",
+    )
+    # No Fed-NCL in these runs: no Fed-NCL columns.
+    assert not any(key.startswith("fedncl") for key in clients[0])
+
+
+def test_comparison_rows_mean_and_std_over_seeds():
+    runs = [
+        make_run(seed=0, accuracies=(0.5, 0.7, 0.6)),
+        make_run(seed=1, accuracies=(0.5, 0.9, 0.8)),
+        make_run(seed=0, accuracies=(0.2, 0.3, 0.4), label="fedavg"),
+    ]
+    for run in runs:
+        summarise_run(run)
+    rows = comparison_rows(runs)
+    assert [row[0] for row in rows] == ["fednoro", "fedavg"]
+    assert rows[0][1] == "0,1"
+    # Best accuracy 0.7 and 0.9: mean 0.8, population std 0.1. Last-10%: 0.6 and 0.8.
+    assert rows[0][2] == "0.800 ± 0.100"
+    assert rows[0][3] == "0.700 ± 0.100"
+    assert rows[1][2] == "0.400"
+    assert rows[1][3] == "0.400"
+    # Final precision is 0 in every run (guard withheld); matching ratio 0.
+    assert rows[0][5] == "0.00 ± 0.00"
+    table = comparison_table(runs, title="t")
+    assert table.row_count == 2
+    assert [c.header for c in table.columns][:3] == ["method", "seeds", "acc best"]
+
+
+def test_write_outputs_writes_every_file_and_valid_pngs(tmp_path: Path):
+    runs = [make_run(), make_run(label="fedavg")]
+    files = write_outputs(runs, tmp_path)
+    names = sorted(str(p.relative_to(tmp_path)) for p in files)
+    assert names == [
+        "accuracy.png",
+        "clients.csv",
+        "per_class_loss_fedavg_seed0.png",
+        "per_class_loss_fednoro_seed0.png",
+        "results.json",
+        "rounds.csv",
+        "runs/fedavg_seed0.json",
+        "runs/fednoro_seed0.json",
+        "scores_vs_noise.png",
+        "summary.csv",
+    ]
+    for path in files:
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    overview = json.loads((tmp_path / "results.json").read_text())
+    assert [r["label"] for r in overview["runs"]] == ["fednoro", "fedavg"]
+    with (tmp_path / "summary.csv").open() as handle:
+        summary = list(csv.DictReader(handle))
+    assert [(r["label"], r["accuracy_best"], r["final_auroc"]) for r in summary] == [
+        ("fednoro", "0.7", "1"),
+        ("fedavg", "0.7", "1"),
+    ]
+
+
+def test_per_class_heat_map_is_skipped_without_losses(tmp_path: Path):
+    from service.simulation.results import plot_per_class_loss
+
+    run = make_run()
+    for record in run.rounds:
+        for c in record.clients:
+            c.normalised_loss = None
+    assert plot_per_class_loss(run, tmp_path / "x.png") is None
+    assert not (tmp_path / "x.png").exists()
+    run.rounds[-1].clients[0].per_class_loss = [0.5, None, 2.0]
+    assert plot_per_class_loss(run, tmp_path / "y.png") == tmp_path / "y.png"
