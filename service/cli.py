@@ -294,6 +294,14 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     return table
 
 
+# --- whole runs on one machine (the simulator; see service/simulation/commands.py) ----------------
+
+from service.simulation import commands as _simulation_commands  # noqa: E402
+
+app.command("simulate")(_simulation_commands.simulate)
+app.command("demo")(_simulation_commands.make_demo(render_report))
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()
 
