@@ -1,0 +1,236 @@
+"""How do detection and neighbor selection scale with the number of clients K?
+
+Times, for K = 100, 1,000 and 10,000 clients on synthetic inputs (C = 10 classes, a probe of
+P = 8 inputs):
+
+* ``FedNoRoDetector.fit`` (per-class losses, 9 two-component GMM fits; 20% of the clients have a
+  higher loss),
+* ``FedNCLDetector.fit`` (divergence, train loss, sample counts),
+* ``k_reliable_neighbors`` (FedRN, k = 2) exact (``chunk_size=None``: every K x K block at once,
+  the coordinator's default) and chunked (``--chunk-size`` targets at a time).
+
+Every time is reported as a multiple of a reference op measured in alternation with it in the same
+run (a ``--ref-n`` x ``--ref-n`` float64 numpy matmul), and as scaling exponents (the slope of
+log time against log K, fitted on the reference multiples so a change of load between sizes
+cancels). Peak memory of one call of each (``tracemalloc``: numpy allocations included) is
+measured in a separate, untimed pass. The exact search is run at a size only when the bytes per K^2
+measured at the previous size predict a peak under ``--exact-limit-gib`` (default 2 GiB: the
+exact search at K = 10,000 needs about 4 GiB, too much to take by default on a shared machine);
+otherwise the result says it was skipped and gives the prediction. ``--exact-limit-gib 8``
+measures it (about a minute more on a 2-core machine).
+
+    .venv/bin/python benchmarks/bench_audit_scaling.py --out runs/bench_audit_scaling.json
+    .venv/bin/python benchmarks/bench_audit_scaling.py --quick --out /tmp/scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import (
+    alternate,
+    machine_info,
+    median,
+    paired_ratio,
+    scaling_exponent,
+    traced_peak,
+    write_result,
+)
+from numpy.typing import NDArray
+
+from service.audit import FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
+
+NUM_CLASSES = 10
+PROBE_SIZE = 8
+SUBJECTS = ("fednoro_fit", "fedncl_fit", "neighbors_exact", "neighbors_chunked")
+
+
+def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
+    """Per-client signals of a round with K clients, 20% of them noisy."""
+    rng = np.random.default_rng(seed)
+    noisy = np.zeros(k, dtype=bool)
+    noisy[: k // 5] = True
+    counts = rng.integers(5, 200, size=(k, NUM_CLASSES))
+    loss = rng.uniform(0.2, 0.6, size=(k, NUM_CLASSES))
+    loss[noisy] += rng.uniform(0.5, 1.5, size=(int(noisy.sum()), NUM_CLASSES))
+    logits = rng.standard_normal((k, PROBE_SIZE, NUM_CLASSES)) * 2.0
+    probes = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probes /= probes.sum(axis=-1, keepdims=True)
+    return {
+        "per_class_loss": loss,
+        "class_counts": counts,
+        "num_samples": counts.sum(axis=1),
+        "train_loss": (loss * counts).sum(axis=1) / counts.sum(axis=1),
+        "divergence": rng.uniform(0.5, 1.5, size=k) * np.where(noisy, 2.0, 1.0),
+        "train_accuracy": np.where(noisy, 0.6, 0.9) + rng.uniform(-0.05, 0.05, size=k),
+        "probes": probes,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; return (and write) the result."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated K values")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats for K < 10,000")
+    parser.add_argument(
+        "--large-repeats", type=int, default=1, help="timed repeats for K >= 10,000"
+    )
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--ref-n", type=int, default=768, help="size of the reference matmul")
+    parser.add_argument(
+        "--exact-limit-gib",
+        type=float,
+        default=2.0,
+        help="skip the exact neighbor search where its predicted peak exceeds this (GiB)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: K = 20, 60; 1 repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.repeats, args.large_repeats, args.ref_n = "20,60", 1, 1, 128
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+
+    ref_rng = np.random.default_rng(99)
+    a = ref_rng.standard_normal((args.ref_n, args.ref_n))
+    b = ref_rng.standard_normal((args.ref_n, args.ref_n))
+
+    def reference() -> None:
+        np.matmul(a, b)
+
+    per_size: dict[str, dict[str, Any]] = {}
+    bytes_per_k2: float | None = None
+    for k in sizes:
+        data = synthetic_inputs(k, seed=k)
+
+        def fednoro(d: dict[str, NDArray[Any]] = data) -> object:
+            return FedNoRoDetector().fit(d["per_class_loss"], d["class_counts"])
+
+        def fedncl(d: dict[str, NDArray[Any]] = data) -> object:
+            return FedNCLDetector().fit(d["divergence"], d["train_loss"], d["num_samples"])
+
+        def neighbors(chunk: int | None, d: dict[str, NDArray[Any]] = data) -> object:
+            return k_reliable_neighbors(d["probes"], d["train_accuracy"], chunk_size=chunk)
+
+        subjects: dict[str, Callable[[], object]] = {
+            "reference": reference,
+            "fednoro_fit": fednoro,
+            "fedncl_fit": fedncl,
+        }
+        predicted = None if bytes_per_k2 is None else bytes_per_k2 * k * k
+        exact_skipped: str | None = None
+        if predicted is not None and predicted > args.exact_limit_gib * 2**30:
+            exact_skipped = (
+                f"predicted peak {predicted / 2**30:.1f} GiB (from {bytes_per_k2:.1f} bytes per "
+                f"K^2 at the previous size) exceeds --exact-limit-gib {args.exact_limit_gib}"
+            )
+        else:
+            subjects["neighbors_exact"] = lambda: neighbors(None)
+        subjects["neighbors_chunked"] = lambda: neighbors(args.chunk_size)
+
+        # Memory first (untimed, one call each); for the small sizes it is also a warm-up.
+        gc.collect()
+        peaks: dict[str, int] = {}
+        for name, fn in subjects.items():
+            if name != "reference":
+                peaks[name] = traced_peak(fn)
+                gc.collect()
+        if "neighbors_exact" in peaks:
+            bytes_per_k2 = peaks["neighbors_exact"] / (k * k)
+        large = k >= 10_000
+        times = alternate(subjects, args.large_repeats if large else args.repeats, warmup=0)
+
+        entry: dict[str, Any] = {
+            "reference_seconds": times["reference"],
+            "subjects": {},
+        }
+        for name in SUBJECTS:
+            if name not in times:
+                continue
+            entry["subjects"][name] = {
+                "seconds": times[name],
+                "predicted_peak_bytes": predicted if name == "neighbors_exact" else None,
+                "median_seconds": median(times[name]),
+                "reference_multiples": paired_ratio(times[name], times["reference"]),
+                "peak_traced_bytes": peaks[name],
+            }
+        if exact_skipped is not None:
+            entry["subjects"]["neighbors_exact"] = {
+                "skipped": exact_skipped,
+                "predicted_peak_bytes": predicted,
+            }
+        per_size[str(k)] = entry
+        print(f"K={k}: reference op {median(times['reference']) * 1e3:.1f} ms")
+        for name, values in entry["subjects"].items():
+            if "skipped" in values:
+                print(f"  {name:<18} skipped: {values['skipped']}")
+                continue
+            print(
+                f"  {name:<18} {values['median_seconds']:9.4f} s = "
+                f"{values['reference_multiples']:9.2f} x ref, peak "
+                f"{values['peak_traced_bytes'] / 2**20:8.1f} MiB"
+            )
+        del data, subjects
+
+    exponents: dict[str, Any] = {}
+    for name in SUBJECTS:
+        points = [
+            (k, per_size[str(k)]["subjects"][name]["reference_multiples"])
+            for k in sizes
+            if "reference_multiples" in per_size[str(k)]["subjects"].get(name, {})
+        ]
+        pairwise = [
+            {
+                "from": k0,
+                "to": k1,
+                "exponent": scaling_exponent([k0, k1], [r0, r1]),
+            }
+            for (k0, r0), (k1, r1) in zip(points, points[1:], strict=False)
+        ]
+        exponents[name] = {
+            "fit": scaling_exponent([p[0] for p in points], [p[1] for p in points]),
+            "pairwise": pairwise,
+            "sizes": [p[0] for p in points],
+        }
+    result: dict[str, Any] = {
+        "benchmark": "audit_scaling",
+        "machine": machine_info(),
+        "parameters": {
+            "sizes": sizes,
+            "num_classes": NUM_CLASSES,
+            "probe_size": PROBE_SIZE,
+            "k_neighbors": 2,
+            "chunk_size": args.chunk_size,
+            "repeats": args.repeats,
+            "large_repeats": args.large_repeats,
+            "reference": f"np.matmul of two {args.ref_n}x{args.ref_n} float64 matrices",
+            "exact_limit_gib": args.exact_limit_gib,
+            "quick": args.quick,
+        },
+        "sizes": per_size,
+        "scaling_exponents": exponents,
+        "notes": [
+            "reference_multiples = median over repeats of subject seconds / reference seconds",
+            "exponent: slope of log(reference multiples) on log(K)",
+            "FedNoRoDetector limits BLAS/OpenMP to one thread for its GMM fits",
+        ],
+    }
+    print("scaling exponents (time ~ K^e):")
+    for name, values in exponents.items():
+        steps = ", ".join(
+            f"{p['from']}->{p['to']}: {p['exponent']:.2f}"
+            for p in values["pairwise"]
+            if p["exponent"] is not None
+        )
+        fit = values["fit"]
+        print(f"  {name:<18} fit {'n/a' if fit is None else f'{fit:.2f}'} ({steps})")
+    write_result(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
