@@ -1,0 +1,109 @@
+"""A federation on a real coordinator process, set up through the SDK for the HTTP benchmarks.
+
+Everything goes through the public API, as an operator and sites would do it: the admin creates
+the federation and uploads the initial model, registers K sites; each site joins with its class
+counts, which opens round 0. Updates are well formed: the same tensor names, shapes and dtypes as
+the initial model, finite values, class counts that sum to the sample count, a train loss.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from safetensors.numpy import save
+
+from client_sdk import AdminClient, FederationClient
+from service.simulation.coordinator_process import CoordinatorProcess
+
+NUM_CLASSES = 10
+
+# Only the Fed-NCL detector: its only signal is the train loss, so an update needs no model
+# evaluation to be well formed. Aggregation is plain FedAvg.
+FEDNCL_FEDAVG_CONFIG: dict[str, Any] = {
+    "method": "fedavg",
+    "detectors": ["fedncl"],
+    "primary_detector": "fedncl",
+}
+
+
+def state_bytes(state: Mapping[str, NDArray[Any]]) -> bytes:
+    """A state as safetensors bytes (the SDK's wire format)."""
+    return save(dict(state))
+
+
+@dataclass
+class Site:
+    """One registered, joined site and its SDK client."""
+
+    name: str
+    client: FederationClient
+    num_samples: int
+    class_counts: list[int]
+    train_loss: float
+
+    def signals(self) -> dict[str, Any]:
+        return {"class_counts": self.class_counts, "train_loss": self.train_loss}
+
+
+@dataclass
+class Federation:
+    """A federation created on ``server`` with ``sites`` joined (round 0 is open)."""
+
+    server: CoordinatorProcess
+    admin: AdminClient
+    id: uuid.UUID
+    sites: list[Site] = field(default_factory=list)
+
+    def close(self) -> None:
+        for site in self.sites:
+            site.client.close()
+
+
+def create_federation(
+    server: CoordinatorProcess,
+    admin: AdminClient,
+    initial_state: bytes,
+    *,
+    clients: int,
+    rounds: int,
+    config: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> Federation:
+    """Create, upload the initial model, register and join ``clients`` sites."""
+    federation = admin.create_federation(
+        {
+            "name": f"bench-{uuid.uuid4().hex[:8]}",
+            "task": {"num_classes": NUM_CLASSES, "input_shape": [3, 32, 32]},
+            "plan": {"rounds": rounds, "min_clients": clients, "round_deadline_s": 3600},
+            "config": dict(config or FEDNCL_FEDAVG_CONFIG),
+            "seed": seed,
+        }
+    )
+    admin.upload_initial_model(federation.id, initial_state)
+    result = Federation(server=server, admin=admin, id=federation.id)
+    rng = np.random.default_rng(seed)
+    for k in range(clients):
+        name = f"site-{k:04d}"
+        token = admin.add_client(federation.id, name).token
+        counts = [int(c) for c in rng.integers(10, 60, size=NUM_CLASSES)]
+        site = Site(
+            name=name,
+            client=FederationClient(server.url, token),
+            num_samples=sum(counts),
+            class_counts=counts,
+            train_loss=float(rng.uniform(0.2, 1.5)),
+        )
+        site.client.join(federation.id, num_samples=site.num_samples, class_counts=counts)
+        result.sites.append(site)
+    return result
+
+
+def blob_path(data_dir: Path, sha256: str) -> Path:
+    """Where the coordinator's directory blob store keeps the blob ``sha256``."""
+    return data_dir / "blobs" / sha256[:2] / sha256
