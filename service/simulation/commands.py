@@ -377,6 +377,13 @@ def simulate(
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
     progress: Annotated[bool, typer.Option(help="Show the progress bar")] = True,
+    keep_coordinator_data: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the coordinator's data directory (database, every model and update: "
+            "large for many clients and rounds)"
+        ),
+    ] = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
     from service.simulation.results import comparison_table
@@ -437,6 +444,10 @@ def simulate(
     except SimulationError as exc:
         raise _fail(console, str(exc), 1) from None
     console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
+    if not keep_coordinator_data:
+        import shutil
+
+        shutil.rmtree(outcome.data_dir)
     _print_where(console, outcome)
 
 
@@ -447,7 +458,14 @@ def _print_where(console: Console, outcome: SimulationOutcome) -> None:
         + (", *.png" if any(p.suffix == ".png" for p in outcome.files) else "")
         + ")"
     )
-    console.print(f"coordinator data directory (SQLite, models, log): {outcome.data_dir}")
+    if outcome.data_dir.is_dir():
+        size = sum(p.stat().st_size for p in outcome.data_dir.rglob("*") if p.is_file())
+        console.print(
+            f"coordinator data directory (SQLite, models, updates, log; {size / 1e6:.0f} MB): "
+            f"{outcome.data_dir}"
+        )
+    else:
+        console.print("coordinator data directory removed (--no-keep-coordinator-data)")
     console.print(f"wall time {outcome.wall_seconds:.1f} s")
 
 

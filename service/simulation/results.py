@@ -612,14 +612,14 @@ COMPARISON_COLUMNS: Final[tuple[str, ...]] = (
     "seeds",
     "acc best",
     "acc last10%",
-    "bal. acc last10%",
-    "precision",
+    "bal.acc last10%",
+    "prec.",
     "recall",
     "F1",
-    "matching ratio",
+    "matching",
     "AUROC",
-    "Spearman expertise",
-    "coord. s/round",
+    "rho(expert.)",
+    "coord. s/rnd",
 )
 
 

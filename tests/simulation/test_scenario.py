@@ -273,3 +273,17 @@ def test_preset_names_are_case_insensitive_and_copies():
     assert get_preset("V1").clients == 20
     with pytest.raises(ScenarioError, match="preset 'V9' does not exist"):
         get_preset("V9")
+
+
+def test_a_written_scenario_reads_back_identically(tmp_path: Path):
+    # simulate() writes scenario.json with model_dump_json; it must be a valid scenario file.
+    scenario = validate_scenario(
+        {
+            "noise": {"protocol": "uniform_all", "flip": "asymmetric", "class_map": {3: 5}},
+            "methods": [{"method": "fedavg", "audit": {"status_m": 1}}],
+            "seeds": [2, 7],
+        }
+    )
+    path = tmp_path / "scenario.json"
+    path.write_text(scenario.model_dump_json(indent=1))
+    assert load_scenario(path) == scenario
