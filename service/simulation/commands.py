@@ -453,8 +453,8 @@ def simulate(
 
 def _print_where(console: Console, outcome: SimulationOutcome) -> None:
     console.print(
-        f"results: [bold]{outcome.out_dir}[/] (runs/*.json, rounds.csv, clients.csv, "
-        "summary.csv, results.json"
+        f"results: [bold]{outcome.out_dir}[/] (runs/: JSON and CSV per run; rounds.csv, "
+        "clients.csv, summary.csv, results.json"
         + (", *.png" if any(p.suffix == ".png" for p in outcome.files) else "")
         + ")"
     )

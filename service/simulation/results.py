@@ -433,12 +433,15 @@ def _detectors_of(runs: Iterable[RunResult]) -> list[str]:
     return known + sorted(seen - set(known))
 
 
-def write_run_csv(runs: Sequence[RunResult], directory: Path) -> tuple[Path, Path]:
-    """Write ``rounds.csv`` (one row per run and round) and ``clients.csv`` (per run, round,
-    client); return both paths. Call :func:`summarise_run` first (for the metrics columns)."""
+def write_run_csv(
+    runs: Sequence[RunResult], directory: Path, *, prefix: str = ""
+) -> tuple[Path, Path]:
+    """Write ``<prefix>rounds.csv`` (one row per run and round) and ``<prefix>clients.csv``
+    (per run, round and client); return both paths. Call :func:`summarise_run` first (for the
+    metrics columns)."""
     directory.mkdir(parents=True, exist_ok=True)
-    rounds_path = directory / "rounds.csv"
-    clients_path = directory / "clients.csv"
+    rounds_path = directory / f"{prefix}rounds.csv"
+    clients_path = directory / f"{prefix}clients.csv"
     detectors = _detectors_of(runs)
     with rounds_path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
@@ -807,8 +810,10 @@ def plot_per_class_loss(run: RunResult, path: Path) -> Path | None:
 def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = True) -> list[Path]:
     """Summarise every run and write JSON, CSV and (optionally) PNG plots under ``directory``.
 
-    Files: ``runs/<label>_seed<seed>.json``, ``results.json`` (every run's summary),
-    ``rounds.csv``, ``clients.csv``, ``summary.csv``, ``accuracy.png``,
+    Files: per run ``runs/<label>_seed<seed>.json`` (everything), ``..._rounds.csv`` and
+    ``..._clients.csv``; for all runs together ``results.json`` (every run's summary),
+    ``rounds.csv`` and ``clients.csv`` (with label and seed columns), ``summary.csv`` (one row
+    per run), ``accuracy.png``,
     ``scores_vs_noise.png``, ``per_class_loss_<label>_seed<seed>.png`` (first seed of each
     method).
     """
@@ -816,7 +821,10 @@ def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = T
     for run in runs:
         if not run.summary:
             summarise_run(run)
-    written = [write_run_json(run, directory / "runs") for run in runs]
+    written: list[Path] = []
+    for run in runs:
+        written.append(write_run_json(run, directory / "runs"))
+        written.extend(write_run_csv([run], directory / "runs", prefix=f"{_stem(run)}_"))
     overview = directory / "results.json"
     overview.write_text(
         json.dumps({"runs": [_clean(run.summary) for run in runs]}, indent=1, allow_nan=False)

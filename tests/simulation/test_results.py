@@ -357,13 +357,21 @@ def test_write_outputs_writes_every_file_and_valid_pngs(tmp_path: Path):
         "results.json",
         "rounds.csv",
         "runs/fedavg_seed0.json",
+        "runs/fedavg_seed0_clients.csv",
+        "runs/fedavg_seed0_rounds.csv",
         "runs/fednoro_seed0.json",
+        "runs/fednoro_seed0_clients.csv",
+        "runs/fednoro_seed0_rounds.csv",
         "scores_vs_noise.png",
         "summary.csv",
     ]
     for path in files:
         if path.suffix == ".png":
             assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with (tmp_path / "runs" / "fedavg_seed0_clients.csv").open() as handle:
+        assert {row["label"] for row in csv.DictReader(handle)} == {"fedavg"}
+    with (tmp_path / "clients.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 2 * 12  # both runs, 3 rounds x 4 clients
     overview = json.loads((tmp_path / "results.json").read_text())
     assert [r["label"] for r in overview["runs"]] == ["fednoro", "fedavg"]
     with (tmp_path / "summary.csv").open() as handle:
