@@ -153,7 +153,8 @@ def build_instructions(
         neighbors, self_weight = neighbor_sets.get(client.id, ([], None))
         result[client.id] = {
             **base,
-            "seed": derive_seed(federation.seed, "client", client.id, rnd.index),
+            # by name, not by its random id: the same federation seed gives the same run
+            "seed": derive_seed(federation.seed, "client", client.name, rnd.index),
             "role": "noisy" if after_warmup and status == "noisy" else "clean",
             "label_correction": audits.is_correction_candidate(client, t_corr, alpha),
             "neighbors": neighbors,
