@@ -10,11 +10,9 @@ SQLite in a data directory, uvicorn on a loopback port) and real SDK participant
    noise and the model initialisation, and the federation's seed (batch order, probes) is
    derived from it too. Every method configuration of a seed gets the *same* prepared data:
    identical partition, noisy labels and initial model.
-   Not reproducible from the seed (a coordinator matter, reported): the per-client training
-   seed the coordinator sends each round is derived from the client's database id, a random
-   UUID (``service/coordinator/rounds.py``, ``derive_seed(federation.seed, "client",
-   client.id, ...)``), so mini-batch orders, and with them the trained models, differ slightly
-   between two runs of the same scenario and between the methods of one comparison.
+   The per-client training seed the coordinator sends each round derives from the federation
+   seed, the client's name and the round (``service/coordinator/rounds.py``), so two runs of a
+   scenario, and the methods of one comparison, see the same mini-batch orders.
 2. :func:`run_methods` creates one federation per method configuration (``min_clients`` = the
    number of clients and a generous deadline, so a round closes when everyone submitted), adds
    and joins the clients, and drives all federations in lock-step, round by round, clients one
