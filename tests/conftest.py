@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from service.config import Settings
@@ -35,7 +35,7 @@ def postgres_url() -> str | None:
     return url
 
 
-def _pg_admin_engine(url: str):  # type: ignore[no-untyped-def]
+def _pg_admin_engine(url: str) -> Engine:
     parsed = make_url(url).set(drivername="postgresql+psycopg")
     return create_engine(parsed, isolation_level="AUTOCOMMIT")
 
@@ -105,7 +105,7 @@ def database_url(
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         data_dir=tmp_path / "data",
         database_url=database_url,
         admin_token=SecretStr(ADMIN_TOKEN),

@@ -87,6 +87,7 @@ def test_three_clients_three_rounds_over_http(tmp_path: Path) -> None:
                 assert sum(rnd.aggregation_weights.values()) == pytest.approx(1.0)
             # the global model changed, and every client ends on the final model
             initial = load(admin.download_model(rounds[0].model_in_id))
+            assert final.current_model_id is not None
             last = load(admin.download_model(final.current_model_id))
             assert any(not np.array_equal(initial[k], last[k]) for k in initial)
             for participant in participants.values():

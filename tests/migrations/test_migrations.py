@@ -40,7 +40,7 @@ def test_upgrade_downgrade_round_trip(database_url: str) -> None:
 
 def test_service_refuses_to_start_on_unmigrated_database(tmp_path: Path) -> None:
     settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         data_dir=tmp_path,
         database_url=f"sqlite:///{tmp_path / 'empty.db'}",
         admin_token=SecretStr("x" * 20),

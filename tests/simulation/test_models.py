@@ -121,7 +121,7 @@ def test_tiny_training_reduces_loss(name, shape, classes):
     for _ in range(30):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         opt.step()
     with torch.no_grad():
         end = nn.functional.cross_entropy(model(x), y).item()
