@@ -22,6 +22,7 @@ import httpx
 
 from client_sdk._exceptions import (
     APIConnectionError,
+    ConflictError,
     APITimeoutError,
     FederationFailedError,
     IntegrityError,
@@ -173,14 +174,18 @@ class FederationClient(_Base):
 
         `wait_s` long-polls: the coordinator answers as soon as there is something to do.
         """
-        response = self._request(
-            "GET",
-            f"{API}/federations/{federation_id}/rounds/current",
-            params={"wait_s": wait_s},
-            timeout=httpx.Timeout(wait_s + 60.0, connect=10.0),
-        )
-        current = CurrentRound.model_validate(response.json())
-        return current
+        try:
+            response = self._request(
+                "GET",
+                f"{API}/federations/{federation_id}/rounds/current",
+                params={"wait_s": wait_s},
+                timeout=httpx.Timeout(wait_s + 60.0, connect=10.0),
+            )
+        except ConflictError as exc:
+            if exc.problem is not None and exc.problem.type == "/problems/federation-state":
+                raise FederationFailedError(exc.problem.detail or str(exc)) from exc
+            raise
+        return CurrentRound.model_validate(response.json())
 
     def download_model(
         self,

@@ -161,3 +161,13 @@ def test_missing_token_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.delenv("FEDAUDIT_TOKEN", raising=False)
     with pytest.raises(ValueError, match="api_token is required"):
         FederationClient("http://x")
+
+
+def test_failed_federation_is_a_typed_error() -> None:
+    from client_sdk import FederationFailedError
+
+    client = make_client(
+        lambda request: problem(409, "federation-state", "federation 'x' failed: round 3 failed")
+    )
+    with pytest.raises(FederationFailedError, match="round 3 failed"):
+        client.get_current_round(FID)
