@@ -99,6 +99,33 @@ def alternate(
     return times
 
 
+def bracketed(
+    subjects: Mapping[str, Callable[[], object]],
+    reference: Callable[[], object],
+    repeats: int,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float]]:
+    """Time each subject between two runs of ``reference``: R S1 R S2 R ... R, per repeat.
+
+    For subjects that run for many seconds a single reference slot per repeat is too far away
+    in time to share the subject's machine load; here each subject's reference is the mean of
+    the reference runs just before and just after it. Returns (subject seconds, their bracketing
+    reference seconds, every reference run).
+    """
+    times: dict[str, list[float]] = {name: [] for name in subjects}
+    brackets: dict[str, list[float]] = {name: [] for name in subjects}
+    references: list[float] = []
+    for _ in range(repeats):
+        before = clock(reference)
+        references.append(before)
+        for name, fn in subjects.items():
+            times[name].append(clock(fn))
+            after = clock(reference)
+            references.append(after)
+            brackets[name].append((before + after) / 2)
+            before = after
+    return times, brackets, references
+
+
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """Median over repeats of numerator[i] / denominator[i] (both taken in the same repeat)."""
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))

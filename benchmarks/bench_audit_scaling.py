@@ -9,15 +9,16 @@ P = 8 inputs):
 * ``k_reliable_neighbors`` (FedRN, k = 2) exact (``chunk_size=None``: every K x K block at once,
   the coordinator's default) and chunked (``--chunk-size`` targets at a time).
 
-Every time is reported as a multiple of a reference op measured in alternation with it in the same
-run (a ``--ref-n`` x ``--ref-n`` float64 numpy matmul), and as scaling exponents (the slope of
-log time against log K, fitted on the reference multiples so a change of load between sizes
-cancels). Peak memory of one call of each (``tracemalloc``: numpy allocations included) is
-measured in a separate, untimed pass. The exact search is run at a size only when the bytes per K^2
-measured at the previous size predict a peak under ``--exact-limit-gib`` (default 2 GiB: the
-exact search at K = 10,000 needs about 4 GiB, too much to take by default on a shared machine);
-otherwise the result says it was skipped and gives the prediction. ``--exact-limit-gib 8``
-measures it (about a minute more on a 2-core machine).
+Every time is reported as a multiple of a reference op measured just before and just after it in
+the same run (a ``--ref-n`` x ``--ref-n`` float64 numpy matmul on one BLAS thread, 5 calls per
+slot; the subject is divided by the mean of its two neighbouring slots), and as scaling exponents
+(the slope of log time against log K, fitted on the reference multiples so a change of load
+between sizes cancels). Peak memory of one call of each (``tracemalloc``: numpy allocations
+included) is measured in a separate, untimed pass. The exact search is run at a size only when
+the bytes per K^2 measured at the previous size predict a peak under ``--exact-limit-gib``
+(default 2 GiB: the exact search at K = 10,000 needs about 4 GiB, too much to take by default on
+a shared machine); otherwise the result says it was skipped and gives the prediction.
+``--exact-limit-gib 8`` measures it (about a minute more on a 2-core machine).
 
     .venv/bin/python benchmarks/bench_audit_scaling.py --out runs/bench_audit_scaling.json
     .venv/bin/python benchmarks/bench_audit_scaling.py --quick --out /tmp/scaling.json
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 from _common import (
-    alternate,
+    bracketed,
     machine_info,
     median,
     paired_ratio,
@@ -42,11 +43,13 @@ from _common import (
     write_result,
 )
 from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
 
 from service.audit import FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
 
 NUM_CLASSES = 10
 PROBE_SIZE = 8
+REF_CALLS = 5
 SUBJECTS = ("fednoro_fit", "fedncl_fit", "neighbors_exact", "neighbors_chunked")
 
 
@@ -100,7 +103,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     b = ref_rng.standard_normal((args.ref_n, args.ref_n))
 
     def reference() -> None:
-        np.matmul(a, b)
+        # One BLAS thread, like the subjects (elementwise numpy; FedNoRo pins its GMM fits to
+        # one thread): a two-thread reference would suffer more from a neighbour on the other
+        # core than the subjects do. Several calls per slot smooth out a scheduler hiccup.
+        with threadpool_limits(limits=1):
+            for _ in range(REF_CALLS):
+                np.matmul(a, b)
 
     per_size: dict[str, dict[str, Any]] = {}
     bytes_per_k2: float | None = None
@@ -117,7 +125,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return k_reliable_neighbors(d["probes"], d["train_accuracy"], chunk_size=chunk)
 
         subjects: dict[str, Callable[[], object]] = {
-            "reference": reference,
             "fednoro_fit": fednoro,
             "fedncl_fit": fedncl,
         }
@@ -136,16 +143,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gc.collect()
         peaks: dict[str, int] = {}
         for name, fn in subjects.items():
-            if name != "reference":
-                peaks[name] = traced_peak(fn)
-                gc.collect()
+            peaks[name] = traced_peak(fn)
+            gc.collect()
         if "neighbors_exact" in peaks:
             bytes_per_k2 = peaks["neighbors_exact"] / (k * k)
         large = k >= 10_000
-        times = alternate(subjects, args.large_repeats if large else args.repeats, warmup=0)
+        times, brackets, references = bracketed(
+            subjects, reference, args.large_repeats if large else args.repeats
+        )
+        references = [t / REF_CALLS for t in references]
 
         entry: dict[str, Any] = {
-            "reference_seconds": times["reference"],
+            "reference_seconds": references,
             "subjects": {},
         }
         for name in SUBJECTS:
@@ -155,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "seconds": times[name],
                 "predicted_peak_bytes": predicted if name == "neighbors_exact" else None,
                 "median_seconds": median(times[name]),
-                "reference_multiples": paired_ratio(times[name], times["reference"]),
+                "reference_multiples": paired_ratio(
+                    times[name], [t / REF_CALLS for t in brackets[name]]
+                ),
                 "peak_traced_bytes": peaks[name],
             }
         if exact_skipped is not None:
@@ -164,7 +175,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "predicted_peak_bytes": predicted,
             }
         per_size[str(k)] = entry
-        print(f"K={k}: reference op {median(times['reference']) * 1e3:.1f} ms")
+        print(
+            f"K={k}: reference op {median(references) * 1e3:.1f} ms "
+            f"(min {min(references) * 1e3:.1f}, max {max(references) * 1e3:.1f})"
+        )
         for name, values in entry["subjects"].items():
             if "skipped" in values:
                 print(f"  {name:<18} skipped: {values['skipped']}")
@@ -207,14 +221,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "chunk_size": args.chunk_size,
             "repeats": args.repeats,
             "large_repeats": args.large_repeats,
-            "reference": f"np.matmul of two {args.ref_n}x{args.ref_n} float64 matrices",
+            "reference": (
+                f"np.matmul of two {args.ref_n}x{args.ref_n} float64 matrices, one BLAS thread, "
+                f"mean of {REF_CALLS} calls per slot"
+            ),
             "exact_limit_gib": args.exact_limit_gib,
             "quick": args.quick,
         },
         "sizes": per_size,
         "scaling_exponents": exponents,
         "notes": [
-            "reference_multiples = median over repeats of subject seconds / reference seconds",
+            "reference_multiples = median over repeats of subject seconds / the mean of the "
+            "reference runs just before and after it",
             "exponent: slope of log(reference multiples) on log(K)",
             "FedNoRoDetector limits BLAS/OpenMP to one thread for its GMM fits",
         ],
