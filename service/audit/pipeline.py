@@ -73,6 +73,14 @@ DETECTORS = ("fednoro", "fedncl", "expertise")
 PRIMARY_DETECTORS = ("fednoro", "fedncl")
 """Detectors that flag clients and can therefore be primary."""
 
+EXACT_NEIGHBOR_LIMIT = 2048
+"""Up to this many neighbor candidates the exact K x K search is used (a few MB)."""
+
+AUTO_NEIGHBOR_CHUNK_ENTRIES = 1 << 18
+"""Beyond it, target rows go in chunks of ``AUTO_NEIGHBOR_CHUNK_ENTRIES // K`` rows, so each
+chunk x K temporary holds about 262,000 entries (2 MB; the search keeps a handful of them, about
+15 MB in all) whatever K is."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClientRoundData:
@@ -145,7 +153,9 @@ fednoro_min_clients
     fedrn_k, fedrn_alpha, fedrn_similarity
         k-reliable neighbors: k, alpha, and whether probes are ``"softmax"`` or ``"logit"``.
     neighbor_chunk_size : int or None
-        None: exact neighbor search (K x K); an int: chunked (memory ``chunk x K``).
+        None: automatic (exact K x K search up to ``EXACT_NEIGHBOR_LIMIT`` candidates, chunks of
+        ``AUTO_NEIGHBOR_CHUNK_ENTRIES // K`` rows beyond); an int: always chunked (memory
+        ``chunk x K``). Both give identical neighbors.
     daagg_variant : str
         ``"paper"`` or ``"reference"`` distance for DaAgg.
     trim_fraction : float
@@ -544,7 +554,15 @@ def _neighbors(
         alpha=config.fedrn_alpha,
         targets=[index[cid] for cid in data.ids],
         candidates=list(range(n_candidates)),
-        chunk_size=config.neighbor_chunk_size,
+        chunk_size=(
+            config.neighbor_chunk_size
+            if config.neighbor_chunk_size is not None
+            else (
+                None
+                if len(pool_ids) <= EXACT_NEIGHBOR_LIMIT
+                else max(1, AUTO_NEIGHBOR_CHUNK_ENTRIES // len(pool_ids))
+            )
+        ),
         variant=config.fedrn_similarity,
     )
     neighbors: dict[str, list[dict[str, Any]]] = {}
