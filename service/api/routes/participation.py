@@ -38,7 +38,10 @@ from service.errors import CoordinatorError
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
 
 MAX_WAIT_S = 30.0
-POLL_INTERVAL_S = 0.1
+# Long-poll re-checks start fast (a round usually opens within a second of the last upload)
+# and back off, so many waiting clients do not hammer the database.
+POLL_FIRST_S = 0.05
+POLL_MAX_S = 1.0
 
 
 @router.get(
@@ -116,11 +119,14 @@ async def get_current_round(
 ) -> CurrentRound:
     client_use_cases.check_scope(client, federation_id)
     deadline = time.monotonic() + wait_s
+    interval = POLL_FIRST_S
     while True:
         current = await run_in_threadpool(_current, services, client.id)
-        if current.status != "wait" or time.monotonic() >= deadline:
+        remaining = deadline - time.monotonic()
+        if current.status != "wait" or remaining <= 0:
             break
-        await asyncio.sleep(POLL_INTERVAL_S)
+        await asyncio.sleep(min(interval, remaining))
+        interval = min(interval * 1.5, POLL_MAX_S)
     if current.status == "wait":
         response.headers["Retry-After"] = str(max(1, round(current.retry_after_s or 1)))
     return current
