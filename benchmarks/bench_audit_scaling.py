@@ -6,8 +6,12 @@ P = 8 inputs):
 * ``FedNoRoDetector.fit`` (per-class losses, 9 two-component GMM fits; 20% of the clients have a
   higher loss),
 * ``FedNCLDetector.fit`` (divergence, train loss, sample counts),
-* ``k_reliable_neighbors`` (FedRN, k = 2) exact (``chunk_size=None``: every K x K block at once,
-  the coordinator's default) and chunked (``--chunk-size`` targets at a time).
+* ``k_reliable_neighbors`` (FedRN, k = 2) exact (``chunk_size=None``: every K x K block at once),
+  chunked (``--chunk-size`` targets at a time), and "auto": the chunk size the coordinator's
+  audit pipeline picks when none is configured (exact up to
+  ``service.audit.pipeline.EXACT_NEIGHBOR_LIMIT`` candidates, then chunks of
+  ``AUTO_NEIGHBOR_CHUNK_ENTRIES // K`` rows; at or below the limit it is the exact call, whose
+  figures it repeats).
 
 Every time is reported as a multiple of a reference op measured just before and just after it in
 the same run (a ``--ref-n`` x ``--ref-n`` float64 numpy matmul on one BLAS thread, 5 calls per
@@ -46,11 +50,19 @@ from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
 from service.audit import FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
+from service.audit.pipeline import AUTO_NEIGHBOR_CHUNK_ENTRIES, EXACT_NEIGHBOR_LIMIT
 
 NUM_CLASSES = 10
 PROBE_SIZE = 8
 REF_CALLS = 5
-SUBJECTS = ("fednoro_fit", "fedncl_fit", "neighbors_exact", "neighbors_chunked")
+SUBJECTS = ("fednoro_fit", "fedncl_fit", "neighbors_exact", "neighbors_chunked", "neighbors_auto")
+
+
+def auto_chunk_size(k: int) -> int | None:
+    """The chunk size the audit pipeline uses for K candidates when none is configured."""
+    if k <= EXACT_NEIGHBOR_LIMIT:
+        return None
+    return max(1, AUTO_NEIGHBOR_CHUNK_ENTRIES // k)
 
 
 def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
@@ -138,6 +150,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             subjects["neighbors_exact"] = lambda: neighbors(None)
         subjects["neighbors_chunked"] = lambda: neighbors(args.chunk_size)
+        auto = auto_chunk_size(k)
+        if auto is not None:
+
+            def neighbors_auto(chunk: int = auto) -> object:
+                return neighbors(chunk)
+
+            subjects["neighbors_auto"] = neighbors_auto
 
         # Memory first (untimed, one call each); for the small sizes it is also a warm-up.
         gc.collect()
@@ -174,6 +193,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "skipped": exact_skipped,
                 "predicted_peak_bytes": predicted,
             }
+        if auto is None and "neighbors_exact" in times:
+            entry["subjects"]["neighbors_auto"] = {
+                **entry["subjects"]["neighbors_exact"],
+                "same_call_as": "neighbors_exact",
+            }
+        entry["auto_chunk_size"] = auto
         per_size[str(k)] = entry
         print(
             f"K={k}: reference op {median(references) * 1e3:.1f} ms "
@@ -219,6 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "probe_size": PROBE_SIZE,
             "k_neighbors": 2,
             "chunk_size": args.chunk_size,
+            "exact_neighbor_limit": EXACT_NEIGHBOR_LIMIT,
+            "auto_neighbor_chunk_entries": AUTO_NEIGHBOR_CHUNK_ENTRIES,
             "repeats": args.repeats,
             "large_repeats": args.large_repeats,
             "reference": (

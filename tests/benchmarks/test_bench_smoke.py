@@ -57,11 +57,15 @@ def test_audit_scaling_quick_run_writes_its_json(
     assert data["benchmark"] == "audit_scaling"
     assert list(data["sizes"]) == ["20", "60"]
     for size in data["sizes"].values():
+        # Below the pipeline's exact-search limit its automatic choice is the exact call.
+        assert size["auto_chunk_size"] is None
+        assert size["subjects"]["neighbors_auto"]["same_call_as"] == "neighbors_exact"
         assert set(size["subjects"]) == {
             "fednoro_fit",
             "fedncl_fit",
             "neighbors_exact",
             "neighbors_chunked",
+            "neighbors_auto",
         }
         for entry in size["subjects"].values():
             assert entry["reference_multiples"] > 0
@@ -71,4 +75,5 @@ def test_audit_scaling_quick_run_writes_its_json(
         "fedncl_fit",
         "neighbors_exact",
         "neighbors_chunked",
+        "neighbors_auto",
     }
