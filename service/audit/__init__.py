@@ -33,6 +33,7 @@ from service.audit.detection import (
     fedncl_divergence,
     fedncl_divergences,
     next_status,
+    null_separation_threshold,
 )
 from service.audit.pipeline import (
     DETECTORS,
@@ -90,6 +91,7 @@ __all__ = [
     "is_float_tensor",
     "k_reliable_neighbors",
     "next_status",
+    "null_separation_threshold",
     "probe_similarity",
     "reliability_scores",
     "run_audit",

@@ -135,7 +135,7 @@ class AuditConfig:
         ``reliability_weighted`` (the last needs ``primary_detector="fednoro"``, the only
         detector giving probabilities).
     fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
-fednoro_min_clients
+fednoro_separation_quantile, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
         :class:`~service.audit.detection.FedNCLDetector` parameters.
@@ -171,6 +171,7 @@ fednoro_min_clients
     fednoro_random_states: tuple[int, ...] = tuple(range(9))
     fednoro_require_separation: bool = True
     fednoro_separation_threshold: float = 2.0
+    fednoro_separation_quantile: float | None = 0.99
     fednoro_min_clients: int = 4
     fedncl_beta: float = 1.0
     fedncl_two_sided: bool = False
@@ -223,6 +224,19 @@ fednoro_min_clients
             ),
         )
         check_bool("fednoro_require_separation", self.fednoro_require_separation)
+        if self.fednoro_separation_quantile is not None:
+            set_(
+                self,
+                "fednoro_separation_quantile",
+                check_float(
+                    "fednoro_separation_quantile",
+                    self.fednoro_separation_quantile,
+                    min_value=0.0,
+                    max_value=1.0,
+                    min_inclusive=False,
+                    max_inclusive=False,
+                ),
+            )
         floats = {
             "fednoro_separation_threshold": (0.0, None),
             "fedncl_beta": (0.0, None),
@@ -468,6 +482,7 @@ def _run_fednoro(data: _Checked, config: AuditConfig) -> DetectionResult:
         random_states=config.fednoro_random_states,
         require_separation=config.fednoro_require_separation,
         separation_threshold=config.fednoro_separation_threshold,
+        separation_quantile=config.fednoro_separation_quantile,
         min_clients=config.fednoro_min_clients,
     )
     loss = np.stack([cast(FloatArray, v) for v in data.per_class_loss])

@@ -397,6 +397,7 @@ class TestFedNoRoEstimatorContract:
             "require_separation": True,
             "separation_threshold": 3,
             "min_clients": 4,
+            "separation_quantile": 0.99,
         }
         copy = clone(detector)
         assert copy.get_params() == detector.get_params()
