@@ -25,7 +25,7 @@ Malformed states or arguments raise :class:`~service.audit._validation.InvalidIn
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -263,6 +263,17 @@ def aggregate_fedavg(
 _DAAGG_VARIANTS = ("paper", "reference")
 
 
+SLICE_ENTRIES = 1 << 22
+"""Float64 work arrays of the per-coordinate rules hold at most this many entries (32 MB):
+a tensor is processed in slices of ``SLICE_ENTRIES // K`` coordinates."""
+
+
+def _slices(size: int, n_rows: int) -> Iterator[slice]:
+    step = max(1, SLICE_ENTRIES // max(n_rows, 1))
+    for start in range(0, size, step):
+        yield slice(start, min(start + step, size))
+
+
 def _pairwise_distances(
     global_state: StateReader,
     updates: Sequence[StateReader],
@@ -270,19 +281,26 @@ def _pairwise_distances(
     clean_idx: Sequence[int],
     variant: str,
 ) -> FloatArray:
-    """Distances between each noisy and each clean client over float tensors, streamed."""
+    """Distances between each noisy and each clean client over float tensors, streamed.
+
+    Per tensor, the K client copies are read once and compared slice by slice, so the float64
+    work array never exceeds ``SLICE_ENTRIES`` entries whatever the model size.
+    """
     clean = np.asarray(clean_idx, dtype=np.int64)
     squared_total = np.zeros((len(noisy_idx), clean.size))
     norm_total = np.zeros_like(squared_total)
     for _name, reference, tensors in iter_client_tensors(global_state, updates):
         if not is_float_tensor(reference):
             continue
-        clean_stack = np.stack([flat64(tensors[j]) for j in clean])
-        for row, i in enumerate(noisy_idx):
-            diff = clean_stack - flat64(tensors[i])
-            squared = np.einsum("cd,cd->c", diff, diff)
-            squared_total[row] += squared
-            norm_total[row] += np.sqrt(squared)
+        flats = [t.reshape(-1) for t in tensors]
+        squared = np.zeros_like(squared_total)
+        for part in _slices(reference.size, clean.size + 1):
+            clean_stack = np.stack([flats[j][part].astype(np.float64) for j in clean])
+            for row, i in enumerate(noisy_idx):
+                diff = clean_stack - flats[i][part].astype(np.float64)
+                squared[row] += np.einsum("cd,cd->c", diff, diff)
+        squared_total += squared
+        norm_total += np.sqrt(squared)
     if variant == "paper":
         result: FloatArray = np.sqrt(squared_total)
         return result
@@ -475,20 +493,27 @@ def _coordinatewise(
     updates: Sequence[StateReader],
     trim: int | None,
 ) -> dict[str, AnyArray]:
-    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate."""
+    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate.
+
+    Each tensor is handled in slices of coordinates, so besides the K client copies of that
+    tensor only a K x slice float64 array (at most ``SLICE_ENTRIES`` entries) is alive.
+    """
     state: dict[str, AnyArray] = {}
     for name, reference, tensors in iter_client_tensors(global_state, updates):
         if not is_float_tensor(reference):
             # Uniform weights: the largest-weight tie goes to the lowest index.
             state[name] = np.array(tensors[0], copy=True)
             continue
-        stack = np.stack([t.astype(np.float64) for t in tensors])
-        if trim is None:
-            combined = np.median(stack, axis=0)
-        else:
-            stack.sort(axis=0)
-            combined = stack[trim : stack.shape[0] - trim].mean(axis=0)
-        state[name] = np.asarray(combined).astype(reference.dtype)
+        flats = [t.reshape(-1) for t in tensors]
+        combined = np.empty(reference.size, dtype=np.float64)
+        for part in _slices(reference.size, len(flats)):
+            stack = np.stack([f[part].astype(np.float64) for f in flats])
+            if trim is None:
+                combined[part] = np.median(stack, axis=0)
+            else:
+                stack.sort(axis=0)
+                combined[part] = stack[trim : stack.shape[0] - trim].mean(axis=0)
+        state[name] = combined.reshape(reference.shape).astype(reference.dtype)
     return state
 
 
