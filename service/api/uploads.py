@@ -15,27 +15,49 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from service.coordinator.updates import StagedUpload
 from service.errors import BadRequestError, PayloadTooLargeError
 
 MAX_METADATA_BYTES = 16 * 1024 * 1024
+FLUSH_BYTES = 1024 * 1024  # disk writes and hashing leave the event loop in 1 MiB batches
 
 
 class _TempWriter:
+    """A temporary file fed from the event loop; the disk work runs in the thread pool."""
+
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=directory, prefix="upload-", suffix=".part")
         self.path = Path(name)
         self._file = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
+        self._pending = bytearray()
         self.size = 0
 
-    def write(self, data: bytes) -> None:
+    def add(self, data: bytes) -> None:
+        """Queue bytes (cheap, on the event loop); `flush` writes them."""
+        self._pending += data
+        self.size += len(data)
+
+    @property
+    def should_flush(self) -> bool:
+        return len(self._pending) >= FLUSH_BYTES
+
+    def _write(self, data: bytes) -> None:
         self._file.write(data)
         self._digest.update(data)
-        self.size += len(data)
+
+    async def flush(self) -> None:
+        if self._pending:
+            data, self._pending = bytes(self._pending), bytearray()
+            await run_in_threadpool(self._write, data)
+
+    async def close(self) -> StagedUpload:
+        await self.flush()
+        return await run_in_threadpool(self.finish)
 
     def finish(self) -> StagedUpload:
         self._file.flush()
@@ -67,10 +89,12 @@ async def receive_raw(request: Request, directory: Path, limit: int) -> StagedUp
                 raise PayloadTooLargeError(
                     f"the request body exceeds the limit of {limit} bytes", limit=limit
                 )
-            writer.write(chunk)
+            writer.add(chunk)
+            if writer.should_flush:
+                await writer.flush()
         if writer.size == 0:
             raise BadRequestError("the request body is empty")
-        return writer.finish()
+        return await writer.close()
     except BaseException:
         writer.discard()
         raise
@@ -128,7 +152,7 @@ async def receive_update(
                 )
             metadata.extend(chunk)
         elif state["name"] == "state":
-            writer.write(chunk)
+            writer.add(chunk)
 
     callbacks: Any = {
         "on_part_begin": on_part_begin,
@@ -147,13 +171,15 @@ async def receive_update(
                     f"the request body exceeds the limit of {limit} bytes", limit=limit
                 )
             parser.write(chunk)
+            if writer.should_flush:
+                await writer.flush()
         parser.finalize()
         missing = {"metadata", "state"} - seen
         if missing:
             raise BadRequestError(f"the multipart body lacks the part(s) {sorted(missing)}")
         if writer.size == 0:
             raise BadRequestError("the 'state' part is empty")
-        return bytes(metadata), writer.finish()
+        return bytes(metadata), await writer.close()
     except (BadRequestError, PayloadTooLargeError):
         writer.discard()
         raise
