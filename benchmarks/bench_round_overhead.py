@@ -20,7 +20,8 @@ Measured per round close:
   right after that close, so each ratio compares two measurements taken seconds apart;
 * for a breakdown, the audit and aggregation alone (``service.audit.run_audit`` with the
   federation's stored audit configuration) re-run in the benchmark's process on the same stored
-  files: the rest of ``coordinator_seconds`` is writing the new model and the database work.
+  files, with numpy's default BLAS threads and again with one: the rest of
+  ``coordinator_seconds`` is writing the new model and the database work.
 
 The uploads of K = 100 full-size updates are 4.5 GB per round: ``--max-upload-gb`` (default 2.5)
 caps the bytes uploaded per K; above it the state is scaled down (fewer channels, same 122
@@ -58,6 +59,7 @@ from _coordinator import (
     create_federation,
     state_bytes,
 )
+from threadpoolctl import threadpool_limits
 
 from client_sdk import AdminClient
 from service.audit import AuditConfig, ClientRoundData, run_audit
@@ -85,8 +87,14 @@ def time_audit(
     federation: Federation,
     round_index: int,
     update_paths: list[Path],
-) -> float:
-    """Seconds of ``run_audit`` (detection + FedAvg) on the round's stored files, in process."""
+) -> tuple[float, float]:
+    """Seconds of ``run_audit`` (detection + FedAvg) on the round's stored files, in process:
+    with numpy's default BLAS threads (as the coordinator runs it), then with one BLAS thread.
+
+    Fed-NCL's divergence takes ``np.dot`` of long vectors, which OpenBLAS spreads over its
+    threads; on a shared 2-core machine those threads wait on each other whenever a neighbour
+    holds a core, which the second figure shows.
+    """
     info = admin.get_round(federation.id, round_index)
     global_sha = hashlib.sha256(admin.download_model(info.model_in_id)).hexdigest()
     stored = admin.get_federation(federation.id).config
@@ -94,20 +102,27 @@ def time_audit(
     if round_index < int(stored["warmup_rounds"]):
         audit["aggregation"] = "fedavg"  # what the coordinator does during the warm-up
     config = AuditConfig.from_json(audit)
-    started = time.perf_counter()
-    data = [
-        ClientRoundData(
-            client_id=site.name,
-            num_samples=site.num_samples,
-            class_counts=np.asarray(site.class_counts),
-            train_loss=site.train_loss,
-            state=SafetensorsReader(path),
-        )
-        for site, path in zip(federation.sites, update_paths, strict=True)
-    ]
-    global_reader = SafetensorsReader(blob_path(server.data_dir, global_sha))
-    run_audit(global_reader, data, config, round_index=round_index)
-    return time.perf_counter() - started
+
+    def once() -> float:
+        started = time.perf_counter()
+        data = [
+            ClientRoundData(
+                client_id=site.name,
+                num_samples=site.num_samples,
+                class_counts=np.asarray(site.class_counts),
+                train_loss=site.train_loss,
+                state=SafetensorsReader(path),
+            )
+            for site, path in zip(federation.sites, update_paths, strict=True)
+        ]
+        global_reader = SafetensorsReader(blob_path(server.data_dir, global_sha))
+        run_audit(global_reader, data, config, round_index=round_index)
+        return time.perf_counter() - started
+
+    default_threads = once()
+    with threadpool_limits(limits=1):
+        one_thread = once()
+    return default_threads, one_thread
 
 
 def width_for_budget(width: int, clients: int, rounds: int, budget_bytes: float) -> int:
@@ -197,7 +212,7 @@ def run_k(
                 read = read_all(paths, buffer)
                 floors.append(time.perf_counter() - started)
             floor = median(floors)
-            audit_seconds = time_audit(server, admin, federation, r, paths)
+            audit_seconds, audit_one_thread = time_audit(server, admin, federation, r, paths)
             closes.append(
                 {
                     "round": r,
@@ -211,6 +226,7 @@ def run_k(
                     "wall_over_io_floor": wall / floor,
                     "audit_in_process_seconds": audit_seconds,
                     "audit_share_of_coordinator": audit_seconds / info.coordinator_seconds,
+                    "audit_in_process_one_blas_thread_seconds": audit_one_thread,
                     "upload_seconds_median": median(upload_seconds),
                     "upload_mb_per_s_median": mb(one_state) / median(upload_seconds),
                     "aggregation_rule": info.aggregation_rule,
@@ -232,6 +248,9 @@ def run_k(
         "coordinator_over_io_floor": median([c["coordinator_over_io_floor"] for c in closes]),
         "wall_over_io_floor": median([c["wall_over_io_floor"] for c in closes]),
         "median_audit_in_process_seconds": median([c["audit_in_process_seconds"] for c in closes]),
+        "median_audit_one_blas_thread_seconds": median(
+            [c["audit_in_process_one_blas_thread_seconds"] for c in closes]
+        ),
     }
 
 
@@ -286,7 +305,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         f"{' (scaled down)' if 'scaled_down' in entry else ''}; "
                         f"coordinator {entry['median_coordinator_seconds']:.2f} s, wall "
                         f"{entry['median_wall_seconds']:.2f} s (audit+FedAvg alone "
-                        f"{entry['median_audit_in_process_seconds']:.2f} s), read-all-once floor "
+                        f"{entry['median_audit_in_process_seconds']:.2f} s, one BLAS thread "
+                        f"{entry['median_audit_one_blas_thread_seconds']:.2f} s), read-all-once "
+                        f"floor "
                         f"{entry['median_io_floor_seconds']:.3f} s -> coordinator/floor "
                         f"{entry['coordinator_over_io_floor']:.1f}, wall/floor "
                         f"{entry['wall_over_io_floor']:.1f}"
