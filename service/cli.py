@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -73,6 +74,8 @@ def serve(
     _configure_logging(settings.log_level, settings.log_format)
     if settings.admin_token is None:
         token = settings.admin_secret()
+        # worker processes read their settings from the environment: give them the same token
+        os.environ["FEDAUDIT_ADMIN_TOKEN"] = token
         err.print(f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}")
     try:
         if workers > 1:
