@@ -28,14 +28,18 @@ Two detection protocols on each indicator:
   F1 and matching (flagged set == noisy set) averaged over the fits. AUROC uses the GMM noisy
   posterior averaged over the fits. Also the AUROC of the indicator itself (mean loss, or the sum
   of the per-class values), which needs no GMM and no threshold.
-- ``product``: ``service.audit.FedNoRoDetector`` (9 fits, majority vote), with its separation
-  guard on (the product default) and off (paper-exact), fitted on the K x C matrix
-  (``perclass_norm``; the detector normalises itself) and on the K x 1 matrix of mean losses
-  (``mean``).
+- ``product``: ``service.audit.FedNoRoDetector`` (9 fits, majority vote) fitted on the K x C
+  matrix (``perclass_norm``; the detector normalises itself) and on the K x 1 matrix of mean
+  losses (``mean``), with the separation guard off (``product``, paper-exact), as ALGORITHMS.md
+  2.1 writes it (``product+guard2``: Ashman's D >= 2) and calibrated (``product+guardcal``:
+  also D above the 99th percentile of D for one normal population, the default since commit
+  120dd67).
 
 Rounds scored: ``T1`` = the first round after the federation's warm-up (the global model has
-seen warm-up training only, which is where FedNoRo's Table 3 measures), and ``after`` = the mean
-over every round from the warm-up on.
+seen warm-up training only, which is where FedNoRo's Table 3 measures), ``after`` = the mean
+over every round from the warm-up on, and ``warm-up`` = the mean over rounds 1 .. T1 - 1 (a
+less trained global model: harder for every indicator; round 0 scores the random initial model
+and is left out).
 
 Usage (from the repository root)::
 
@@ -196,11 +200,19 @@ def paper_protocol(features: FloatArray, truth: BoolArray, fits: int) -> dict[st
     return result
 
 
+#: Guard settings of the product protocol: (label, require_separation, separation_quantile).
+GUARDS = (
+    ("", False, None),
+    ("+guard2", True, None),
+    ("+guardcal", True, 0.99),
+)
+
+
 def product_protocol(
-    name: str, signals: RoundSignals, truth: BoolArray, guard: bool
+    name: str, signals: RoundSignals, truth: BoolArray, guard: bool, quantile: float | None
 ) -> dict[str, float | None]:
     """``FedNoRoDetector`` on the K x C losses (``perclass_norm``) or the K x 1 mean losses."""
-    detector = FedNoRoDetector(require_separation=guard)
+    detector = FedNoRoDetector(require_separation=guard, separation_quantile=quantile)
     if name == "perclass_norm":
         detector.fit(signals.loss, signals.counts)
     elif name == "mean":
@@ -224,8 +236,11 @@ def score_run(run: Run, fits: int) -> dict[str, dict[str, dict[str, float | None
     """For ``T1`` and ``after``: {protocol/indicator: metrics} (means over rounds)."""
     after = [r for r in run.rounds if r.index >= run.warmup]
     t1 = [r for r in after if r.index == run.warmup] or after[:1]
+    early = [r for r in run.rounds if 1 <= r.index < run.warmup]
     out: dict[str, dict[str, dict[str, float | None]]] = {}
-    for when, chosen in (("T1", t1), ("after", after)):
+    for when, chosen in (("warm-up", early), ("T1", t1), ("after", after)):
+        if not chosen:
+            continue
         table: dict[str, list[dict[str, float | None]]] = defaultdict(list)
         for signals in chosen:
             for name in INDICATORS:
@@ -233,9 +248,10 @@ def score_run(run: Run, fits: int) -> dict[str, dict[str, dict[str, float | None
                     paper_protocol(indicator(name, signals), run.truth, fits)
                 )
             for name in ("perclass_norm", "mean"):
-                for guard in (True, False):
-                    key = f"product{'+guard' if guard else ''}/{name}"
-                    table[key].append(product_protocol(name, signals, run.truth, guard))
+                for suffix, guard, quantile in GUARDS:
+                    table[f"product{suffix}/{name}"].append(
+                        product_protocol(name, signals, run.truth, guard, quantile)
+                    )
         out[when] = {key: _mean_dicts(values) for key, values in table.items()}
     return out
 
@@ -268,9 +284,11 @@ def markdown(scenario: str, scored: list[tuple[Run, dict[str, Any]]]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     labels = sorted({run.label for run, _ in scored}, key=lambda s: (s != "fednoro", s))
-    for when in ("T1", "after"):
+    for when in ("warm-up", "T1", "after"):
         for label in labels:
-            group = [s for run, s in scored if run.label == label]
+            group = [s for run, s in scored if run.label == label and when in s]
+            if not group:
+                continue
             la = "LA" if label == "fednoro" else "no LA"
             for key in group[0][when]:
                 rows = [g[when][key] for g in group]

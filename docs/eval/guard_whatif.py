@@ -1,0 +1,107 @@
+"""What-if for the FedNoRo separation guard (ALGORITHMS.md 2.1 step 5) on stored signals.
+
+The V4 evaluation (all clients clean) showed the guard letting single outlier clients through:
+a one-member group has population spread 0, so Ashman's D becomes sqrt(2) * z, z being the
+client's distance from the others in their standard deviations. This script re-scores the
+signals clients actually sent (``model_update.signals`` in the coordinator database the
+simulator keeps) with the product's ``FedNoRoDetector`` (paper-exact, guard off, so the mixture's
+vote is visible) and applies guard variants to the vote:
+
+- ``current``: D >= 2 (the product default);
+- ``min2``: D >= 2 and both groups have at least 2 clients (a single client is never flagged);
+- ``singleton_z3.5``: D >= 2 for groups of 2 or more; a one-member group needs z >= 3.5 against
+  the other clients (D >= 3.5 * sqrt(2));
+- ``D4``: D >= 4 whatever the group sizes;
+- ``min2+D4``: D >= 4 and both groups have at least 2 clients;
+- ``calibrated``: D >= 2 and D above the 99th percentile of D for the same group sizes drawn
+  from one normal population (``null_separation_threshold``; the product default since commit
+  120dd67, which was written after the V4 results below were measured).
+
+Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
+federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
+flags fed back into training, so their numbers are shown but are not what the variant would
+have produced.
+
+Usage (from the repository root)::
+
+    .venv/bin/python docs/eval/guard_whatif.py /work/eval-runs/V1 /work/eval-runs/V4 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from claim1_ablation import indicator, load_runs  # noqa: E402
+
+from service.audit import FedNoRoDetector  # noqa: E402
+from service.audit.detection import ashman_d, null_separation_threshold  # noqa: E402
+from service.simulation.metrics import detection_metrics  # noqa: E402
+
+Rule = Callable[[float | None, int, int], bool]
+
+RULES: dict[str, Rule] = {
+    "current": lambda d, a, b: d is not None and d >= 2.0,
+    "min2": lambda d, a, b: d is not None and d >= 2.0 and min(a, b) >= 2,
+    "singleton_z3.5": lambda d, a, b: (
+        d is not None and (d >= 2.0 if min(a, b) >= 2 else d >= 3.5 * math.sqrt(2.0))
+    ),
+    "D4": lambda d, a, b: d is not None and d >= 4.0,
+    "min2+D4": lambda d, a, b: d is not None and d >= 4.0 and min(a, b) >= 2,
+    "calibrated": lambda d, a, b: (
+        d is not None and d >= max(2.0, null_separation_threshold(a + b, a, 0.99))
+    ),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="separation-guard variants on stored signals")
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    args = parser.parse_args()
+    print(
+        "| scenario | federation | seed | rounds | truly noisy | "
+        + " | ".join(f"{name}: F1 / rounds with a false alarm" for name in RULES)
+        + " |"
+    )
+    print("|" + " --- |" * (5 + len(RULES)))
+    with threadpool_limits(limits=1):
+        for run_dir in args.run_dirs:
+            for run in load_runs(run_dir):
+                rounds = [r for r in run.rounds if r.index >= run.warmup]
+                f1: dict[str, list[float]] = {name: [] for name in RULES}
+                alarms: dict[str, int] = dict.fromkeys(RULES, 0)
+                for signals in rounds:
+                    detector = FedNoRoDetector(require_separation=False, separation_quantile=None)
+                    detector.fit(signals.loss, signals.counts)
+                    if detector.labels_ is None:
+                        continue
+                    vote = np.asarray(detector.labels_, dtype=bool)
+                    mean = indicator("mean", signals)[:, 0]
+                    d = ashman_d(mean[vote], mean[~vote])
+                    for name, rule in RULES.items():
+                        passed = rule(d, int(vote.sum()), int((~vote).sum()))
+                        flags = vote if passed else np.zeros_like(vote)
+                        f1[name].append(detection_metrics(run.truth, flags)["f1"])
+                        alarms[name] += int(bool((flags & ~run.truth).any()))
+                cells = [
+                    f"{np.mean(f1[name]):.2f} / {alarms[name]}" if f1[name] else "-"
+                    for name in RULES
+                ]
+                print(
+                    f"| {run.scenario} | {run.label} | {run.seed} | {len(rounds)} | "
+                    f"{int(run.truth.sum())}/{run.truth.size} | " + " | ".join(cells) + " |"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
