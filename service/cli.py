@@ -76,7 +76,10 @@ def serve(
         token = settings.admin_secret()
         # worker processes read their settings from the environment: give them the same token
         os.environ["FEDAUDIT_ADMIN_TOKEN"] = token
-        err.print(f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}")
+        err.print(
+            f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}",
+            soft_wrap=True,
+        )
     try:
         if workers > 1:
             create_app(settings, run_reaper=False)  # fail fast on the migration check
