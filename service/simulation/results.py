@@ -267,6 +267,12 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
             if any(v is None for v in values)
             else spearman(np.asarray(values, dtype=np.float64), rates)
         )
+    mean_losses = [c.detectors.get("fednoro", {}).get("mean_loss") for c in record.clients]
+    correlations["fednoro_mean_loss"] = (
+        None
+        if any(v is None for v in mean_losses)
+        else spearman(np.asarray(mean_losses, dtype=np.float64), rates)
+    )
     result["spearman"] = correlations
     precision = [c.label_precision for c in record.clients if c.label_precision is not None]
     recall = [c.label_recall for c in record.clients if c.label_recall is not None]
@@ -537,6 +543,7 @@ SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
     "spearman_expertise",
     "spearman_fednoro",
     "spearman_fedncl",
+    "spearman_fednoro_mean_loss",
     "label_precision",
     "label_recall",
     "accuracy_best",
@@ -572,6 +579,7 @@ def _summary_row(run: RunResult) -> list[Any]:
         spear.get("expertise"),
         spear.get("fednoro_score"),
         spear.get("fedncl_score"),
+        spear.get("fednoro_mean_loss"),
         s["label_precision_final"],
         s["label_recall_final"],
         s["accuracy"]["best"],

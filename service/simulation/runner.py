@@ -480,6 +480,12 @@ def _round_record(
                 "noisiness": noisiness_score(det_name, verdict),
             }
             if det_name == "fednoro" and verdict is not None:
+                # the graded statistic behind FedNoRo's flags: the client's mean loss on its
+                # own labels under the global model (the separation guard's input)
+                entries[det_name]["mean_loss"] = _float_or_none(
+                    (verdict.get("evidence") or {}).get("mean_loss")
+                )
+            if det_name == "fednoro" and verdict is not None:
                 normalised = (verdict.get("evidence") or {}).get("normalised_loss")
         summary = trained_clients[k].summary
         metrics: dict[str, Any] = dict(summary.metrics)

@@ -393,3 +393,17 @@ def test_per_class_heat_map_is_skipped_without_losses(tmp_path: Path):
     assert not (tmp_path / "x.png").exists()
     run.rounds[-1].clients[0].per_class_loss = [0.5, None, 2.0]
     assert plot_per_class_loss(run, tmp_path / "y.png") == tmp_path / "y.png"
+
+
+def test_fednoro_mean_loss_is_correlated_when_present():
+    run = make_run()
+    record = run.rounds[1]
+    # mean losses [0.2, 0.3, 1.1, 1.6] against rates [0, 0, 0.5, 0.8]: loss ranks [1, 2, 3, 4]
+    # centred [-1.5, -0.5, 0.5, 1.5], rate ranks centred [-1, -1, 0.5, 1.5]:
+    # products 1.5 + 0.5 + 0.25 + 2.25 = 4.5, over sqrt(5 * 4.5): rho = 4.5 / 4.7434 = 0.9487
+    for client, loss in zip(record.clients, [0.2, 0.3, 1.1, 1.6], strict=True):
+        client.detectors["fednoro"]["mean_loss"] = loss
+    metrics = round_metrics(run, record)
+    assert metrics["spearman"]["fednoro_mean_loss"] == pytest.approx(4.5 / math.sqrt(22.5))
+    # absent (no fednoro evidence) -> None, never a made-up number
+    assert round_metrics(run, run.rounds[0])["spearman"]["fednoro_mean_loss"] is None
