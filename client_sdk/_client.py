@@ -22,8 +22,8 @@ import httpx
 
 from client_sdk._exceptions import (
     APIConnectionError,
-    ConflictError,
     APITimeoutError,
+    ConflictError,
     FederationFailedError,
     IntegrityError,
     status_error,
