@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         ),
     )
     check_migrations: bool = True
+    metrics_require_admin: bool = Field(
+        default=False,
+        description=(
+            "Require the admin bearer token on /metrics. Off by default: Prometheus scrapers "
+            "usually send no token and the metrics hold only aggregate counts."
+        ),
+    )
 
     @field_validator("data_dir")
     @classmethod

@@ -6,6 +6,7 @@ from service.coordinator.services import Services
 from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
 from service.store.migrate import check_at_head
+from service.store.models import CLIENT_STATUSES, FEDERATION_STATUSES, ROUND_STATES
 
 
 def readiness(services: Services) -> None:
@@ -21,24 +22,18 @@ def readiness(services: Services) -> None:
         raise NotReadyError(f"database unreachable: {type(exc).__name__}: {exc}") from None
 
 
-def prometheus_metrics(services: Services) -> str:
+def metrics_snapshot(services: Services) -> dict[str, dict[str, int]]:
+    """Aggregate counts read from the database, so every replica answers the same.
+
+    Every known federation status, round state and client status is present (zero when there
+    is none), so a series does not vanish when its count drops to zero.
+    """
     with services.sessions() as session:
         counts = repo.status_counts(session)
-    lines = [
-        "# HELP fedaudit_federations Federations by status.",
-        "# TYPE fedaudit_federations gauge",
-        *(
-            f'fedaudit_federations{{status="{s}"}} {n}'
-            for s, n in sorted(counts["federations"].items())
-        ),
-        "# HELP fedaudit_rounds Rounds by state.",
-        "# TYPE fedaudit_rounds gauge",
-        *(f'fedaudit_rounds{{state="{s}"}} {n}' for s, n in sorted(counts["rounds"].items())),
-        "# HELP fedaudit_updates_accepted_total Updates accepted.",
-        "# TYPE fedaudit_updates_accepted_total counter",
-        f"fedaudit_updates_accepted_total {counts['updates']['accepted']}",
-        "# HELP fedaudit_updates_rejected_total Updates rejected.",
-        "# TYPE fedaudit_updates_rejected_total counter",
-        f"fedaudit_updates_rejected_total {counts['updates']['rejected']}",
-    ]
-    return "\n".join(lines) + "\n"
+    for key, known in (
+        ("federations", FEDERATION_STATUSES),
+        ("rounds", ROUND_STATES),
+        ("clients", CLIENT_STATUSES),
+    ):
+        counts[key] = {**dict.fromkeys(known, 0), **counts[key]}
+    return counts

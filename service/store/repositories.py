@@ -326,22 +326,30 @@ def list_events(
 
 
 def status_counts(session: Session) -> dict[str, dict[str, int]]:
-    """Counts for the metrics endpoint."""
+    """Aggregate counts for the metrics endpoint: a handful of GROUP BY queries, no rows.
+
+    A client's status is its effective one (a pin wins over the detectors).
+    """
     federations = session.execute(
         select(Federation.status, func.count()).group_by(Federation.status)
     ).all()
     rounds = session.execute(select(Round.state, func.count()).group_by(Round.state)).all()
-    updates = session.scalar(select(func.count()).select_from(ModelUpdate)) or 0
-    rejected = (
-        session.scalar(
-            select(func.count()).select_from(Event).where(Event.kind == "update.rejected")
-        )
-        or 0
-    )
+    client_status = func.coalesce(Client.pinned_status, Client.status)
+    clients = session.execute(select(client_status, func.count()).group_by(client_status)).all()
+    events = session.execute(select(Event.kind, func.count()).group_by(Event.kind)).all()
+    updates = session.execute(
+        select(func.count(), func.coalesce(func.sum(ModelUpdate.size_bytes), 0))
+    ).one()
+    versions = session.execute(
+        select(func.count(), func.coalesce(func.sum(ModelVersion.size_bytes), 0))
+    ).one()
     return {
         "federations": {str(s): int(n) for s, n in federations},
         "rounds": {str(s): int(n) for s, n in rounds},
-        "updates": {"accepted": int(updates), "rejected": int(rejected)},
+        "clients": {str(s): int(n) for s, n in clients},
+        "events": {str(k): int(n) for k, n in events},
+        "updates": {"count": int(updates[0]), "bytes": int(updates[1])},
+        "model_versions": {"count": int(versions[0]), "bytes": int(versions[1])},
     }
 
 

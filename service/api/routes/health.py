@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse
 
-from service.api.deps import ServicesDep
-from service.api.problems import problem
+from service import __version__
+from service.api import prometheus
+from service.api.deps import Credentials, ServicesDep, require_admin
+from service.api.problems import PROBLEM_401, problem
+from service.api.prometheus import MetricFamily, by_label
 from service.coordinator import ops
 
 router = APIRouter(tags=["health"])
@@ -27,6 +32,74 @@ def readyz(services: ServicesDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
-def metrics(services: ServicesDep) -> str:
-    return ops.prometheus_metrics(services)
+def metrics_auth(services: ServicesDep, credentials: Credentials) -> None:
+    """The admin token, only when `metrics_require_admin` is set (scrapers usually send none)."""
+    if services.settings.metrics_require_admin:
+        require_admin(services, credentials)
+
+
+def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
+    """The exposition of one database snapshot (see `ops.metrics_snapshot`)."""
+    rejected = counts["events"].get("update.rejected", 0)
+    return [
+        MetricFamily(
+            "fedaudit_build_info",
+            "Version of the coordinator answering.",
+            "gauge",
+            [({"version": __version__}, 1)],
+        ),
+        MetricFamily(
+            "fedaudit_federations",
+            "Federations by status.",
+            "gauge",
+            by_label("status", counts["federations"]),
+        ),
+        MetricFamily(
+            "fedaudit_rounds", "Rounds by state.", "gauge", by_label("state", counts["rounds"])
+        ),
+        MetricFamily(
+            "fedaudit_clients",
+            "Clients by effective status (a pin wins over the detectors).",
+            "gauge",
+            by_label("status", counts["clients"]),
+        ),
+        MetricFamily(
+            "fedaudit_updates_accepted_total",
+            "Model updates accepted.",
+            "counter",
+            [({}, counts["updates"]["count"])],
+        ),
+        MetricFamily(
+            "fedaudit_updates_rejected_total",
+            "Model updates rejected (events of kind update.rejected).",
+            "counter",
+            [({}, rejected)],
+        ),
+        MetricFamily(
+            "fedaudit_events_total",
+            "Events in the audit trail by kind (rejected requests are events).",
+            "counter",
+            by_label("kind", counts["events"]),
+        ),
+        MetricFamily(
+            "fedaudit_model_bytes",
+            "Bytes of stored models as uploaded (kind=update) or aggregated (kind=global), "
+            "before content-addressed deduplication.",
+            "gauge",
+            [
+                ({"kind": "global"}, counts["model_versions"]["bytes"]),
+                ({"kind": "update"}, counts["updates"]["bytes"]),
+            ],
+        ),
+    ]
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    summary="Prometheus metrics (text format 0.0.4), read from the database",
+    responses={**PROBLEM_401},
+)
+def metrics(services: ServicesDep, _: Annotated[None, Depends(metrics_auth)]) -> PlainTextResponse:
+    text = prometheus.render(metric_families(ops.metrics_snapshot(services)))
+    return PlainTextResponse(text, media_type=prometheus.CONTENT_TYPE)
