@@ -15,7 +15,13 @@ vote is visible) and applies guard variants to the vote:
 - ``min2+D4``: D >= 4 and both groups have at least 2 clients;
 - ``calibrated``: D >= 2 and D above the 99th percentile of D for the same group sizes drawn
   from one normal population (``null_separation_threshold``; the product default since commit
-  120dd67, which was written after the V4 results below were measured).
+  120dd67, which was written after the V4 results below were measured);
+- ``cal_q0.9``: as ``calibrated`` with the 90th percentile;
+- ``cal_q0.8+persist``: the 80th percentile, and the same group must also have passed in the
+  previous round;
+- ``cal_adjusted``: as ``calibrated``, but D on a class-adjusted mean loss (each client's summed
+  loss divided by what the per-class median client would lose on the same samples), which takes
+  the class mix out of the statistic under label skew.
 
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
@@ -60,7 +66,31 @@ RULES: dict[str, Rule] = {
     "calibrated": lambda d, a, b: (
         d is not None and d >= max(2.0, null_separation_threshold(a + b, a, 0.99))
     ),
+    "cal_q0.9": lambda d, a, b: (
+        d is not None and d >= max(2.0, null_separation_threshold(a + b, a, 0.9))
+    ),
 }
+PERSIST_QUANTILE = 0.8
+EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted")
+
+
+def class_adjusted_mean_loss(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each client's summed loss over what the per-class median client would lose on its samples."""
+    missing = counts == 0
+    median = np.zeros(loss.shape[1])
+    for c in range(loss.shape[1]):
+        present = ~missing[:, c]
+        if present.any():
+            median[c] = float(np.median(loss[present, c]))
+    summed = (np.where(missing, 0.0, loss) * counts).sum(axis=1)
+    expected = (counts * median[None, :]).sum(axis=1)
+    return np.asarray(summed / expected, dtype=np.float64)
+
+
+def _passes(d: float | None, a: int, b: int, quantile: float) -> bool:
+    if d is None or a == 0 or b == 0:
+        return False
+    return d >= max(2.0, null_separation_threshold(a + b, a, quantile))
 
 
 def main() -> int:
@@ -69,32 +99,50 @@ def main() -> int:
     args = parser.parse_args()
     print(
         "| scenario | federation | seed | rounds | truly noisy | "
-        + " | ".join(f"{name}: F1 / rounds with a false alarm" for name in RULES)
+        + " | ".join(f"{name}: F1 / rounds with a false alarm" for name in (*RULES, *EXTRA_RULES))
         + " |"
     )
-    print("|" + " --- |" * (5 + len(RULES)))
+    print("|" + " --- |" * (5 + len(RULES) + len(EXTRA_RULES)))
     with threadpool_limits(limits=1):
         for run_dir in args.run_dirs:
             for run in load_runs(run_dir):
                 rounds = [r for r in run.rounds if r.index >= run.warmup]
-                f1: dict[str, list[float]] = {name: [] for name in RULES}
-                alarms: dict[str, int] = dict.fromkeys(RULES, 0)
-                for signals in rounds:
+                names = [*RULES, *EXTRA_RULES]
+                f1: dict[str, list[float]] = {name: [] for name in names}
+                alarms: dict[str, int] = dict.fromkeys(names, 0)
+                previous: tuple[np.ndarray, bool] | None = None  # last round's vote, passed
+                for signals in sorted(run.rounds, key=lambda r: r.index):
                     detector = FedNoRoDetector(require_separation=False, separation_quantile=None)
                     detector.fit(signals.loss, signals.counts)
                     if detector.labels_ is None:
+                        previous = None
                         continue
                     vote = np.asarray(detector.labels_, dtype=bool)
+                    a, b = int(vote.sum()), int((~vote).sum())
                     mean = indicator("mean", signals)[:, 0]
                     d = ashman_d(mean[vote], mean[~vote])
-                    for name, rule in RULES.items():
-                        passed = rule(d, int(vote.sum()), int((~vote).sum()))
-                        flags = vote if passed else np.zeros_like(vote)
+                    adjusted = class_adjusted_mean_loss(signals.loss, signals.counts)
+                    passed_low = _passes(d, a, b, PERSIST_QUANTILE)
+                    decisions = {name: rule(d, a, b) for name, rule in RULES.items()}
+                    decisions["cal_q0.8+persist"] = (
+                        passed_low
+                        and previous is not None
+                        and previous[1]
+                        and np.array_equal(previous[0], vote)
+                    )
+                    decisions["cal_adjusted"] = _passes(
+                        ashman_d(adjusted[vote], adjusted[~vote]), a, b, 0.99
+                    )
+                    previous = (vote, passed_low)
+                    if signals.index < run.warmup:
+                        continue
+                    for name in names:
+                        flags = vote if decisions[name] else np.zeros_like(vote)
                         f1[name].append(detection_metrics(run.truth, flags)["f1"])
                         alarms[name] += int(bool((flags & ~run.truth).any()))
                 cells = [
                     f"{np.mean(f1[name]):.2f} / {alarms[name]}" if f1[name] else "-"
-                    for name in RULES
+                    for name in names
                 ]
                 print(
                     f"| {run.scenario} | {run.label} | {run.seed} | {len(rounds)} | "
