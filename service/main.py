@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from service import __version__
 from service.api import problems
 from service.api.problems import ProblemDetails
-from service.api.routes import federations, health, models, participation, reports
+from service.api.routes import admin, federations, health, models, participation, reports
 from service.config import Settings, get_settings
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
             allow_headers=["*"],
         )
     app.include_router(health.router)
+    app.include_router(admin.router)
     # participation first: its /rounds/current must win over the admin /rounds/{index}
     for router in (participation.router, federations.router, reports.router, models.router):
         app.include_router(router, prefix=API_PREFIX)

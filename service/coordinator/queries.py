@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -15,6 +16,27 @@ def list_federations(session: Session, *, offset: int, limit: int) -> tuple[list
     return repo.list_federations(session, offset=offset, limit=limit), repo.count_federations(
         session
     )
+
+
+def federation_overview(session: Session, *, limit: int = 1000) -> list[dict[str, Any]]:
+    """Every federation with its status, client count and rounds closed (the admin index)."""
+    counts = repo.federation_counts(session)
+    rows = []
+    for federation in repo.list_federations(session, offset=0, limit=limit):
+        count = counts.get(federation.id, {})
+        rows.append(
+            {
+                "id": str(federation.id),
+                "name": federation.name,
+                "status": federation.status,
+                "method": federation.config.get("method"),
+                "rounds_planned": federation.rounds,
+                "rounds_closed": count.get("rounds_closed", 0),
+                "clients": count.get("clients", 0),
+                "created_at": federation.created_at,
+            }
+        )
+    return rows
 
 
 def list_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:

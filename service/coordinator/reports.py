@@ -154,6 +154,54 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
     }
 
 
+def round_view(session: Session, federation: Federation, index: int) -> dict[str, Any]:
+    """One round for the dashboard: state, aggregation, and per client its weight, primary flag
+    and per-class losses (None where the client sent none or holds no sample of the class)."""
+    rnd = get_round(session, federation.id, index)
+    names = {c.id: c.name for c in repo.list_clients(session, federation.id)}
+    updates = sorted(
+        repo.updates_of_round(session, rnd.id), key=lambda u: (names[u.client_id], str(u.id))
+    )
+    audit = repo.audit_of_round(session, rnd.id)
+    weights = rnd.aggregation_weights or {}
+    rows = []
+    for update in updates:
+        losses = update.signals.get("per_class_loss")
+        counts = update.signals.get("class_counts")
+        per_class: list[float | None] | None = None
+        if losses is not None:
+            per_class = [
+                None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
+                for c, loss in enumerate(losses)
+            ]
+        position = None if audit is None else _position(audit, update.client_id)
+        flags = [] if audit is None else audit.result.get("primary_flags") or []
+        rows.append(
+            {
+                "client_id": str(update.client_id),
+                "name": names[update.client_id],
+                "num_samples": update.num_samples,
+                "per_class_loss": per_class,
+                "weight": weights.get(str(update.client_id)),
+                "primary_flag": (
+                    flags[position] if position is not None and position < len(flags) else None
+                ),
+            }
+        )
+    aggregation = {} if audit is None else audit.result.get("aggregation") or {}
+    return {
+        "round": rnd.index,
+        "state": rnd.state,
+        "state_reason": rnd.state_reason,
+        "audited": audit is not None,
+        "in_warmup": None if audit is None else audit.result.get("in_warmup"),
+        "aggregation_rule": rnd.aggregation_rule,
+        "fallback_reason": aggregation.get("fallback_reason"),
+        "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
+        "clients": rows,
+    }
+
+
 CSV_COLUMNS = (
     "client_id",
     "name",

@@ -47,6 +47,24 @@ def count_federations(session: Session) -> int:
     return session.scalar(select(func.count()).select_from(Federation)) or 0
 
 
+def federation_counts(session: Session) -> dict[uuid.UUID, dict[str, int]]:
+    """Per federation: its clients and its closed rounds (two GROUP BY queries)."""
+    clients = session.execute(
+        select(Client.federation_id, func.count()).group_by(Client.federation_id)
+    ).all()
+    closed = session.execute(
+        select(Round.federation_id, func.count())
+        .where(Round.state == "closed")
+        .group_by(Round.federation_id)
+    ).all()
+    counts: dict[uuid.UUID, dict[str, int]] = {}
+    for fid, n in clients:
+        counts.setdefault(fid, {"clients": 0, "rounds_closed": 0})["clients"] = int(n)
+    for fid, n in closed:
+        counts.setdefault(fid, {"clients": 0, "rounds_closed": 0})["rounds_closed"] = int(n)
+    return counts
+
+
 def lock_federation(session: Session, federation_id: uuid.UUID) -> Federation | None:
     """The federation row, locked for update on PostgreSQL (a no-op on SQLite)."""
     return session.scalar(

@@ -1,0 +1,323 @@
+"""HTML pages of the admin dashboard, built from the report dictionaries of the use cases.
+
+Plain f-strings: every value that reaches the page goes through `esc` (names, reasons and class
+labels come from clients and admins); markup built here is trusted. No script anywhere, and the
+routes send a Content-Security-Policy that would block one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from service.api.dashboard import svg
+from service.api.dashboard.svg import esc
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
+header{background:#343a40;color:#fff;padding:.6rem 1.2rem;display:flex;align-items:center;gap:1rem}
+header a{color:#fff;text-decoration:none;font-weight:600}
+header form{margin-left:auto}
+main{padding:1rem 1.2rem;max-width:1400px}
+section{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:.8rem 1rem;margin:1rem 0}
+h1{font-size:1.4rem;margin:.2rem 0 .6rem}h2{font-size:1.1rem;margin:.2rem 0 .6rem}
+table{border-collapse:collapse;font-size:.85rem}
+th,td{border-bottom:1px solid #e9ecef;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f1f3f5}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;padding:0 .45rem;border-radius:.6rem;color:#fff;font-size:.8rem}
+.trusted{background:#2b8a3e}.suspect{background:#f08c00}.noisy{background:#c92a2a}
+.other{background:#868e96}
+.muted{color:#868e96}.error{color:#c92a2a;font-weight:600}
+.plots{display:flex;flex-wrap:wrap;gap:1rem}
+.plots section{margin:0;overflow-x:auto}
+dl{display:grid;grid-template-columns:max-content auto;gap:.15rem .8rem;margin:0}
+dt{color:#868e96}dd{margin:0}
+"""
+
+
+def layout(title: str, body: str, *, logged_in: bool = True) -> str:
+    logout = (
+        '<form method="post" action="/admin/logout"><button type="submit">Log out</button></form>'
+        if logged_in
+        else ""
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} \u2014 fedaudit</title><style>{CSS}</style></head><body>"
+        f'<header><a href="/admin">fedaudit admin</a>{logout}</header>'
+        f"<main>{body}</main></body></html>"
+    )
+
+
+def badge(status: str | None) -> str:
+    css = status if status in svg.STATUS_COLORS else "other"
+    return f'<span class="badge {css}">{esc(status or "-")}</span>'
+
+
+def number(value: Any, digits: int = 4) -> str:
+    """A number with `digits` significant digits; "-" for None; anything else escaped."""
+    if value is None:
+        return '<span class="muted">-</span>'
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return esc(value)
+    return esc(f"{value:.{digits}g}" if isinstance(value, float) else value)
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else esc(value.strftime("%Y-%m-%d %H:%M UTC"))
+
+
+def login_page(error: str | None = None) -> str:
+    message = f'<p class="error">{esc(error)}</p>' if error else ""
+    body = (
+        "<section><h1>Log in</h1><p>Paste the coordinator's admin token "
+        "(<code>FEDAUDIT_ADMIN_TOKEN</code>). The browser keeps a signed session cookie, not the "
+        f"token.</p>{message}"
+        '<form method="post" action="/admin/login">'
+        '<label>Admin token <input type="password" name="token" autocomplete="current-password" '
+        'required autofocus></label> <button type="submit">Log in</button></form></section>'
+    )
+    return layout("Log in", body, logged_in=False)
+
+
+def not_found_page(detail: str) -> str:
+    body = (
+        f"<section><h1>Not found</h1><p>{esc(detail)}</p>"
+        '<p><a href="/admin">All federations</a></p></section>'
+    )
+    return layout("Not found", body)
+
+
+def federation_url(federation_id: str) -> str:
+    return f"/admin/federations/{quote(federation_id, safe='')}"
+
+
+def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
+    rows = "".join(
+        "<tr>"
+        f'<td><a href="{esc(federation_url(f["id"]))}">{esc(f["name"])}</a></td>'
+        f"<td>{esc(f['status'])}</td><td>{esc(f['method'] or '-')}</td>"
+        f'<td class="num">{esc(f["rounds_closed"])} / {esc(f["rounds_planned"])}</td>'
+        f'<td class="num">{esc(f["clients"])}</td><td>{_when(f["created_at"])}</td>'
+        "</tr>"
+        for f in federations
+    )
+    table = (
+        "<table><thead><tr><th>federation</th><th>status</th><th>method</th>"
+        "<th>rounds closed / planned</th><th>clients</th><th>created</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        if federations
+        else '<p class="muted">No federation yet.</p>'
+    )
+    return layout("Federations", f"<section><h1>Federations</h1>{table}</section>")
+
+
+def _flag_kind(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "absent"
+    if entry.get("in_warmup"):
+        return "warmup"
+    primary = entry.get("primary")
+    return "flagged" if primary is True else "clear" if primary is False else "undetermined"
+
+
+def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
+    """Clients x rounds of the primary detector's flags, from each client's flag history."""
+    rounds = sorted(
+        {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
+    )
+    if not rounds:
+        return '<p class="muted">No audited round yet.</p>'
+    cells = []
+    for client in clients:
+        by_round = {h["round"]: h for h in client["flag_history"]}
+        cells.append([_flag_kind(by_round.get(r)) for r in rounds])
+    return svg.flag_grid([c["name"] for c in clients], rounds, cells, label="flags over rounds")
+
+
+def class_loss_heatmap(round_view: Mapping[str, Any]) -> str:
+    rows = round_view["clients"]
+    classes = round_view["classes"]
+    if not rows:
+        return '<p class="muted">No update in this round.</p>'
+    values = [r["per_class_loss"] or [None] * len(classes) for r in rows]
+    return svg.heatmap(
+        values,
+        [r["name"] for r in rows],
+        classes,
+        label=f"per-class loss, round {round_view['round']}",
+    )
+
+
+def weight_bars(round_view: Mapping[str, Any], statuses: Mapping[str, str]) -> str:
+    rows = round_view["clients"]
+    if not rows:
+        return '<p class="muted">No update in this round.</p>'
+    colors = [
+        svg.STATUS_COLORS.get(statuses.get(r["client_id"], ""), svg.UNKNOWN_COLOR) for r in rows
+    ]
+    return svg.bar_chart(
+        [r["name"] for r in rows],
+        [r["weight"] for r in rows],
+        colors=colors,
+        label=f"aggregation weights, round {round_view['round']}",
+    )
+
+
+def neighbor_graph(clients: Sequence[Mapping[str, Any]]) -> str:
+    position = {c["client_id"]: i for i, c in enumerate(clients)}
+    edges = [
+        (position[c["client_id"]], position[n["client_id"]], float(n.get("weight") or 0.0))
+        for c in clients
+        for n in c["neighbors"] or []
+        if n.get("client_id") in position
+    ]
+    if not clients:
+        return '<p class="muted">No client.</p>'
+    nodes = [svg.Node(c["name"], c["status"]) for c in clients]
+    note = "" if edges else '<p class="muted">No neighbor relation in the latest audit.</p>'
+    return note + svg.circle_graph(nodes, edges, label="reliable-neighbor graph")
+
+
+def _scores(scores: Mapping[str, Any] | None, flags: Mapping[str, Any] | None) -> str:
+    if not scores:
+        return '<span class="muted">-</span>'
+    parts = []
+    for name, score in sorted(scores.items()):
+        flag = (flags or {}).get(name)
+        mark = " \u2691" if flag is True else ""
+        parts.append(f"{esc(name)}: {number(score)}{mark}")
+    return "<br>".join(parts)
+
+
+def _neighbors(neighbors: Sequence[Mapping[str, Any]] | None) -> str:
+    if not neighbors:
+        return '<span class="muted">-</span>'
+    return ", ".join(f"{esc(n.get('name'))} ({number(n.get('weight'))})" for n in neighbors)
+
+
+def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
+    rows = []
+    for c in clients:
+        pinned = (
+            f'<br><span class="muted">pinned: {esc(c["pin_reason"] or "")}'
+            f" (detected {esc(c['detected_status'])})</span>"
+            if c["pinned_status"]
+            else ""
+        )
+        classes = ", ".join(esc(x) for x in c["noisy_classes"]) or '<span class="muted">-</span>'
+        rows.append(
+            "<tr>"
+            f"<td>{esc(c['name'])}</td><td>{badge(c['status'])}{pinned}</td>"
+            f'<td class="num">{esc(c["times_flagged"])} / {esc(c["rounds_audited"])}</td>'
+            f"<td>{_scores(c['latest_scores'], c['latest_flags'])}</td>"
+            f'<td>{classes}</td><td class="num">{number(c["reliability"])}</td>'
+            f"<td>{_neighbors(c['neighbors'])}</td>"
+            f'<td class="num">{number(c["last_weight"])}</td>'
+            f'<td class="num">{number(c["num_samples"])}</td>'
+            "</tr>"
+        )
+    return (
+        "<table><thead><tr><th>client</th><th>status</th><th>flagged / audited</th>"
+        "<th>latest scores (\u2691 flagged)</th><th>noisy classes</th><th>reliability</th>"
+        "<th>neighbors (weight)</th><th>last weight</th><th>samples</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _summary(report: Mapping[str, Any]) -> str:
+    latest = report["latest"] or {}
+    items = [
+        ("status", esc(report["status"])),
+        ("primary detector", esc(report["primary_detector"])),
+        ("warm-up rounds", esc(report["warmup_rounds"])),
+        ("rounds audited", esc(report["rounds_audited"])),
+    ]
+    if latest:
+        items += [
+            ("latest audited round", esc(latest.get("round"))),
+            (
+                "primary verdict",
+                f"{esc(latest.get('primary_status'))} {esc(latest.get('primary_reason') or '')}",
+            ),
+            ("aggregation", esc(latest.get("aggregation_rule") or "-")),
+        ]
+        if latest.get("fallback_reason"):
+            items.append(("fallback", esc(latest["fallback_reason"])))
+    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _round_links(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> str:
+    rounds = sorted(
+        {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
+    )
+    if not rounds:
+        return ""
+    base = federation_url(federation_id)
+    links = " ".join(f'<a href="{esc(base)}/rounds/{int(r)}">{int(r)}</a>' for r in rounds)
+    return f"<p>Rounds: {links}</p>"
+
+
+def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] | None) -> str:
+    """The noisy-client report of one federation, with its plots."""
+    clients = report["clients"]
+    statuses = {c["client_id"]: c["status"] for c in clients}
+    if latest_round is None:
+        round_plots = '<section><p class="muted">No audited round yet.</p></section>'
+    else:
+        index = latest_round["round"]
+        round_plots = (
+            f"<section><h2>Per-class loss, round {esc(index)}</h2>"
+            f"{class_loss_heatmap(latest_round)}</section>"
+            f"<section><h2>Aggregation weights, round {esc(index)}</h2>"
+            f"{weight_bars(latest_round, statuses)}</section>"
+        )
+    body = (
+        f"<section><h1>{esc(report['federation'])}</h1>{_summary(report)}"
+        f"{_round_links(report['federation_id'], clients)}</section>"
+        f"<section><h2>Noisy-client report</h2>{client_table(clients)}</section>"
+        f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
+        f'<div class="plots">{round_plots}'
+        f"<section><h2>Reliable neighbors (latest audit)</h2>{neighbor_graph(clients)}</section>"
+        "</div>"
+    )
+    return layout(str(report["federation"]), body)
+
+
+def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]) -> str:
+    """One round: state, aggregation, per-class losses and weights."""
+    rows = "".join(
+        "<tr>"
+        f'<td>{esc(r["name"])}</td><td class="num">{esc(r["num_samples"])}</td>'
+        f"<td>{esc({True: 'flagged', False: 'clear'}.get(r['primary_flag'], '-'))}</td>"
+        f'<td class="num">{number(r["weight"])}</td>'
+        "</tr>"
+        for r in view["clients"]
+    )
+    details = [
+        (
+            "state",
+            esc(view["state"])
+            + (f" ({esc(view['state_reason'])})" if view["state_reason"] else ""),
+        ),
+        ("audited", "yes" if view["audited"] else "no"),
+        ("warm-up", esc(view["in_warmup"]) if view["audited"] else "-"),
+        ("aggregation", esc(view["aggregation_rule"] or "-")),
+    ]
+    if view["fallback_reason"]:
+        details.append(("fallback", esc(view["fallback_reason"])))
+    body = (
+        f'<section><p><a href="{esc(federation_url(federation_id))}">{esc(federation_name)}</a>'
+        f"</p><h1>Round {esc(view['round'])}</h1><dl>"
+        + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in details)
+        + "</dl></section>"
+        "<section><h2>Updates</h2><table><thead><tr><th>client</th><th>samples</th>"
+        f"<th>primary flag</th><th>weight</th></tr></thead><tbody>{rows}</tbody></table></section>"
+        f'<div class="plots"><section><h2>Per-class loss</h2>{class_loss_heatmap(view)}</section>'
+        f"<section><h2>Aggregation weights</h2>{weight_bars(view, {})}</section></div>"
+    )
+    return layout(f"{federation_name}: round {view['round']}", body)

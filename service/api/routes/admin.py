@@ -1,0 +1,176 @@
+"""Admin dashboard: server-rendered HTML pages under /admin (kept out of the OpenAPI schema).
+
+Auth: the admin bearer token (as the API), or the session cookie that `POST /admin/login`
+sets after checking the token — an HMAC of an expiry under the admin token, so the token is
+never stored in the browser and changing it ends every session. HttpOnly, SameSite=Strict,
+Secure on https. Without either, a page request is redirected (303) to /admin/login; a request
+that sends an Authorization header or asks for JSON (Accept) gets a 401 problem+json instead.
+The two forms (login, logout) also refuse a cross-site Origin header (CSRF).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from service.api.dashboard import pages
+from service.api.deps import ServicesDep, SessionDep
+from service.coordinator import clients as client_use_cases
+from service.coordinator import queries, reports
+from service.errors import AuthError, ForbiddenError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/admin", include_in_schema=False)
+
+COOKIE = "fedaudit_admin"
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def _redirect(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
+
+
+def _authenticated(request: Request, services: ServicesDep) -> bool:
+    secret = services.settings.admin_secret()
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        try:
+            client_use_cases.authenticate_admin(token, secret)
+            return True
+        except AuthError:
+            pass
+    return client_use_cases.check_admin_session(
+        request.cookies.get(COOKIE), secret, now=time.time()
+    )
+
+
+def _wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "json" in accept and "text/html" not in accept
+
+
+def _refused(request: Request, services: ServicesDep) -> Response | None:
+    """None when the request may see admin pages; otherwise the answer to send."""
+    if _authenticated(request, services):
+        return None
+    if "authorization" in request.headers or _wants_json(request):
+        raise AuthError("a valid admin bearer token or dashboard session is required")
+    return _redirect("/admin/login")
+
+
+def _check_origin(request: Request) -> None:
+    """Refuse a form post whose Origin names another site (browsers send it on POST)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return  # not a browser form, or an old browser: SameSite=Strict still applies
+    if origin == "null" or urlsplit(origin).netloc != request.headers.get("host"):
+        raise ForbiddenError("cross-site form post refused")
+
+
+@router.get("/login", summary="The login form")
+def login_form() -> HTMLResponse:
+    return _html(pages.login_page())
+
+
+@router.post("/login", summary="Check the admin token and start a dashboard session")
+def login(request: Request, services: ServicesDep, token: Annotated[str, Form()] = "") -> Response:
+    _check_origin(request)
+    secret = services.settings.admin_secret()
+    try:
+        client_use_cases.authenticate_admin(token, secret)
+    except AuthError:
+        log.warning(
+            "dashboard login refused from %s", request.client.host if request.client else "?"
+        )
+        return _html(pages.login_page("That is not the admin token."), status=401)
+    response = _redirect("/admin")
+    response.set_cookie(
+        COOKIE,
+        client_use_cases.admin_session(secret, now=time.time()),
+        max_age=client_use_cases.ADMIN_SESSION_TTL_S,
+        path="/admin",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="strict",
+    )
+    return response
+
+
+@router.post("/logout", summary="End the dashboard session")
+def logout(request: Request) -> Response:
+    _check_origin(request)
+    response = _redirect("/admin/login")
+    response.delete_cookie(
+        COOKIE,
+        path="/admin",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="strict",
+    )
+    return response
+
+
+@router.get("", summary="Federations")
+def index(request: Request, services: ServicesDep, session: SessionDep) -> Response:
+    if (refused := _refused(request, services)) is not None:
+        return refused
+    return _html(pages.index_page(queries.federation_overview(session)))
+
+
+def _federation_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFoundError(f"federation {raw} does not exist") from None
+
+
+@router.get("/federations/{federation_id}", summary="The noisy-client report of a federation")
+def federation_report(
+    federation_id: str, request: Request, services: ServicesDep, session: SessionDep
+) -> Response:
+    if (refused := _refused(request, services)) is not None:
+        return refused
+    try:
+        federation = queries.federation_of(session, _federation_id(federation_id))
+        report = reports.noisy_client_report(session, federation)
+        latest = report["latest"].get("round")
+        view = None if latest is None else reports.round_view(session, federation, latest)
+    except NotFoundError as exc:
+        return _html(pages.not_found_page(exc.detail), status=404)
+    return _html(pages.federation_page(report, view))
+
+
+@router.get("/federations/{federation_id}/rounds/{index}", summary="One round of a federation")
+def round_detail(
+    federation_id: str, index: str, request: Request, services: ServicesDep, session: SessionDep
+) -> Response:
+    if (refused := _refused(request, services)) is not None:
+        return refused
+    try:
+        federation = queries.federation_of(session, _federation_id(federation_id))
+        if not (index.isascii() and index.isdigit()):
+            raise NotFoundError(f"round {index} does not exist")
+        view = reports.round_view(session, federation, int(index))
+    except NotFoundError as exc:
+        return _html(pages.not_found_page(exc.detail), status=404)
+    return _html(pages.round_page(str(federation.id), federation.name, view))
