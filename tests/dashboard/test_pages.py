@@ -1,0 +1,97 @@
+"""Page builders of the dashboard, from literal report dictionaries."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from service.api.dashboard import pages
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def client(name: str, status: str, history: list[dict], neighbors: list[dict] | None = None):
+    return {
+        "client_id": f"id-{name}",
+        "name": name,
+        "status": status,
+        "flag_history": history,
+        "neighbors": neighbors,
+    }
+
+
+def test_neighbor_graph_draws_one_edge_per_known_neighbor() -> None:
+    clients = [
+        client("a", "trusted", [], [{"client_id": "id-b", "weight": 0.8, "name": "b"}]),
+        client(
+            "b",
+            "noisy",
+            [],
+            [
+                {"client_id": "id-a", "weight": 0.4, "name": "a"},
+                {"client_id": "id-gone", "weight": 0.9, "name": "gone"},  # not in the report
+            ],
+        ),
+    ]
+    root = ET.fromstring(pages.neighbor_graph(clients))
+    widths = [float(line.get("stroke-width", "nan")) for line in root.iter(f"{NS}line")]
+    assert widths == [4.75, 2.75]  # 0.75 + 4 * w / max w, max over the drawn edges
+
+
+def test_flag_grid_kinds_follow_the_history() -> None:
+    clients = [
+        client(
+            "a",
+            "suspect",
+            [
+                {"round": 0, "in_warmup": True, "primary": True},
+                {"round": 1, "in_warmup": False, "primary": True},
+                {"round": 3, "in_warmup": False, "primary": None},
+            ],
+        ),
+        client("b", "trusted", [{"round": 1, "in_warmup": False, "primary": False}]),
+    ]
+    root = ET.fromstring(pages.flag_grid(clients))
+    kinds = [r.get("class") for r in root.iter(f"{NS}rect") if "flag" in (r.get("class") or "")]
+    assert kinds == [
+        "flag warmup",
+        "flag flagged",
+        "flag undetermined",
+        "flag absent",
+        "flag clear",
+        "flag absent",
+    ]
+
+
+def test_number_formatting_and_escaping() -> None:
+    assert pages.number(None) == '<span class="muted">-</span>'
+    assert pages.number(0.000123456) == "0.0001235"
+    assert pages.number(12) == "12"
+    assert pages.number("<b>") == "&lt;b&gt;"
+
+
+def test_round_page_escapes_names() -> None:
+    view = {
+        "round": 2,
+        "state": "failed",
+        "state_reason": "<img src=x onerror=alert(1)>",
+        "audited": False,
+        "in_warmup": None,
+        "aggregation_rule": None,
+        "fallback_reason": None,
+        "classes": ["<cat>", "dog"],
+        "clients": [
+            {
+                "client_id": "id-x",
+                "name": "<x>",
+                "num_samples": 3,
+                "per_class_loss": [1.0, None],
+                "weight": None,
+                "primary_flag": None,
+            }
+        ],
+    }
+    html = pages.round_page("fid", "<fed>", view)
+    assert "<img" not in html
+    assert "<x>" not in html
+    assert "<cat>" not in html
+    assert "&lt;fed&gt;" in html
