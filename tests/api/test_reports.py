@@ -16,7 +16,14 @@ from tests.factories import ADMIN, tiny_state
 pytestmark = [pytest.mark.anyio, pytest.mark.db]
 
 NAMES = ("a", "b", "c", "d")
-FEDNCL = {"method": "fedncl", "detectors": ["fedncl"], "primary_detector": "fedncl"}
+# warmup_rounds 0: these tests read the audit of round 0, where Fed-NCL steers aggregation only
+# without a warm-up (the fedncl preset warms up for 10 % of the rounds).
+FEDNCL = {
+    "method": "fedncl",
+    "detectors": ["fedncl"],
+    "primary_detector": "fedncl",
+    "warmup_rounds": 0,
+}
 
 
 async def run_round(api, fed, index: int) -> None:

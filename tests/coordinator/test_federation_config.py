@@ -1,0 +1,31 @@
+"""The federation-level warm-up each method preset resolves to (federation_config.resolve_config)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.coordinator.federation_config import FederationConfigInput, resolve_config
+
+
+@pytest.mark.parametrize(
+    ("method", "rounds", "expected"),
+    [
+        ("fednoro", 30, 3),  # FedNoRo T1 = 10 of 100 rounds -> 3 of 30
+        ("fednoro", 100, 10),
+        ("fedncl", 30, 3),  # FedNoRo's 10 % (the Fed-NCL paper has none; see METHOD_WARMUP)
+        ("fedncl", 150, 15),
+        ("fedrn", 30, 6),  # FedRN 100 of 500 -> 6 of 30
+        ("fedavg", 20, 2),
+        ("fednoro", 1, 0),  # a one-round federation cannot warm up: capped at rounds - 1
+        ("fedncl", 2, 1),  # 10 % of 2 is 0.2 -> at least 1, and 1 <= rounds - 1
+    ],
+)
+def test_default_warmup(method: str, rounds: int, expected: int) -> None:
+    config = resolve_config(FederationConfigInput(method=method), rounds=rounds)
+    assert config["warmup_rounds"] == expected
+
+
+@pytest.mark.parametrize("method", ["fedncl", "fednoro", "fedrn"])
+def test_explicit_warmup_wins(method: str) -> None:
+    config = resolve_config(FederationConfigInput(method=method, warmup_rounds=0), rounds=30)
+    assert config["warmup_rounds"] == 0
