@@ -52,7 +52,7 @@ from torch import nn
 
 from client_sdk import AdminClient, APIStatusError, CoordinatorSDKError, FederationClient
 from client_sdk.participant import Participant, load_state_bytes, state_to_bytes
-from client_sdk.recipes import LocalData
+from client_sdk.recipes import LocalData, RecipeError
 from service.simulation.datasets import DatasetError, DataSplit, load_dataset
 from service.simulation.metrics import accuracy, balanced_accuracy
 from service.simulation.models import ModelConfigError, build_model
@@ -429,7 +429,15 @@ def _train_round(
             )
         if k == 0:
             collect_previous()
-        summary = participant.train_round(current)
+        try:
+            summary = participant.train_round(current)
+        except RecipeError as exc:
+            # A client's local training failed (e.g. diverged): name the run, round and client
+            # instead of a bare traceback; the coordinator data stays for inspection.
+            raise SimulationError(
+                f"{fed.spec.name} (federation {fed.federation_id}): client {fed.names[k]} failed "
+                f"in round {round_index}: {type(exc).__name__}: {exc}"
+            ) from exc
         if not summary.accepted:
             raise SimulationError(
                 f"{fed.spec.name}: round {round_index} closed before {fed.names[k]} uploaded"

@@ -135,3 +135,26 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     assert (out / "runs" / "fednoro_seed0.json").is_file()
     assert (out / "runs" / "fedavg_seed0.json").is_file()
     assert (out / "coordinator" / "coordinator.log").is_file()
+
+
+@pytest.mark.slow
+def test_a_diverging_client_stops_the_run_with_a_clear_error(tmp_path: Path):
+    from service.simulation.runner import SimulationError
+
+    scenario = {
+        "name": "diverge",
+        "dataset": "digits",
+        "clients": 3,
+        "partition": {"method": "iid"},
+        "noise": {"protocol": "none"},
+        # An absurd learning rate: the first client's weights overflow within its first epoch.
+        "training": {"rounds": 2, "local_epochs": 1, "lr": 1e30, "batch_size": 32},
+        "methods": [{"method": "fedavg"}],
+        "seeds": [0],
+    }
+    with pytest.raises(SimulationError) as info:
+        simulate(validate_scenario(scenario), tmp_path / "out", plots=False)
+    message = str(info.value)
+    assert "fedavg" in message
+    assert "client client-00 failed in round 0" in message
+    assert "TrainingDivergedError" in message
