@@ -47,6 +47,7 @@ def test_total_loss_by_hand() -> None:
         centroids=centroids,
         lambda_cen=1.0,
         lambda_e=0.8,
+        centroid_reduction="sum",
     )
     assert parts.ce.item() == pytest.approx(1.039721, abs=1e-5)
     assert parts.centroid.item() == pytest.approx(1.0)
@@ -58,7 +59,8 @@ def test_total_loss_by_hand() -> None:
     assert features.grad.tolist() == [[0.0, -2.0], [0.0, 0.0]]
 
 
-def test_mean_reduction_divides_by_the_batch() -> None:
+def test_default_reduction_divides_by_the_batch() -> None:
+    # The same masked distance as above (1.0), averaged over the B = 2 selected samples.
     parts = rofl_loss(
         torch.zeros(2, 2),
         torch.tensor([[1.0, 0.0], [0.0, 2.0]]),
@@ -68,9 +70,8 @@ def test_mean_reduction_divides_by_the_batch() -> None:
         torch.tensor([[1.0, 1.0], [0.0, 1.0]]),
         1.0,
         0.0,
-        centroid_reduction="mean",
     )
-    assert parts.centroid.item() == pytest.approx(0.5)  # 1 / B with B = 2
+    assert parts.centroid.item() == pytest.approx(0.5)
 
 
 def test_centroid_loss_reaches_the_feature_extractor() -> None:
