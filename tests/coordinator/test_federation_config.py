@@ -1,4 +1,4 @@
-"""The federation-level warm-up each method preset resolves to (federation_config.resolve_config)."""
+"""The federation-level warm-up each method preset resolves to (resolve_config)."""
 
 from __future__ import annotations
 
