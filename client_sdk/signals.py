@@ -14,6 +14,12 @@
 
 Only the signals the server lists in ``required`` are computed. Evaluation passes are batched on the
 device under ``torch.inference_mode()`` in eval mode, in float32, and restore each model's mode.
+On the CPU a convolutional model is evaluated with its 4-D weights in channels-last layout
+(oneDNN's fast path): the small CNN of ``benchmarks/bench_signals.py`` runs a pass 2-4 x faster
+than in the default layout (max-pooling in NCHW alone was 40 % of the pass), with logits equal to
+about 1e-7. The layout is restored afterwards (same parameter objects, same values, contiguous
+again, so the state serialises as before), and a model whose forward cannot run channels-last
+(e.g. ``x.view(...)`` on an activation) is evaluated in the default layout instead.
 
 The probe must be the same bytes on every client. ``torch.randn`` in float32 on the CPU is **not**:
 its vectorised kernel (used from 16 elements on) depends on the CPU's instruction set (AVX2 vs the
@@ -134,19 +140,50 @@ class Signals:
         return out
 
 
+def _channels_last_helps(model: nn.Module, inputs: torch.Tensor) -> bool:
+    """A CPU pass over image batches through a model with convolution (4-D) weights."""
+    if inputs.dim() != 4 or inputs.device.type != "cpu":
+        return False
+    return any(p.dim() == 4 and p.is_floating_point() for p in model.parameters())
+
+
+def _set_layout(model: nn.Module, layout: torch.memory_format) -> None:
+    """Re-lay the 4-D parameters and buffers in place (same objects; what ``Module.to`` does)."""
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.dim() == 4:
+                tensor.data = tensor.data.to(memory_format=layout)
+
+
+def _logits_pass(
+    model: nn.Module, inputs: torch.Tensor, batch_size: int, num_classes: int
+) -> torch.Tensor:
+    with torch.inference_mode():
+        outs = []
+        for start in range(0, inputs.shape[0], batch_size):
+            logits = model(inputs[start : start + batch_size])
+            check_logits(logits, num_classes)
+            outs.append(logits.float())
+        return torch.cat(outs)
+
+
 def _batched_logits(
     model: nn.Module, inputs: torch.Tensor, batch_size: int, num_classes: int
 ) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
-            outs = []
-            for start in range(0, inputs.shape[0], batch_size):
-                logits = model(inputs[start : start + batch_size])
-                check_logits(logits, num_classes)
-                outs.append(logits.float())
-            return torch.cat(outs)
+        if _channels_last_helps(model, inputs):
+            _set_layout(model, torch.channels_last)
+            try:
+                return _logits_pass(model, inputs, batch_size, num_classes)
+            except RuntimeError:
+                # The model's own code needs the default layout (a .view on an activation);
+                # the pass below either works in it or raises the model's real error.
+                pass
+            finally:
+                _set_layout(model, torch.contiguous_format)
+        return _logits_pass(model, inputs, batch_size, num_classes)
     finally:
         model.train(was_training)
 

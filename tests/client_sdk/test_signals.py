@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from client_sdk.recipes import LocalData, TrainReport
@@ -111,6 +113,74 @@ def test_evaluation_restores_mode_and_leaves_batchnorm_statistics() -> None:
     )
     assert model.training
     assert torch.equal(norm.running_mean, before)  # eval mode: no statistics update
+
+
+def _reference_per_class_loss(model: nn.Module, data: LocalData, num_classes: int) -> list:
+    """Per-class mean cross-entropy in the default (NCHW) layout, computed independently."""
+    model.eval()
+    with torch.no_grad():
+        losses = F.cross_entropy(model(data.inputs), data.labels, reduction="none")
+    return [
+        float(losses[data.labels == c].mean()) if bool((data.labels == c).any()) else None
+        for c in range(num_classes)
+    ]
+
+
+def test_convolution_models_on_cpu_give_the_default_layout_results_and_stay_unchanged() -> None:
+    # The CPU path evaluates convolution weights channels-last; the losses must equal an
+    # independent NCHW computation, and the model must come back with the same parameter
+    # objects, the same values and the default (contiguous) layout.
+    model = tiny_cnn(seed=3)
+    data = LocalData(
+        torch.randn(40, 1, 4, 4, generator=torch.Generator().manual_seed(1)), torch.arange(40) % 3
+    )
+    expected = _reference_per_class_loss(copy.deepcopy(model), data, 3)
+    params = list(model.parameters())
+    values = [p.detach().clone() for p in params]
+    out = signals_for(
+        {"per_class_loss", "train_accuracy"},
+        data=data,
+        global_model=model,
+        local_model=model,
+        input_shape=(1, 4, 4),
+        batch_size=16,
+    )
+    assert out.per_class_loss == pytest.approx(expected, abs=1e-5)
+    assert list(model.parameters()) == params
+    for p, v in zip(params, values, strict=True):
+        assert p.is_contiguous()
+        assert torch.equal(p, v)
+
+
+class ViewsActivations(nn.Module):
+    """A conv model whose forward needs the default layout (``.view`` on an activation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.head = nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        return self.head(h.view(h.shape[0], -1))
+
+
+def test_a_model_that_needs_the_default_layout_still_gets_its_signals() -> None:
+    model = ViewsActivations()
+    data = LocalData(
+        torch.randn(9, 1, 4, 4, generator=torch.Generator().manual_seed(2)), torch.arange(9) % 3
+    )
+    expected = _reference_per_class_loss(copy.deepcopy(model), data, 3)
+    out = signals_for(
+        {"per_class_loss"},
+        data=data,
+        global_model=model,
+        local_model=model,
+        input_shape=(1, 4, 4),
+    )
+    assert out.per_class_loss == pytest.approx(expected, abs=1e-5)
+    assert all(p.is_contiguous() for p in model.parameters())
 
 
 @pytest.mark.parametrize(
