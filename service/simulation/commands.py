@@ -17,6 +17,7 @@ to the ground truth and both methods' accuracy.
 from __future__ import annotations
 
 import datetime as _dt
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -463,6 +464,13 @@ def _print_where(console: Console, outcome: SimulationOutcome) -> None:
         console.print(
             f"coordinator data directory (SQLite, models, updates, log; {size / 1e6:.0f} MB): "
             f"{outcome.data_dir}"
+        )
+        console.print(
+            "browse the reports in the admin dashboard: "
+            f"FEDAUDIT_DATA_DIR={shlex.quote(str(outcome.data_dir))} "
+            "FEDAUDIT_ADMIN_TOKEN=<choose one> fedaudit serve, then open "
+            "http://127.0.0.1:8000/admin and log in with that token",
+            soft_wrap=True,
         )
     else:
         console.print("coordinator data directory removed (--no-keep-coordinator-data)")
