@@ -15,7 +15,7 @@
 Only the signals the server lists in ``required`` are computed. Evaluation passes are batched on the
 device under ``torch.inference_mode()`` in eval mode, in float32, and restore each model's mode.
 On the CPU a convolutional model is evaluated with its 4-D weights in channels-last layout
-(oneDNN's fast path): the small CNN of ``benchmarks/bench_signals.py`` runs a pass 2-4 x faster
+(oneDNN's fast path): the small CNN of ``benchmarks/bench_signals.py`` runs a pass about 2 x faster
 than in the default layout (max-pooling in NCHW alone was 40 % of the pass), with logits equal to
 about 1e-7. The layout is restored afterwards (same parameter objects, same values, contiguous
 again, so the state serialises as before), and a model whose forward cannot run channels-last
