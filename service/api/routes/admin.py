@@ -16,11 +16,11 @@ import uuid
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.dashboard import pages
-from service.api.deps import ServicesDep, SessionDep
+from service.api.deps import Credentials, ServicesDep, SessionDep, require_admin
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries, reports
 from service.errors import AuthError, ForbiddenError, NotFoundError
@@ -50,18 +50,14 @@ def _redirect(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
 
 
-def _authenticated(request: Request, services: ServicesDep) -> bool:
-    secret = services.settings.admin_secret()
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
-        try:
-            client_use_cases.authenticate_admin(token, secret)
-            return True
-        except AuthError:
-            pass
-    return client_use_cases.check_admin_session(
-        request.cookies.get(COOKIE), secret, now=time.time()
-    )
+def _authenticated(request: Request, services: ServicesDep, credentials: Credentials) -> bool:
+    try:
+        require_admin(services, credentials)
+        return True
+    except AuthError:
+        return client_use_cases.check_admin_session(
+            request.cookies.get(COOKIE), services.settings.admin_secret(), now=time.time()
+        )
 
 
 def _wants_json(request: Request) -> bool:
@@ -69,13 +65,16 @@ def _wants_json(request: Request) -> bool:
     return "json" in accept and "text/html" not in accept
 
 
-def _refused(request: Request, services: ServicesDep) -> Response | None:
+def refusal(request: Request, services: ServicesDep, credentials: Credentials) -> Response | None:
     """None when the request may see admin pages; otherwise the answer to send."""
-    if _authenticated(request, services):
+    if _authenticated(request, services, credentials):
         return None
     if "authorization" in request.headers or _wants_json(request):
         raise AuthError("a valid admin bearer token or dashboard session is required")
     return _redirect("/admin/login")
+
+
+Refusal = Annotated[Response | None, Depends(refusal)]
 
 
 def _check_origin(request: Request) -> None:
@@ -131,8 +130,8 @@ def logout(request: Request) -> Response:
 
 
 @router.get("", summary="Federations")
-def index(request: Request, services: ServicesDep, session: SessionDep) -> Response:
-    if (refused := _refused(request, services)) is not None:
+def index(refused: Refusal, session: SessionDep) -> Response:
+    if refused is not None:
         return refused
     return _html(pages.index_page(queries.federation_overview(session)))
 
@@ -145,10 +144,8 @@ def _federation_id(raw: str) -> uuid.UUID:
 
 
 @router.get("/federations/{federation_id}", summary="The noisy-client report of a federation")
-def federation_report(
-    federation_id: str, request: Request, services: ServicesDep, session: SessionDep
-) -> Response:
-    if (refused := _refused(request, services)) is not None:
+def federation_report(federation_id: str, refused: Refusal, session: SessionDep) -> Response:
+    if refused is not None:
         return refused
     try:
         federation = queries.federation_of(session, _federation_id(federation_id))
@@ -161,10 +158,8 @@ def federation_report(
 
 
 @router.get("/federations/{federation_id}/rounds/{index}", summary="One round of a federation")
-def round_detail(
-    federation_id: str, index: str, request: Request, services: ServicesDep, session: SessionDep
-) -> Response:
-    if (refused := _refused(request, services)) is not None:
+def round_detail(federation_id: str, index: str, refused: Refusal, session: SessionDep) -> Response:
+    if refused is not None:
         return refused
     try:
         federation = queries.federation_of(session, _federation_id(federation_id))
