@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, Request
@@ -77,6 +77,16 @@ def refusal(request: Request, services: ServicesDep, credentials: Credentials) -
 Refusal = Annotated[Response | None, Depends(refusal)]
 
 
+def _cookie_attributes(request: Request) -> dict[str, Any]:
+    """What set_cookie and delete_cookie must agree on, or the browser keeps the cookie."""
+    return {
+        "path": "/admin",
+        "secure": request.url.scheme == "https",
+        "httponly": True,
+        "samesite": "strict",
+    }
+
+
 def _check_origin(request: Request) -> None:
     """Refuse a form post whose Origin names another site (browsers send it on POST)."""
     origin = request.headers.get("origin")
@@ -107,10 +117,7 @@ def login(request: Request, services: ServicesDep, token: Annotated[str, Form()]
         COOKIE,
         client_use_cases.admin_session(secret, now=time.time()),
         max_age=client_use_cases.ADMIN_SESSION_TTL_S,
-        path="/admin",
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="strict",
+        **_cookie_attributes(request),
     )
     return response
 
@@ -119,13 +126,7 @@ def login(request: Request, services: ServicesDep, token: Annotated[str, Form()]
 def logout(request: Request) -> Response:
     _check_origin(request)
     response = _redirect("/admin/login")
-    response.delete_cookie(
-        COOKIE,
-        path="/admin",
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="strict",
-    )
+    response.delete_cookie(COOKIE, **_cookie_attributes(request))
     return response
 
 
