@@ -36,12 +36,13 @@ def short(label: str, limit: int = 24) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 
 
-def is_missing(value: float | None) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _present(value: float | None) -> float | None:
+    """The value as a float, or None when it is absent (None or NaN)."""
     return None if value is None or math.isnan(value) else float(value)
+
+
+def is_missing(value: float | None) -> bool:
+    return _present(value) is None
 
 
 def sequential_color(t: float) -> str:
@@ -61,6 +62,14 @@ def _svg(width: float, height: float, body: list[str], label: str) -> str:
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{esc(label)}" {FONT}>'
         + "".join(body)
         + "</svg>"
+    )
+
+
+def _row_label(left: float, baseline: float, label: object) -> str:
+    """A row's label, right-aligned just left of the plot area."""
+    return (
+        f'<text x="{left - 6:.1f}" y="{baseline:.1f}" text-anchor="end">'
+        f"{esc(short(str(label)))}</text>"
     )
 
 
@@ -94,10 +103,7 @@ def heatmap(
         )
     for i, row in enumerate(values):
         y = top + i * cell
-        body.append(
-            f'<text x="{left - 6:.1f}" y="{y + cell / 2 + 4:.1f}" text-anchor="end">'
-            f"{esc(short(str(row_labels[i])))}</text>"
-        )
+        body.append(_row_label(left, y + cell / 2 + 4, row_labels[i]))
         for j, value in enumerate(row):
             x = left + j * cell
             where = f"{row_labels[i]}, {col_labels[j]}"
@@ -147,10 +153,7 @@ def bar_chart(
     body: list[str] = []
     for i, (name, value) in enumerate(zip(labels, values, strict=True)):
         y = 4 + i * (bar_height + 4)
-        body.append(
-            f'<text x="{left - 6:.1f}" y="{y + bar_height - 5:.1f}" text-anchor="end">'
-            f"{esc(short(str(name)))}</text>"
-        )
+        body.append(_row_label(left, y + bar_height - 5, name))
         v = _present(value)
         if v is None:
             body.append(f'<text x="{left:.1f}" y="{y + bar_height - 5:.1f}">n/a</text>')
@@ -186,10 +189,7 @@ def flag_grid(
             )
     for i, row in enumerate(cells):
         y = top + i * cell
-        body.append(
-            f'<text x="{left - 6:.1f}" y="{y + cell - 4:.1f}" text-anchor="end">'
-            f"{esc(short(str(row_labels[i])))}</text>"
-        )
+        body.append(_row_label(left, y + cell - 4, row_labels[i]))
         for j, kind in enumerate(row):
             fill, meaning = FLAG_CELLS.get(kind, FLAG_CELLS["absent"])
             body.append(
