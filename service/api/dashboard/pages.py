@@ -71,6 +71,11 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else esc(value.strftime("%Y-%m-%d %H:%M UTC"))
 
 
+def _definitions(items: Sequence[tuple[str, str]]) -> str:
+    """A <dl> of (term, already escaped markup) pairs."""
+    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
 def login_page(error: str | None = None) -> str:
     message = f'<p class="error">{esc(error)}</p>' if error else ""
     body = (
@@ -125,11 +130,16 @@ def _flag_kind(entry: Mapping[str, Any] | None) -> str:
     return "flagged" if primary is True else "clear" if primary is False else "undetermined"
 
 
-def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
-    """Clients x rounds of the primary detector's flags, from each client's flag history."""
-    rounds = sorted(
+def audited_rounds(clients: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Every round that appears in some client's flag history, in order."""
+    return sorted(
         {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
     )
+
+
+def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
+    """Clients x rounds of the primary detector's flags, from each client's flag history."""
+    rounds = audited_rounds(clients)
     if not rounds:
         return '<p class="muted">No audited round yet.</p>'
     cells = []
@@ -248,13 +258,11 @@ def _summary(report: Mapping[str, Any]) -> str:
         ]
         if latest.get("fallback_reason"):
             items.append(("fallback", esc(latest["fallback_reason"])))
-    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+    return _definitions(items)
 
 
 def _round_links(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> str:
-    rounds = sorted(
-        {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
-    )
+    rounds = audited_rounds(clients)
     if not rounds:
         return ""
     base = federation_url(federation_id)
@@ -312,9 +320,7 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
         details.append(("fallback", esc(view["fallback_reason"])))
     body = (
         f'<section><p><a href="{esc(federation_url(federation_id))}">{esc(federation_name)}</a>'
-        f"</p><h1>Round {esc(view['round'])}</h1><dl>"
-        + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in details)
-        + "</dl></section>"
+        f"</p><h1>Round {esc(view['round'])}</h1>{_definitions(details)}</section>"
         "<section><h2>Updates</h2><table><thead><tr><th>client</th><th>samples</th>"
         f"<th>primary flag</th><th>weight</th></tr></thead><tbody>{rows}</tbody></table></section>"
         f'<div class="plots"><section><h2>Per-class loss</h2>{class_loss_heatmap(view)}</section>'
