@@ -164,6 +164,9 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
     )
     audit = repo.audit_of_round(session, rnd.id)
     weights = rnd.aggregation_weights or {}
+    result = {} if audit is None else audit.result
+    positions = {cid: i for i, cid in enumerate(result.get("client_ids") or [])}
+    flags = result.get("primary_flags") or []
     rows = []
     for update in updates:
         losses = update.signals.get("per_class_loss")
@@ -174,8 +177,7 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
                 None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
                 for c, loss in enumerate(losses)
             ]
-        position = None if audit is None else _position(audit, update.client_id)
-        flags = [] if audit is None else audit.result.get("primary_flags") or []
+        position = positions.get(str(update.client_id))
         rows.append(
             {
                 "client_id": str(update.client_id),
@@ -188,13 +190,13 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
                 ),
             }
         )
-    aggregation = {} if audit is None else audit.result.get("aggregation") or {}
+    aggregation = result.get("aggregation") or {}
     return {
         "round": rnd.index,
         "state": rnd.state,
         "state_reason": rnd.state_reason,
         "audited": audit is not None,
-        "in_warmup": None if audit is None else audit.result.get("in_warmup"),
+        "in_warmup": result.get("in_warmup"),
         "aggregation_rule": rnd.aggregation_rule,
         "fallback_reason": aggregation.get("fallback_reason"),
         "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
