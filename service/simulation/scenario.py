@@ -30,6 +30,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.simulation.datasets import DATASET_NAMES
+from service.simulation.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, noise_levels
 from service.simulation.partition import (
     PARTITION_METHODS,
     bernoulli_dirichlet,
@@ -65,25 +67,6 @@ METHOD_PRESETS: Final[tuple[str, ...]] = (
     "rofl",
     "flr",
 )
-_DATASETS: Final[tuple[str, ...]] = (
-    "digits",
-    "breast_cancer",
-    "wine",
-    "pneumoniamnist",
-    "breastmnist",
-    "mnist",
-)
-_NOISE_PROTOCOLS: Final[tuple[str, ...]] = (
-    "none",
-    "linear",
-    "rho_tau",
-    "rho_range",
-    "bernoulli",
-    "truncated_gaussian",
-    "uniform_all",
-)
-_FLIPS: Final[tuple[str, ...]] = ("symmetric", "pairflip", "asymmetric", "instance")
-
 Scalar = bool | int | float | str
 _PARTITION_FUNCTIONS: Final[dict[str, Any]] = {
     "iid": iid,
@@ -128,9 +111,9 @@ class PartitionSpec(_Strict):
 class NoiseSpec(_Strict):
     """Client noise levels and the label flip (``service.simulation.noise``)."""
 
-    protocol: Literal[_NOISE_PROTOCOLS] = "none"  # type: ignore[valid-type]
+    protocol: Literal[NOISE_PROTOCOLS] = "none"  # type: ignore[valid-type]
     params: dict[str, Scalar] = Field(default_factory=dict)
-    flip: Literal[_FLIPS] = "symmetric"  # type: ignore[valid-type]
+    flip: Literal[FLIP_TYPES] = "symmetric"  # type: ignore[valid-type]
     class_map: dict[int, int] | None = Field(
         default=None, description="asymmetric flips: {source class: target class}"
     )
@@ -143,8 +126,6 @@ class NoiseSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> NoiseSpec:
-        from service.simulation.noise import NoiseError, noise_levels
-
         try:
             # Cheap: draws K=4 rates; validates names and values of the parameters.
             noise_levels(4, self.protocol, 0, **self.params)
@@ -235,7 +216,7 @@ class Scenario(_Strict):
 
     name: str = "custom"
     description: str = ""
-    dataset: Literal[_DATASETS] = "digits"  # type: ignore[valid-type]
+    dataset: Literal[DATASET_NAMES] = "digits"  # type: ignore[valid-type]
     data_dir: str | None = Field(
         default=None, description="directory of the file-based data sets (default: shared/data)"
     )
