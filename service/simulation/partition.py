@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 __all__ = [
     "PARTITION_METHODS",
+    "PARTITION_PARAMS",
     "PartitionError",
     "RngLike",
     "as_generator",
@@ -358,6 +359,10 @@ _METHODS: Final[dict[str, tuple[Callable[..., list[IntArray]], frozenset[str]]]]
     "lognormal_quantity": (lognormal_quantity, frozenset({"sigma"})),
 }
 PARTITION_METHODS: Final[tuple[str, ...]] = tuple(_METHODS)
+#: The keyword parameters each partition method accepts.
+PARTITION_PARAMS: Final[dict[str, frozenset[str]]] = {
+    name: params for name, (_, params) in _METHODS.items()
+}
 
 
 def partition(

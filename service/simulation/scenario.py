@@ -22,7 +22,6 @@ reported as a :class:`ScenarioError`.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,14 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from service.simulation.datasets import DATASET_NAMES
 from service.simulation.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, noise_levels
-from service.simulation.partition import (
-    PARTITION_METHODS,
-    bernoulli_dirichlet,
-    dirichlet,
-    iid,
-    lognormal_quantity,
-    shards,
-)
+from service.simulation.partition import PARTITION_METHODS, PARTITION_PARAMS
 
 __all__ = [
     "METHOD_PRESETS",
@@ -68,13 +60,6 @@ METHOD_PRESETS: Final[tuple[str, ...]] = (
     "flr",
 )
 Scalar = bool | int | float | str
-_PARTITION_FUNCTIONS: Final[dict[str, Any]] = {
-    "iid": iid,
-    "shards": shards,
-    "dirichlet": dirichlet,
-    "bernoulli_dirichlet": bernoulli_dirichlet,
-    "lognormal_quantity": lognormal_quantity,
-}
 
 
 class ScenarioError(ValueError):
@@ -93,12 +78,7 @@ class PartitionSpec(_Strict):
 
     @model_validator(mode="after")
     def _known_params(self) -> PartitionSpec:
-        function = _PARTITION_FUNCTIONS[self.method]
-        allowed = {
-            name
-            for name, p in inspect.signature(function).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        }
+        allowed = PARTITION_PARAMS[self.method]
         unknown = sorted(set(self.params) - allowed)
         if unknown:
             raise ValueError(
