@@ -36,6 +36,11 @@ def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:
         return None
 
 
+def _positions(result: dict[str, Any]) -> dict[str, int]:
+    """Client id -> its position in a stored audit result's per-client lists."""
+    return {cid: i for i, cid in enumerate(result.get("client_ids") or [])}
+
+
 def _class_label(federation: Federation, index: int) -> str:
     names = federation.class_names
     return names[index] if names and 0 <= index < len(names) else str(index)
@@ -82,11 +87,13 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
     audits_by_round = repo.audits_of_federation(session, federation.id)
     clients = repo.list_clients(session, federation.id)
     names = {str(c.id): c.name for c in clients}
+    # Each audit's client positions, newest audit first, indexed once for all clients.
+    newest_first = [(audit, _positions(audit.result)) for audit in reversed(audits_by_round)]
     rows = []
     for client in clients:
         latest: dict[str, Any] | None = None
-        for audit in reversed(audits_by_round):
-            position = _position(audit, client.id)
+        for audit, positions in newest_first:
+            position = positions.get(str(client.id))
             if position is not None:
                 latest = _client_view(federation, client, audit, position)
                 break
@@ -165,7 +172,7 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
     audit = repo.audit_of_round(session, rnd.id)
     weights = rnd.aggregation_weights or {}
     result = {} if audit is None else audit.result
-    positions = {cid: i for i, cid in enumerate(result.get("client_ids") or [])}
+    positions = _positions(result)
     flags = result.get("primary_flags") or []
     rows = []
     for update in updates:
