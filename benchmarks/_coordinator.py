@@ -20,6 +20,7 @@ from safetensors.numpy import save
 
 from client_sdk import AdminClient, FederationClient
 from service.simulation.coordinator_process import CoordinatorProcess
+from service.store.blobs import DirectoryBlobStore
 
 NUM_CLASSES = 10
 
@@ -43,9 +44,12 @@ class Site:
 
     name: str
     client: FederationClient
-    num_samples: int
     class_counts: list[int]
     train_loss: float
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.class_counts)
 
     def signals(self) -> dict[str, Any]:
         return {"class_counts": self.class_counts, "train_loss": self.train_loss}
@@ -53,10 +57,8 @@ class Site:
 
 @dataclass
 class Federation:
-    """A federation created on ``server`` with ``sites`` joined (round 0 is open)."""
+    """A federation with ``sites`` joined (round 0 is open); closing it closes their clients."""
 
-    server: CoordinatorProcess
-    admin: AdminClient
     id: uuid.UUID
     sites: list[Site] = field(default_factory=list)
 
@@ -86,7 +88,7 @@ def create_federation(
         }
     )
     admin.upload_initial_model(federation.id, initial_state)
-    result = Federation(server=server, admin=admin, id=federation.id)
+    result = Federation(id=federation.id)
     rng = np.random.default_rng(seed)
     for k in range(clients):
         name = f"site-{k:04d}"
@@ -95,7 +97,6 @@ def create_federation(
         site = Site(
             name=name,
             client=FederationClient(server.url, token),
-            num_samples=sum(counts),
             class_counts=counts,
             train_loss=float(rng.uniform(0.2, 1.5)),
         )
@@ -106,4 +107,4 @@ def create_federation(
 
 def blob_path(data_dir: Path, sha256: str) -> Path:
     """Where the coordinator's directory blob store keeps the blob ``sha256``."""
-    return data_dir / "blobs" / sha256[:2] / sha256
+    return DirectoryBlobStore(data_dir / "blobs").local_path(sha256)
