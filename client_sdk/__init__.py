@@ -1,9 +1,11 @@
 """fedaudit client SDK: join a federation and train locally between HTTP rounds.
 
-from client_sdk import FederationClient, Participant
+Usage::
 
-client = FederationClient("https://coordinator.example", api_token=TOKEN)
-Participant(client, FEDERATION_ID, model, dataset, state_dir="fedaudit-state").run()
+    from client_sdk import FederationClient, Participant
+
+    client = FederationClient("https://coordinator.example", api_token=TOKEN)
+    Participant(client, FEDERATION_ID, model, dataset, state_dir="fedaudit-state").run()
 """
 
 from client_sdk._client import AdminClient, FederationClient
