@@ -560,8 +560,10 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         noisy_votes = np.sum([f.labels for f in fits], axis=0)
 
         # Step 5: the separation guard on unnormalised mean losses.
-        d_value = ashman_d(mean_loss[vote_labels], mean_loss[~vote_labels])
-        n_vote = int(vote_labels.sum())
+        noisy_group = mean_loss[vote_labels]
+        clean_group = mean_loss[~vote_labels]
+        d_value = ashman_d(noisy_group, clean_group)
+        n_vote = int(noisy_group.size)
         null_threshold: float | None = None
         if self.separation_quantile is not None and 0 < n_vote < n_clients:
             null_threshold = null_separation_threshold(
@@ -606,8 +608,6 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                     },
                 )
             )
-        noisy_group = mean_loss[vote_labels]
-        clean_group = mean_loss[~vote_labels]
         summary: dict[str, Any] = {
             **column_summary,
             "n_fits": len(fits),
@@ -620,7 +620,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             "separation_null_threshold": null_threshold,
             "separation_passed": separated,
             "guard": guard_note,
-            "mixture_noisy_count": int(vote_labels.sum()),
+            "mixture_noisy_count": n_vote,
             "n_flagged": int(labels.sum()),
             "group_mean_loss": {
                 "noisy": float(noisy_group.mean()) if noisy_group.size else None,
