@@ -308,7 +308,6 @@ class _Federation:
     names: list[str]
     ids: dict[str, str]
     participants: list[Participant]
-    clients: list[FederationClient]
     eval_model: nn.Module
     started: float
     model_in: bytes = b""
@@ -353,16 +352,13 @@ def _create_federation(
     admin.upload_initial_model(fid, data.initial_state)
     ids: dict[str, str] = {}
     participants: list[Participant] = []
-    clients: list[FederationClient] = []
     template = data.build_model()
     for k, name in enumerate(names):
         created = admin.add_client(fid, name)
         ids[name] = str(created.id)
-        client = FederationClient(api_token=created.token, http_client=http, max_retries=3)
-        clients.append(client)
         participants.append(
             Participant(
-                client,
+                FederationClient(api_token=created.token, http_client=http, max_retries=3),
                 fid,
                 copy.deepcopy(template),
                 data.local_data(k),
@@ -379,7 +375,6 @@ def _create_federation(
         names=names,
         ids=ids,
         participants=participants,
-        clients=clients,
         eval_model=template,
         started=time.perf_counter(),
         model_in=data.initial_state,
@@ -488,13 +483,11 @@ def _round_record(
                 "noisiness": noisiness_score(det_name, verdict),
             }
             if det_name == "fednoro" and verdict is not None:
+                evidence = verdict.get("evidence") or {}
                 # the graded statistic behind FedNoRo's flags: the client's mean loss on its
                 # own labels under the global model (the separation guard's input)
-                entries[det_name]["mean_loss"] = _float_or_none(
-                    (verdict.get("evidence") or {}).get("mean_loss")
-                )
-            if det_name == "fednoro" and verdict is not None:
-                normalised = (verdict.get("evidence") or {}).get("normalised_loss")
+                entries[det_name]["mean_loss"] = _float_or_none(evidence.get("mean_loss"))
+                normalised = evidence.get("normalised_loss")
         summary = trained_clients[k].summary
         metrics: dict[str, Any] = dict(summary.metrics)
         clients.append(
@@ -567,9 +560,8 @@ def _collect(
         )
     statuses = {c.name: c.pinned_status or c.status for c in admin.list_clients(fed.federation_id)}
     state = admin.download_model(info.model_out_id)
-    record = _round_record(
-        fed, round_index, info, statuses, (0.0, 0.0), fed.pending.pop(round_index)
-    )
+    acc = evaluate_state(fed.eval_model, state, data.split)
+    record = _round_record(fed, round_index, info, statuses, acc, fed.pending.pop(round_index))
     if all(c.normalised_loss is None for c in record.clients):
         # No FedNoRo evidence (the detector is not configured or undetermined): the heat map
         # falls back to the raw per-class losses of the round's global model, as each client
@@ -577,8 +569,6 @@ def _collect(
         losses = per_class_losses(fed.eval_model, fed.model_in, data)
         for client, row in zip(record.clients, losses, strict=True):
             client.per_class_loss = row
-    acc = evaluate_state(fed.eval_model, state, data.split)
-    record.accuracy, record.balanced_accuracy = acc
     fed.model_in = state
     fed.records.append(record)
     if on_round is not None:
@@ -756,7 +746,7 @@ def simulate(
     server_dir = data_dir if data_dir is not None else out_dir / "coordinator"
     # The first seed is prepared before the coordinator starts: a scenario that does not fit
     # its data fails fast.
-    prepared = [prepare_data(scenario, seed) for seed in scenario.seeds[:1]]
+    first = prepare_data(scenario, scenario.seeds[0])
     runs: list[RunResult] = []
     server = CoordinatorProcess(server_dir)
     try:
@@ -767,7 +757,7 @@ def simulate(
         if on_server is not None:
             on_server(server.url, server_dir)
         for i, seed in enumerate(scenario.seeds):
-            data = prepared[0] if i == 0 else prepare_data(scenario, seed)
+            data = first if i == 0 else prepare_data(scenario, seed)
             try:
                 runs.extend(
                     run_methods(

@@ -194,7 +194,6 @@ def test_round_record_maps_the_stored_audit_by_client_id():
         names=names,
         ids=ids,
         participants=[],
-        clients=[],
         eval_model=nn.Linear(1, 1),
         started=0.0,
     )
