@@ -23,7 +23,6 @@ def federation_overview(session: Session, *, limit: int = 1000) -> list[dict[str
     counts = repo.federation_counts(session)
     rows = []
     for federation in repo.list_federations(session, offset=0, limit=limit):
-        count = counts.get(federation.id, {})
         rows.append(
             {
                 "id": str(federation.id),
@@ -31,8 +30,8 @@ def federation_overview(session: Session, *, limit: int = 1000) -> list[dict[str
                 "status": federation.status,
                 "method": federation.config.get("method"),
                 "rounds_planned": federation.rounds,
-                "rounds_closed": count.get("rounds_closed", 0),
-                "clients": count.get("clients", 0),
+                "rounds_closed": counts["rounds_closed"].get(federation.id, 0),
+                "clients": counts["clients"].get(federation.id, 0),
                 "created_at": federation.created_at,
             }
         )

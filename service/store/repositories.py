@@ -47,8 +47,8 @@ def count_federations(session: Session) -> int:
     return session.scalar(select(func.count()).select_from(Federation)) or 0
 
 
-def federation_counts(session: Session) -> dict[uuid.UUID, dict[str, int]]:
-    """Per federation: its clients and its closed rounds (two GROUP BY queries)."""
+def federation_counts(session: Session) -> dict[str, dict[uuid.UUID, int]]:
+    """Clients and closed rounds per federation (two GROUP BY queries); absent means zero."""
     clients = session.execute(
         select(Client.federation_id, func.count()).group_by(Client.federation_id)
     ).all()
@@ -57,12 +57,10 @@ def federation_counts(session: Session) -> dict[uuid.UUID, dict[str, int]]:
         .where(Round.state == "closed")
         .group_by(Round.federation_id)
     ).all()
-    counts: dict[uuid.UUID, dict[str, int]] = {}
-    for fid, n in clients:
-        counts.setdefault(fid, {"clients": 0, "rounds_closed": 0})["clients"] = int(n)
-    for fid, n in closed:
-        counts.setdefault(fid, {"clients": 0, "rounds_closed": 0})["rounds_closed"] = int(n)
-    return counts
+    return {
+        "clients": {fid: int(n) for fid, n in clients},
+        "rounds_closed": {fid: int(n) for fid, n in closed},
+    }
 
 
 def lock_federation(session: Session, federation_id: uuid.UUID) -> Federation | None:
