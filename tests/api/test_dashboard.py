@@ -188,6 +188,16 @@ async def test_index_lists_federations_with_counts(api: httpx.AsyncClient) -> No
     assert '<td class="num">0 / 2</td>' in row_one  # rounds closed / planned
     assert '<td class="num">3</td>' in row_one  # clients
     assert ">two</a>" in page.text
+    row_two = page.text.split(">two</a>")[1].split("</tr>")[0]
+    assert '<td class="num">1</td>' in row_two
+
+    # once every client of "one" has submitted, its round 0 counts as closed
+    for i, name in enumerate(("a", "b", "c")):
+        response = await submit(api, one, name, 0, tiny_state(1.0), 10, key=f"k-{i}")
+        assert response.status_code == 201, response.text
+    page = await api.get("/admin")
+    row_one = page.text.split(f'href="/admin/federations/{one.id}">one</a>')[1].split("</tr>")[0]
+    assert '<td class="num">1 / 2</td>' in row_one
 
 
 async def run_round(api, fed, index: int) -> None:
