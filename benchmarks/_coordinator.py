@@ -9,10 +9,12 @@ the initial model, finite values, class counts that sum to the sample count, a t
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,6 +38,22 @@ FEDNCL_FEDAVG_CONFIG: dict[str, Any] = {
 def state_bytes(state: Mapping[str, NDArray[Any]]) -> bytes:
     """A state as safetensors bytes (the SDK's wire format)."""
     return save(dict(state))
+
+
+@contextmanager
+def running_coordinator(data_dir: Path) -> Iterator[tuple[CoordinatorProcess, AdminClient]]:
+    """A started coordinator and its admin client; the coordinator's log tail is printed when
+    the body fails, and the coordinator is stopped either way."""
+    server = CoordinatorProcess(data_dir)
+    server.start()
+    try:
+        with AdminClient(server.url, server.admin_token) as admin:
+            yield server, admin
+    except BaseException:
+        print(server.log_tail())
+        raise
+    finally:
+        server.stop()
 
 
 @dataclass
@@ -65,6 +83,17 @@ class Federation:
     def close(self) -> None:
         for site in self.sites:
             site.client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def create_federation(

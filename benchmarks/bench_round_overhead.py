@@ -57,6 +57,7 @@ from _coordinator import (
     Federation,
     blob_path,
     create_federation,
+    running_coordinator,
     state_bytes,
 )
 from threadpoolctl import threadpool_limits
@@ -282,41 +283,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     full_state = state_nbytes_for(args.width)
 
     per_k: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-round-") as tmp:
-        server = CoordinatorProcess(Path(tmp) / "coordinator")
-        server.start()
-        try:
-            with AdminClient(server.url, server.admin_token) as admin:
-                for k in sizes:
-                    width = width_for_budget(args.width, k, args.rounds, args.max_upload_gb * 1e9)
-                    entry = run_k(
-                        server, admin, k, width, args.rounds, args.floor_repeats, args.poll_ms / 1e3
-                    )
-                    if width != args.width:
-                        entry["scaled_down"] = (
-                            f"K={k} x {args.rounds} round(s) x {mb(full_state):.1f} MB exceeds "
-                            f"--max-upload-gb {args.max_upload_gb}: width {width} "
-                            f"({mb(entry['state_bytes']):.1f} MB per update) instead of "
-                            f"{args.width}"
-                        )
-                    per_k[str(k)] = entry
-                    print(
-                        f"K={k}: {mb(entry['state_bytes']):.1f} MB per update"
-                        f"{' (scaled down)' if 'scaled_down' in entry else ''}; "
-                        f"coordinator {entry['median_coordinator_seconds']:.2f} s, wall "
-                        f"{entry['median_wall_seconds']:.2f} s (audit+FedAvg alone "
-                        f"{entry['median_audit_in_process_seconds']:.2f} s, one BLAS thread "
-                        f"{entry['median_audit_one_blas_thread_seconds']:.2f} s), read-all-once "
-                        f"floor "
-                        f"{entry['median_io_floor_seconds']:.3f} s -> coordinator/floor "
-                        f"{entry['coordinator_over_io_floor']:.1f}, wall/floor "
-                        f"{entry['wall_over_io_floor']:.1f}"
-                    )
-        except BaseException:
-            print(server.log_tail())
-            raise
-        finally:
-            server.stop()
+    with (
+        tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-round-") as tmp,
+        running_coordinator(Path(tmp) / "coordinator") as (server, admin),
+    ):
+        for k in sizes:
+            width = width_for_budget(args.width, k, args.rounds, args.max_upload_gb * 1e9)
+            entry = run_k(
+                server, admin, k, width, args.rounds, args.floor_repeats, args.poll_ms / 1e3
+            )
+            if width != args.width:
+                entry["scaled_down"] = (
+                    f"K={k} x {args.rounds} round(s) x {mb(full_state):.1f} MB exceeds "
+                    f"--max-upload-gb {args.max_upload_gb}: width {width} "
+                    f"({mb(entry['state_bytes']):.1f} MB per update) instead of "
+                    f"{args.width}"
+                )
+            per_k[str(k)] = entry
+            print(
+                f"K={k}: {mb(entry['state_bytes']):.1f} MB per update"
+                f"{' (scaled down)' if 'scaled_down' in entry else ''}; "
+                f"coordinator {entry['median_coordinator_seconds']:.2f} s, wall "
+                f"{entry['median_wall_seconds']:.2f} s (audit+FedAvg alone "
+                f"{entry['median_audit_in_process_seconds']:.2f} s, one BLAS thread "
+                f"{entry['median_audit_one_blas_thread_seconds']:.2f} s), read-all-once "
+                f"floor "
+                f"{entry['median_io_floor_seconds']:.3f} s -> coordinator/floor "
+                f"{entry['coordinator_over_io_floor']:.1f}, wall/floor "
+                f"{entry['wall_over_io_floor']:.1f}"
+            )
 
     result: dict[str, Any] = {
         "benchmark": "round_overhead",
