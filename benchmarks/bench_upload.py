@@ -48,10 +48,16 @@ from _common import (
     state_nbytes,
     write_result,
 )
-from _coordinator import FEDNCL_FEDAVG_CONFIG, create_federation, state_bytes
+from _coordinator import (
+    FEDNCL_FEDAVG_CONFIG,
+    Federation,
+    create_federation,
+    running_coordinator,
+    state_bytes,
+)
+from numpy.typing import NDArray
 
-from client_sdk import AdminClient
-from service.simulation.coordinator_process import CoordinatorProcess, free_port
+from service.simulation.coordinator_process import CoordinatorProcess
 
 SINK_APP = textwrap.dedent(
     """
@@ -71,42 +77,88 @@ SINK_APP = textwrap.dedent(
         return JSONResponse({"bytes": size}, status_code=201)
 
 
-    async def healthz(request: Request) -> JSONResponse:
+    async def readyz(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
 
 
-    app = Starlette(routes=[Route("/sink", sink, methods=["POST"]), Route("/healthz", healthz)])
+    app = Starlette(routes=[Route("/sink", sink, methods=["POST"]), Route("/readyz", readyz)])
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
     """
 )
 
 
-class Sink:
-    """The bare endpoint in a child process (uvicorn, as ``fedaudit serve`` runs it)."""
+class Sink(CoordinatorProcess):
+    """The bare endpoint in a child process (uvicorn, as ``fedaudit serve`` runs it).
 
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        script = directory / "sink_app.py"
+    Only ``start`` differs from the coordinator's: the readiness wait (``/readyz``), the log
+    and ``stop`` are ``CoordinatorProcess``'s.
+    """
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / "sink.log"
+        script = self.data_dir / "sink_app.py"
         script.write_text(SINK_APP)
-        self._process = subprocess.Popen([python(), str(script), str(self.port)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"the sink exited with {self._process.returncode}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("the sink did not start within 60 s")
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [python(), str(script), str(self.port)], stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_ready()
 
-    def stop(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
-            self._process.wait(timeout=30)
+
+def time_uploads(
+    federation: Federation, sink: httpx.Client, base: dict[str, NDArray[Any]], uploads: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of each upload to the sink, through the service, and of the client-side sha256."""
+    sink_s: list[float] = []
+    service_s: list[float] = []
+    hash_s: list[float] = []
+    for i in range(uploads):
+        site = federation.sites[i]
+        state = dict(base)
+        bias = state["fc.bias"].copy()
+        bias[0] = float(i + 1)  # a distinct state per upload
+        state["fc.bias"] = bias
+        payload = state_bytes(state)
+        metadata = json.dumps(
+            {
+                "num_samples": site.num_samples,
+                "sha256": "0" * 64,
+                "signals": site.signals(),
+                "metrics": {},
+            }
+        )
+
+        started = time.perf_counter()
+        response = sink.post(
+            "/sink",
+            files={
+                "metadata": (None, metadata, "application/json"),
+                "state": ("state.safetensors", payload, "application/octet-stream"),
+            },
+        )
+        sink_s.append(time.perf_counter() - started)
+        response.raise_for_status()
+        if response.json()["bytes"] < len(payload):
+            raise RuntimeError("the sink received fewer bytes than were sent")
+
+        started = time.perf_counter()
+        receipt = site.client.submit_update(
+            federation.id,
+            0,
+            state=payload,
+            num_samples=site.num_samples,
+            signals=site.signals(),
+        )
+        service_s.append(time.perf_counter() - started)
+        if receipt.size_bytes != len(payload):
+            raise RuntimeError("the service stored a different size")
+
+        started = time.perf_counter()
+        hashlib.sha256(payload).hexdigest()
+        hash_s.append(time.perf_counter() - started)
+        del payload
+    return sink_s, service_s, hash_s
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -127,89 +179,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = make_state(shapes, seed=0)
     size = state_nbytes(base)
 
-    service_s: list[float] = []
-    sink_s: list[float] = []
-    hash_s: list[float] = []
-    with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-upload-") as tmp:
-        directory = Path(tmp)
-        server = CoordinatorProcess(directory / "coordinator")
-        server.start()
-        sink: Sink | None = None
-        try:
-            sink = Sink(directory)
-            with (
-                AdminClient(server.url, server.admin_token) as admin,
-                httpx.Client(base_url=sink.url, timeout=120.0) as bare,
-            ):
-                # One site per upload and one more that never uploads, so round 0 stays open
-                # and no round close runs during the measurement.
-                federation = create_federation(
-                    server,
-                    admin,
-                    state_bytes(base),
-                    clients=warmup + args.repeats + 1,
-                    rounds=1,
-                    config=FEDNCL_FEDAVG_CONFIG,
-                )
-                try:
-                    for i in range(warmup + args.repeats):
-                        site = federation.sites[i]
-                        state = dict(base)
-                        bias = state["fc.bias"].copy()
-                        bias[0] = float(i + 1)  # a distinct state per upload
-                        state["fc.bias"] = bias
-                        payload = state_bytes(state)
-                        metadata = json.dumps(
-                            {
-                                "num_samples": site.num_samples,
-                                "sha256": "0" * 64,
-                                "signals": site.signals(),
-                                "metrics": {},
-                            }
-                        )
-
-                        started = time.perf_counter()
-                        response = bare.post(
-                            "/sink",
-                            files={
-                                "metadata": (None, metadata, "application/json"),
-                                "state": ("state.safetensors", payload, "application/octet-stream"),
-                            },
-                        )
-                        sink_time = time.perf_counter() - started
-                        response.raise_for_status()
-                        if response.json()["bytes"] < len(payload):
-                            raise RuntimeError("the sink received fewer bytes than were sent")
-
-                        started = time.perf_counter()
-                        receipt = site.client.submit_update(
-                            federation.id,
-                            0,
-                            state=payload,
-                            num_samples=site.num_samples,
-                            signals=site.signals(),
-                        )
-                        service_time = time.perf_counter() - started
-                        if receipt.size_bytes != len(payload):
-                            raise RuntimeError("the service stored a different size")
-
-                        started = time.perf_counter()
-                        hashlib.sha256(payload).hexdigest()
-                        sha_time = time.perf_counter() - started
-                        if i >= warmup:
-                            sink_s.append(sink_time)
-                            service_s.append(service_time)
-                            hash_s.append(sha_time)
-                        del payload
-                finally:
-                    federation.close()
-        except BaseException:
-            print(server.log_tail())
-            raise
-        finally:
-            if sink is not None:
-                sink.stop()
-            server.stop()
+    with (
+        tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-upload-") as tmp,
+        running_coordinator(Path(tmp) / "coordinator") as (server, admin),
+        Sink(Path(tmp) / "sink") as sink,
+        httpx.Client(base_url=sink.url, timeout=120.0) as bare,
+        # One site per upload and one more that never uploads, so round 0 stays open and no
+        # round close runs during the measurement.
+        create_federation(
+            server,
+            admin,
+            state_bytes(base),
+            clients=warmup + args.repeats + 1,
+            rounds=1,
+            config=FEDNCL_FEDAVG_CONFIG,
+        ) as federation,
+    ):
+        sink_s, service_s, hash_s = (
+            times[warmup:] for times in time_uploads(federation, bare, base, warmup + args.repeats)
+        )
 
     service_mbps = [mb(size) / t for t in service_s]
     sink_mbps = [mb(size) / t for t in sink_s]
