@@ -71,6 +71,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from _runs import fmt, run_json_paths  # noqa: E402
+
 from service.audit import FedNoRoDetector  # noqa: E402
 from service.simulation.metrics import auroc, detection_metrics  # noqa: E402
 
@@ -113,7 +115,7 @@ def load_runs(run_dir: Path) -> list[Run]:
         )
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     runs: list[Run] = []
-    for path in sorted((run_dir / "runs").glob("*_seed*.json")):
+    for path in run_json_paths(run_dir):
         data = json.loads(path.read_text(encoding="utf-8"))
         fid = _hex(data["federation_id"])
         clients = sorted(data["clients"], key=lambda c: c["index"])
@@ -265,15 +267,6 @@ def _mean_dicts(values: list[dict[str, float | None]]) -> dict[str, float | None
     return result
 
 
-def _fmt(values: list[float | None]) -> str:
-    kept = [v for v in values if v is not None]
-    if not kept:
-        return "-"
-    if len(kept) == 1:
-        return f"{kept[0]:.2f}"
-    return f"{np.mean(kept):.2f} ± {np.std(kept):.2f}"
-
-
 def markdown(scenario: str, scored: list[tuple[Run, dict[str, Any]]]) -> str:
     """One Markdown table: rows = (when, method, protocol/indicator), mean ± std over seeds."""
     lines = [
@@ -296,10 +289,10 @@ def markdown(scenario: str, scored: list[tuple[Run, dict[str, Any]]]) -> str:
                 lines.append(
                     f"| {when} | {label} ({la}) | {key} | "
                     + " | ".join(
-                        _fmt([r.get(m) for r in rows])
+                        fmt([r.get(m) for r in rows], 2)
                         for m in ("recall", "precision", "f1", "matching", gmm_auroc)
                     )
-                    + f" | {_fmt([r.get('auroc_raw') for r in rows])} |"
+                    + f" | {fmt([r.get('auroc_raw') for r in rows], 2)} |"
                 )
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,6 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from _runs import load_run_jsons  # noqa: E402
 
 from service.simulation.metrics import auroc, detection_metrics  # noqa: E402
 
@@ -57,10 +58,7 @@ def main() -> int:
     parser.add_argument("--method", default="fedavg", help="federation shown in the q panel")
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
-    runs = [
-        json.loads(p.read_text(encoding="utf-8"))
-        for p in sorted((args.run_dir / "runs").glob("*_seed*.json"))
-    ]
+    runs = load_run_jsons(args.run_dir)
     labels: list[str] = []
     for run in runs:
         if run["label"] not in labels:

@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _runs import fmt, load_run_jsons
 
 
 def load(run_dir: Path) -> list[dict[str, Any]]:
     """Every run JSON of a simulation output directory, in (label order of first seed, seed)."""
-    runs = [
-        json.loads(p.read_text(encoding="utf-8"))
-        for p in sorted((run_dir / "runs").glob("*_seed*.json"))
-    ]
+    runs = load_run_jsons(run_dir)
     order: list[str] = []
     scenario = json.loads((run_dir / "scenario.json").read_text(encoding="utf-8"))
     for method in scenario.get("methods", []):
@@ -45,15 +43,6 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
         if run["label"] not in order:
             order.append(run["label"])
     return sorted(runs, key=lambda r: (order.index(r["label"]), r["seed"]))
-
-
-def fmt(values: Iterable[float | None], digits: int = 3) -> str:
-    kept = [float(v) for v in values if v is not None]
-    if not kept:
-        return "-"
-    if len(kept) == 1:
-        return f"{kept[0]:.{digits}f}"
-    return f"{np.mean(kept):.{digits}f} ± {np.std(kept):.{digits}f}"
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
