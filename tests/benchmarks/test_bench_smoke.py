@@ -41,7 +41,8 @@ def test_aggregation_quick_run_writes_its_json(
         assert len(entry["seconds"]) == data["parameters"]["repeats"], name
         assert math.isfinite(entry["ratio_to_copy_bandwidth"]), name
     # Every rule's memory was measured against the size of one state.
-    assert subjects["fedavg"]["peak_traced_bytes"] > 0
+    for rule in data["parameters"]["rules"]:
+        assert subjects[rule]["peak_over_one_state"] > 0, rule
     # The timed FedAvg is the real one: it equals the plain numpy weighted sum of the updates
     # (float64 accumulation cast to float32; values of size ~0.05, so float32 rounding is
     # ~0.05 * 6e-8 = 3e-9 per value; 1e-6 leaves room for another summation order only).
@@ -69,11 +70,8 @@ def test_audit_scaling_quick_run_writes_its_json(
         }
         for entry in size["subjects"].values():
             assert entry["reference_multiples"] > 0
-            assert entry["peak_traced_bytes"] >= 0
-    assert set(data["scaling_exponents"]) == {
-        "fednoro_fit",
-        "fedncl_fit",
-        "neighbors_exact",
-        "neighbors_chunked",
-        "neighbors_auto",
-    }
+            assert entry["peak_traced_bytes"] > 0
+    # Every subject was timed at both sizes, so each has a fitted exponent.
+    for name, exponent in data["scaling_exponents"].items():
+        assert exponent["sizes"] == [20, 60], name
+        assert math.isfinite(exponent["fit"]), name
