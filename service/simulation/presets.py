@@ -38,20 +38,22 @@ _TRAINING: Final[dict[str, Any]] = {
     "momentum": 0.9,
 }
 
-_PRESETS: Final[dict[str, dict[str, Any]]] = {
-    "V1": {
-        "name": "V1",
-        "description": "FedNoRo-style detection and KD/DaAgg vs FedAvg",
-        "dataset": "digits",
-        "clients": 20,
-        "partition": {"method": "bernoulli_dirichlet", "params": {"p": 0.9, "alpha": 2.0}},
-        "noise": {
-            "protocol": "rho_range",
-            "params": {"rho": 0.4, "lo": 0.5, "hi": 0.7},
-            "flip": "symmetric",
-        },
-        "methods": [{"method": "fednoro"}, {"method": "fedavg"}],
+_V1: Final[dict[str, Any]] = {
+    "name": "V1",
+    "description": "FedNoRo-style detection and KD/DaAgg vs FedAvg",
+    "dataset": "digits",
+    "clients": 20,
+    "partition": {"method": "bernoulli_dirichlet", "params": {"p": 0.9, "alpha": 2.0}},
+    "noise": {
+        "protocol": "rho_range",
+        "params": {"rho": 0.4, "lo": 0.5, "hi": 0.7},
+        "flip": "symmetric",
     },
+    "methods": [{"method": "fednoro"}, {"method": "fedavg"}],
+}
+
+_PRESETS: Final[dict[str, dict[str, Any]]] = {
+    "V1": _V1,
     "V2": {
         "name": "V2",
         "description": "class imbalance (balanced accuracy), medical images",
@@ -112,18 +114,10 @@ _PRESETS: Final[dict[str, dict[str, Any]]] = {
         "methods": [{"method": "fedrn"}],
     },
     "demo": {
+        **_V1,
         "name": "demo",
         "description": "V1's federation, shortened: FedNoRo's audit vs a FedAvg baseline",
-        "dataset": "digits",
-        "clients": 20,
-        "partition": {"method": "bernoulli_dirichlet", "params": {"p": 0.9, "alpha": 2.0}},
-        "noise": {
-            "protocol": "rho_range",
-            "params": {"rho": 0.4, "lo": 0.5, "hi": 0.7},
-            "flip": "symmetric",
-        },
         "training": {**_TRAINING, "rounds": 20},
-        "methods": [{"method": "fednoro"}, {"method": "fedavg"}],
     },
 }
 
