@@ -24,6 +24,7 @@ from the first round after its warm-up on.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Final
 
 from service.simulation.scenario import Scenario, ScenarioError, validate_scenario
@@ -138,8 +139,8 @@ def preset_data(name: str) -> dict[str, Any]:
         raise ScenarioError(
             f"preset {name!r} does not exist; choose one of {', '.join(PRESET_NAMES)}"
         )
-    data = dict(_PRESETS[key])
-    data.setdefault("training", dict(_TRAINING))
+    data = copy.deepcopy(_PRESETS[key])
+    data.setdefault("training", copy.deepcopy(_TRAINING))
     data.setdefault("seeds", [0])
     return data
 

@@ -270,7 +270,12 @@ def test_preset_names_are_case_insensitive_and_copies():
     assert get_preset("v1") == get_preset("V1")
     data = preset_data("V1")
     data["clients"] = 3
-    assert get_preset("V1").clients == 20
+    data["partition"]["params"]["p"] = 0.1
+    data["methods"].append({"method": "flr"})
+    data["training"]["rounds"] = 2
+    v1 = get_preset("V1")
+    assert (v1.clients, v1.partition.params["p"], len(v1.methods)) == (20, 0.9, 2)
+    assert v1.training.rounds == 30
     with pytest.raises(ScenarioError, match="preset 'V9' does not exist"):
         get_preset("V9")
 
