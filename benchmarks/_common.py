@@ -8,6 +8,7 @@ change of machine load. Nothing here is imported by the product.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import importlib.util
 import json
@@ -28,6 +29,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def benchmark_parser(doc: str, *, model_state: bool = False) -> argparse.ArgumentParser:
+    """The options the benchmarks share: ``--out``; with ``model_state`` also ``--width`` (of
+    the ResNet-18 state) and ``--workdir``. The description is the script docstring's first
+    paragraph."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    if model_state:
+        parser.add_argument(
+            "--width", type=int, default=64, help="ResNet-18 base width (64: the real 45 MB state)"
+        )
+        parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
+    return parser
 
 
 def machine_info() -> dict[str, Any]:

@@ -29,7 +29,6 @@ just written), as they are on a coordinator that has just received them.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import tempfile
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import numpy as np
 from _common import (
     CopyBandwidth,
     alternate,
+    benchmark_parser,
     has_module,
     machine_info,
     make_state,
@@ -85,17 +85,12 @@ def write_states(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; return (and write) the result."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    parser = benchmark_parser(__doc__, model_state=True)
     parser.add_argument("--clients", type=int, default=10, help="K updates (default 10)")
-    parser.add_argument(
-        "--width", type=int, default=64, help="ResNet-18 base width (64: the real 45 MB state)"
-    )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats after a warm-up")
     parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules")
     parser.add_argument("--noisy-fraction", type=float, default=0.2)
     parser.add_argument("--copy-mib", type=int, default=256, help="memory-copy reference size")
-    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 3 clients, width 8, 1 repeat, no warm-up"
     )

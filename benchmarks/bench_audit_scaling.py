@@ -30,14 +30,13 @@ a shared machine); otherwise the result says it was skipped and gives the predic
 
 from __future__ import annotations
 
-import argparse
 import gc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import (
+    benchmark_parser,
     bracketed,
     machine_info,
     median,
@@ -89,8 +88,7 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; return (and write) the result."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated K values")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats for K < 10,000")
     parser.add_argument(

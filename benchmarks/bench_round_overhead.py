@@ -33,7 +33,6 @@ tensors) and the result says so. ``--max-upload-gb 10`` runs K = 100 at full siz
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from _common import (
+    benchmark_parser,
     machine_info,
     make_state,
     mb,
@@ -257,12 +257,8 @@ def run_k(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; return (and write) the result."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    parser = benchmark_parser(__doc__, model_state=True)
     parser.add_argument("--clients", default="10,100", help="comma-separated K values")
-    parser.add_argument(
-        "--width", type=int, default=64, help="ResNet-18 base width (64: the real 45 MB state)"
-    )
     parser.add_argument("--rounds", type=int, default=2, help="round closes measured per K")
     parser.add_argument(
         "--max-upload-gb",
@@ -274,7 +270,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--poll-ms", type=float, default=25.0, help="get_current_round interval after the upload"
     )
-    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
     parser.add_argument("--quick", action="store_true", help="smoke run: K = 3, width 4, 1 round")
     args = parser.parse_args(argv)
     if args.quick:

@@ -24,7 +24,6 @@ state is timed on its own as well, to show how much of the gap is the SDK's hash
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 import httpx
 import uvicorn
 from _common import (
+    benchmark_parser,
     has_module,
     machine_info,
     make_state,
@@ -163,13 +163,8 @@ def time_uploads(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; return (and write) the result."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
-    parser.add_argument(
-        "--width", type=int, default=64, help="ResNet-18 base width (64: the real 45 MB state)"
-    )
+    parser = benchmark_parser(__doc__, model_state=True)
     parser.add_argument("--repeats", type=int, default=5, help="timed uploads to each endpoint")
-    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
     parser.add_argument("--quick", action="store_true", help="smoke run: width 8, 1 repeat")
     args = parser.parse_args(argv)
     if args.quick:
