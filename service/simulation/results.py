@@ -253,32 +253,24 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
         "auroc_source": source,
     }
     correlations: dict[str, float | None] = {}
-    expertise = [c.expertise for c in record.clients]
-    correlations["expertise"] = (
-        None
-        if any(v is None for v in expertise)
-        else spearman(np.asarray(expertise, dtype=np.float64), rates)
-    )
+    correlations["expertise"] = _spearman_complete([c.expertise for c in record.clients], rates)
     names = sorted({name for c in record.clients for name in c.detectors})
     for name in names:
         values = [c.detectors.get(name, {}).get("noisiness") for c in record.clients]
-        correlations[f"{name}_score"] = (
-            None
-            if any(v is None for v in values)
-            else spearman(np.asarray(values, dtype=np.float64), rates)
-        )
+        correlations[f"{name}_score"] = _spearman_complete(values, rates)
     mean_losses = [c.detectors.get("fednoro", {}).get("mean_loss") for c in record.clients]
-    correlations["fednoro_mean_loss"] = (
-        None
-        if any(v is None for v in mean_losses)
-        else spearman(np.asarray(mean_losses, dtype=np.float64), rates)
-    )
+    correlations["fednoro_mean_loss"] = _spearman_complete(mean_losses, rates)
     result["spearman"] = correlations
-    precision = [c.label_precision for c in record.clients if c.label_precision is not None]
-    recall = [c.label_recall for c in record.clients if c.label_recall is not None]
-    result["label_precision"] = float(np.mean(precision)) if precision else None
-    result["label_recall"] = float(np.mean(recall)) if recall else None
+    result["label_precision"] = _mean(c.label_precision for c in record.clients)
+    result["label_recall"] = _mean(c.label_recall for c in record.clients)
     return result
+
+
+def _spearman_complete(values: Sequence[float | None], rates: np.ndarray) -> float | None:
+    """Spearman of ``values`` against the noise rates; None when a client has no value."""
+    if any(v is None for v in values):
+        return None
+    return spearman(np.asarray(values, dtype=np.float64), rates)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
