@@ -86,6 +86,37 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
     }
 
 
+def subjects_for(
+    data: dict[str, NDArray[Any]], *, exact: bool, chunk_size: int, auto_chunk: int | None
+) -> dict[str, Callable[[], object]]:
+    """The timed calls on one size's inputs, in ``SUBJECTS`` order (exact and auto optional)."""
+
+    def fednoro() -> object:
+        # The separation guard's null threshold is cached per (K, flagged count); a
+        # coordinator meets a new pair whenever the flagged count changes, so each timed
+        # fit pays for it, as the first fit of such a round does.
+        clear = getattr(detection.null_separation_threshold, "cache_clear", None)
+        if clear is not None:
+            clear()
+        return FedNoRoDetector().fit(data["per_class_loss"], data["class_counts"])
+
+    def fedncl() -> object:
+        return FedNCLDetector().fit(data["divergence"], data["train_loss"], data["num_samples"])
+
+    def neighbors(chunk: int | None) -> Callable[[], object]:
+        return lambda: k_reliable_neighbors(
+            data["probes"], data["train_accuracy"], chunk_size=chunk
+        )
+
+    subjects: dict[str, Callable[[], object]] = {"fednoro_fit": fednoro, "fedncl_fit": fedncl}
+    if exact:
+        subjects["neighbors_exact"] = neighbors(None)
+    subjects["neighbors_chunked"] = neighbors(chunk_size)
+    if auto_chunk is not None:
+        subjects["neighbors_auto"] = neighbors(auto_chunk)
+    return subjects
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; return (and write) the result."""
     parser = benchmark_parser(__doc__)
@@ -124,26 +155,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bytes_per_k2: float | None = None
     for k in sizes:
         data = synthetic_inputs(k, seed=k)
-
-        def fednoro(d: dict[str, NDArray[Any]] = data) -> object:
-            # The separation guard's null threshold is cached per (K, flagged count); a
-            # coordinator meets a new pair whenever the flagged count changes, so each timed
-            # fit pays for it, as the first fit of such a round does.
-            clear = getattr(detection.null_separation_threshold, "cache_clear", None)
-            if clear is not None:
-                clear()
-            return FedNoRoDetector().fit(d["per_class_loss"], d["class_counts"])
-
-        def fedncl(d: dict[str, NDArray[Any]] = data) -> object:
-            return FedNCLDetector().fit(d["divergence"], d["train_loss"], d["num_samples"])
-
-        def neighbors(chunk: int | None, d: dict[str, NDArray[Any]] = data) -> object:
-            return k_reliable_neighbors(d["probes"], d["train_accuracy"], chunk_size=chunk)
-
-        subjects: dict[str, Callable[[], object]] = {
-            "fednoro_fit": fednoro,
-            "fedncl_fit": fedncl,
-        }
         predicted = None if bytes_per_k2 is None else bytes_per_k2 * k * k
         exact_skipped: str | None = None
         if predicted is not None and predicted > args.exact_limit_gib * 2**30:
@@ -151,16 +162,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"predicted peak {predicted / 2**30:.1f} GiB (from {bytes_per_k2:.1f} bytes per "
                 f"K^2 at the previous size) exceeds --exact-limit-gib {args.exact_limit_gib}"
             )
-        else:
-            subjects["neighbors_exact"] = lambda: neighbors(None)
-        subjects["neighbors_chunked"] = lambda: neighbors(args.chunk_size)
         auto = auto_chunk_size(k)
-        if auto is not None:
-
-            def neighbors_auto(chunk: int = auto) -> object:
-                return neighbors(chunk)
-
-            subjects["neighbors_auto"] = neighbors_auto
+        subjects = subjects_for(
+            data, exact=exact_skipped is None, chunk_size=args.chunk_size, auto_chunk=auto
+        )
 
         # Memory first (untimed, one call each); for the small sizes it is also a warm-up.
         gc.collect()
