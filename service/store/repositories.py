@@ -104,11 +104,6 @@ def get_model_version(session: Session, model_id: uuid.UUID) -> ModelVersion | N
     return session.get(ModelVersion, model_id)
 
 
-def latest_model_version(session: Session, federation_id: uuid.UUID) -> ModelVersion | None:
-    query = select(ModelVersion).where(ModelVersion.federation_id == federation_id)
-    return session.scalar(query.order_by(ModelVersion.version.desc()).limit(1))
-
-
 def list_model_versions(session: Session, federation_id: uuid.UUID) -> list[ModelVersion]:
     query = select(ModelVersion).where(ModelVersion.federation_id == federation_id)
     return list(session.scalars(query.order_by(ModelVersion.version)))
@@ -247,11 +242,6 @@ def updates_of_round(session: Session, round_id: uuid.UUID) -> list[ModelUpdate]
 def count_updates_of_round(session: Session, round_id: uuid.UUID) -> int:
     query = select(func.count()).select_from(ModelUpdate).where(ModelUpdate.round_id == round_id)
     return session.scalar(query) or 0
-
-
-def updates_of_client(session: Session, client_id: uuid.UUID) -> list[ModelUpdate]:
-    query = select(ModelUpdate).where(ModelUpdate.client_id == client_id)
-    return list(session.scalars(query.order_by(ModelUpdate.round_index)))
 
 
 def latest_updates(
