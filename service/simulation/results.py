@@ -352,8 +352,12 @@ def _stem(run: RunResult) -> str:
 def write_run_json(run: RunResult, directory: Path) -> Path:
     """Write ``<label>_seed<seed>.json`` (the whole run, strict JSON); return its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{_stem(run)}.json"
-    path.write_text(json.dumps(run.to_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return _write_json(directory / f"{_stem(run)}.json", run.to_json())
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    """Strict JSON (NaN is an error: clean it first), one-space indent, trailing newline."""
+    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 
@@ -825,13 +829,9 @@ def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = T
     for run in runs:
         written.append(write_run_json(run, directory / "runs"))
         written.extend(write_run_csv([run], directory / "runs", prefix=f"{_stem(run)}_"))
-    overview = directory / "results.json"
-    overview.write_text(
-        json.dumps({"runs": [_clean(run.summary) for run in runs]}, indent=1, allow_nan=False)
-        + "\n",
-        encoding="utf-8",
+    written.append(
+        _write_json(directory / "results.json", {"runs": [_clean(run.summary) for run in runs]})
     )
-    written.append(overview)
     written.extend(write_run_csv(runs, directory))
     written.append(write_summary_csv(runs, directory / "summary.csv"))
     if plots and runs:
