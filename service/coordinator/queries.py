@@ -18,11 +18,11 @@ def list_federations(session: Session, *, offset: int, limit: int) -> tuple[list
     )
 
 
-def federation_overview(session: Session, *, limit: int = 1000) -> list[dict[str, Any]]:
+def federation_overview(session: Session) -> list[dict[str, Any]]:
     """Every federation with its status, client count and rounds closed (the admin index)."""
     counts = repo.federation_counts(session)
     rows = []
-    for federation in repo.list_federations(session, offset=0, limit=limit):
+    for federation in repo.list_federations(session, offset=0, limit=None):
         rows.append(
             {
                 "id": str(federation.id),

@@ -38,7 +38,10 @@ def get_federation_by_name(session: Session, name: str) -> Federation | None:
     return session.scalar(select(Federation).where(Federation.name == name))
 
 
-def list_federations(session: Session, *, offset: int = 0, limit: int = 100) -> list[Federation]:
+def list_federations(
+    session: Session, *, offset: int = 0, limit: int | None = 100
+) -> list[Federation]:
+    """Federations in creation order; ``limit=None`` returns all of them."""
     query = select(Federation).order_by(Federation.created_at, Federation.id)
     return list(session.scalars(query.offset(offset).limit(limit)))
 
