@@ -343,7 +343,7 @@ def _create_federation(
         federation = admin.create_federation(body)
     except APIStatusError as exc:
         detail = exc.problem.detail if exc.problem is not None else str(exc)
-        errors = (exc.problem.model_extra or {}).get("errors") if exc.problem is not None else None
+        errors = exc.extensions.get("errors")
         raise ScenarioError(
             f"method {spec.name!r}: the coordinator refused the configuration: {detail}"
             + (f" {errors}" if errors else "")

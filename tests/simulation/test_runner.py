@@ -5,15 +5,18 @@ from __future__ import annotations
 import uuid
 from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from client_sdk import APIStatusError, ProblemDetails
 from client_sdk.participant import state_to_bytes
 from service.simulation.datasets import Dataset, DataSplit
 from service.simulation.runner import (
     _ClientRound,
+    _create_federation,
     _Federation,
     _round_record,
     client_names,
@@ -266,3 +269,28 @@ def test_round_record_maps_the_stored_audit_by_client_id():
     assert (record.index, record.accuracy, record.balanced_accuracy) == (4, 0.8, 0.7)
     assert (record.coordinator_seconds, record.ashman_d, record.wall_seconds) == (0.25, 4.5, 1.5)
     assert record.detector_status == {"fednoro": "ok", "fedncl": "undetermined"}
+
+
+def test_a_refused_method_configuration_is_a_scenario_error_with_the_problem():
+    problem = ProblemDetails(
+        status=422, detail="invalid configuration", errors=[{"loc": ["config", "aggregation"]}]
+    )
+    response = httpx.Response(422, request=httpx.Request("POST", "http://test/federations"))
+
+    class RefusingAdmin:
+        def create_federation(self, body):
+            raise APIStatusError("422", response=response, problem=problem)
+
+    data = prepare_data(validate_scenario(SCENARIO), 0)
+    with httpx.Client() as http, pytest.raises(ScenarioError) as info:
+        _create_federation(
+            RefusingAdmin(),  # type: ignore[arg-type]
+            http,
+            data,
+            MethodSpec(method="fedavg", aggregation="nope"),
+            client_names(6),
+        )
+    assert str(info.value) == (
+        "method 'fedavg': the coordinator refused the configuration: invalid configuration "
+        "[{'loc': ['config', 'aggregation']}]"
+    )
