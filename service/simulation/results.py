@@ -216,7 +216,7 @@ def noisiness_score(detector: str, verdict: Mapping[str, Any] | None) -> float |
     return None if value is None else float(value)
 
 
-def _primary_auroc_scores(run: RunResult, record: RoundRecord) -> tuple[list[float] | None, str]:
+def _primary_auroc_scores(record: RoundRecord) -> tuple[list[float] | None, str]:
     primary = record.primary or ""
     scores: list[float] = []
     for client in record.clients:
@@ -241,7 +241,7 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
     flags = [c.primary_flag for c in record.clients]
     undetermined = any(f is None for f in flags)
     detection = detection_metrics(truth, np.asarray([bool(f) for f in flags], dtype=bool))
-    scores, source = _primary_auroc_scores(run, record)
+    scores, source = _primary_auroc_scores(record)
     result: dict[str, Any] = {
         "precision": detection["precision"],
         "recall": detection["recall"],
