@@ -49,6 +49,7 @@ from service.audit.aggregation import (
 )
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import (
+    SEPARATION_STATISTICS,
     DetectionResult,
     FedNCLDetector,
     FedNoRoDetector,
@@ -135,7 +136,7 @@ class AuditConfig:
         ``reliability_weighted`` (the last needs ``primary_detector="fednoro"``, the only
         detector giving probabilities).
     fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
-fednoro_separation_quantile, fednoro_min_clients
+fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
         :class:`~service.audit.detection.FedNCLDetector` parameters.
@@ -172,6 +173,7 @@ fednoro_separation_quantile, fednoro_min_clients
     fednoro_require_separation: bool = True
     fednoro_separation_threshold: float = 2.0
     fednoro_separation_quantile: float | None = 0.99
+    fednoro_separation_statistic: str = "class_z"
     fednoro_min_clients: int = 4
     fedncl_beta: float = 1.0
     fedncl_two_sided: bool = False
@@ -237,6 +239,11 @@ fednoro_separation_quantile, fednoro_min_clients
                     max_inclusive=False,
                 ),
             )
+        check_choice(
+            "fednoro_separation_statistic",
+            self.fednoro_separation_statistic,
+            SEPARATION_STATISTICS,
+        )
         floats = {
             "fednoro_separation_threshold": (0.0, None),
             "fedncl_beta": (0.0, None),
@@ -483,6 +490,7 @@ def _run_fednoro(data: _Checked, config: AuditConfig) -> DetectionResult:
         require_separation=config.fednoro_require_separation,
         separation_threshold=config.fednoro_separation_threshold,
         separation_quantile=config.fednoro_separation_quantile,
+        separation_statistic=config.fednoro_separation_statistic,
         min_clients=config.fednoro_min_clients,
     )
     loss = np.stack([cast(FloatArray, v) for v in data.per_class_loss])

@@ -96,7 +96,10 @@ class TestFedNoRoLiteral:
         assert present(detector.noisy_probability_) == pytest.approx([0, 0, 0, 1, 1, 0], abs=1e-6)
         assert [v.evidence["noisy_votes"] for v in result.verdicts] == [0, 0, 0, 9, 9, 0]
 
-    def test_mean_loss_and_ashman_d(self, detector):
+    def test_mean_loss_and_ashman_d(self):
+        detector = FedNoRoDetector(separation_statistic="mean_loss").fit(
+            LITERAL_LOSS, LITERAL_COUNTS
+        )
         # Mean loss over own samples (10 per present class; class 3 counts, 0.5):
         # c0 (0.2+0.4+0.5)/3 = 0.366667, c1 (0.3+0.5+0.6+0.5)/4 = 0.475, c2 0.475,
         # c3 (2.2+2.4+2.6+0.5)/4 = 1.925, c4 (2.3+2.5+2.5+0.5)/4 = 1.95, c5 1.85/4 = 0.4625.
@@ -112,6 +115,8 @@ class TestFedNoRoLiteral:
         assert summary["separation_passed"] is True
         assert summary["group_mean_loss"]["noisy"] == pytest.approx(1.9375)
         assert summary["group_mean_loss"]["clean"] == pytest.approx(0.4447917)
+        assert summary["separation_statistic"] == "mean_loss"
+        assert summary["group_mean_statistic"] == summary["group_mean_loss"]
 
     def test_noisy_classes(self, detector):
         # Clean component mean (the four clean rows): col0 (0 + 0.047619 + 0 + 0.023810)/4
@@ -398,6 +403,7 @@ class TestFedNoRoEstimatorContract:
             "separation_threshold": 3,
             "min_clients": 4,
             "separation_quantile": 0.99,
+            "separation_statistic": "class_z",
         }
         copy = clone(detector)
         assert copy.get_params() == detector.get_params()
