@@ -7,21 +7,25 @@ signals clients actually sent (``model_update.signals`` in the coordinator datab
 simulator keeps) with the product's ``FedNoRoDetector`` (paper-exact, guard off, so the mixture's
 vote is visible) and applies guard variants to the vote:
 
-- ``current``: D >= 2 (the product default);
+- ``plain``: D >= 2 on the mean loss (ALGORITHMS.md 2.1 as written);
 - ``min2``: D >= 2 and both groups have at least 2 clients (a single client is never flagged);
 - ``singleton_z3.5``: D >= 2 for groups of 2 or more; a one-member group needs z >= 3.5 against
   the other clients (D >= 3.5 * sqrt(2));
 - ``D4``: D >= 4 whatever the group sizes;
 - ``min2+D4``: D >= 4 and both groups have at least 2 clients;
 - ``calibrated``: D >= 2 and D above the 99th percentile of D for the same group sizes drawn
-  from one normal population (``null_separation_threshold``; the product default since commit
-  120dd67, which was written after the V4 results below were measured);
+  from one normal population (``null_separation_threshold``; the product default from commit
+  120dd67 to 2d1d550, D on the mean loss);
 - ``cal_q0.9``: as ``calibrated`` with the 90th percentile;
 - ``cal_q0.8+persist``: the 80th percentile, and the same group must also have passed in the
   previous round;
 - ``cal_adjusted``: as ``calibrated``, but D on a class-adjusted mean loss (each client's summed
   loss divided by what the per-class median client would lose on the same samples), which takes
   the class mix out of the statistic under label skew.
+- ``cal_z_mean``: as ``calibrated``, D on the count-weighted mean over a client's classes of its
+  per-class z-score across clients ((L_kc - mean_c) / std_c, classes held by 3 or more clients);
+- ``cal_class_z``: as ``calibrated``, D on ``class_standardised_excess`` (per-class excess in
+  standard errors, Stouffer-combined; the product default since commit d1d18f1).
 
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
@@ -50,13 +54,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from claim1_ablation import indicator, load_runs  # noqa: E402
 
 from service.audit import FedNoRoDetector  # noqa: E402
-from service.audit.detection import ashman_d, null_separation_threshold  # noqa: E402
+from service.audit.detection import (  # noqa: E402
+    ashman_d,
+    class_standardised_excess,
+    null_separation_threshold,
+)
 from service.simulation.metrics import detection_metrics  # noqa: E402
 
 Rule = Callable[[float | None, int, int], bool]
 
 RULES: dict[str, Rule] = {
-    "current": lambda d, a, b: d is not None and d >= 2.0,
+    "plain": lambda d, a, b: d is not None and d >= 2.0,
     "min2": lambda d, a, b: d is not None and d >= 2.0 and min(a, b) >= 2,
     "singleton_z3.5": lambda d, a, b: (
         d is not None and (d >= 2.0 if min(a, b) >= 2 else d >= 3.5 * math.sqrt(2.0))
@@ -71,7 +79,7 @@ RULES: dict[str, Rule] = {
     ),
 }
 PERSIST_QUANTILE = 0.8
-EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted")
+EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted", "cal_z_mean", "cal_class_z")
 
 
 def class_adjusted_mean_loss(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -85,6 +93,20 @@ def class_adjusted_mean_loss(loss: np.ndarray, counts: np.ndarray) -> np.ndarray
     summed = (np.where(missing, 0.0, loss) * counts).sum(axis=1)
     expected = (counts * median[None, :]).sum(axis=1)
     return np.asarray(summed / expected, dtype=np.float64)
+
+
+def weighted_mean_z(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Count-weighted mean of each client's per-class z-scores across clients."""
+    total = np.zeros(loss.shape[0])
+    weight = np.zeros(loss.shape[0])
+    for c in range(loss.shape[1]):
+        held = counts[:, c] > 0
+        values = loss[held, c]
+        if held.sum() < 3 or values.std() <= 1e-12:
+            continue
+        total[held] += counts[held, c] * (values - values.mean()) / values.std()
+        weight[held] += counts[held, c]
+    return np.divide(total, weight, out=np.zeros_like(total), where=weight > 0)
 
 
 def _passes(d: float | None, a: int, b: int, quantile: float) -> bool:
@@ -132,6 +154,14 @@ def main() -> int:
                     )
                     decisions["cal_adjusted"] = _passes(
                         ashman_d(adjusted[vote], adjusted[~vote]), a, b, 0.99
+                    )
+                    z_mean = weighted_mean_z(signals.loss, signals.counts)
+                    decisions["cal_z_mean"] = _passes(
+                        ashman_d(z_mean[vote], z_mean[~vote]), a, b, 0.99
+                    )
+                    class_z, _ = class_standardised_excess(signals.loss, signals.counts)
+                    decisions["cal_class_z"] = _passes(
+                        ashman_d(class_z[vote], class_z[~vote]), a, b, 0.99
                     )
                     previous = (vote, passed_low)
                     if signals.index < run.warmup:
