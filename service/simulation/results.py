@@ -260,6 +260,8 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
         correlations[f"{name}_score"] = _spearman_complete(values, rates)
     mean_losses = [c.detectors.get("fednoro", {}).get("mean_loss") for c in record.clients]
     correlations["fednoro_mean_loss"] = _spearman_complete(mean_losses, rates)
+    class_z = [c.detectors.get("fednoro", {}).get("class_z") for c in record.clients]
+    correlations["fednoro_class_z"] = _spearman_complete(class_z, rates)
     result["spearman"] = correlations
     result["label_precision"] = _mean(c.label_precision for c in record.clients)
     result["label_recall"] = _mean(c.label_recall for c in record.clients)
@@ -540,6 +542,7 @@ SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
     "spearman_fednoro",
     "spearman_fedncl",
     "spearman_fednoro_mean_loss",
+    "spearman_fednoro_class_z",
     "label_precision",
     "label_recall",
     "accuracy_best",
@@ -576,6 +579,7 @@ def _summary_row(run: RunResult) -> list[Any]:
         spear.get("fednoro_score"),
         spear.get("fedncl_score"),
         spear.get("fednoro_mean_loss"),
+        spear.get("fednoro_class_z"),
         s["label_precision_final"],
         s["label_recall_final"],
         s["accuracy"]["best"],

@@ -487,6 +487,8 @@ def _round_record(
                 # the graded statistic behind FedNoRo's flags: the client's mean loss on its
                 # own labels under the global model (the separation guard's input)
                 entries[det_name]["mean_loss"] = _float_or_none(evidence.get("mean_loss"))
+                # the same loss standardised class by class (the guard's default input)
+                entries[det_name]["class_z"] = _float_or_none(evidence.get("class_z"))
                 normalised = evidence.get("normalised_loss")
         summary = trained_clients[k].summary
         metrics: dict[str, Any] = dict(summary.metrics)

@@ -407,3 +407,16 @@ def test_fednoro_mean_loss_is_correlated_when_present():
     assert metrics["spearman"]["fednoro_mean_loss"] == pytest.approx(4.5 / math.sqrt(22.5))
     # absent (no fednoro evidence) -> None, never a made-up number
     assert round_metrics(run, run.rounds[0])["spearman"]["fednoro_mean_loss"] is None
+
+
+def test_fednoro_class_z_is_correlated_when_present():
+    run = make_run()
+    record = run.rounds[1]
+    # class_z [-1.0, 0.5, 0.2, 2.0] against rates [0, 0, 0.5, 0.8]: ranks [1, 3, 2, 4],
+    # centred [-1.5, 0.5, -0.5, 1.5], rate ranks centred [-1, -1, 0.5, 1.5]:
+    # products 1.5 - 0.5 - 0.25 + 2.25 = 3.0, over sqrt(5 * 4.5): rho = 3 / 4.7434 = 0.6325
+    for client, z in zip(record.clients, [-1.0, 0.5, 0.2, 2.0], strict=True):
+        client.detectors["fednoro"]["class_z"] = z
+    metrics = round_metrics(run, record)
+    assert metrics["spearman"]["fednoro_class_z"] == pytest.approx(3.0 / math.sqrt(22.5))
+    assert round_metrics(run, run.rounds[0])["spearman"]["fednoro_class_z"] is None
