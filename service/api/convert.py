@@ -18,8 +18,12 @@ from service.coordinator.rounds import participation
 from service.store.models import Client, Event, Federation, ModelVersion, Round
 
 
-def federation_read(session: Session, federation: Federation) -> FederationRead:
-    summary = federation_summary(session, federation)
+def federation_read(
+    session: Session, federation: Federation, summary: dict[str, int] | None = None
+) -> FederationRead:
+    """``summary``: the federation's counts when the caller fetched them for a whole page."""
+    if summary is None:
+        summary = federation_summary(session, federation)
     return FederationRead(
         id=federation.id,
         name=federation.name,

@@ -66,6 +66,34 @@ def federation_counts(session: Session) -> dict[str, dict[uuid.UUID, int]]:
     }
 
 
+def federation_summaries(
+    session: Session, federation_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, int]]:
+    """Clients, joined clients and rounds started of each federation, in two queries.
+
+    Every id given gets an entry (zeros when it has no client or round).
+    """
+    ids = list(federation_ids)
+    result = {fid: {"clients": 0, "joined_clients": 0, "rounds_started": 0} for fid in ids}
+    if not ids:
+        return result
+    joined = func.count(Client.joined_at)  # COUNT(column) skips NULLs
+    for fid, n, n_joined in session.execute(
+        select(Client.federation_id, func.count(), joined)
+        .where(Client.federation_id.in_(ids))
+        .group_by(Client.federation_id)
+    ).all():
+        result[fid]["clients"] = int(n)
+        result[fid]["joined_clients"] = int(n_joined)
+    for fid, n in session.execute(
+        select(Round.federation_id, func.count())
+        .where(Round.federation_id.in_(ids))
+        .group_by(Round.federation_id)
+    ).all():
+        result[fid]["rounds_started"] = int(n)
+    return result
+
+
 def lock_federation(session: Session, federation_id: uuid.UUID) -> Federation | None:
     """The federation row, locked for update on PostgreSQL (a no-op on SQLite)."""
     return session.scalar(

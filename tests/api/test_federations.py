@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
+from fastapi import FastAPI
+from sqlalchemy import event
 
 from tests.api.conftest import make_federation
 from tests.factories import ADMIN, auth, federation_spec, state_bytes, tiny_state
@@ -134,3 +138,39 @@ async def test_health_and_readiness(api: httpx.AsyncClient) -> None:
     assert (await api.get("/readyz")).json() == {"status": "ready"}
     metrics = await api.get("/metrics")
     assert "fedaudit_updates_accepted_total 0" in metrics.text
+
+
+async def test_list_counts_per_federation_in_a_fixed_number_of_queries(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    # Setup: two joined clients; three clients not joined; nobody.
+    one = await make_federation(api, clients=("a", "b"), join=True, name="one")
+    two = await make_federation(api, clients=("a", "b", "c"), join=False, name="two")
+    await api.post("/api/v1/federations", json=federation_spec("three"), headers=ADMIN)
+    engine = app.state.services.sessions.kw["bind"]
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    # Execute
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        listed = (await api.get("/api/v1/federations", headers=ADMIN)).json()
+        all_three = len(statements)
+        statements.clear()
+        first = (await api.get("/api/v1/federations?limit=1", headers=ADMIN)).json()
+        just_one = len(statements)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+    # Assert
+    by_name = {f["name"]: f for f in listed["items"]}
+    assert [by_name[n]["clients"] for n in ("one", "two", "three")] == [2, 3, 0]
+    assert [by_name[n]["joined_clients"] for n in ("one", "two", "three")] == [2, 0, 0]
+    for fed in (one, two):
+        rounds = await api.get(f"/api/v1/federations/{fed.id}/rounds", headers=ADMIN)
+        assert by_name[fed.data["name"]]["rounds_started"] == rounds.json()["total"]
+    assert by_name["three"]["rounds_started"] == 0
+    assert len(first["items"]) == 1
+    assert all_three == just_one  # no query per federation

@@ -72,7 +72,10 @@ def list_federations(
     limit: int = Query(100, ge=1, le=1000),
 ) -> FederationPage:
     items, total = queries.list_federations(session, offset=offset, limit=limit)
-    return FederationPage(items=[convert.federation_read(session, f) for f in items], total=total)
+    summaries = use_cases.federation_summaries(session, items)
+    return FederationPage(
+        items=[convert.federation_read(session, f, summaries[f.id]) for f in items], total=total
+    )
 
 
 @router.get(
