@@ -37,6 +37,11 @@ class _TempWriter:
         self._pending = bytearray()
         self.size = 0
 
+    @classmethod
+    async def open(cls, directory: Path) -> _TempWriter:
+        """Create the file in the thread pool: mkdir and mkstemp touch the disk."""
+        return await run_in_threadpool(cls, directory)
+
     def add(self, data: bytes) -> None:
         """Queue bytes (cheap, on the event loop); `flush` writes them."""
         self._pending += data
@@ -82,7 +87,7 @@ def _check_declared_length(request: Request, limit: int) -> None:
 async def receive_raw(request: Request, directory: Path, limit: int) -> StagedUpload:
     """Stream a raw body into a temporary file."""
     _check_declared_length(request, limit)
-    writer = _TempWriter(directory)
+    writer = await _TempWriter.open(directory)
     try:
         async for chunk in request.stream():
             if writer.size + len(chunk) > limit:
@@ -112,7 +117,7 @@ async def receive_update(
     _check_declared_length(request, limit)
     state: dict[str, Any] = {"name": None, "header_field": b"", "header_value": b"", "headers": {}}
     metadata = bytearray()
-    writer = _TempWriter(directory)
+    writer = await _TempWriter.open(directory)
     seen: set[str] = set()
     total = 0
 
