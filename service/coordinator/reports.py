@@ -84,19 +84,22 @@ def _client_view(
 
 def noisy_client_report(session: Session, federation: Federation) -> dict[str, Any]:
     """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
-    audits_by_round = repo.audits_of_federation(session, federation.id)
     clients = repo.list_clients(session, federation.id)
     names = {str(c.id): c.name for c in clients}
-    # Each audit's client positions, newest audit first, indexed once for all clients.
-    newest_first = [(audit, _positions(audit.result)) for audit in reversed(audits_by_round)]
+    # Each client's latest audit: walk back from the last round until every client is placed
+    # (usually the last audit alone), indexing each audit's client positions once.
+    latest_of: dict[str, tuple[AuditResult, int]] = {}
+    last: AuditResult | None = None
+    for audit in repo.audits_newest_first(session, federation.id):
+        last = last or audit
+        for cid, position in _positions(audit.result).items():
+            latest_of.setdefault(cid, (audit, position))
+        if all(str(c.id) in latest_of for c in clients):
+            break
     rows = []
     for client in clients:
-        latest: dict[str, Any] | None = None
-        for audit, positions in newest_first:
-            position = positions.get(str(client.id))
-            if position is not None:
-                latest = _client_view(federation, client, audit, position)
-                break
+        found = latest_of.get(str(client.id))
+        latest = None if found is None else _client_view(federation, client, *found)
         history = [
             {
                 "round": h.get("round"),
@@ -134,7 +137,6 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 "last_weight": None if latest is None else latest["weight"],
             }
         )
-    last = audits_by_round[-1] if audits_by_round else None
     summary: dict[str, Any] = {}
     if last is not None:
         primary = last.result.get("primary")
@@ -153,7 +155,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         "federation_id": str(federation.id),
         "federation": federation.name,
         "status": federation.status,
-        "rounds_audited": len(audits_by_round),
+        "rounds_audited": repo.count_audits(session, federation.id),
         "warmup_rounds": federation.config["warmup_rounds"],
         "primary_detector": federation.config["primary_detector"],
         "latest": summary,

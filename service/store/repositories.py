@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -311,6 +311,30 @@ def audit_of_round(session: Session, round_id: uuid.UUID) -> AuditResult | None:
 def audits_of_federation(session: Session, federation_id: uuid.UUID) -> list[AuditResult]:
     query = select(AuditResult).where(AuditResult.federation_id == federation_id)
     return list(session.scalars(query.order_by(AuditResult.round_index)))
+
+
+def count_audits(session: Session, federation_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(AuditResult)
+    return session.scalar(query.where(AuditResult.federation_id == federation_id)) or 0
+
+
+def audits_newest_first(
+    session: Session, federation_id: uuid.UUID, batch: int = 8
+) -> Iterator[AuditResult]:
+    """The federation's audits from the last round back, read ``batch`` rows at a time, so a
+    caller that stops early never loads the whole history."""
+    query = (
+        select(AuditResult)
+        .where(AuditResult.federation_id == federation_id)
+        .order_by(AuditResult.round_index.desc())
+    )
+    offset = 0
+    while True:
+        rows = list(session.scalars(query.offset(offset).limit(batch)))
+        yield from rows
+        if len(rows) < batch:
+            return
+        offset += batch
 
 
 # --- events ----------------------------------------------------------------------------------

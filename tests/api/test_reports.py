@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
+import uuid
 
 import httpx
 import numpy as np
 import pytest
+from fastapi import FastAPI
 
+from service.store import repositories as repo
 from tests.api.conftest import make_federation
 from tests.api.test_rounds import current, submit
 from tests.factories import ADMIN, tiny_state
@@ -194,3 +198,36 @@ async def test_recompute_is_a_what_if_that_changes_nothing(api: httpx.AsyncClien
     after = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     assert after == before
     assert np.isfinite(without_d["distance_to_actual_model"]["total"])
+
+
+async def test_report_takes_each_clients_latest_audit_walking_back_in_pages(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=4, config=FEDNCL)
+    for index in range(3):
+        await run_round(api, fed, index)
+    sessions = app.state.services.sessions
+    fid = uuid.UUID(fed.id)
+    with sessions.begin() as session:
+        assert [a.round_index for a in repo.audits_newest_first(session, fid, batch=2)] == [
+            2,
+            1,
+            0,
+        ]
+        assert repo.count_audits(session, fid) == 3
+        # Client d is left out of the audits of rounds 1 and 2 (as if it had not reported).
+        for audit in repo.audits_of_federation(session, fid)[1:]:
+            result = copy.deepcopy(audit.result)
+            result["client_ids"] = [
+                str(uuid.uuid4()) if c == fed.client_ids["d"] else c for c in result["client_ids"]
+            ]
+            audit.result = result
+
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+
+    rows = {row["name"]: row for row in report["clients"]}
+    assert report["rounds_audited"] == 3
+    assert report["latest"]["round"] == 2
+    assert rows["a"]["latest_round"] == 2
+    assert rows["d"]["latest_round"] == 0
+    assert rows["d"]["latest_flags"]["fedncl"] is True
