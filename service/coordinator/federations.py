@@ -186,4 +186,6 @@ def federation_summaries(
     session: Session, federations: Sequence[Federation]
 ) -> dict[uuid.UUID, dict[str, int]]:
     """Counts shown with each federation of a page, in a fixed number of queries."""
-    return repo.federation_summaries(session, [f.id for f in federations])
+    counts = repo.federation_counts(session, [f.id for f in federations])
+    shown = ("clients", "joined_clients", "rounds_started")
+    return {fid: {key: c[key] for key in shown} for fid, c in counts.items()}

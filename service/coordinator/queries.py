@@ -30,8 +30,8 @@ def federation_overview(session: Session) -> list[dict[str, Any]]:
                 "status": federation.status,
                 "method": federation.config.get("method"),
                 "rounds_planned": federation.rounds,
-                "rounds_closed": counts["rounds_closed"].get(federation.id, 0),
-                "clients": counts["clients"].get(federation.id, 0),
+                "rounds_closed": counts.get(federation.id, {}).get("rounds_closed", 0),
+                "clients": counts.get(federation.id, {}).get("clients", 0),
                 "created_at": federation.created_at,
             }
         )

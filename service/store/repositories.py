@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.base import utcnow
@@ -50,47 +50,40 @@ def count_federations(session: Session) -> int:
     return session.scalar(select(func.count()).select_from(Federation)) or 0
 
 
-def federation_counts(session: Session) -> dict[str, dict[uuid.UUID, int]]:
-    """Clients and closed rounds per federation (two GROUP BY queries); absent means zero."""
-    clients = session.execute(
-        select(Client.federation_id, func.count()).group_by(Client.federation_id)
-    ).all()
-    closed = session.execute(
-        select(Round.federation_id, func.count())
-        .where(Round.state == "closed")
-        .group_by(Round.federation_id)
-    ).all()
-    return {
-        "clients": {fid: int(n) for fid, n in clients},
-        "rounds_closed": {fid: int(n) for fid, n in closed},
-    }
+COUNT_KEYS = ("clients", "joined_clients", "rounds_started", "rounds_closed")
+"""The per-federation counts of :func:`federation_counts`."""
 
 
-def federation_summaries(
-    session: Session, federation_ids: Sequence[uuid.UUID]
+def federation_counts(
+    session: Session, federation_ids: Sequence[uuid.UUID] | None = None
 ) -> dict[uuid.UUID, dict[str, int]]:
-    """Clients, joined clients and rounds started of each federation, in two queries.
+    """Clients, joined clients, rounds started and rounds closed per federation, in two GROUP BY
+    queries. ``federation_ids``: only these (each gets an entry, zeros included); None: every
+    federation that has a client or a round (absent means zero)."""
+    ids = None if federation_ids is None else list(federation_ids)
+    result: dict[uuid.UUID, dict[str, int]] = {}
+    if ids is not None:
+        result = {fid: dict.fromkeys(COUNT_KEYS, 0) for fid in ids}
+        if not ids:
+            return result
 
-    Every id given gets an entry (zeros when it has no client or round).
-    """
-    ids = list(federation_ids)
-    result = {fid: {"clients": 0, "joined_clients": 0, "rounds_started": 0} for fid in ids}
-    if not ids:
-        return result
-    joined = func.count(Client.joined_at)  # COUNT(column) skips NULLs
-    for fid, n, n_joined in session.execute(
-        select(Client.federation_id, func.count(), joined)
-        .where(Client.federation_id.in_(ids))
-        .group_by(Client.federation_id)
-    ).all():
-        result[fid]["clients"] = int(n)
-        result[fid]["joined_clients"] = int(n_joined)
-    for fid, n in session.execute(
-        select(Round.federation_id, func.count())
-        .where(Round.federation_id.in_(ids))
-        .group_by(Round.federation_id)
-    ).all():
-        result[fid]["rounds_started"] = int(n)
+    def entry(fid: uuid.UUID) -> dict[str, int]:
+        return result.setdefault(fid, dict.fromkeys(COUNT_KEYS, 0))
+
+    clients = select(Client.federation_id, func.count(), func.count(Client.joined_at))
+    rounds = select(
+        Round.federation_id,
+        func.count(),
+        func.coalesce(func.sum(case((Round.state == "closed", 1), else_=0)), 0),
+    )
+    if ids is not None:
+        clients = clients.where(Client.federation_id.in_(ids))
+        rounds = rounds.where(Round.federation_id.in_(ids))
+    # COUNT(joined_at) skips NULLs: the clients that joined.
+    for fid, n, joined in session.execute(clients.group_by(Client.federation_id)).all():
+        entry(fid).update(clients=int(n), joined_clients=int(joined))
+    for fid, n, closed in session.execute(rounds.group_by(Round.federation_id)).all():
+        entry(fid).update(rounds_started=int(n), rounds_closed=int(closed))
     return result
 
 
