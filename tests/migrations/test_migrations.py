@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from pydantic import SecretStr
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.errors import MigrationsNotAtHeadError
 from service.main import create_app
 from service.store import models  # noqa: F401
+from service.store import repositories as repo
 from service.store.base import Base
 from service.store.migrate import current_revision, downgrade, head_revision, upgrade
 from service.store.session import make_engine
@@ -51,14 +55,23 @@ def test_service_refuses_to_start_on_unmigrated_database(tmp_path: Path) -> None
 
 def test_metrics_event_count_reads_the_kind_index(tmp_path: Path) -> None:
     # /metrics groups every event by kind on each scrape; on a migrated database SQLite
-    # answers from the covering index, not by scanning the table.
+    # answers the query repositories.status_counts sends from the covering index, not by
+    # scanning the table.
     url = f"sqlite:///{tmp_path / 'plan.db'}"
     upgrade(url)
     engine = make_engine(url)
+    sent: list[str] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", capture)
+    with Session(engine) as session:
+        repo.status_counts(session)
+    event.remove(engine, "before_cursor_execute", capture)
+    (by_kind,) = [q for q in sent if "GROUP BY event.kind" in q]
     with engine.connect() as connection:
-        plan = connection.exec_driver_sql(
-            "EXPLAIN QUERY PLAN SELECT kind, count(*) FROM event GROUP BY kind"
-        ).all()
+        plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {by_kind}").all()
     engine.dispose()
     details = " ".join(str(row[-1]) for row in plan)
     assert "COVERING INDEX ix_event_kind" in details
