@@ -8,6 +8,7 @@ the initial model, finite values, class counts that sum to the sample count, a t
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 from safetensors.numpy import save
 
-from client_sdk import AdminClient, FederationClient
+from client_sdk import AdminClient, FederationClient, UpdateReceipt
 from service.simulation.coordinator_process import CoordinatorProcess
 from service.store.blobs import DirectoryBlobStore
 
@@ -71,6 +72,20 @@ class Site:
 
     def signals(self) -> dict[str, Any]:
         return {"class_counts": self.class_counts, "train_loss": self.train_loss}
+
+    def timed_submit(
+        self, federation_id: uuid.UUID, round_index: int, payload: bytes
+    ) -> tuple[UpdateReceipt, float]:
+        """Upload ``payload`` as this site's update; the receipt and the seconds it took."""
+        started = time.perf_counter()
+        receipt = self.client.submit_update(
+            federation_id,
+            round_index,
+            state=payload,
+            num_samples=self.num_samples,
+            signals=self.signals(),
+        )
+        return receipt, time.perf_counter() - started
 
 
 @dataclass

@@ -178,15 +178,8 @@ def run_k(
             for k, site in enumerate(federation.sites):
                 # Distinct bytes per site and round (blobs are content-addressed).
                 payload = state_bytes(perturbed(base, noise, 1e-3 * (k + 1) + 1e-4 * r, k + r))
-                started = time.perf_counter()
-                receipt = site.client.submit_update(
-                    federation.id,
-                    r,
-                    state=payload,
-                    num_samples=site.num_samples,
-                    signals=site.signals(),
-                )
-                upload_seconds.append(time.perf_counter() - started)
+                receipt, seconds = site.timed_submit(federation.id, r, payload)
+                upload_seconds.append(seconds)
                 digests.append(receipt.sha256)
                 del payload
             last_upload_done = time.perf_counter()
