@@ -248,6 +248,13 @@ def report(
     console.print(render_report(data))
 
 
+_SCORE_NAMES = {
+    "class_z": "class-standardised loss excess (standard errors; about N(0, 1) when clean)",
+    "mean_loss": "mean loss on the site's own labels",
+}
+"""What FedNoRo's graded score is, by its ``separation_statistic``."""
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -263,6 +270,11 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             f"round {latest['round']}: {latest['primary_detector']} {latest['primary_status']}"
             + (f" ({latest['primary_reason']})" if latest.get("primary_reason") else "")
             + (f", Ashman's D {separation:.1f}" if isinstance(separation, int | float) else "")
+            + (
+                f"; FedNoRo score = {_SCORE_NAMES.get(statistic, statistic)}"
+                if isinstance(statistic := summary.get("separation_statistic"), str)
+                else ""
+            )
             + f"; aggregation {latest.get('aggregation_rule')}"
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
         )
@@ -272,7 +284,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     if truth is not None:
         table.add_column("true noise", justify="right")
     table.add_column("flagged", justify="right")
-    table.add_column("p(noisy)", justify="right")
+    table.add_column("FedNoRo score", justify="right")
     table.add_column("Fed-NCL q", justify="right")
     table.add_column("expertise", justify="right")
     table.add_column("noisy classes")

@@ -7,7 +7,9 @@ prints, per method, mean ± std over seeds of:
 - detection by the primary detector, averaged over the rounds from the warm-up on (precision,
   recall, F1, matching ratio, AUROC) and at the last round (F1);
 - Spearman correlations with the realised noise rate (last round and mean over the rounds from
-  the warm-up on) of the expertise and of each detector's noisiness score;
+  the warm-up on) of the expertise, of each detector's noisiness score (FedNoRo's: the
+  separation statistic in runs since the score became graded; the GMM posterior before), of
+  FedNoRo's mean loss and of its GMM posterior before the guard;
 - label precision / recall of sample selection (mean over rounds, and last round);
 - coordinator seconds per round and wall seconds per run;
 - per seed, the clients flagged by the primary detector in each round after the warm-up, and
@@ -154,8 +156,8 @@ def reliability(runs: list[dict[str, Any]]) -> str:
                 fmt((x["spearman_final"].get("fedncl_score") for x in s), 2),
                 fmt((spearman_after(r, "fedncl_score") for r in group), 2),
                 fmt((x["spearman_final"].get("fednoro_mean_loss") for x in s), 2),
-                fmt((x["spearman_final"].get("fednoro_class_z") for x in s), 2),
-                fmt((spearman_after(r, "fednoro_class_z") for r in group), 2),
+                fmt((x["spearman_final"].get("fednoro_posterior") for x in s), 2),
+                fmt((spearman_after(r, "fednoro_posterior") for r in group), 2),
                 fmt((x["label_precision_mean"] for x in s), 3),
                 fmt((x["label_recall_mean"] for x in s), 3),
                 fmt((x["label_precision_final"] for x in s), 3),
@@ -168,13 +170,13 @@ def reliability(runs: list[dict[str, Any]]) -> str:
             "method",
             "ρ expertise (last)",
             "ρ expertise (mean after warm-up)",
-            "ρ FedNoRo p (last)",
-            "ρ FedNoRo p (mean)",
+            "ρ FedNoRo score (last)",
+            "ρ FedNoRo score (mean)",
             "ρ Fed-NCL q (last)",
             "ρ Fed-NCL q (mean)",
             "ρ FedNoRo mean loss (last)",
-            "ρ FedNoRo class z (last)",
-            "ρ FedNoRo class z (mean)",
+            "ρ FedNoRo posterior (last)",
+            "ρ FedNoRo posterior (mean)",
             "label prec. (mean)",
             "label rec. (mean)",
             "label prec. (last)",

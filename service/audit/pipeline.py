@@ -714,7 +714,7 @@ def run_audit(
     effective_flags: list[bool | None] | None = None
     noisy = np.asarray(primary_flags, dtype=bool) if primary.status == "ok" else None
     probability = (
-        np.asarray(primary.scores, dtype=np.float64)
+        np.asarray(primary.probabilities, dtype=np.float64)
         if primary.status == "ok" and primary.method == "fednoro"
         else None
     )

@@ -11,14 +11,15 @@ client next to the ground truth, and the global model's accuracy on the clean te
   primary detector's flags against the ground truth (an undetermined flag counts as "not
   flagged"; the number of such rounds is reported); the matching ratio is the mean matching over
   those rounds.
-- AUROC of the primary detector's noisiness score. Which score (``auroc_source``): ``fednoro``
-  uses the evidence ``gmm_noisy_probability``, the averaged GMM posterior *before* the separation
-  guard (equal to the verdict's score whenever the guard passed; the score is 0 for everybody
-  when the guard withheld the flags, which would make the AUROC meaningless); ``fedncl`` uses
-  q_k (higher = noisier); ``expertise`` uses 1 - expertise.
+- AUROC of the primary detector's noisiness score. Which score (``auroc_source``): the
+  verdict's graded score, higher = noisier -- ``fednoro`` its separation statistic (the
+  class-standardised loss excess by default, given for every client whether or not the guard
+  let the flags through), ``fedncl`` q_k; ``expertise`` uses 1 - expertise.
 - Spearman correlation with the *realised* noise rate of the expertise (FedRN reliability; a
-  good signal is strongly negative) and of each detector's noisiness score (same choices as
-  above, but expertise not inverted).
+  good signal is strongly negative), of each detector's noisiness score (same choices as
+  above, but expertise not inverted), and of FedNoRo's evidence: the mean loss, the
+  class-standardised excess and the GMM posterior before the separation guard
+  (``fednoro_posterior``).
 - Label precision and recall of sample selection: the mean over the clients that reported
   ``label_precision``/``label_recall`` in their round metrics (FedRN, RoFL), per round and at the
   last round.
@@ -207,12 +208,7 @@ def noisiness_score(detector: str, verdict: Mapping[str, Any] | None) -> float |
     """
     if verdict is None:
         return None
-    if detector == "fednoro":
-        value = (verdict.get("evidence") or {}).get("gmm_noisy_probability")
-        if value is None:
-            value = verdict.get("score")
-    else:
-        value = verdict.get("score")
+    value = verdict.get("score")
     return None if value is None else float(value)
 
 
@@ -228,7 +224,7 @@ def _primary_auroc_scores(record: RoundRecord) -> tuple[list[float] | None, str]
 
 
 _SOURCES: Final[dict[str, str]] = {
-    "fednoro": "evidence.gmm_noisy_probability (GMM posterior before the separation guard)",
+    "fednoro": "score: the separation statistic (higher = noisier)",
     "fedncl": "score q_k (higher = noisier)",
     "expertise": "1 - expertise",
 }
@@ -262,6 +258,8 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
     correlations["fednoro_mean_loss"] = _spearman_complete(mean_losses, rates)
     class_z = [c.detectors.get("fednoro", {}).get("class_z") for c in record.clients]
     correlations["fednoro_class_z"] = _spearman_complete(class_z, rates)
+    posterior = [c.detectors.get("fednoro", {}).get("posterior") for c in record.clients]
+    correlations["fednoro_posterior"] = _spearman_complete(posterior, rates)
     result["spearman"] = correlations
     result["label_precision"] = _mean(c.label_precision for c in record.clients)
     result["label_recall"] = _mean(c.label_recall for c in record.clients)
@@ -543,6 +541,7 @@ SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
     "spearman_fedncl",
     "spearman_fednoro_mean_loss",
     "spearman_fednoro_class_z",
+    "spearman_fednoro_posterior",
     "label_precision",
     "label_recall",
     "accuracy_best",
@@ -580,6 +579,7 @@ def _summary_row(run: RunResult) -> list[Any]:
         spear.get("fedncl_score"),
         spear.get("fednoro_mean_loss"),
         spear.get("fednoro_class_z"),
+        spear.get("fednoro_posterior"),
         s["label_precision_final"],
         s["label_recall_final"],
         s["accuracy"]["best"],
@@ -764,7 +764,7 @@ def plot_scores_vs_noise(runs: Sequence[RunResult], path: Path) -> Path:
             else:
                 ax.text(0.5, 0.5, "undetermined", ha="center", va="center", transform=ax.transAxes)
             score_name = {
-                "fednoro": "GMM p(noisy)",
+                "fednoro": "FedNoRo score",
                 "fedncl": "Fed-NCL q",
                 "expertise": "expertise",
             }.get(name, f"{name} score")

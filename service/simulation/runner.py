@@ -489,6 +489,10 @@ def _round_record(
                 entries[det_name]["mean_loss"] = _float_or_none(evidence.get("mean_loss"))
                 # the same loss standardised class by class (the guard's default input)
                 entries[det_name]["class_z"] = _float_or_none(evidence.get("class_z"))
+                # the mixture's posterior before the guard (two-group membership)
+                entries[det_name]["posterior"] = _float_or_none(
+                    evidence.get("gmm_noisy_probability")
+                )
                 normalised = evidence.get("normalised_loss")
         summary = trained_clients[k].summary
         metrics: dict[str, Any] = dict(summary.metrics)

@@ -118,6 +118,20 @@ class TestFedNoRoLiteral:
         assert summary["separation_statistic"] == "mean_loss"
         assert summary["group_mean_statistic"] == summary["group_mean_loss"]
 
+    def test_score_is_the_separation_statistic_and_probability_the_posterior(self, detector):
+        # default statistic: each verdict's score is its class-standardised excess
+        verdicts = detector.result_.verdicts
+        assert [v.score for v in verdicts] == [v.evidence["class_z"] for v in verdicts]
+        assert [v.probability for v in verdicts] == pytest.approx([0, 0, 0, 1, 1, 0], abs=1e-6)
+        assert detector.result_.probabilities == [v.probability for v in verdicts]
+        # with the mean loss as the statistic, the scores are the mean losses computed by
+        # hand in test_mean_loss_and_ashman_d
+        by_mean = FedNoRoDetector(separation_statistic="mean_loss").fit(
+            LITERAL_LOSS, LITERAL_COUNTS
+        )
+        assert by_mean.result_.scores == pytest.approx([1.1 / 3, 0.475, 0.475, 1.925, 1.95, 0.4625])
+        assert by_mean.result_.probabilities == pytest.approx([0, 0, 0, 1, 1, 0], abs=1e-6)
+
     def test_noisy_classes(self, detector):
         # Clean component mean (the four clean rows): col0 (0 + 0.047619 + 0 + 0.023810)/4
         # = 0.017857, col1 (0 + 0.047619 + 0.047619 + 0.023810)/4 = 0.029762,
@@ -156,6 +170,10 @@ class TestFedNoRoGuard:
         assert result.status == "ok"
         assert not any(result.flags)
         assert present(detector.noisy_probability_).tolist() == [0.0] * n_clients
+        assert result.probabilities == [0.0] * n_clients
+        # the graded score stays: every client's class-standardised excess, not all equal
+        assert result.scores == [v.evidence["class_z"] for v in map(present, result.verdicts)]
+        assert len(set(result.scores)) == n_clients
         assert result.summary["separation_passed"] is False
         assert "nobody flagged" in result.summary["guard"]
         # the mixture itself did split the federation; only the guard withheld the flags

@@ -104,6 +104,23 @@ class TestRunAudit:
             fedavg = np.arange(100, 110) / np.arange(100, 110).sum()
             assert (outcome.aggregation.weights[:3] < fedavg[:3]).all()
 
+    def test_reliability_weighting_reads_the_probability_not_the_graded_score(self):
+        global_state, clients = make_federation()
+        outcome = run_audit(
+            global_state, clients, AuditConfig(aggregation="reliability_weighted"), round_index=5
+        )
+        fednoro = outcome.detections["fednoro"]
+        scores = np.asarray(fednoro.scores, dtype=np.float64)
+        probability = np.asarray(fednoro.probabilities, dtype=np.float64)
+        # the score is the class-standardised excess: below 0 for the clean clients, so it
+        # could not serve as a probability
+        assert (scores[3:] < 0).all()
+        assert (scores[:3] > 0).all()
+        assert ((probability >= 0) & (probability <= 1)).all()
+        n = np.arange(100, 110)
+        expected = n * (1 - probability) / (n * (1 - probability)).sum()
+        np.testing.assert_allclose(outcome.aggregation.weights, expected, rtol=1e-12)
+
     def test_config_reaches_the_rules(self):
         global_state, clients = make_federation()
         config = AuditConfig(aggregation="fedncl_layerwise", fedncl_tau=4.0, fedncl_t_corr=10)

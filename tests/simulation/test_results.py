@@ -58,6 +58,7 @@ def client_round(
                 "score": score,
                 "flag": flag,
                 "noisiness": noisiness_score("fednoro", verdict),
+                "posterior": gmm,
             },
             "expertise": {
                 "status": "ok",
@@ -127,13 +128,13 @@ def make_run(seed: int = 0, accuracies=(0.5, 0.7, 0.6), label: str = "fednoro") 
         client_round("c", flag=True, score=0.9, gmm=0.9, expertise=0.5),
         client_round("d", flag=True, score=0.8, gmm=0.8, expertise=0.2),
     ]
-    round2 = [  # the separation guard withheld the flags: scores 0, the posterior in evidence
-        client_round("a", flag=False, score=0.0, gmm=0.1, expertise=1.0, train_loss=math.nan),
-        client_round("b", flag=False, score=0.0, gmm=0.6, expertise=0.8),
+    round2 = [  # the separation guard withheld the flags; the graded scores rank b above c
+        client_round("a", flag=False, score=-1.0, gmm=0.1, expertise=1.0, train_loss=math.nan),
+        client_round("b", flag=False, score=2.0, gmm=0.6, expertise=0.8),
         client_round(
             "c",
             flag=False,
-            score=0.0,
+            score=1.5,
             gmm=0.9,
             expertise=0.5,
             label_precision=0.5,
@@ -142,7 +143,7 @@ def make_run(seed: int = 0, accuracies=(0.5, 0.7, 0.6), label: str = "fednoro") 
         client_round(
             "d",
             flag=False,
-            score=0.0,
+            score=0.5,
             gmm=0.8,
             expertise=0.2,
             label_precision=0.7,
@@ -169,9 +170,9 @@ def make_run(seed: int = 0, accuracies=(0.5, 0.7, 0.6), label: str = "fednoro") 
     )
 
 
-def test_noisiness_score_prefers_the_gmm_posterior_for_fednoro():
-    verdict = {"score": 0.0, "flag": False, "evidence": {"gmm_noisy_probability": 0.7}}
-    assert noisiness_score("fednoro", verdict) == 0.7
+def test_noisiness_score_is_the_verdicts_graded_score_not_the_posterior():
+    verdict = {"score": -0.3, "flag": False, "evidence": {"gmm_noisy_probability": 0.7}}
+    assert noisiness_score("fednoro", verdict) == -0.3
     assert noisiness_score("fednoro", {"score": 0.4, "flag": True, "evidence": {}}) == 0.4
     assert noisiness_score("fedncl", {"score": 12.5, "flag": True, "evidence": {}}) == 12.5
     assert noisiness_score("fednoro", None) is None
@@ -192,22 +193,28 @@ def test_round_metrics_by_hand():
     # [1.5, 0.5, -0.5, -1.5] and [-1, -1, 0.5, 1.5]; sum of products -4.5,
     # sqrt(5 * 4.5) = sqrt(22.5): rho = -4.5 / 4.7434 = -0.9487.
     assert m1["spearman"]["expertise"] == pytest.approx(-4.5 / math.sqrt(22.5))
-    # GMM posterior [0.1, 0.6, 0.9, 0.8]: centred ranks [-1.5, -0.5, 1.5, 0.5];
+    # Scores [0.1, 0.6, 0.9, 0.8]: centred ranks [-1.5, -0.5, 1.5, 0.5];
     # products with the rate ranks 1.5 + 0.5 + 0.75 + 0.75 = 3.5: rho = 3.5 / 4.7434.
     assert m1["spearman"]["fednoro_score"] == pytest.approx(3.5 / math.sqrt(22.5))
     assert m1["label_precision"] is None
 
 
-def test_guard_withheld_flags_use_the_posterior_for_auroc():
+def test_guard_withheld_flags_keep_the_graded_score_for_auroc():
     run = make_run()
     m2 = round_metrics(run, run.rounds[2])
     # Nobody flagged while c and d are noisy: precision 0 (nothing claimed, something to
     # find), recall 0, F1 0.
     assert (m2["precision"], m2["recall"], m2["f1"], m2["matching"]) == (0.0, 0.0, 0.0, 0.0)
-    # The verdict scores are all 0 (an AUROC of 0.5); the posterior [0.1, 0.6, 0.9, 0.8] is
-    # what the AUROC is computed from: 1.0.
-    assert m2["auroc"] == 1.0
-    assert m2["auroc_source"].startswith("evidence.gmm_noisy_probability")
+    # AUROC from the scores [-1.0, 2.0, 1.5, 0.5] (a, b clean; c, d noisy): of the 4
+    # (noisy, clean) pairs, c > a and d > a, but b beats both: 2 / 4. The posterior
+    # [0.1, 0.6, 0.9, 0.8] would give 1.0; it is not what the AUROC uses.
+    assert m2["auroc"] == 0.5
+    assert m2["auroc_source"].startswith("score")
+    # Spearman of the scores: ranks [1, 4, 3, 2], centred [-1.5, 1.5, 0.5, -0.5], against the
+    # rate ranks [-1, -1, 0.5, 1.5]: 1.5 - 1.5 + 0.25 - 0.75 = -0.5, rho = -0.5 / 4.7434.
+    assert m2["spearman"]["fednoro_score"] == pytest.approx(-0.5 / math.sqrt(22.5))
+    # The posterior is correlated on its own: 3.5 / 4.7434 (as the scores of round 1).
+    assert m2["spearman"]["fednoro_posterior"] == pytest.approx(3.5 / math.sqrt(22.5))
     # Label selection: mean over the reporting clients c and d.
     assert m2["label_precision"] == pytest.approx((0.5 + 0.7) / 2)
     assert m2["label_recall"] == pytest.approx((0.9 + 1.0) / 2)
@@ -233,16 +240,16 @@ def test_summary_by_hand():
     assert s["true_noisy"] == 2
     assert s["ground_truth_rule"] == "target rate > 0"
     # After the warm-up: rounds 1 and 2. Means: precision (2/3 + 0) / 2, recall (1 + 0) / 2,
-    # F1 (0.8 + 0) / 2, matching (0 + 0) / 2, AUROC (1 + 1) / 2.
+    # F1 (0.8 + 0) / 2, matching (0 + 0) / 2, AUROC (1 + 0.5) / 2.
     after = s["after_warmup"]
     assert after["rounds"] == 2
     assert after["precision"] == pytest.approx(1 / 3)
     assert after["recall"] == 0.5
     assert after["f1"] == pytest.approx(0.4)
     assert after["matching_ratio"] == 0.0
-    assert after["auroc"] == 1.0
+    assert after["auroc"] == 0.75
     assert s["final"]["f1"] == 0.0
-    assert s["final"]["auroc"] == 1.0
+    assert s["final"]["auroc"] == 0.5
     # Accuracy [0.5, 0.7, 0.6]: best 0.7, last ceil(3/10) = 1 round: 0.6.
     assert s["accuracy"] == {"best": 0.7, "last10": 0.6}
     assert s["balanced_accuracy"] == {"best": 0.65, "last10": 0.55}
@@ -312,10 +319,10 @@ def test_csv_rows_per_round_and_per_client(tmp_path: Path):
     assert (b1["fednoro_flag"], b1["fednoro_score"], b1["primary_flag"]) == ("1", "0.6", "1")
     assert b1["neighbors"] == "a;c"
     assert b1["expertise_score"] == "0.8"
-    d2 = clients[8 + 3]  # round 2, client d: guard withheld, posterior kept as noisiness
+    d2 = clients[8 + 3]  # round 2, client d: guard withheld, the graded score stays
     assert (d2["fednoro_score"], d2["fednoro_noisiness"], d2["label_precision"]) == (
-        "0",
-        "0.8",
+        "0.5",
+        "0.5",
         "0.7",
     )
     # No Fed-NCL in these runs: no Fed-NCL columns.
@@ -377,8 +384,8 @@ def test_write_outputs_writes_every_file_and_valid_pngs(tmp_path: Path):
     with (tmp_path / "summary.csv").open() as handle:
         summary = list(csv.DictReader(handle))
     assert [(r["label"], r["accuracy_best"], r["final_auroc"]) for r in summary] == [
-        ("fednoro", "0.7", "1"),
-        ("fedavg", "0.7", "1"),
+        ("fednoro", "0.7", "0.5"),
+        ("fedavg", "0.7", "0.5"),
     ]
 
 

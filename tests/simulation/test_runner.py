@@ -214,17 +214,20 @@ def test_round_record_maps_the_stored_audit_by_client_id():
                 "summary": {"ashman_d": 4.5},
                 "verdicts": [
                     {
-                        "score": 0.0,
+                        "score": 3.2,
+                        "probability": 0.95,
                         "flag": True,
                         "evidence": {"gmm_noisy_probability": 0.95, "normalised_loss": [1.0]},
                     },
                     {
-                        "score": 0.0,
+                        "score": -0.4,
+                        "probability": 0.05,
                         "flag": False,
                         "evidence": {"gmm_noisy_probability": 0.05, "normalised_loss": [0.0]},
                     },
                     {
-                        "score": 0.0,
+                        "score": 0.1,
+                        "probability": 0.1,
                         "flag": False,
                         "evidence": {"gmm_noisy_probability": 0.1, "normalised_loss": [0.2]},
                     },
@@ -252,7 +255,9 @@ def test_round_record_maps_the_stored_audit_by_client_id():
     assert (c0.primary_flag, c1.primary_flag, c2.primary_flag) == (False, None, True)
     assert (c0.weight, c1.weight, c2.weight) == (0.5, 0.4, 0.1)
     assert (c0.expertise, c1.expertise, c2.expertise) == (1.0, 0.7, 0.1)
-    assert c2.detectors["fednoro"]["noisiness"] == 0.95
+    assert c2.detectors["fednoro"]["noisiness"] == 3.2
+    assert c2.detectors["fednoro"]["posterior"] == 0.95
+    assert c1.detectors["fednoro"]["noisiness"] == 0.1
     assert c2.detectors["fednoro"]["flag"] is True
     assert c2.normalised_loss == [1.0]
     assert c1.detectors["fedncl"] == {

@@ -1,0 +1,55 @@
+"""The report table the CLI prints (``fedaudit report`` and ``fedaudit demo``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from service.cli import render_report
+
+
+def report(statistic: str | None) -> dict[str, Any]:
+    summary = {"ashman_d": 1.2} if statistic is None else {"separation_statistic": statistic}
+    return {
+        "federation": "fed",
+        "rounds_audited": 4,
+        "primary_detector": "fednoro",
+        "latest": {
+            "round": 5,
+            "primary_detector": "fednoro",
+            "primary_status": "ok",
+            "primary_summary": summary,
+            "aggregation_rule": "daagg",
+        },
+        "clients": [
+            {
+                "name": "site-a",
+                "status": "trusted",
+                "times_flagged": 0,
+                "rounds_audited": 4,
+                "latest_scores": {"fednoro": 3.456, "fedncl": None},
+                "reliability": 0.5,
+                "noisy_classes": ["2"],
+                "last_weight": 0.25,
+            }
+        ],
+    }
+
+
+def text_of(data: dict[str, Any]) -> str:
+    console = Console(width=250, record=True)
+    console.print(render_report(data, truth={"site-a": 0.3}))
+    return console.export_text()
+
+
+def test_fednoro_column_is_the_graded_score_and_the_caption_names_it():
+    text = text_of(report("class_z"))
+    assert "FedNoRo score" in text
+    assert "3.46" in text  # the graded score, not a probability
+    assert "FedNoRo score = class-standardised loss excess" in text
+    assert "FedNoRo score = mean loss on the site's own labels" in text_of(report("mean_loss"))
+
+
+def test_caption_without_a_fednoro_summary_names_no_statistic():
+    assert "FedNoRo score =" not in text_of(report(None))
