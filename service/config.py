@@ -52,6 +52,15 @@ class Settings(BaseSettings):
         ),
     )
     check_migrations: bool = True
+    auth_rejected_events_per_minute: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "At most this many auth.rejected events per federation and minute are written (per "
+            "process); the next one written counts those left out. A caller with a bad token "
+            "cannot grow the database without bound."
+        ),
+    )
     metrics_require_admin: bool = Field(
         default=False,
         description=(

@@ -60,7 +60,9 @@ def require_admin(services: ServicesDep, credentials: Credentials) -> str:
 AdminDep = Annotated[str, Depends(require_admin)]
 
 
-def current_client(request: Request, session: SessionDep, credentials: Credentials) -> Client:
+def current_client(
+    request: Request, services: ServicesDep, session: SessionDep, credentials: Credentials
+) -> Client:
     try:
         return client_use_cases.authenticate_client(session, _token(credentials))
     except AuthError as exc:
@@ -71,7 +73,13 @@ def current_client(request: Request, session: SessionDep, credentials: Credentia
         except ValueError:
             federation_id = None
         client_use_cases.record_auth_failure(
-            session, federation_id, method=request.method, path=request.url.path, reason=exc.detail
+            session,
+            federation_id,
+            method=request.method,
+            path=request.url.path,
+            reason=exc.detail,
+            budget=services.auth_events,
+            now=services.clock(),
         )
         session.commit()
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -12,9 +13,12 @@ from sqlalchemy.orm import Session
 
 from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
+from service.coordinator.ratelimit import EventBudget
 from service.errors import AuthError, BadRequestError, NotFoundError
 from service.store import repositories as repo
 from service.store.models import Client
+
+log = logging.getLogger(__name__)
 
 
 def authenticate_admin(token: str | None, admin_token: str) -> None:
@@ -59,18 +63,48 @@ def authenticate_client(session: Session, token: str | None) -> Client:
 
 
 def record_auth_failure(
-    session: Session, federation_id: uuid.UUID | None, *, method: str, path: str, reason: str
+    session: Session,
+    federation_id: uuid.UUID | None,
+    *,
+    method: str,
+    path: str,
+    reason: str,
+    budget: EventBudget,
+    now: datetime,
 ) -> None:
-    """An event for a refused token, when the request names a federation that exists."""
+    """An event for a refused token, when the request names a federation that exists.
+
+    At most ``budget.limit`` such events per federation and minute are written; the next one
+    written says how many were left out before it (``data.left_out_before``).
+    """
     if federation_id is None or repo.get_federation(session, federation_id) is None:
         return
+    admission = budget.admit(federation_id, now)
+    if not admission.record:
+        if admission.first_left_out:
+            log.warning(
+                "federation %s: more than %d refused tokens within %.0f s; the rest of this "
+                "window is counted, not written, until the next recorded auth.rejected event",
+                federation_id,
+                budget.limit,
+                budget.window_s,
+            )
+        return
+    message = f"{method} {path} refused: {reason}"
+    data: dict[str, Any] = {"method": method, "path": path}
+    if admission.left_out_before:
+        message += (
+            f" ({admission.left_out_before} earlier refusal(s) not recorded: more than "
+            f"{budget.limit} per {budget.window_s:.0f} s)"
+        )
+        data["left_out_before"] = admission.left_out_before
     repo.add_event(
         session,
         kind="auth.rejected",
         actor="anonymous",
-        message=f"{method} {path} refused: {reason}",
+        message=message,
         federation_id=federation_id,
-        data={"method": method, "path": path},
+        data=data,
     )
 
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.coordinator.ratelimit import EventBudget
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
 
@@ -26,6 +27,11 @@ class Services:
     blobs: BlobStore
     clock: Callable[[], datetime] = utcnow
     worker: BackgroundWorker = field(default_factory=lambda: BackgroundWorker())
+    auth_events: EventBudget = field(init=False)
+    """Budget of auth.rejected events per federation and minute (from the settings)."""
+
+    def __post_init__(self) -> None:
+        self.auth_events = EventBudget(self.settings.auth_rejected_events_per_minute, 60.0)
 
     def close(self) -> None:
         """Stop the worker and release the database connections."""

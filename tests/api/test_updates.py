@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -180,6 +182,36 @@ async def test_wrong_token_and_wrong_federation(api) -> None:
     refused = [e for e in events if e["kind"] in ("auth.rejected", "update.rejected")]
     assert [e["kind"] for e in refused] == ["auth.rejected", "update.rejected"]
     assert "Authorization" not in refused[0]["message"]
+
+
+async def test_a_flood_of_bad_tokens_writes_a_bounded_number_of_events(settings) -> None:
+    settings.auth_rejected_events_per_minute = 3
+    app = create_app(settings, run_reaper=False)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as api:
+        fed = await make_federation(api)
+        url = f"/api/v1/federations/{fed.id}/rounds/current"
+        bad = {"Authorization": "Bearer fa_c_not-a-token"}
+        for _ in range(10):
+            assert (await api.get(url, headers=bad)).status_code == 401
+
+        async def rejected() -> list[dict[str, Any]]:
+            events = (await api.get(f"/api/v1/federations/{fed.id}/events", headers=ADMIN)).json()[
+                "items"
+            ]
+            return [e for e in events if e["kind"] == "auth.rejected"]
+
+        assert len(await rejected()) == 3  # the other 7 are counted, not written
+        # A minute later the next refusal is written and says how many were left out.
+        services = app.state.services
+        later = services.clock() + timedelta(seconds=61)
+        services.clock = lambda: later
+        assert (await api.get(url, headers=bad)).status_code == 401
+        events = await rejected()
+        assert len(events) == 4
+        assert events[-1]["data"]["left_out_before"] == 7
+        assert "7 earlier refusal(s) not recorded" in events[-1]["message"]
 
 
 async def test_oversized_upload_is_413_and_not_stored(settings) -> None:
