@@ -212,6 +212,7 @@ async def test_a_flood_of_bad_tokens_writes_a_bounded_number_of_events(settings)
         assert len(events) == 4
         assert events[-1]["data"]["left_out_before"] == 7
         assert "7 earlier refusal(s) not recorded" in events[-1]["message"]
+    app.state.services.close()
 
 
 async def test_oversized_upload_is_413_and_not_stored(settings) -> None:
