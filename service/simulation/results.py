@@ -40,7 +40,7 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -373,66 +373,104 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-ROUND_COLUMNS: Final[tuple[str, ...]] = (
-    "label",
-    "seed",
-    "round",
-    "in_warmup",
-    "accuracy",
-    "balanced_accuracy",
-    "coordinator_seconds",
-    "wall_seconds",
-    "aggregation_rule",
-    "fallback_reason",
-    "primary",
-    "primary_status",
-    "ashman_d",
-    "precision",
-    "recall",
-    "f1",
-    "matching",
-    "auroc",
-    "spearman_expertise",
-    "label_precision",
-    "label_recall",
-    "flagged",
-)
-
-
-def _client_columns(detectors: Sequence[str]) -> list[str]:
-    columns = [
-        "label",
-        "seed",
-        "round",
-        "in_warmup",
-        "client",
-        "target_rate",
-        "true_noise_rate",
-        "true_noisy",
-        "role",
-    ]
-    for name in detectors:
-        columns += [f"{name}_status", f"{name}_score", f"{name}_flag", f"{name}_noisiness"]
-    columns += [
-        "primary_flag",
-        "status",
-        "expertise",
-        "neighbors",
-        "self_weight",
-        "weight",
-        "train_loss",
-        "label_precision",
-        "label_recall",
-        "upload_bytes",
-        "download_bytes",
-    ]
-    return columns
-
-
 def _detectors_of(runs: Iterable[RunResult]) -> list[str]:
     seen = {name for run in runs for r in run.rounds for c in r.clients for name in c.detectors}
     known = [d for d in DETECTOR_NAMES if d in seen]
     return known + sorted(seen - set(known))
+
+
+def _round_row(run: RunResult, r: RoundRecord) -> dict[str, Any]:
+    """One ``rounds.csv`` row: column name -> value, in column order."""
+    m = r.metrics
+    return {
+        "label": run.label,
+        "seed": run.seed,
+        "round": r.index,
+        "in_warmup": r.in_warmup,
+        "accuracy": r.accuracy,
+        "balanced_accuracy": r.balanced_accuracy,
+        "coordinator_seconds": r.coordinator_seconds,
+        "wall_seconds": r.wall_seconds,
+        "aggregation_rule": r.aggregation_rule,
+        "fallback_reason": r.fallback_reason,
+        "primary": r.primary,
+        "primary_status": r.detector_status.get(r.primary or ""),
+        "ashman_d": r.ashman_d,
+        "precision": m.get("precision"),
+        "recall": m.get("recall"),
+        "f1": m.get("f1"),
+        "matching": m.get("matching"),
+        "auroc": m.get("auroc"),
+        "spearman_expertise": (m.get("spearman") or {}).get("expertise"),
+        "label_precision": m.get("label_precision"),
+        "label_recall": m.get("label_recall"),
+        "flagged": m.get("flagged"),
+    }
+
+
+def _client_rows(run: RunResult, detectors: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """The ``clients.csv`` rows of one run (per round and client)."""
+    truth = {c.name: c for c in run.clients}
+    for r in run.rounds:
+        for c in r.clients:
+            yield _client_row(run, r, c, truth[c.name], detectors)
+
+
+def _client_row(
+    run: RunResult,
+    r: RoundRecord,
+    c: ClientRoundRecord,
+    gt: ClientRecord,
+    detectors: Sequence[str],
+) -> dict[str, Any]:
+    """One ``clients.csv`` row: column name -> value, in column order (4 columns per detector)."""
+    row: dict[str, Any] = {
+        "label": run.label,
+        "seed": run.seed,
+        "round": r.index,
+        "in_warmup": r.in_warmup,
+        "client": c.name,
+        "target_rate": gt.target_rate,
+        "true_noise_rate": gt.realised_rate,
+        "true_noisy": gt.true_noisy,
+        "role": c.role,
+    }
+    for name in detectors:
+        entry = c.detectors.get(name, {})
+        for key in ("status", "score", "flag", "noisiness"):
+            row[f"{name}_{key}"] = entry.get(key)
+    row.update(
+        {
+            "primary_flag": c.primary_flag,
+            "status": c.status,
+            "expertise": c.expertise,
+            "neighbors": c.neighbors,
+            "self_weight": c.self_weight,
+            "weight": c.weight,
+            "train_loss": c.train_loss,
+            "label_precision": c.label_precision,
+            "label_recall": c.label_recall,
+            "upload_bytes": c.upload_bytes,
+            "download_bytes": c.download_bytes,
+        }
+    )
+    return row
+
+
+def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """CSV with the first row's keys as the header; every row must have the same keys.
+
+    No rows: an empty file (there is nothing to name the columns of)."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        header: list[str] | None = None
+        for row in rows:
+            if header is None:
+                header = list(row)
+                writer.writerow(header)
+            elif list(row) != header:
+                raise ValueError(f"{path.name}: row columns {list(row)} differ from {header}")
+            writer.writerow(_cell(v) for v in row.values())
 
 
 def write_run_csv(
@@ -445,163 +483,54 @@ def write_run_csv(
     rounds_path = directory / f"{prefix}rounds.csv"
     clients_path = directory / f"{prefix}clients.csv"
     detectors = _detectors_of(runs)
-    with rounds_path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(ROUND_COLUMNS)
-        for run in runs:
-            for r in run.rounds:
-                m = r.metrics
-                writer.writerow(
-                    _cell(v)
-                    for v in (
-                        run.label,
-                        run.seed,
-                        r.index,
-                        r.in_warmup,
-                        r.accuracy,
-                        r.balanced_accuracy,
-                        r.coordinator_seconds,
-                        r.wall_seconds,
-                        r.aggregation_rule,
-                        r.fallback_reason,
-                        r.primary,
-                        r.detector_status.get(r.primary or ""),
-                        r.ashman_d,
-                        m.get("precision"),
-                        m.get("recall"),
-                        m.get("f1"),
-                        m.get("matching"),
-                        m.get("auroc"),
-                        (m.get("spearman") or {}).get("expertise"),
-                        m.get("label_precision"),
-                        m.get("label_recall"),
-                        m.get("flagged"),
-                    )
-                )
-    with clients_path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(_client_columns(detectors))
-        for run in runs:
-            truth = {c.name: c for c in run.clients}
-            for r in run.rounds:
-                for c in r.clients:
-                    gt = truth[c.name]
-                    row: list[Any] = [
-                        run.label,
-                        run.seed,
-                        r.index,
-                        r.in_warmup,
-                        c.name,
-                        gt.target_rate,
-                        gt.realised_rate,
-                        gt.true_noisy,
-                        c.role,
-                    ]
-                    for name in detectors:
-                        entry = c.detectors.get(name, {})
-                        row += [
-                            entry.get("status"),
-                            entry.get("score"),
-                            entry.get("flag"),
-                            entry.get("noisiness"),
-                        ]
-                    row += [
-                        c.primary_flag,
-                        c.status,
-                        c.expertise,
-                        c.neighbors,
-                        c.self_weight,
-                        c.weight,
-                        c.train_loss,
-                        c.label_precision,
-                        c.label_recall,
-                        c.upload_bytes,
-                        c.download_bytes,
-                    ]
-                    writer.writerow(_cell(v) for v in row)
+    _write_rows(rounds_path, (_round_row(run, r) for run in runs for r in run.rounds))
+    _write_rows(clients_path, (row for run in runs for row in _client_rows(run, detectors)))
     return rounds_path, clients_path
 
 
-SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
-    "label",
-    "seed",
-    "rounds",
-    "warmup_rounds",
-    "true_noisy",
-    "primary_detector",
-    "final_precision",
-    "final_recall",
-    "final_f1",
-    "final_matching",
-    "final_auroc",
-    "matching_ratio",
-    "mean_f1_after_warmup",
-    "spearman_expertise",
-    "spearman_fednoro",
-    "spearman_fedncl",
-    "spearman_fednoro_mean_loss",
-    "spearman_fednoro_class_z",
-    "spearman_fednoro_posterior",
-    "label_precision",
-    "label_recall",
-    "accuracy_best",
-    "accuracy_last10",
-    "balanced_accuracy_best",
-    "balanced_accuracy_last10",
-    "coordinator_seconds_mean",
-    "bytes_up_per_client_round",
-    "bytes_down_per_client_round",
-    "signal_to_train_time",
-    "wall_seconds",
-)
-
-
-def _summary_row(run: RunResult) -> list[Any]:
+def _summary_row(run: RunResult) -> dict[str, Any]:
+    """One ``summary.csv`` row: column name -> value, in column order."""
     s = run.summary
     final = s["final"]
     spear = s["spearman_final"]
-    return [
-        run.label,
-        run.seed,
-        s["rounds"],
-        s["warmup_rounds"],
-        s["true_noisy"],
-        s["primary_detector"],
-        final["precision"],
-        final["recall"],
-        final["f1"],
-        final["matching"],
-        final["auroc"],
-        s["after_warmup"]["matching_ratio"],
-        s["after_warmup"]["f1"],
-        spear.get("expertise"),
-        spear.get("fednoro_score"),
-        spear.get("fedncl_score"),
-        spear.get("fednoro_mean_loss"),
-        spear.get("fednoro_class_z"),
-        spear.get("fednoro_posterior"),
-        s["label_precision_final"],
-        s["label_recall_final"],
-        s["accuracy"]["best"],
-        s["accuracy"]["last10"],
-        s["balanced_accuracy"]["best"],
-        s["balanced_accuracy"]["last10"],
-        s["coordinator_seconds_mean"],
-        s["bytes_up_per_client_round"],
-        s["bytes_down_per_client_round"],
-        s["signal_to_train_time"],
-        s["wall_seconds"],
-    ]
+    return {
+        "label": run.label,
+        "seed": run.seed,
+        "rounds": s["rounds"],
+        "warmup_rounds": s["warmup_rounds"],
+        "true_noisy": s["true_noisy"],
+        "primary_detector": s["primary_detector"],
+        "final_precision": final["precision"],
+        "final_recall": final["recall"],
+        "final_f1": final["f1"],
+        "final_matching": final["matching"],
+        "final_auroc": final["auroc"],
+        "matching_ratio": s["after_warmup"]["matching_ratio"],
+        "mean_f1_after_warmup": s["after_warmup"]["f1"],
+        "spearman_expertise": spear.get("expertise"),
+        "spearman_fednoro": spear.get("fednoro_score"),
+        "spearman_fedncl": spear.get("fedncl_score"),
+        "spearman_fednoro_mean_loss": spear.get("fednoro_mean_loss"),
+        "spearman_fednoro_class_z": spear.get("fednoro_class_z"),
+        "spearman_fednoro_posterior": spear.get("fednoro_posterior"),
+        "label_precision": s["label_precision_final"],
+        "label_recall": s["label_recall_final"],
+        "accuracy_best": s["accuracy"]["best"],
+        "accuracy_last10": s["accuracy"]["last10"],
+        "balanced_accuracy_best": s["balanced_accuracy"]["best"],
+        "balanced_accuracy_last10": s["balanced_accuracy"]["last10"],
+        "coordinator_seconds_mean": s["coordinator_seconds_mean"],
+        "bytes_up_per_client_round": s["bytes_up_per_client_round"],
+        "bytes_down_per_client_round": s["bytes_down_per_client_round"],
+        "signal_to_train_time": s["signal_to_train_time"],
+        "wall_seconds": s["wall_seconds"],
+    }
 
 
 def write_summary_csv(runs: Sequence[RunResult], path: Path) -> Path:
     """One row per run (``summary.csv``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(SUMMARY_COLUMNS)
-        for run in runs:
-            writer.writerow(_cell(v) for v in _summary_row(run))
+    _write_rows(path, (_summary_row(run) for run in runs))
     return path
 
 

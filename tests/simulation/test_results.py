@@ -427,3 +427,12 @@ def test_fednoro_class_z_is_correlated_when_present():
     metrics = round_metrics(run, record)
     assert metrics["spearman"]["fednoro_class_z"] == pytest.approx(3.0 / math.sqrt(22.5))
     assert round_metrics(run, run.rounds[0])["spearman"]["fednoro_class_z"] is None
+
+
+def test_csv_rows_must_share_their_columns(tmp_path: Path):
+    from service.simulation.results import _write_rows
+
+    _write_rows(tmp_path / "ok.csv", [{"a": 1, "b": None}, {"a": 2.5, "b": True}])
+    assert (tmp_path / "ok.csv").read_text() == "a,b\n1,\n2.5,1\n"
+    with pytest.raises(ValueError, match="differ"):
+        _write_rows(tmp_path / "bad.csv", [{"a": 1, "b": 2}, {"b": 2, "a": 1}])
