@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from service.simulation.results import mean_std  # noqa: E402
 
 
 def run_json_paths(run_dir: Path) -> list[Path]:
@@ -22,9 +25,4 @@ def load_run_jsons(run_dir: Path) -> list[dict[str, Any]]:
 
 def fmt(values: Iterable[float | None], digits: int = 3) -> str:
     """Mean ± std over the values that are not None (one value alone, "-" for none)."""
-    kept = [float(v) for v in values if v is not None]
-    if not kept:
-        return "-"
-    if len(kept) == 1:
-        return f"{kept[0]:.{digits}f}"
-    return f"{np.mean(kept):.{digits}f} ± {np.std(kept):.{digits}f}"
+    return mean_std(values, f".{digits}f")

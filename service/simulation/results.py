@@ -62,6 +62,7 @@ __all__ = [
     "RunResult",
     "comparison_rows",
     "comparison_table",
+    "mean_std",
     "noisiness_score",
     "plot_accuracy",
     "plot_per_class_loss",
@@ -538,8 +539,9 @@ def write_summary_csv(runs: Sequence[RunResult], path: Path) -> Path:
 # comparison table
 
 
-def _fmt_stat(values: Sequence[float | None], fmt: str = ".3f") -> str:
-    kept = [v for v in values if v is not None]
+def mean_std(values: Iterable[float | None], fmt: str = ".3f") -> str:
+    """Mean ± population std of the values that are not None ("-" for none, one value alone)."""
+    kept = [float(v) for v in values if v is not None]
     if not kept:
         return "-"
     if len(kept) == 1:
@@ -580,16 +582,16 @@ def comparison_rows(runs: Sequence[RunResult]) -> list[list[str]]:
             [
                 label,
                 ",".join(str(s["seed"]) for s in group),
-                _fmt_stat([s["accuracy"]["best"] for s in group]),
-                _fmt_stat([s["accuracy"]["last10"] for s in group]),
-                _fmt_stat([s["balanced_accuracy"]["last10"] for s in group]),
-                _fmt_stat([s["final"]["precision"] for s in group], ".2f"),
-                _fmt_stat([s["final"]["recall"] for s in group], ".2f"),
-                _fmt_stat([s["final"]["f1"] for s in group], ".2f"),
-                _fmt_stat([s["after_warmup"]["matching_ratio"] for s in group], ".2f"),
-                _fmt_stat([s["final"]["auroc"] for s in group], ".2f"),
-                _fmt_stat([s["spearman_final"].get("expertise") for s in group], ".2f"),
-                _fmt_stat([s["coordinator_seconds_mean"] for s in group], ".2f"),
+                mean_std([s["accuracy"]["best"] for s in group]),
+                mean_std([s["accuracy"]["last10"] for s in group]),
+                mean_std([s["balanced_accuracy"]["last10"] for s in group]),
+                mean_std([s["final"]["precision"] for s in group], ".2f"),
+                mean_std([s["final"]["recall"] for s in group], ".2f"),
+                mean_std([s["final"]["f1"] for s in group], ".2f"),
+                mean_std([s["after_warmup"]["matching_ratio"] for s in group], ".2f"),
+                mean_std([s["final"]["auroc"] for s in group], ".2f"),
+                mean_std([s["spearman_final"].get("expertise") for s in group], ".2f"),
+                mean_std([s["coordinator_seconds_mean"] for s in group], ".2f"),
             ]
         )
     return rows
