@@ -231,3 +231,42 @@ async def test_report_takes_each_clients_latest_audit_walking_back_in_pages(
     assert rows["a"]["latest_round"] == 2
     assert rows["d"]["latest_round"] == 0
     assert rows["d"]["latest_flags"]["fedncl"] is True
+
+
+async def test_fednoro_verdicts_carry_the_graded_score_and_the_probability(
+    api: httpx.AsyncClient,
+) -> None:
+    # Every client holds both classes (5 + 5). Losses per class: a, b, c [0.2, 0.2], [0.3, 0.3],
+    # [0.4, 0.4]; d [2.0, 2.0]. Per class: mu = (0.2 + 0.3 + 0.4 + 2.0) / 4 = 0.725,
+    # deviations -0.525, -0.425, -0.325, 1.275; sigma^2 = 5 * (0.275625 + 0.180625 + 0.105625
+    # + 1.625625) / 4 = 2.734375, sigma = 1.6536. z_kc = sqrt(5) * dev / sigma, and Stouffer
+    # over two equal classes gives Z = sqrt(2) * z_kc: d: sqrt(10) * 1.275 / 1.6536 = 2.4382,
+    # a: sqrt(10) * -0.525 / 1.6536 = -1.0040.
+    config = {"method": "fedavg", "detectors": ["fednoro"], "warmup_rounds": 0}
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=config)
+    losses = {"a": 0.2, "b": 0.3, "c": 0.4, "d": 2.0}
+    for name in NAMES:
+        response = await submit(
+            api,
+            fed,
+            name,
+            0,
+            tiny_state(1.0),
+            10,
+            signal_overrides={"per_class_loss": [losses[name]] * 2},
+        )
+        assert response.status_code == 201, response.text
+    audit = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()["audit"]
+    fednoro = audit["detections"]["fednoro"]
+    assert fednoro["status"] == "ok"
+    by_name = {
+        name: fednoro["verdicts"][audit["client_ids"].index(fed.client_ids[name])] for name in NAMES
+    }
+    assert by_name["d"]["score"] == pytest.approx(2.4382, abs=1e-4)
+    assert by_name["a"]["score"] == pytest.approx(-1.0040, abs=1e-4)
+    for verdict in by_name.values():
+        assert verdict["score"] == verdict["evidence"]["class_z"]
+        assert 0.0 <= verdict["probability"] <= 1.0
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    scores = {row["name"]: row["latest_scores"]["fednoro"] for row in report["clients"]}
+    assert scores == {name: by_name[name]["score"] for name in NAMES}
