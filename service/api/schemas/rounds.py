@@ -30,7 +30,17 @@ class RoundRead(BaseModel):
 
 class RoundDetail(RoundRead):
     audit: dict[str, Any] | None = Field(
-        default=None, description="The audit stored when the round closed"
+        default=None,
+        description=(
+            "The audit stored when the round closed. `detections.<detector>.verdicts` is "
+            "aligned with `client_ids`; each verdict is null (undetermined) or "
+            "{score, probability, flag, evidence}: `score` is graded and ranks the clients "
+            "(higher = noisier; FedNoRo's is its separation statistic, by default the "
+            "class-standardised loss excess in standard errors; expertise is higher = more "
+            "reliable), `probability` a noisy probability in [0, 1] where the detector has one "
+            "(FedNoRo's GMM posterior, 0 when the separation guard withheld the flags; audits "
+            "stored before this field existed lack it), `flag` true = noisy."
+        ),
     )
 
 
