@@ -270,3 +270,14 @@ async def test_fednoro_verdicts_carry_the_graded_score_and_the_probability(
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     scores = {row["name"]: row["latest_scores"]["fednoro"] for row in report["clients"]}
     assert scores == {name: by_name[name]["score"] for name in NAMES}
+
+
+async def test_report_before_any_audit_has_an_empty_latest(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=FEDNCL)
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert report["latest"] == {}
+    assert report["rounds_audited"] == 0
+    row = {r["name"]: r for r in report["clients"]}["a"]
+    assert row["latest_scores"] is None
+    assert row["pinned_status"] is None  # nulls of the rows stay in the JSON
+    assert row["flag_history"] == []

@@ -13,7 +13,7 @@ from service.api import convert
 from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
 from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404
 from service.api.schemas.federations import ClientRead
-from service.api.schemas.reports import PinRequest, RecomputeRequest
+from service.api.schemas.reports import NoisyClientReport, PinRequest, RecomputeRequest
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries, reports
 from service.coordinator.services import Services
@@ -24,8 +24,11 @@ router = APIRouter(prefix="/federations/{federation_id}", tags=["reports"])
 @router.get(
     "/report",
     summary="The noisy-client report (JSON, or CSV with format=csv)",
+    response_model=NoisyClientReport,
+    # `latest` is {} before the first audit: leave its fields out rather than send nulls
+    response_model_exclude_unset=True,
     responses={
-        200: {"content": {"application/json": {}, "text/csv": {}}},
+        200: {"content": {"text/csv": {}}},
         **PROBLEM_401,
         **PROBLEM_404,
     },

@@ -26,3 +26,80 @@ class RecomputeRequest(BaseModel):
         "{'fednoro_require_separation': false}",
     )
     exclude_clients: list[uuid.UUID] = Field(default_factory=list)
+
+
+Status = Literal["trusted", "suspect", "noisy"]
+
+
+class ReportNeighbor(BaseModel):
+    client_id: str
+    name: str
+    weight: float = Field(description="Normalised ensemble weight R'(c, n) of this neighbor")
+
+
+class ReportFlagRound(BaseModel):
+    """One audited round of a client's flag history; one more key per detector that ran
+    (``fednoro``, ``fedncl``, ``expertise``: its flag, or null)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    round: int | None
+    in_warmup: bool
+    primary: bool | None = Field(description="The primary detector's flag (null: undetermined)")
+
+
+class ReportClient(BaseModel):
+    client_id: uuid.UUID
+    name: str
+    status: Status = Field(description="Effective status: the pin if any, else the detected one")
+    detected_status: Status
+    pinned_status: Status | None
+    pin_reason: str | None
+    num_samples: int | None
+    times_flagged: int = Field(description="Audited rounds after the warm-up with a primary flag")
+    rounds_audited: int = Field(description="Audited rounds after the warm-up")
+    flag_history: list[ReportFlagRound]
+    latest_round: int | None
+    latest_flags: dict[str, bool | None] | None = Field(
+        description="Each detector's flag in the client's latest audited round"
+    )
+    latest_scores: dict[str, float | None] | None = Field(
+        description=(
+            "Each detector's graded score in the client's latest audited round: higher = "
+            "noisier (FedNoRo: its separation statistic, by default the class-standardised "
+            "loss excess in standard errors, about N(0, 1) for a clean client; Fed-NCL: q); "
+            "expertise is higher = more reliable"
+        )
+    )
+    noisy_classes: list[str] = Field(
+        description="Classes whose loss puts the client on FedNoRo's noisy side, worst first"
+    )
+    reliability: float | None = Field(description="FedRN expertise (normalised training accuracy)")
+    neighbors: list[ReportNeighbor] | None
+    last_weight: float | None = Field(description="Aggregation weight in the latest audit")
+
+
+class ReportLatest(BaseModel):
+    """The federation's latest audit; every field is absent before the first audit."""
+
+    round: int | None = None
+    primary_detector: str | None = None
+    primary_status: Literal["ok", "undetermined"] | None = None
+    primary_reason: str | None = None
+    primary_summary: dict[str, Any] | None = None
+    aggregation_rule: str | None = None
+    fallback_reason: str | None = None
+    in_warmup: bool | None = None
+
+
+class NoisyClientReport(BaseModel):
+    """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
+
+    federation_id: uuid.UUID
+    federation: str
+    status: str
+    rounds_audited: int
+    warmup_rounds: int
+    primary_detector: str
+    latest: ReportLatest
+    clients: list[ReportClient]
