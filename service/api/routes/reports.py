@@ -13,7 +13,13 @@ from service.api import convert
 from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
 from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404
 from service.api.schemas.federations import ClientRead
-from service.api.schemas.reports import NoisyClientReport, PinRequest, RecomputeRequest
+from service.api.schemas.reports import (
+    ClientDiagnostics,
+    ClientHistory,
+    NoisyClientReport,
+    PinRequest,
+    RecomputeRequest,
+)
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries, reports
 from service.coordinator.services import Services
@@ -53,6 +59,7 @@ def get_report(
 @router.get(
     "/clients/{client_id}/history",
     summary="What the audit said about one client, round by round",
+    response_model=ClientHistory,
     responses={**PROBLEM_401, **PROBLEM_404},
 )
 def get_client_history(
@@ -132,6 +139,7 @@ async def recompute_round(
 @router.get(
     "/diagnostics",
     summary="A client's own diagnostics (its status and which of its classes look noisy)",
+    response_model=ClientDiagnostics,
     responses={**PROBLEM_401, **PROBLEM_404},
 )
 def get_diagnostics(

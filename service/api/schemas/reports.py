@@ -103,3 +103,48 @@ class NoisyClientReport(BaseModel):
     primary_detector: str
     latest: ReportLatest
     clients: list[ReportClient]
+
+
+class NeighborWeight(BaseModel):
+    client_id: str
+    weight: float
+
+
+class ClientRoundView(BaseModel):
+    """What one stored audit said about one client."""
+
+    round: int
+    primary_flag: bool | None
+    flags: dict[str, bool | None] = Field(description="Each detector's flag (null: undetermined)")
+    scores: dict[str, float | None] = Field(
+        description="Each detector's graded score (see NoisyClientReport's latest_scores)"
+    )
+    noisy_classes: list[str]
+    reliability: float | None
+    neighbors: list[NeighborWeight] | None
+    weight: float | None = Field(description="Aggregation weight in that round")
+
+
+class ClientHistory(BaseModel):
+    client_id: uuid.UUID
+    name: str
+    status: Status
+    detected_status: Status
+    pinned_status: Status | None
+    pin_reason: str | None
+    pinned_by: str | None
+    rounds: list[ClientRoundView]
+
+
+class ClientDiagnostics(BaseModel):
+    """What a client may learn about itself."""
+
+    client_id: uuid.UUID
+    name: str
+    status: Status
+    latest_round: int | None
+    flagged_rounds: list[int]
+    rounds_audited: int
+    noisy_classes: list[str]
+    scores: dict[str, float | None] | None
+    advice: str
