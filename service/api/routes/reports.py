@@ -19,6 +19,7 @@ from service.api.schemas.reports import (
     NoisyClientReport,
     PinRequest,
     RecomputeRequest,
+    RecomputeResult,
 )
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries, reports
@@ -124,6 +125,7 @@ def _recompute(
 @router.post(
     "/rounds/{index}/recompute",
     summary="Re-run a past round's audit or a what-if aggregation (nothing is stored)",
+    response_model=RecomputeResult,
     responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404},
 )
 async def recompute_round(

@@ -148,3 +148,28 @@ class ClientDiagnostics(BaseModel):
     noisy_classes: list[str]
     scores: dict[str, float | None] | None
     advice: str
+
+
+class ModelDistance(BaseModel):
+    total: float = Field(description="Euclidean distance over every tensor")
+    per_tensor: dict[str, float]
+
+
+class RecomputeResult(BaseModel):
+    """A past round's audit re-run with other settings; nothing is stored."""
+
+    round: int
+    audit_settings: dict[str, Any] = Field(description="The audit configuration that was run")
+    excluded_clients: list[str]
+    aggregation_rule: str = Field(description="The rule applied (after any fallback)")
+    fallback_reason: str | None
+    weights: dict[str, float] = Field(description="Aggregation weight per client id")
+    flags: dict[str, dict[str, bool | None]] = Field(
+        description="Per client id: the primary flag, the effective one (pins) and each detector's"
+    )
+    audit: dict[str, Any] = Field(
+        description="The full audit result, shaped as a round's stored audit (see RoundDetail)"
+    )
+    distance_to_actual_model: ModelDistance = Field(
+        description="How far the recomputed global model is from the one the round produced"
+    )
