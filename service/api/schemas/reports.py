@@ -7,11 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.audit import ClientStatus
+
 
 class PinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    status: Literal["trusted", "suspect", "noisy"]
+    status: ClientStatus
     reason: str = Field(min_length=1, max_length=2000)
 
 
@@ -28,13 +30,13 @@ class RecomputeRequest(BaseModel):
     exclude_clients: list[uuid.UUID] = Field(default_factory=list)
 
 
-Status = Literal["trusted", "suspect", "noisy"]
-
-
-class ReportNeighbor(BaseModel):
+class NeighborWeight(BaseModel):
     client_id: str
-    name: str
     weight: float = Field(description="Normalised ensemble weight R'(c, n) of this neighbor")
+
+
+class ReportNeighbor(NeighborWeight):
+    name: str
 
 
 class ReportFlagRound(BaseModel):
@@ -51,9 +53,11 @@ class ReportFlagRound(BaseModel):
 class ReportClient(BaseModel):
     client_id: uuid.UUID
     name: str
-    status: Status = Field(description="Effective status: the pin if any, else the detected one")
-    detected_status: Status
-    pinned_status: Status | None
+    status: ClientStatus = Field(
+        description="Effective status: the pin if any, else the detected one"
+    )
+    detected_status: ClientStatus
+    pinned_status: ClientStatus | None
     pin_reason: str | None
     num_samples: int | None
     times_flagged: int = Field(description="Audited rounds after the warm-up with a primary flag")
@@ -105,11 +109,6 @@ class NoisyClientReport(BaseModel):
     clients: list[ReportClient]
 
 
-class NeighborWeight(BaseModel):
-    client_id: str
-    weight: float
-
-
 class ClientRoundView(BaseModel):
     """What one stored audit said about one client."""
 
@@ -128,9 +127,9 @@ class ClientRoundView(BaseModel):
 class ClientHistory(BaseModel):
     client_id: uuid.UUID
     name: str
-    status: Status
-    detected_status: Status
-    pinned_status: Status | None
+    status: ClientStatus
+    detected_status: ClientStatus
+    pinned_status: ClientStatus | None
     pin_reason: str | None
     pinned_by: str | None
     rounds: list[ClientRoundView]
@@ -141,7 +140,7 @@ class ClientDiagnostics(BaseModel):
 
     client_id: uuid.UUID
     name: str
-    status: Status
+    status: ClientStatus
     latest_round: int | None
     flagged_rounds: list[int]
     rounds_audited: int
