@@ -63,7 +63,6 @@ __all__ = [
     "comparison_rows",
     "comparison_table",
     "mean_std",
-    "noisiness_score",
     "plot_accuracy",
     "plot_per_class_loss",
     "plot_scores_vs_noise",
@@ -97,7 +96,9 @@ class ClientRoundRecord:
     """What one round's audit and training said about one client.
 
     ``detectors`` maps a detector name to ``{"status", "score", "flag", "noisiness"}`` where
-    ``noisiness`` is the score used for AUROC/Spearman (module docstring).
+    ``noisiness`` is the score used for AUROC/Spearman (module docstring). Since FedNoRo's
+    score became graded it equals ``score`` for every detector; it stays a key of its own so
+    the JSON and CSV columns of older runs and newer ones line up.
     """
 
     name: str
@@ -195,22 +196,6 @@ def _clean(value: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------
 # metrics
-
-
-def noisiness_score(detector: str, verdict: Mapping[str, Any] | None) -> float | None:
-    """The per-client score used for AUROC and Spearman (module docstring).
-
-    Parameters
-    ----------
-    detector : str
-        ``fednoro``, ``fedncl`` or ``expertise`` (another name: its verdict score).
-    verdict : mapping or None
-        One stored verdict ``{"score", "flag", "evidence"}``; None when undetermined.
-    """
-    if verdict is None:
-        return None
-    value = verdict.get("score")
-    return None if value is None else float(value)
 
 
 def _primary_auroc_scores(record: RoundRecord) -> tuple[list[float] | None, str]:

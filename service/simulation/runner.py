@@ -63,7 +63,6 @@ from service.simulation.results import (
     ClientRoundRecord,
     RoundRecord,
     RunResult,
-    noisiness_score,
     summarise_run,
 )
 from service.simulation.scenario import MethodSpec, Scenario, ScenarioError
@@ -476,11 +475,12 @@ def _round_record(
             verdict = verdicts[pos] if pos is not None and pos < len(verdicts) else None
             if detection.get("status") != "ok":
                 verdict = None
+            score = None if verdict is None else _float_or_none(verdict.get("score"))
             entries[det_name] = {
                 "status": detection.get("status"),
-                "score": None if verdict is None else _float_or_none(verdict.get("score")),
+                "score": score,
                 "flag": None if verdict is None else verdict.get("flag"),
-                "noisiness": noisiness_score(det_name, verdict),
+                "noisiness": score,
             }
             if det_name == "fednoro" and verdict is not None:
                 evidence = verdict.get("evidence") or {}

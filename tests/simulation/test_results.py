@@ -22,7 +22,6 @@ from service.simulation.results import (
     RunResult,
     comparison_rows,
     comparison_table,
-    noisiness_score,
     round_metrics,
     summarise_run,
     write_outputs,
@@ -44,20 +43,15 @@ def client_round(
     label_recall: float | None = None,
     train_loss: float | None = 0.5,
 ) -> ClientRoundRecord:
-    verdict = (
-        None
-        if score is None
-        else {"score": score, "flag": flag, "evidence": {"gmm_noisy_probability": gmm}}
-    )
     return ClientRoundRecord(
         name=name,
         role="clean",
         detectors={
             "fednoro": {
-                "status": "ok" if verdict is not None else "undetermined",
+                "status": "ok" if score is not None else "undetermined",
                 "score": score,
                 "flag": flag,
-                "noisiness": noisiness_score("fednoro", verdict),
+                "noisiness": score,
                 "posterior": gmm,
             },
             "expertise": {
@@ -168,14 +162,6 @@ def make_run(seed: int = 0, accuracies=(0.5, 0.7, 0.6), label: str = "fednoro") 
         noise_threshold=0.1,
         num_classes=3,
     )
-
-
-def test_noisiness_score_is_the_verdicts_graded_score_not_the_posterior():
-    verdict = {"score": -0.3, "flag": False, "evidence": {"gmm_noisy_probability": 0.7}}
-    assert noisiness_score("fednoro", verdict) == -0.3
-    assert noisiness_score("fednoro", {"score": 0.4, "flag": True, "evidence": {}}) == 0.4
-    assert noisiness_score("fedncl", {"score": 12.5, "flag": True, "evidence": {}}) == 12.5
-    assert noisiness_score("fednoro", None) is None
 
 
 def test_round_metrics_by_hand():
