@@ -26,6 +26,9 @@ vote is visible) and applies guard variants to the vote:
   per-class z-score across clients ((L_kc - mean_c) / std_c, classes held by 3 or more clients);
 - ``cal_class_z``: as ``calibrated``, D on ``class_standardised_excess`` (per-class excess in
   standard errors, Stouffer-combined; the product default since commit d1d18f1).
+- ``cal_class_z_clip3``: as ``cal_class_z`` with each per-class z clipped to [-3, 3] before
+  Stouffer's combination (bounds one class's influence; tried on the V4 FLR false flag, where
+  one client holds nearly all of a class's loss and gets z = sqrt(K - 1)).
 
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
@@ -79,7 +82,7 @@ RULES: dict[str, Rule] = {
     ),
 }
 PERSIST_QUANTILE = 0.8
-EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted", "cal_z_mean", "cal_class_z")
+EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted", "cal_z_mean", "cal_class_z", "cal_class_z_clip3")
 
 
 def class_adjusted_mean_loss(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -162,6 +165,10 @@ def main() -> int:
                     class_z, _ = class_standardised_excess(signals.loss, signals.counts)
                     decisions["cal_class_z"] = _passes(
                         ashman_d(class_z[vote], class_z[~vote]), a, b, 0.99
+                    )
+                    clipped, _ = class_standardised_excess(signals.loss, signals.counts, clip=3.0)
+                    decisions["cal_class_z_clip3"] = _passes(
+                        ashman_d(clipped[vote], clipped[~vote]), a, b, 0.99
                     )
                     previous = (vote, passed_low)
                     if signals.index < run.warmup:

@@ -299,7 +299,10 @@ def null_separation_threshold(
 
 
 def class_standardised_excess(
-    per_class_loss: FloatArray, class_counts: IntArray, min_holders: int = MIN_CLASS_HOLDERS
+    per_class_loss: FloatArray,
+    class_counts: IntArray,
+    min_holders: int = MIN_CLASS_HOLDERS,
+    clip: float | None = None,
 ) -> tuple[FloatArray, IntArray]:
     """Each client's loss excess over the federation, class by class, in standard errors.
 
@@ -322,6 +325,9 @@ def class_standardised_excess(
         Mean loss per client and class; ignored (may be NaN) where the count is 0.
     class_counts : ndarray of int of shape (n_clients, n_classes)
     min_holders : int, default=3
+    clip : float or None, default=None
+        Clip each z_kc to [-clip, clip] before combining (bounds one class's influence); None,
+        the detector's setting, clips nothing. Used by ``docs/eval/guard_whatif.py``.
 
     Returns
     -------
@@ -344,7 +350,10 @@ def class_standardised_excess(
         sigma = math.sqrt(float((n * np.square(values - mu)).mean()))
         if sigma <= _RANGE_EPS:
             continue
-        numerator[held] += n * (values - mu) / sigma  # sqrt(n) * z
+        z = np.sqrt(n) * (values - mu) / sigma
+        if clip is not None:
+            z = np.clip(z, -clip, clip)
+        numerator[held] += np.sqrt(n) * z
         weight[held] += n
         used.append(c)
     excess = np.divide(numerator, np.sqrt(weight), out=np.zeros(n_clients), where=weight > 0)

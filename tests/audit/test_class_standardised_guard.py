@@ -51,6 +51,16 @@ class TestLiteral:
         assert classes.tolist() == [0]
         assert excess == pytest.approx([-1 / math.sqrt(0.5), 1 / math.sqrt(0.5), 0.0, 0.0])
 
+    def test_clip_bounds_each_class_before_combining(self):
+        # one class, counts 1, 1, 1, 1; losses 0, 0, 0, 4: mu = 1, sigma^2 = (1 + 1 + 1 + 9) / 4
+        # = 3, z = (L - mu) / sqrt(3): -0.57735 three times and 1.73205; clip 1.5 caps the last
+        loss = np.array([[0.0], [0.0], [0.0], [4.0]])
+        counts = np.ones((4, 1), dtype=int)
+        plain, _ = class_standardised_excess(loss, counts)
+        clipped, _ = class_standardised_excess(loss, counts, clip=1.5)
+        assert plain == pytest.approx([-1 / math.sqrt(3)] * 3 + [3 / math.sqrt(3)])
+        assert clipped == pytest.approx([-1 / math.sqrt(3)] * 3 + [1.5])
+
     def test_no_usable_class_gives_zeros(self):
         loss = np.array([[1.0, NAN], [NAN, 2.0], [3.0, NAN]])
         counts = np.array([[5, 0], [0, 5], [5, 0]])
