@@ -42,6 +42,7 @@ from service.audit.pipeline import (
     AuditConfig,
     AuditOutcome,
     ClientRoundData,
+    StatusHistory,
     run_audit,
 )
 from service.audit.reliability import (
@@ -75,6 +76,7 @@ __all__ = [
     "InvalidParameterError",
     "NeighborSets",
     "StateReader",
+    "StatusHistory",
     "aggregate",
     "aggregate_centroids",
     "aggregate_daagg",

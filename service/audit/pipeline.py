@@ -5,7 +5,10 @@ needs them at a round close (ALGORITHMS.md sections 2-4):
 
 1. every configured detector (FedNoRo per-class-loss GMM, Fed-NCL reliability score, FedRN
    expertise), each kept separately in the outcome;
-2. the primary detector's flags (``None`` per client when it is undetermined);
+2. the primary detector's flags (``None`` per client when it is undetermined), and the set of
+   clients the aggregation treats as noisy: by default those whose status after this round
+   (:func:`~service.audit.detection.next_status` over their flag history) is "noisy", so one
+   chance flag does not change the aggregate (``AuditConfig.aggregation_flags``);
 3. FedRN k-reliable neighbors of every client (when probes and accuracies are present);
 4. the configured aggregation rule, streamed tensor by tensor, with a recorded FedAvg
    fallback when the rule needs flags or probabilities the primary detector could not give;
@@ -50,11 +53,13 @@ from service.audit.aggregation import (
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import (
     SEPARATION_STATISTICS,
+    ClientStatus,
     DetectionResult,
     FedNCLDetector,
     FedNoRoDetector,
     expertise_detection,
     fedncl_divergences,
+    next_status,
 )
 from service.audit.reliability import k_reliable_neighbors
 from service.audit.state import StateReader
@@ -65,6 +70,7 @@ __all__ = [
     "AuditConfig",
     "AuditOutcome",
     "ClientRoundData",
+    "StatusHistory",
     "run_audit",
 ]
 
@@ -73,6 +79,12 @@ DETECTORS = ("fednoro", "fedncl", "expertise")
 
 PRIMARY_DETECTORS = ("fednoro", "fedncl")
 """Detectors that flag clients and can therefore be primary."""
+
+AGGREGATION_FLAGS = ("status", "round")
+"""What decides the aggregation's noisy set (:attr:`AuditConfig.aggregation_flags`)."""
+
+NOISY_SET_RULES = ("daagg", "fedncl_layerwise")
+"""Aggregation rules that read the noisy set."""
 
 EXACT_NEIGHBOR_LIMIT = 2048
 """Up to this many neighbor candidates the exact K x K search is used (a few MB)."""
@@ -121,6 +133,23 @@ class ClientRoundData:
 
 
 @dataclass(frozen=True)
+class StatusHistory:
+    """What the server knows about a client before this round's audit.
+
+    Attributes
+    ----------
+    status : {"trusted", "suspect", "noisy"}
+        The client's status after its previous audited round ("trusted" when new).
+    flags : sequence of bool or None
+        The primary detector's flags for the client in earlier rounds after the warm-up, oldest
+        first (None = undetermined); only the last ``status_w`` determined ones matter.
+    """
+
+    status: str = "trusted"
+    flags: Sequence[bool | None] = ()
+
+
+@dataclass(frozen=True)
 class AuditConfig:
     """Every hyper-parameter of an audit; defaults from ALGORITHMS.md.
 
@@ -163,7 +192,16 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         Trimmed mean: fraction trimmed per side, in [0, 0.5).
     status_m, status_w : int
         History rule of :func:`~service.audit.detection.next_status` (noisy after m flags in
-        the last w determined rounds); not used by :func:`run_audit` itself.
+        the last w determined rounds).
+    aggregation_flags : str
+        Which clients the noisy-set rules (``daagg``, ``fedncl_layerwise``) treat as noisy.
+        ``"status"`` (default): those whose status after this round is "noisy" (the rule of
+        ``status_m`` / ``status_w`` applied to the :class:`StatusHistory` given to
+        :func:`run_audit` plus this round's flag), the same status that decides the clients'
+        training roles, so one chance flag does not down-weight a client. ``"round"``: this
+        round's primary flags as they are (ALGORITHMS.md 2.4 as written). Either way an
+        admin's pin wins. ``reliability_weighted`` reads the round's probabilities in both
+        modes.
     """
 
     detectors: tuple[str, ...] | None = None
@@ -192,6 +230,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     trim_fraction: float = 0.1
     status_m: int = 2
     status_w: int = 3
+    aggregation_flags: str = "status"
 
     def __post_init__(self) -> None:
         """Validate every field; lists become tuples and ints become floats where needed."""
@@ -281,6 +320,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         check_choice("daagg_variant", self.daagg_variant, ("paper", "reference"))
         window = check_int("status_w", self.status_w, min_value=1)
         check_int("status_m", self.status_m, min_value=1, max_value=window)
+        check_choice("aggregation_flags", self.aggregation_flags, AGGREGATION_FLAGS)
 
     def to_json(self) -> dict[str, Any]:
         """Return the configuration as plain JSON values (tuples become lists)."""
@@ -337,8 +377,12 @@ class AuditOutcome:
     centroid_weights : ndarray of shape (n_clients, n_classes) or None
         Weights of the centroid aggregation.
     effective_flags : list of bool or None, optional
-        The flags the aggregation used: the primary flags with the caller's overrides (an
-        admin's pins) applied. None when no override was given.
+        The primary flags with the caller's overrides (an admin's pins) applied. None when no
+        override was given.
+    aggregation_flags : list of bool or None, optional
+        The noisy set the aggregation rule was given (see :attr:`AuditConfig.aggregation_flags`;
+        pins applied). None when the rule reads no noisy set or the primary detector is
+        undetermined.
     """
 
     detections: dict[str, DetectionResult]
@@ -352,6 +396,7 @@ class AuditOutcome:
     client_ids: list[str] = field(default_factory=list)
     centroid_weights: FloatArray | None = None
     effective_flags: list[bool | None] | None = None
+    aggregation_flags: list[bool] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return everything but the aggregated state as plain JSON values (NaN-free)."""
@@ -368,6 +413,9 @@ class AuditOutcome:
             "centroid_weights": to_jsonable(self.centroid_weights, "$.centroid_weights"),
             "effective_flags": (
                 None if self.effective_flags is None else list(self.effective_flags)
+            ),
+            "aggregation_flags": (
+                None if self.aggregation_flags is None else list(self.aggregation_flags)
             ),
         }
 
@@ -630,6 +678,7 @@ def run_audit(
     previous_centroids: FloatArray | None = None,
     neighbor_candidates: Sequence[ClientRoundData] | None = None,
     flag_overrides: Sequence[bool | None] | None = None,
+    status_history: Sequence[StatusHistory] | None = None,
 ) -> AuditOutcome:
     """Audit one round and aggregate its updates.
 
@@ -657,6 +706,12 @@ def run_audit(
         This is how an admin's pin reaches the aggregation; the detectors' own results are
         reported unchanged. Ignored for the aggregation when the primary detector is
         undetermined (FedAvg fallback).
+    status_history : sequence of StatusHistory, optional
+        Aligned with ``clients``: each client's status and earlier flags, from which
+        ``aggregation_flags="status"`` decides the noisy set. None: every client is new
+        (trusted, no earlier flag), so with the default ``status_m = 2`` nobody is noisy for
+        the aggregation in a single call; pass ``aggregation_flags="round"`` to aggregate on
+        this round's flags alone.
 
     Returns
     -------
@@ -672,7 +727,8 @@ def run_audit(
     InvalidParameterError
         If ``config`` is not an :class:`AuditConfig` or ``round_index`` is negative.
     InvalidInputError
-        If there is no client, an id repeats, or a client's arrays or state are malformed.
+        If there is no client, an id repeats, a client's arrays or state are malformed, or
+        ``status_history`` does not match the clients.
     """
     if not isinstance(config, AuditConfig):
         raise InvalidParameterError(f"config: expected AuditConfig, got {type(config).__name__}")
@@ -712,7 +768,7 @@ def run_audit(
     neighbor_info = _neighbors(data, candidates, config)
 
     effective_flags: list[bool | None] | None = None
-    noisy = np.asarray(primary_flags, dtype=bool) if primary.status == "ok" else None
+    noisy = _noisy_set(primary, config, status_history, len(data.ids))
     probability = (
         np.asarray(primary.probabilities, dtype=np.float64)
         if primary.status == "ok" and primary.method == "fednoro"
@@ -771,4 +827,44 @@ def run_audit(
         client_ids=data.ids,
         centroid_weights=None if centroid_result is None else centroid_result[1],
         effective_flags=effective_flags,
+        aggregation_flags=(
+            noisy.tolist() if noisy is not None and config.aggregation in NOISY_SET_RULES else None
+        ),
     )
+
+
+def _noisy_set(
+    primary: DetectionResult,
+    config: AuditConfig,
+    history: Sequence[StatusHistory] | None,
+    n_clients: int,
+) -> np.ndarray | None:
+    """The clients the aggregation treats as noisy, before pins; None when undetermined."""
+    if history is not None:
+        if len(history) != n_clients:
+            raise InvalidInputError(
+                f"status_history: {len(history)} entries for {n_clients} clients"
+            )
+        for i, entry in enumerate(history):
+            if not isinstance(entry, StatusHistory):
+                raise InvalidInputError(f"status_history[{i}]: expected StatusHistory")
+            if isinstance(entry.flags, str) or not isinstance(entry.flags, Sequence):
+                raise InvalidInputError(f"status_history[{i}].flags: expected a sequence")
+    if primary.status != "ok":
+        return None
+    if config.aggregation_flags == "round":
+        return np.asarray(primary.flags, dtype=bool)
+    noisy = np.zeros(n_clients, dtype=bool)
+    for i, flag in enumerate(primary.flags):
+        before = StatusHistory() if history is None else history[i]
+        try:
+            after: ClientStatus = next_status(
+                before.status,
+                [*before.flags, flag],
+                m=config.status_m,
+                w=config.status_w,
+            )
+        except (InvalidInputError, InvalidParameterError) as exc:
+            raise InvalidInputError(f"status_history[{i}]: {exc}") from None
+        noisy[i] = after == "noisy"
+    return noisy

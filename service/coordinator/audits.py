@@ -9,13 +9,22 @@ detector for that client (recorded in the result).
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.audit import AuditConfig, ClientRoundData, correction_candidates, run_audit
+from service.audit import (
+    AuditConfig,
+    ClientRoundData,
+    ClientStatus,
+    StatusHistory,
+    correction_candidates,
+    next_status,
+    run_audit,
+)
 from service.coordinator.services import Services
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
@@ -81,6 +90,31 @@ def pinned_flags(clients: list[Client]) -> list[bool | None]:
     return result
 
 
+def status_history(client: Client, round_index: int, config: AuditConfig) -> StatusHistory:
+    """The client's status and post-warm-up primary flags before round ``round_index``.
+
+    At a round close every stored entry is older than the round, and the stored status is the
+    one after the latest of them. Recomputing an older round replays the status rule over the
+    entries before it, with ``config``'s ``status_m`` / ``status_w``.
+    """
+    entries = list(client.flag_history or [])
+    flags = [
+        entry.get("primary")
+        for entry in entries
+        if not entry.get("in_warmup") and int(entry["round"]) < round_index
+    ]
+    if all(int(entry["round"]) < round_index for entry in entries):
+        return StatusHistory(status=client.status, flags=flags)
+    status: ClientStatus = "trusted"
+    window: deque[bool] = deque(maxlen=config.status_w)
+    for flag in flags:
+        if flag is None:
+            continue
+        window.append(bool(flag))
+        status = next_status(status, list(window), m=config.status_m, w=config.status_w)
+    return StatusHistory(status=status, flags=flags)
+
+
 def audit_round(
     services: Services,
     session: Session,
@@ -121,6 +155,7 @@ def audit_round(
         ),
         neighbor_candidates=candidates,
         flag_overrides=pinned_flags(round_clients),
+        status_history=[status_history(c, rnd.index, config) for c in round_clients],
     )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]

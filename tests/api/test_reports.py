@@ -67,10 +67,14 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert flags == {"a": False, "b": False, "c": False, "d": True}
     q_d = fedncl["verdicts"][ids.index(fed.client_ids["d"])]["score"]
     assert q_d == pytest.approx(144.0, rel=1e-5)
-    # Fed-NCL layer-wise aggregation penalises d: its weight is below the clean ones'.
+    # Fed-NCL layer-wise aggregation gives d less weight than the clean ones (its layers are
+    # far from the others'), but without the noisy-client penalty: one flag makes d "suspect",
+    # and the aggregation's noisy set follows the status (noisy after 2 flags in 3 rounds).
     weights = round0["aggregation_weights"]
     assert audit["aggregation"]["rule"] == "fedncl_layerwise"
     assert weights[fed.client_ids["d"]] < weights[fed.client_ids["a"]]
+    assert audit["aggregation_flags"] == [False] * 4
+    assert audit["aggregation"]["details"]["penalty"] == [1.0] * 4
 
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     rows = {row["name"]: row for row in report["clients"]}
@@ -101,6 +105,27 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     ).json()
     assert [r["round"] for r in history["rounds"]] == [0, 1]
     assert all(r["flags"]["fedncl"] is True for r in history["rounds"])
+    # round 1: d's second flag makes it noisy, so the aggregation penalises it
+    round1 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/1", headers=ADMIN)).json()
+    d_at = round1["audit"]["client_ids"].index(fed.client_ids["d"])
+    assert round1["audit"]["aggregation_flags"] == [i == d_at for i in range(4)]
+    assert round1["audit"]["aggregation"]["details"]["penalty"][d_at] > 1.0
+
+    # recomputing round 0 now (d is noisy) replays the status as it was before round 0
+    url = f"/api/v1/federations/{fed.id}/rounds/{{}}/recompute"
+    again0 = (await api.post(url.format(0), json={}, headers=ADMIN)).json()
+    assert again0["audit"]["aggregation_flags"] == [False] * 4
+    assert again0["distance_to_actual_model"]["total"] == pytest.approx(0.0, abs=1e-6)
+    again1 = (await api.post(url.format(1), json={}, headers=ADMIN)).json()
+    assert again1["audit"]["aggregation_flags"] == round1["audit"]["aggregation_flags"]
+    assert again1["distance_to_actual_model"]["total"] == pytest.approx(0.0, abs=1e-6)
+    # ... and with status_m = 1 a single flag would have been enough in round 0
+    m1 = {"audit": {"status_m": 1}}
+    one_flag = (await api.post(url.format(0), json=m1, headers=ADMIN)).json()
+    assert one_flag["audit"]["aggregation_flags"] == [
+        i == audit["client_ids"].index(fed.client_ids["d"]) for i in range(4)
+    ]
+    assert one_flag["distance_to_actual_model"]["total"] > 0
 
 
 async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> None:

@@ -15,6 +15,7 @@ from service.audit import (
     DictStateReader,
     InvalidInputError,
     InvalidParameterError,
+    StatusHistory,
     run_audit,
 )
 from tests.audit._readers import RecordingReader, present
@@ -59,6 +60,14 @@ def make_federation(
     return DictStateReader(global_tensors), clients
 
 
+def flagged_before(n_clients: int = 10) -> list[StatusHistory]:
+    """Clients 0-2 were flagged in the previous round: a second flag makes them noisy."""
+    return [
+        StatusHistory(status="suspect" if k in NOISY else "trusted", flags=[k in NOISY])
+        for k in range(n_clients)
+    ]
+
+
 class TestRunAudit:
     def test_full_audit(self):
         global_state, clients = make_federation()
@@ -94,7 +103,13 @@ class TestRunAudit:
     @pytest.mark.parametrize("rule", AGGREGATION_RULES)
     def test_every_rule_runs_with_flags(self, rule):
         global_state, clients = make_federation()
-        outcome = run_audit(global_state, clients, AuditConfig(aggregation=rule), round_index=40)
+        outcome = run_audit(
+            global_state,
+            clients,
+            AuditConfig(aggregation=rule),
+            round_index=40,
+            status_history=flagged_before(),
+        )
         assert outcome.aggregation.rule == rule
         assert outcome.aggregation.fallback_reason is None
         for name in ("w", "b", "n"):
@@ -103,6 +118,10 @@ class TestRunAudit:
             # the noisy clients get less than FedAvg would give them
             fedavg = np.arange(100, 110) / np.arange(100, 110).sum()
             assert (outcome.aggregation.weights[:3] < fedavg[:3]).all()
+        if rule in ("daagg", "fedncl_layerwise"):
+            assert outcome.aggregation_flags == [k in NOISY for k in range(10)]
+        else:
+            assert outcome.aggregation_flags is None
 
     def test_reliability_weighting_reads_the_probability_not_the_graded_score(self):
         global_state, clients = make_federation()
@@ -124,11 +143,16 @@ class TestRunAudit:
     def test_config_reaches_the_rules(self):
         global_state, clients = make_federation()
         config = AuditConfig(aggregation="fedncl_layerwise", fedncl_tau=4.0, fedncl_t_corr=10)
-        outcome = run_audit(global_state, clients, config, round_index=1)
+        history = flagged_before()
+        outcome = run_audit(global_state, clients, config, round_index=1, status_history=history)
         # t_k defaults to t_corr = 10; T = 2: clip(4 * 2 / 10 = 0.8, 1, 4) = 1
         assert outcome.aggregation.details["penalty"][:3] == [1.0, 1.0, 1.0]
         outcome = run_audit(
-            global_state, clients, dataclasses.replace(config, fedncl_t_k=2), round_index=1
+            global_state,
+            clients,
+            dataclasses.replace(config, fedncl_t_k=2),
+            round_index=1,
+            status_history=history,
         )
         # t_k = 2 overrides t_corr: clip(4 * 2 / 2, 1, 4) = 4
         assert outcome.aggregation.details["penalty"][:3] == [4.0, 4.0, 4.0]

@@ -35,7 +35,13 @@ def clients() -> list[ClientRoundData]:
     return out
 
 
-CONFIG = AuditConfig(detectors=("fedncl",), primary_detector="fedncl", aggregation="daagg")
+# "round": the aggregation reads this round's flags (the status mode is in test_pipeline_status)
+CONFIG = AuditConfig(
+    detectors=("fedncl",),
+    primary_detector="fedncl",
+    aggregation="daagg",
+    aggregation_flags="round",
+)
 GLOBAL = DictStateReader({"w": np.zeros(4, dtype=np.float32)})
 
 
