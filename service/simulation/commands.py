@@ -309,7 +309,8 @@ def simulate(
     flip: Annotated[
         str | None,
         typer.Option(
-            help="Label flip: symmetric, pairflip, asymmetric, instance", show_default=False
+            help="Label flip: symmetric, symmetric_any, pairflip, asymmetric, instance",
+            show_default=False,
         ),
     ] = None,
     class_map: Annotated[

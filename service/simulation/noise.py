@@ -28,6 +28,10 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
    - ``symmetric``: exactly floor(rate * n) samples chosen without replacement, each moved to a
      uniformly drawn *other* class, so the realised rate is that count / n (the references that
      may keep the true label realise only about rate * (C - 1) / C).
+   - ``symmetric_any`` (Fed-NCL's and FedCorr's code): exactly floor(rate * n) samples chosen
+     without replacement, each given a label drawn uniformly from *all* C classes, so about one in
+     C keeps its true label and the realised rate is about rate * (C - 1) / C (half the rate for
+     C = 2, where ``symmetric`` inverts every chosen label).
    - ``pairflip`` (RoFL): exactly floor(rate * n) samples, c -> (c + 1) mod C.
    - ``asymmetric``: a class map {source: target}; in each mapped class c, exactly
      floor(rate * n_c) samples move to map[c]; classes outside the map never flip, so the realised
@@ -82,7 +86,13 @@ BoolArray = npt.NDArray[np.bool_]
 
 TWO_GROUP_PROTOCOLS: Final = frozenset({"none", "rho_tau", "rho_range", "bernoulli", "uniform_all"})
 CONTINUOUS_PROTOCOLS: Final = frozenset({"linear", "truncated_gaussian"})
-FLIP_TYPES: Final[tuple[str, ...]] = ("symmetric", "pairflip", "asymmetric", "instance")
+FLIP_TYPES: Final[tuple[str, ...]] = (
+    "symmetric",
+    "symmetric_any",
+    "pairflip",
+    "asymmetric",
+    "instance",
+)
 
 _COUNT_EPS: Final = 1e-9
 _MIN_TRUNCATION_MASS: Final = 1e-6
@@ -386,7 +396,8 @@ def flip_labels(
         int64 copy of ``labels`` with the flips applied.
     flipped : numpy.ndarray
         bool mask, True where the label changed. Every chosen sample changes, so for
-        ``symmetric``, ``pairflip`` and ``instance`` exactly floor(rate * n) entries are True.
+        ``symmetric``, ``pairflip`` and ``instance`` exactly floor(rate * n) entries are True;
+        for ``symmetric_any`` at most that many (a chosen sample may draw its own label).
 
     Raises
     ------
@@ -425,6 +436,8 @@ def flip_labels(
     if flip == "symmetric":
         # An offset in 1..C-1 added mod C is a uniform draw among the C-1 other classes.
         noisy[chosen] = (y[chosen] + gen.integers(1, num_classes, size=count)) % num_classes
+    elif flip == "symmetric_any":
+        noisy[chosen] = gen.integers(0, num_classes, size=count)
     else:  # pairflip
         noisy[chosen] = (y[chosen] + 1) % num_classes
     return noisy, noisy != y

@@ -153,6 +153,28 @@ class TestSymmetricAndPairflip:
         _, mask = flip_labels(labels, 1.0, 3, "symmetric", 0)
         assert mask.all()
 
+    def test_symmetric_any_draws_over_all_classes(self):
+        # 3000 samples of class 0 with C = 3 at rate 1: every sample is chosen and redrawn from
+        # {0, 1, 2} with probability 1/3 each, so about 1000 keep label 0 and are not flipped
+        # (binomial std sqrt(3000 * 2 / 9) = 26; allow 4 std ~ 105).
+        noisy, mask = flip_labels(np.zeros(3000, dtype=np.int64), 1.0, 3, "symmetric_any", 1)
+        counts = np.bincount(noisy, minlength=3)
+        assert all(abs(c - 1000) < 105 for c in counts)
+        assert mask.sum() == counts[1] + counts[2]  # the mask marks exactly the changed labels
+        np.testing.assert_array_equal(mask, noisy != 0)
+
+    def test_symmetric_any_with_two_classes_realises_half_the_rate(self):
+        # C = 2: a chosen sample keeps its label with probability 1/2; 4000 samples at rate 0.8
+        # choose floor(3200) and flip about 1600 (std sqrt(3200 / 4) = 28; allow 4 std)
+        labels = np.arange(4000) % 2
+        noisy, mask = flip_labels(labels, 0.8, 2, "symmetric_any", 0)
+        assert abs(int(mask.sum()) - 1600) < 115
+        np.testing.assert_array_equal(noisy[~mask], labels[~mask])
+        assert np.all(noisy[mask] == 1 - labels[mask])
+        # ... and never more than floor(rate * n) labels change
+        _, few = flip_labels(np.arange(10) % 2, 0.35, 2, "symmetric_any", 3)
+        assert few.sum() <= 3
+
     def test_pairflip(self):
         # c -> (c + 1) mod 3: [0, 1, 2, 2] -> [1, 2, 0, 0].
         noisy, mask = flip_labels(np.array([0, 1, 2, 2]), 1.0, 3, "pairflip", 0)
