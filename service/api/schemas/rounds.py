@@ -39,7 +39,11 @@ class RoundDetail(RoundRead):
             "class-standardised loss excess in standard errors; expertise is higher = more "
             "reliable), `probability` a noisy probability in [0, 1] where the detector has one "
             "(FedNoRo's GMM posterior, 0 when the separation guard withheld the flags; audits "
-            "stored before this field existed lack it), `flag` true = noisy."
+            "stored before this field existed lack it), `flag` true = noisy. "
+            "`primary_flags` are the primary detector's flags; `aggregation_flags` the clients "
+            "the aggregation rule treated as noisy (by default those whose status after this "
+            "round is noisy, pins applied; null for rules without a noisy set; absent from "
+            "audits stored before it existed)."
         ),
     )
 
