@@ -91,28 +91,25 @@ def pinned_flags(clients: list[Client]) -> list[bool | None]:
 
 
 def status_history(client: Client, round_index: int, config: AuditConfig) -> StatusHistory:
-    """The client's status and post-warm-up primary flags before round ``round_index``.
+    """The client's status and last ``status_w`` determined flags before round ``round_index``.
 
-    At a round close every stored entry is older than the round, and the stored status is the
-    one after the latest of them. Recomputing an older round replays the status rule over the
-    entries before it, with ``config``'s ``status_m`` / ``status_w``.
+    Only post-warm-up primary flags count, and undetermined rounds are skipped, as in the
+    status rule itself. At a round close every stored entry is older than the round, and the
+    stored status is the one after the latest of them. Recomputing an older round replays the
+    rule over the entries before it, with ``config``'s ``status_m`` / ``status_w``.
     """
     entries = list(client.flag_history or [])
-    flags = [
-        entry.get("primary")
-        for entry in entries
-        if not entry.get("in_warmup") and int(entry["round"]) < round_index
-    ]
-    if all(int(entry["round"]) < round_index for entry in entries):
-        return StatusHistory(status=client.status, flags=flags)
-    status: ClientStatus = "trusted"
     window: deque[bool] = deque(maxlen=config.status_w)
-    for flag in flags:
-        if flag is None:
+    replay = any(int(entry["round"]) >= round_index for entry in entries)
+    status: ClientStatus = "trusted"
+    for entry in entries:
+        flag = entry.get("primary")
+        if entry.get("in_warmup") or int(entry["round"]) >= round_index or flag is None:
             continue
         window.append(bool(flag))
-        status = next_status(status, list(window), m=config.status_m, w=config.status_w)
-    return StatusHistory(status=status, flags=flags)
+        if replay:
+            status = next_status(status, list(window), m=config.status_m, w=config.status_w)
+    return StatusHistory(status=status if replay else client.status, flags=tuple(window))
 
 
 def audit_round(
