@@ -67,14 +67,14 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert flags == {"a": False, "b": False, "c": False, "d": True}
     q_d = fedncl["verdicts"][ids.index(fed.client_ids["d"])]["score"]
     assert q_d == pytest.approx(144.0, rel=1e-5)
-    # Fed-NCL layer-wise aggregation gives d less weight than the clean ones (its layers are
-    # far from the others'), but without the noisy-client penalty: one flag makes d "suspect",
-    # and the aggregation's noisy set follows the status (noisy after 2 flags in 3 rounds).
+    # Fed-NCL layer-wise aggregation penalises d in the round it is flagged (the fedncl preset
+    # aggregates on the round's flags): its weight is below the clean ones'.
     weights = round0["aggregation_weights"]
     assert audit["aggregation"]["rule"] == "fedncl_layerwise"
     assert weights[fed.client_ids["d"]] < weights[fed.client_ids["a"]]
-    assert audit["aggregation_flags"] == [False] * 4
-    assert audit["aggregation"]["details"]["penalty"] == [1.0] * 4
+    d_at = ids.index(fed.client_ids["d"])
+    assert audit["aggregation_flags"] == [i == d_at for i in range(4)]
+    assert audit["aggregation"]["details"]["penalty"][d_at] > 1.0
 
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     rows = {row["name"]: row for row in report["clients"]}
@@ -105,7 +105,28 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     ).json()
     assert [r["round"] for r in history["rounds"]] == [0, 1]
     assert all(r["flags"]["fedncl"] is True for r in history["rounds"])
+
+
+async def test_with_the_status_the_penalty_starts_at_the_second_flag(
+    api: httpx.AsyncClient,
+) -> None:
+    config = {**FEDNCL, "audit": {"aggregation_flags": "status"}}
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=config)
+    await run_round(api, fed, 0)
+    audit = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()["audit"]
+    # d is flagged, but one flag makes it "suspect" (noisy after 2 flags in 3 rounds): no
+    # noisy client for the aggregation, no penalty
+    assert (
+        audit["detections"]["fedncl"]["verdicts"][audit["client_ids"].index(fed.client_ids["d"])][
+            "flag"
+        ]
+        is True
+    )
+    assert audit["aggregation_flags"] == [False] * 4
+    assert audit["aggregation"]["details"]["penalty"] == [1.0] * 4
+
     # round 1: d's second flag makes it noisy, so the aggregation penalises it
+    await run_round(api, fed, 1)
     round1 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/1", headers=ADMIN)).json()
     d_at = round1["audit"]["client_ids"].index(fed.client_ids["d"])
     assert round1["audit"]["aggregation_flags"] == [i == d_at for i in range(4)]

@@ -1,4 +1,4 @@
-"""The federation-level warm-up each method preset resolves to (resolve_config)."""
+"""What each method preset resolves to (resolve_config): warm-up and method audit settings."""
 
 from __future__ import annotations
 
@@ -29,3 +29,21 @@ def test_default_warmup(method: str, rounds: int, expected: int) -> None:
 def test_explicit_warmup_wins(method: str) -> None:
     config = resolve_config(FederationConfigInput(method=method, warmup_rounds=0), rounds=30)
     assert config["warmup_rounds"] == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("fedncl", "round"),  # Fed-NCL penalises each round's flagged clients (METHOD_AUDIT)
+        ("fednoro", "status"),  # AuditConfig's default
+        ("fedavg", "status"),
+    ],
+)
+def test_noisy_set_for_the_aggregation(method: str, expected: str) -> None:
+    config = resolve_config(FederationConfigInput(method=method), rounds=30)
+    assert config["audit"]["aggregation_flags"] == expected
+
+
+def test_the_operators_audit_settings_win_over_the_method() -> None:
+    data = FederationConfigInput(method="fedncl", audit={"aggregation_flags": "status"})
+    assert resolve_config(data, rounds=30)["audit"]["aggregation_flags"] == "status"
