@@ -72,6 +72,18 @@ async def test_unknown_config_key_is_rejected(api: httpx.AsyncClient) -> None:
     assert (await api.get("/api/v1/federations", headers=ADMIN)).json()["total"] == 0
 
 
+async def test_invalid_config_value_is_rejected_with_its_choices(api: httpx.AsyncClient) -> None:
+    spec = federation_spec(config={"method": "fednoro", "audit": {"aggregation_flags": "often"}})
+    response = await api.post("/api/v1/federations", json=spec, headers=ADMIN)
+    assert response.status_code == 400
+    assert response.headers["content-type"] == PROBLEM
+    detail = response.json()["detail"]
+    assert "aggregation_flags" in detail
+    assert "'status'" in detail
+    assert "'round'" in detail
+    assert (await api.get("/api/v1/federations", headers=ADMIN)).json()["total"] == 0
+
+
 async def test_initial_model_upload_validates_and_stores_once(
     api: httpx.AsyncClient, settings
 ) -> None:
