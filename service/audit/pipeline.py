@@ -159,7 +159,8 @@ class AuditConfig:
         Detectors to run (``"fednoro"``, ``"fedncl"``, ``"expertise"``). None: every detector
         whose inputs some client sent; the primary detector always appears in the outcome.
     primary_detector : str
-        ``"fednoro"`` or ``"fedncl"``: whose flags drive aggregation and roles.
+        ``"fednoro"`` or ``"fedncl"``: whose flags drive aggregation and roles (see
+        ``aggregation_flags``).
     aggregation : str
         One of ``fedavg``, ``daagg``, ``fedncl_layerwise``, ``trimmed_mean``, ``median``,
         ``reliability_weighted`` (the last needs ``primary_detector="fednoro"``, the only

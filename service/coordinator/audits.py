@@ -2,8 +2,9 @@
 
 Loads the stored updates as lazy safetensors readers (one tensor at a time), turns their signals
 into the arrays `service.audit.run_audit` takes, and keeps the JSON result for the reports. Flags
-drive roles and aggregation only after the federation's warm-up; an admin's pin overrides the
-detector for that client (recorded in the result).
+drive roles and aggregation only after the federation's warm-up, through each client's status
+(or the round's flags, per ``aggregation_flags``; :func:`status_history` supplies the history);
+an admin's pin overrides the detector for that client (recorded in the result).
 """
 
 from __future__ import annotations
