@@ -91,26 +91,36 @@ def pinned_flags(clients: list[Client]) -> list[bool | None]:
     return result
 
 
-def status_history(client: Client, round_index: int, config: AuditConfig) -> StatusHistory:
-    """The client's status and last ``status_w`` determined flags before round ``round_index``.
-
-    Only post-warm-up primary flags count, and undetermined rounds are skipped, as in the
-    status rule itself. At a round close every stored entry is older than the round, and the
-    stored status is the one after the latest of them. Recomputing an older round replays the
-    rule over the entries before it, with ``config``'s ``status_m`` / ``status_w``.
+def counted_flags(client: Client, before_round: int) -> list[bool]:
+    """The client's flags that count towards its status, oldest first: the primary detector's
+    determined flags (undetermined rounds skipped) of post-warm-up rounds before ``before_round``.
     """
-    entries = list(client.flag_history or [])
+    return [
+        bool(entry["primary"])
+        for entry in client.flag_history or []
+        if not entry.get("in_warmup")
+        and entry.get("primary") is not None
+        and int(entry["round"]) < before_round
+    ]
+
+
+def status_history(client: Client, round_index: int, config: AuditConfig) -> StatusHistory:
+    """The client's status and last ``status_w`` counted flags before round ``round_index``.
+
+    At a round close every stored entry is older than the round, and the stored status is the
+    one after the latest of them. Recomputing an older round replays the status rule over the
+    counted flags before it, with ``config``'s ``status_m`` / ``status_w``.
+    """
+    flags = counted_flags(client, round_index)
     window: deque[bool] = deque(maxlen=config.status_w)
-    replay = any(int(entry["round"]) >= round_index for entry in entries)
+    if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
+        window.extend(flags)
+        return StatusHistory(status=client.status, flags=tuple(window))
     status: ClientStatus = "trusted"
-    for entry in entries:
-        flag = entry.get("primary")
-        if entry.get("in_warmup") or int(entry["round"]) >= round_index or flag is None:
-            continue
-        window.append(bool(flag))
-        if replay:
-            status = next_status(status, list(window), m=config.status_m, w=config.status_w)
-    return StatusHistory(status=status if replay else client.status, flags=tuple(window))
+    for flag in flags:
+        window.append(flag)
+        status = next_status(status, list(window), m=config.status_m, w=config.status_w)
+    return StatusHistory(status=status, flags=tuple(window))
 
 
 def audit_round(

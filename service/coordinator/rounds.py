@@ -380,8 +380,8 @@ def _update_statuses(
         client.flag_history = history
         if in_warmup:
             continue
-        recent = [entry.get("primary") for entry in history if not entry.get("in_warmup")]
-        new = next_status(client.status, recent, m=m, w=w)
+        # this round's entry is in the history now: the flags of every round up to this one
+        new = next_status(client.status, audits.counted_flags(client, rnd.index + 1), m=m, w=w)
         if new != client.status:
             repo.add_event(
                 session,

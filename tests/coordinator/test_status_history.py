@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.audit import AuditConfig, StatusHistory
-from service.coordinator.audits import status_history
+from service.coordinator.audits import counted_flags, status_history
 from service.store.models import Client
 
 
@@ -29,6 +29,12 @@ CONFIG = AuditConfig()  # m = 2, w = 3
 
 def client(status: str, history: list[dict[str, Any]]) -> Client:
     return Client(name="site", status=status, flag_history=history)
+
+
+def test_counted_flags_skip_the_warm_up_and_undetermined_rounds() -> None:
+    assert counted_flags(client("trusted", HISTORY), 8) == [True, True, False, False, False]
+    assert counted_flags(client("trusted", HISTORY), 5) == [True, True]
+    assert counted_flags(client("trusted", []), 5) == []
 
 
 def test_at_a_round_close_the_stored_status_and_the_last_w_determined_flags() -> None:
