@@ -10,6 +10,7 @@ from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.aggregation import (
     AGGREGATION_RULES,
+    NOISY_SET_RULES,
     AggregationResult,
     aggregate,
     aggregate_daagg,
@@ -56,6 +57,7 @@ from service.audit.state import DictStateReader, StateReader, is_float_tensor
 
 __all__ = [
     "AGGREGATION_RULES",
+    "NOISY_SET_RULES",
     "DETECTORS",
     "PRIMARY_DETECTORS",
     "AggregationResult",

@@ -54,6 +54,7 @@ from service.audit.state import (
 
 __all__ = [
     "AGGREGATION_RULES",
+    "NOISY_SET_RULES",
     "AggregationResult",
     "aggregate",
     "aggregate_daagg",
@@ -73,6 +74,9 @@ AGGREGATION_RULES = (
     "reliability_weighted",
 )
 """Names accepted by :func:`aggregate`."""
+
+NOISY_SET_RULES = ("daagg", "fedncl_layerwise")
+"""Rules that read the ``noisy`` flags (the others ignore them)."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from service.audit._validation import (
 )
 from service.audit.aggregation import (
     AGGREGATION_RULES,
+    NOISY_SET_RULES,
     AggregationResult,
     aggregate,
     with_fallback_context,
@@ -82,9 +83,6 @@ PRIMARY_DETECTORS = ("fednoro", "fedncl")
 
 AGGREGATION_FLAGS = ("status", "round")
 """What decides the aggregation's noisy set (:attr:`AuditConfig.aggregation_flags`)."""
-
-NOISY_SET_RULES = ("daagg", "fedncl_layerwise")
-"""Aggregation rules that read the noisy set."""
 
 EXACT_NEIGHBOR_LIMIT = 2048
 """Up to this many neighbor candidates the exact K x K search is used (a few MB)."""

@@ -12,6 +12,7 @@ import pytest
 
 from service.audit import (
     AGGREGATION_RULES,
+    NOISY_SET_RULES,
     AggregationResult,
     DictStateReader,
     InvalidInputError,
@@ -348,6 +349,29 @@ class TestDispatcher:
         for name in GLOBAL:
             assert np.array_equal(result.state[name], expected.state[name])
         json.dumps(result.to_json(), allow_nan=False)
+
+    @pytest.mark.parametrize("rule", AGGREGATION_RULES)
+    def test_noisy_set_rules_are_the_ones_that_read_the_flags(self, rule):
+        # the pipeline records the noisy set only for NOISY_SET_RULES: check that exactly these
+        # rules give another model when client 2 is flagged than when nobody is (layer-wise:
+        # tau 10, t_k 5, round 3 -> T = 4, penalty clip(10 * 4 / 5, 1, 10) = 8 on the flagged)
+        params = {"tau": 10.0, "t_k": 5} if rule == "fedncl_layerwise" else None
+
+        def run(noisy: list[bool]) -> AggregationResult:
+            return aggregate(
+                rule,
+                g(),
+                readers(),
+                N,
+                noisy=noisy,
+                noisy_probability=[0.1, 0.2, 0.3],
+                params=params,
+                round_index=3,
+            )
+
+        nobody, flagged = run([False, False, False]), run([False, False, True])
+        differs = not np.array_equal(nobody.state["w"], flagged.state["w"])
+        assert differs == (rule in NOISY_SET_RULES)
 
     def test_unknown_rule_and_params(self):
         with pytest.raises(InvalidParameterError, match="rule"):
