@@ -330,13 +330,18 @@ def simulate(
     model_param: Annotated[
         list[str] | None, typer.Option(help="Model option KEY=VALUE (repeatable)")
     ] = None,
-    rounds: Annotated[int | None, typer.Option(help="Rounds", show_default=False)] = None,
-    local_epochs: Annotated[
-        int | None, typer.Option(help="Local epochs per round", show_default=False)
+    rounds: Annotated[
+        int | None, typer.Option(help="Rounds (scenario default 30)", show_default=False)
     ] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate", show_default=False)] = None,
+    local_epochs: Annotated[
+        int | None,
+        typer.Option(help="Local epochs per round (scenario default 5)", show_default=False),
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(help="Learning rate (scenario default 0.05)", show_default=False)
+    ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Local batch size", show_default=False)
+        int | None, typer.Option(help="Local batch size (scenario default 32)", show_default=False)
     ] = None,
     method: Annotated[
         str | None,

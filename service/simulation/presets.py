@@ -27,17 +27,12 @@ from __future__ import annotations
 import copy
 from typing import Any, Final
 
-from service.simulation.scenario import Scenario, ScenarioError, validate_scenario
+from service.simulation.scenario import Scenario, ScenarioError, TrainingSpec, validate_scenario
 
 __all__ = ["PRESET_NAMES", "get_preset", "preset_data"]
 
-_TRAINING: Final[dict[str, Any]] = {
-    "rounds": 30,
-    "local_epochs": 5,
-    "lr": 0.05,
-    "batch_size": 32,
-    "momentum": 0.9,
-}
+# The shared schedule is TrainingSpec's defaults: a scenario file without ``training`` gets it too.
+_TRAINING: Final[dict[str, Any]] = TrainingSpec().model_dump()
 
 _V1: Final[dict[str, Any]] = {
     "name": "V1",

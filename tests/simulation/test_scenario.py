@@ -266,6 +266,17 @@ def test_demo_preset_is_v1_with_fednoro_against_fedavg():
     assert demo.training.rounds == 20
 
 
+def test_a_scenario_without_training_gets_the_reference_schedule():
+    # The schedule V1-V6 were measured with (presets module docstring), not the coordinator's
+    # generic 20 rounds x 1 epoch at lr 0.01, with which the small models barely learn.
+    scenario = validate_scenario({"dataset": "wine", "clients": 3, "methods": [{}]})
+    assert scenario.training == TrainingSpec(
+        rounds=30, local_epochs=5, lr=0.05, batch_size=32, momentum=0.9
+    )
+    for name in ("V1", "V2", "V3", "V4", "V5", "V6"):
+        assert get_preset(name).training == scenario.training, name
+
+
 def test_preset_names_are_case_insensitive_and_copies():
     assert get_preset("v1") == get_preset("V1")
     data = preset_data("V1")

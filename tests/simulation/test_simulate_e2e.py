@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from service.cli import app
 from service.simulation.runner import RoundEvent, simulate
-from service.simulation.scenario import validate_scenario
+from service.simulation.scenario import TrainingSpec, validate_scenario
 
 SCENARIO = {
     "name": "e2e",
@@ -110,6 +111,17 @@ def test_cli_simulate_flag_errors(tmp_path: Path, args: list[str], expected: str
     result = runner.invoke(app, ["simulate", *args, "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split())
+
+
+def test_cli_simulate_help_states_the_scenario_training_defaults():
+    # The help text writes the defaults out (the CLI module does not import the simulator at
+    # load); they must be TrainingSpec's.
+    command = typer.main.get_command(app)
+    assert isinstance(command, typer.core.TyperGroup)
+    helps = {p.name: getattr(p, "help", "") for p in command.commands["simulate"].params}
+    defaults = TrainingSpec()
+    for name in ("rounds", "local_epochs", "lr", "batch_size"):
+        assert f"(scenario default {getattr(defaults, name)})" in helps[name], name
 
 
 def test_cli_simulate_refuses_a_used_output_directory(tmp_path: Path):
