@@ -39,6 +39,7 @@ from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import (
     InvalidInputError,
     InvalidParameterError,
+    as_bool_array,
     as_float_array,
     as_int_array,
     check_bool,
@@ -445,6 +446,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
          a fifth of the rounds (F1 0.71-0.88) although the mixture's vote was right; on this
          statistic F1 was 0.93-1.00, with no false alarm added on V1, V2, V4 or V5
          (``docs/evaluation.md``, "Open issues" 1).
+       - ``confirmed`` (an argument of ``fit``): when the vote's noisy group lies entirely
+         within the clients already confirmed noisy (their status before this round), the
+         quantile is not applied and D >= ``separation_threshold`` suffices. The quantile
+         guards against a chance *start*; a group that earlier passed it often enough to be
+         "noisy" keeps its flags on ALGORITHMS.md's own criterion. Without this, a group whose
+         D hovers near the quantile (ten clients: 5.1 for four of them) is flagged in one
+         round and not in the next although the scores still separate it perfectly
+         (``docs/evaluation.md``, "Scenarios beyond V1-V6").
     6. Fewer than ``min_clients`` clients: "undetermined".
 
     Each verdict's ``probability`` is the averaged posterior of step 4 (0 for everybody when
@@ -559,7 +568,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             check_int("min_clients", self.min_clients, min_value=2),
         )
 
-    def fit(self, per_class_loss: Any, class_counts: Any) -> Self:
+    def fit(self, per_class_loss: Any, class_counts: Any, confirmed: Any = None) -> Self:
         """Detect noisy clients from their per-class losses.
 
         Parameters
@@ -569,6 +578,10 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             global model; NaN (or None) exactly where the client has no sample of the class.
         class_counts : array-like of int of shape (n_clients, n_classes)
             Number of samples of each class on each client.
+        confirmed : array-like of bool of shape (n_clients,), optional
+            Clients already confirmed noisy before this round (their status). A vote whose
+            noisy group lies within them needs only D >= ``separation_threshold`` (step 5).
+            None: nobody is.
 
         Returns
         -------
@@ -592,6 +605,13 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             raise InvalidInputError(
                 f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
             )
+        known = None
+        if confirmed is not None:
+            known = as_bool_array("confirmed", confirmed, ndim=1)
+            if known.shape != (loss.shape[0],):
+                raise InvalidInputError(
+                    f"confirmed: shape {known.shape}, expected ({loss.shape[0]},)"
+                )
         missing = counts == 0
         if (np.isnan(loss) != missing).any():
             raise InvalidInputError("per_class_loss: must be NaN exactly where class_counts is 0")
@@ -606,7 +626,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         self.ashman_d_: float | None = None
         self.columns_used_: IntArray = np.zeros(0, dtype=np.int64)
         self.result_ = self._detect(
-            loss, counts, missing, seeds, require_separation, threshold, min_clients
+            loss, counts, missing, seeds, require_separation, threshold, min_clients, known
         )
         return self
 
@@ -619,6 +639,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         require_separation: bool,
         threshold: float,
         min_clients: int,
+        confirmed: BoolArray | None = None,
     ) -> DetectionResult:
         n_clients, n_classes = loss.shape
         if n_clients < min_clients:
@@ -693,17 +714,27 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         clean_group = statistic[~vote_labels]
         d_value = ashman_d(noisy_group, clean_group) if usable else None
         n_vote = int(vote_labels.sum())
+        # A group of clients already confirmed noisy keeps its flags on D >= threshold alone.
+        confirmed_group = bool(
+            confirmed is not None and 0 < n_vote < n_clients and confirmed[vote_labels].all()
+        )
         null_threshold: float | None = None
         if self.separation_quantile is not None and 0 < n_vote < n_clients:
             null_threshold = null_separation_threshold(
                 n_clients, n_vote, float(self.separation_quantile)
             )
-        threshold = max(threshold, null_threshold or 0.0)
+        if not confirmed_group:
+            threshold = max(threshold, null_threshold or 0.0)
         separated = d_value is not None and d_value >= threshold
         flags_applied = separated or not require_separation
         labels = vote_labels if flags_applied else np.zeros(n_clients, dtype=bool)
         guarded_probability = probability if flags_applied else np.zeros(n_clients)
-        if flags_applied:
+        if flags_applied and require_separation and confirmed_group:
+            guard_note = (
+                f"separation guard passed: the flagged clients were already noisy, so "
+                f"D >= {threshold:.3g} suffices"
+            )
+        elif flags_applied:
             guard_note = "separation guard passed" if require_separation else "separation guard off"
         elif not usable:
             guard_note = (
@@ -757,6 +788,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             "separation_threshold": threshold,
             "separation_null_threshold": null_threshold,
             "separation_passed": separated,
+            "separation_confirmed_group": confirmed_group,
             "separation_statistic": self.separation_statistic,
             "class_z_classes": z_classes.tolist(),
             "guard": guard_note,

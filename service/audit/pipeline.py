@@ -166,6 +166,13 @@ class AuditConfig:
     fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
+    fednoro_confirmed_groups : bool
+        True (default): when FedNoRo is the primary detector, the clients whose status before
+        the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
+        its ``confirmed`` clients, and a vote whose noisy group lies within them needs only
+        ``fednoro_separation_threshold``, not the calibrated quantile
+        (:meth:`~service.audit.detection.FedNoRoDetector.fit`). False: the quantile every
+        round.
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
         :class:`~service.audit.detection.FedNCLDetector` parameters.
     fedncl_divergence_variant : str
@@ -212,6 +219,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     fednoro_separation_quantile: float | None = 0.99
     fednoro_separation_statistic: str = "class_z"
     fednoro_min_clients: int = 4
+    fednoro_confirmed_groups: bool = True
     fedncl_beta: float = 1.0
     fedncl_two_sided: bool = False
     fedncl_divergence_variant: str = "paper"
@@ -264,6 +272,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
             ),
         )
         check_bool("fednoro_require_separation", self.fednoro_require_separation)
+        check_bool("fednoro_confirmed_groups", self.fednoro_confirmed_groups)
         if self.fednoro_separation_quantile is not None:
             set_(
                 self,
@@ -528,7 +537,9 @@ def _undetermined(method: str, n_clients: int, reason: str) -> DetectionResult:
     return DetectionResult(method, "undetermined", reason, [None] * n_clients, {})
 
 
-def _run_fednoro(data: _Checked, config: AuditConfig) -> DetectionResult:
+def _run_fednoro(
+    data: _Checked, config: AuditConfig, history: Sequence[StatusHistory] | None
+) -> DetectionResult:
     absent = _missing(data.ids, data.per_class_loss)
     if absent:
         return _undetermined("fednoro", len(data.ids), f"no per_class_loss from client(s) {absent}")
@@ -541,7 +552,14 @@ def _run_fednoro(data: _Checked, config: AuditConfig) -> DetectionResult:
         min_clients=config.fednoro_min_clients,
     )
     loss = np.stack([cast(FloatArray, v) for v in data.per_class_loss])
-    result: DetectionResult = detector.fit(loss, data.class_counts).result_
+    confirmed = None
+    if (
+        config.fednoro_confirmed_groups
+        and config.primary_detector == "fednoro"
+        and history is not None
+    ):
+        confirmed = np.array([entry.status == "noisy" for entry in history], dtype=bool)
+    result: DetectionResult = detector.fit(loss, data.class_counts, confirmed).result_
     return result
 
 
@@ -735,6 +753,7 @@ def run_audit(
     if len(clients) == 0:
         raise InvalidInputError("clients: at least one client is needed")
     data = _check_clients(clients, "clients")
+    _check_history(status_history, len(data.ids))
 
     names = config.detectors
     if names is None:
@@ -744,7 +763,7 @@ def run_audit(
     detections: dict[str, DetectionResult] = {}
     for name in names:
         if name == "fednoro":
-            detections[name] = _run_fednoro(data, config)
+            detections[name] = _run_fednoro(data, config, status_history)
         elif name == "fedncl":
             detections[name] = _run_fedncl(data, config, global_state)
         else:
@@ -832,6 +851,20 @@ def run_audit(
     )
 
 
+def _check_history(history: Sequence[StatusHistory] | None, n_clients: int) -> None:
+    """Refuse a status history that does not match the clients (the statuses themselves are
+    checked by :func:`~service.audit.detection.next_status` where the rule runs)."""
+    if history is None:
+        return
+    if len(history) != n_clients:
+        raise InvalidInputError(f"status_history: {len(history)} entries for {n_clients} clients")
+    for i, entry in enumerate(history):
+        if not isinstance(entry, StatusHistory):
+            raise InvalidInputError(f"status_history[{i}]: expected StatusHistory")
+        if isinstance(entry.flags, str) or not isinstance(entry.flags, Sequence):
+            raise InvalidInputError(f"status_history[{i}].flags: expected a sequence")
+
+
 def _noisy_set(
     primary: DetectionResult,
     config: AuditConfig,
@@ -839,16 +872,6 @@ def _noisy_set(
     n_clients: int,
 ) -> np.ndarray | None:
     """The clients the aggregation treats as noisy, before pins; None when undetermined."""
-    if history is not None:
-        if len(history) != n_clients:
-            raise InvalidInputError(
-                f"status_history: {len(history)} entries for {n_clients} clients"
-            )
-        for i, entry in enumerate(history):
-            if not isinstance(entry, StatusHistory):
-                raise InvalidInputError(f"status_history[{i}]: expected StatusHistory")
-            if isinstance(entry.flags, str) or not isinstance(entry.flags, Sequence):
-                raise InvalidInputError(f"status_history[{i}].flags: expected a sequence")
     if primary.status != "ok":
         return None
     if config.aggregation_flags == "round":
