@@ -277,6 +277,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             )
             + f"; aggregation {latest.get('aggregation_rule')}"
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
+            + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
         )
     table = Table(title=title, caption=caption)
     table.add_column("client", no_wrap=True)

@@ -327,3 +327,38 @@ async def test_report_before_any_audit_has_an_empty_latest(api: httpx.AsyncClien
     assert row["latest_scores"] is None
     assert row["pinned_status"] is None  # nulls of the rows stay in the JSON
     assert row["flag_history"] == []
+
+
+async def test_report_warns_when_the_flagged_clients_hold_most_of_the_samples(
+    api: httpx.AsyncClient,
+) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
+    # as run_round, but the flagged client d holds 40 samples and each clean one 10: q does
+    # not depend on n (q = e * (loss * n) / n), so d is flagged again, now with 40 of the 70
+    # samples = 57 % > 50 %.
+    for name in NAMES:
+        noisy = name == "d"
+        response = await submit(
+            api,
+            fed,
+            name,
+            0,
+            tiny_state(3.0 if noisy else 1.0),
+            40 if noisy else 10,
+            signal_overrides={"train_loss": 2.0 if noisy else 0.1},
+        )
+        assert response.status_code == 201, response.text
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
+    (warning,) = report["latest"]["warnings"]
+    assert warning.startswith("the flagged clients hold 57% of round 0's samples")
+    assert "inverted" in warning
+
+
+async def test_report_does_not_warn_when_the_flagged_clients_are_a_minority_of_the_data(
+    api: httpx.AsyncClient,
+) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
+    await run_round(api, fed, 0)  # d flagged with 10 of the 40 samples: 25 %
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert report["latest"]["warnings"] == []

@@ -53,3 +53,10 @@ def test_fednoro_column_is_the_graded_score_and_the_caption_names_it():
 
 def test_caption_without_a_fednoro_summary_names_no_statistic():
     assert "FedNoRo score =" not in text_of(report(None))
+
+
+def test_the_latest_audits_warnings_are_printed():
+    data = report("class_z")
+    data["latest"]["warnings"] = ["the flagged clients hold 57% of round 5's samples"]
+    assert "WARNING: the flagged clients hold 57% of round 5's samples" in text_of(data)
+    assert "WARNING" not in text_of(report("class_z"))

@@ -95,3 +95,20 @@ def test_round_page_escapes_names() -> None:
     assert "<x>" not in html
     assert "<cat>" not in html
     assert "&lt;fed&gt;" in html
+
+
+def test_federation_page_shows_the_latest_audits_warnings_escaped():
+    report = {
+        "federation_id": "fid",
+        "federation": "fed",
+        "status": "running",
+        "primary_detector": "fednoro",
+        "warmup_rounds": 1,
+        "rounds_audited": 2,
+        "latest": {"round": 1, "primary_status": "ok", "warnings": ["hold 57% <of> the data"]},
+        "clients": [],
+    }
+    html = pages.federation_page(report, None)
+    assert "<dt>warning</dt><dd>hold 57% &lt;of&gt; the data</dd>" in html
+    report["latest"]["warnings"] = []
+    assert "<dt>warning</dt>" not in pages.federation_page(report, None)

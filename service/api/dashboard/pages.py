@@ -258,6 +258,7 @@ def _summary(report: Mapping[str, Any]) -> str:
         ]
         if latest.get("fallback_reason"):
             items.append(("fallback", esc(latest["fallback_reason"])))
+        items += [("warning", esc(w)) for w in latest.get("warnings") or []]
     return _definitions(items)
 
 

@@ -94,6 +94,13 @@ class ReportLatest(BaseModel):
     aggregation_rule: str | None = None
     fallback_reason: str | None = None
     in_warmup: bool | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description=(
+            "What to check before trusting the latest audit's flags, e.g. that the flagged "
+            "clients hold most of the round's samples (the flags may then be inverted)"
+        ),
+    )
 
 
 class NoisyClientReport(BaseModel):
