@@ -30,7 +30,7 @@ FEDNCL = {
 }
 
 
-async def run_round(api, fed, index: int) -> None:
+async def run_round(api, fed, index: int, *, noisy_samples: int = 10) -> None:
     # Global model is all zeros (round 0), so e_k = ||theta_k||^2 = 8 v^2 over the 8 floats.
     # Clean clients: v = 1, train_loss 0.1 -> q = e * (loss * n) / n = 8 * 0.1 = 0.8.
     # Client d: v = 3, train_loss 2.0 -> q = 72 * 2.0 = 144.
@@ -45,7 +45,7 @@ async def run_round(api, fed, index: int) -> None:
             name,
             index,
             tiny_state(3.0 if noisy else 1.0),
-            10,
+            noisy_samples if noisy else 10,
             signal_overrides={"train_loss": 2.0 if noisy else 0.1},
         )
         assert response.status_code == 201, response.text
@@ -333,21 +333,9 @@ async def test_report_warns_when_the_flagged_clients_hold_most_of_the_samples(
     api: httpx.AsyncClient,
 ) -> None:
     fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
-    # as run_round, but the flagged client d holds 40 samples and each clean one 10: q does
-    # not depend on n (q = e * (loss * n) / n), so d is flagged again, now with 40 of the 70
-    # samples = 57 % > 50 %.
-    for name in NAMES:
-        noisy = name == "d"
-        response = await submit(
-            api,
-            fed,
-            name,
-            0,
-            tiny_state(3.0 if noisy else 1.0),
-            40 if noisy else 10,
-            signal_overrides={"train_loss": 2.0 if noisy else 0.1},
-        )
-        assert response.status_code == 201, response.text
+    # d holds 40 samples and each clean client 10: q does not depend on n (q = e * (loss * n)
+    # / n), so d is flagged as in run_round, now with 40 of the 70 samples = 57 % > 50 %.
+    await run_round(api, fed, 0, noisy_samples=40)
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
     (warning,) = report["latest"]["warnings"]
