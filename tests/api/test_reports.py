@@ -329,17 +329,33 @@ async def test_report_before_any_audit_has_an_empty_latest(api: httpx.AsyncClien
     assert row["flag_history"] == []
 
 
-async def test_report_warns_when_the_flagged_clients_hold_most_of_the_samples(
+async def test_report_warns_when_most_clients_and_most_data_are_flagged(
     api: httpx.AsyncClient,
 ) -> None:
-    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
-    # d holds 40 samples and each clean client 10: q does not depend on n (q = e * (loss * n)
-    # / n), so d is flagged as in run_round, now with 40 of the 70 samples = 57 % > 50 %.
-    await run_round(api, fed, 0, noisy_samples=40)
+    # FedNoRo alone, no warm-up: a, b and c lose 2.0 on both classes, d 0.1. The mixture's noisy
+    # group is a, b, c; within each group the statistic is identical, so Ashman's D is infinite
+    # and the guard passes: 3 of the 4 clients, holding 30 of the 40 samples (75 %), flagged.
+    config = {"method": "fedavg", "detectors": ["fednoro"], "warmup_rounds": 0}
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=config)
+    for name in NAMES:
+        response = await submit(
+            api,
+            fed,
+            name,
+            0,
+            tiny_state(1.0),
+            10,
+            signal_overrides={"per_class_loss": [0.1 if name == "d" else 2.0] * 2},
+        )
+        assert response.status_code == 201, response.text
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
-    assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
+    assert sorted(r["name"] for r in report["clients"] if r["latest_flags"]["fednoro"]) == [
+        "a",
+        "b",
+        "c",
+    ]
     (warning,) = report["latest"]["warnings"]
-    assert warning.startswith("the flagged clients hold 57% of round 0's samples")
+    assert warning.startswith("3 of the 4 clients, holding 75% of round 0's samples, are flagged")
     assert "inverted" in warning
 
 
@@ -347,6 +363,12 @@ async def test_report_does_not_warn_when_the_flagged_clients_are_a_minority_of_t
     api: httpx.AsyncClient,
 ) -> None:
     fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
-    await run_round(api, fed, 0)  # d flagged with 10 of the 40 samples: 25 %
+    await run_round(api, fed, 0)  # d alone flagged, with 10 of the 40 samples
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert report["latest"]["warnings"] == []
+    # one client of four holding most of the data is not "most clients": still no warning
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL, name="fed-2")
+    await run_round(api, fed, 0, noisy_samples=40)  # d flagged, with 40 of the 70 samples
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
     assert report["latest"]["warnings"] == []

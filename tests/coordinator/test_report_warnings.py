@@ -1,0 +1,48 @@
+"""The report's warning about flags that may be inverted (``reports.report_warnings``), on literal
+stored audit results."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from service.coordinator.reports import report_warnings
+
+
+def audit(flags: list[bool | None], sizes: list[int], *, in_warmup: bool = False) -> Any:
+    return SimpleNamespace(
+        round_index=5,
+        result={
+            "in_warmup": in_warmup,
+            "primary_flags": flags,
+            "clients": [{"num_samples": n} for n in sizes],
+        },
+    )
+
+
+def test_most_clients_holding_most_samples_flagged_warns() -> None:
+    # 3 of 4 clients, 20 + 20 + 20 = 60 of 100 samples
+    (warning,) = report_warnings(audit([True, True, True, False], [20, 20, 20, 40]))
+    assert warning.startswith("3 of the 4 clients, holding 60% of round 5's samples, are flagged")
+
+
+@pytest.mark.parametrize(
+    ("flags", "sizes"),
+    [
+        ([True, True, False, False], [45, 45, 5, 5]),  # half of the clients (90 % of the data)
+        ([True, True, True, False], [10, 10, 10, 70]),  # most clients, 30 % of the data
+        ([True, True, True, False], [10, 20, 20, 50]),  # exactly half of the data
+        ([True, False, False, False], [70, 10, 10, 10]),  # one dominant client flagged
+        ([None, None, None, None], [10, 10, 10, 10]),  # undetermined
+    ],
+)
+def test_no_warning_otherwise(flags: list[bool | None], sizes: list[int]) -> None:
+    assert report_warnings(audit(flags, sizes)) == []
+
+
+def test_warm_up_and_malformed_results_give_no_warning() -> None:
+    assert report_warnings(audit([True, True, True, False], [20, 20, 20, 40], in_warmup=True)) == []
+    assert report_warnings(audit([True, True, True], [20, 20, 20, 40])) == []
+    assert report_warnings(audit([True, True, True, False], [0, 0, 0, 0])) == []
