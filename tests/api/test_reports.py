@@ -279,18 +279,11 @@ async def test_report_takes_each_clients_latest_audit_walking_back_in_pages(
     assert rows["d"]["latest_flags"]["fedncl"] is True
 
 
-async def test_fednoro_verdicts_carry_the_graded_score_and_the_probability(
-    api: httpx.AsyncClient,
-) -> None:
-    # Every client holds both classes (5 + 5). Losses per class: a, b, c [0.2, 0.2], [0.3, 0.3],
-    # [0.4, 0.4]; d [2.0, 2.0]. Per class: mu = (0.2 + 0.3 + 0.4 + 2.0) / 4 = 0.725,
-    # deviations -0.525, -0.425, -0.325, 1.275; sigma^2 = 5 * (0.275625 + 0.180625 + 0.105625
-    # + 1.625625) / 4 = 2.734375, sigma = 1.6536. z_kc = sqrt(5) * dev / sigma, and Stouffer
-    # over two equal classes gives Z = sqrt(2) * z_kc: d: sqrt(10) * 1.275 / 1.6536 = 2.4382,
-    # a: sqrt(10) * -0.525 / 1.6536 = -1.0040.
+async def fednoro_round(api, losses: dict[str, float]):
+    """A FedNoRo-only federation (no warm-up) whose round 0 closes with each client's loss on
+    both classes (5 + 5 samples each)."""
     config = {"method": "fedavg", "detectors": ["fednoro"], "warmup_rounds": 0}
     fed = await make_federation(api, clients=NAMES, rounds=2, config=config)
-    losses = {"a": 0.2, "b": 0.3, "c": 0.4, "d": 2.0}
     for name in NAMES:
         response = await submit(
             api,
@@ -302,6 +295,19 @@ async def test_fednoro_verdicts_carry_the_graded_score_and_the_probability(
             signal_overrides={"per_class_loss": [losses[name]] * 2},
         )
         assert response.status_code == 201, response.text
+    return fed
+
+
+async def test_fednoro_verdicts_carry_the_graded_score_and_the_probability(
+    api: httpx.AsyncClient,
+) -> None:
+    # Every client holds both classes (5 + 5). Losses per class: a, b, c [0.2, 0.2], [0.3, 0.3],
+    # [0.4, 0.4]; d [2.0, 2.0]. Per class: mu = (0.2 + 0.3 + 0.4 + 2.0) / 4 = 0.725,
+    # deviations -0.525, -0.425, -0.325, 1.275; sigma^2 = 5 * (0.275625 + 0.180625 + 0.105625
+    # + 1.625625) / 4 = 2.734375, sigma = 1.6536. z_kc = sqrt(5) * dev / sigma, and Stouffer
+    # over two equal classes gives Z = sqrt(2) * z_kc: d: sqrt(10) * 1.275 / 1.6536 = 2.4382,
+    # a: sqrt(10) * -0.525 / 1.6536 = -1.0040.
+    fed = await fednoro_round(api, {"a": 0.2, "b": 0.3, "c": 0.4, "d": 2.0})
     audit = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()["audit"]
     fednoro = audit["detections"]["fednoro"]
     assert fednoro["status"] == "ok"
@@ -335,19 +341,7 @@ async def test_report_warns_when_most_clients_and_most_data_are_flagged(
     # FedNoRo alone, no warm-up: a, b and c lose 2.0 on both classes, d 0.1. The mixture's noisy
     # group is a, b, c; within each group the statistic is identical, so Ashman's D is infinite
     # and the guard passes: 3 of the 4 clients, holding 30 of the 40 samples (75 %), flagged.
-    config = {"method": "fedavg", "detectors": ["fednoro"], "warmup_rounds": 0}
-    fed = await make_federation(api, clients=NAMES, rounds=2, config=config)
-    for name in NAMES:
-        response = await submit(
-            api,
-            fed,
-            name,
-            0,
-            tiny_state(1.0),
-            10,
-            signal_overrides={"per_class_loss": [0.1 if name == "d" else 2.0] * 2},
-        )
-        assert response.status_code == 201, response.text
+    fed = await fednoro_round(api, {"a": 2.0, "b": 2.0, "c": 2.0, "d": 0.1})
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert sorted(r["name"] for r in report["clients"] if r["latest_flags"]["fednoro"]) == [
         "a",
