@@ -97,8 +97,9 @@ class ReportLatest(BaseModel):
     warnings: list[str] = Field(
         default_factory=list,
         description=(
-            "What to check before trusting the latest audit's flags, e.g. that the flagged "
-            "clients hold most of the round's samples (the flags may then be inverted)"
+            "What to check before trusting the latest audit's flags, e.g. that most of the "
+            "clients, holding most of the round's samples, are flagged (the flags may then be "
+            "inverted)"
         ),
     )
 
