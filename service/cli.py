@@ -271,6 +271,14 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" ({latest['primary_reason']})" if latest.get("primary_reason") else "")
             + (f", Ashman's D {separation:.1f}" if isinstance(separation, int | float) else "")
             + (
+                f" (needs {needed:.1f}"
+                + (", the group already noisy" if summary.get("separation_confirmed_group") else "")
+                + ")"
+                if isinstance(separation, int | float)
+                and isinstance(needed := summary.get("separation_threshold"), int | float)
+                else ""
+            )
+            + (
                 f"; FedNoRo score = {_SCORE_NAMES.get(statistic, statistic)}"
                 if isinstance(statistic := summary.get("separation_statistic"), str)
                 else ""

@@ -60,3 +60,14 @@ def test_the_latest_audits_warnings_are_printed():
     data["latest"]["warnings"] = ["the flagged clients hold 57% of round 5's samples"]
     assert "WARNING: the flagged clients hold 57% of round 5's samples" in text_of(data)
     assert "WARNING" not in text_of(report("class_z"))
+
+
+def test_the_caption_gives_the_separation_and_what_the_guard_needs():
+    data = report("class_z")
+    data["latest"]["primary_summary"].update({"ashman_d": 6.8, "separation_threshold": 12.0})
+    assert "Ashman's D 6.8 (needs 12.0)" in text_of(data)
+    assert "needs" not in text_of(report(None))  # a D without a threshold: nothing to compare
+    data["latest"]["primary_summary"].update(
+        {"separation_threshold": 2.0, "separation_confirmed_group": True}
+    )
+    assert "Ashman's D 6.8 (needs 2.0, the group already noisy)" in text_of(data)

@@ -112,3 +112,25 @@ def test_federation_page_shows_the_latest_audits_warnings_escaped():
     assert "<dt>warning</dt><dd>hold 57% &lt;of&gt; the data</dd>" in html
     report["latest"]["warnings"] = []
     assert "<dt>warning</dt>" not in pages.federation_page(report, None)
+
+
+def test_federation_page_shows_the_separation_guards_verdict():
+    report = {
+        "federation_id": "fid",
+        "federation": "fed",
+        "status": "running",
+        "primary_detector": "fednoro",
+        "warmup_rounds": 1,
+        "rounds_audited": 2,
+        "latest": {
+            "round": 1,
+            "primary_status": "ok",
+            "primary_summary": {"guard": "separation guard: Ashman's D (class_z) = 6.8 < 12"},
+        },
+        "clients": [],
+    }
+    html = pages.federation_page(report, None)
+    assert (
+        "<dt>separation guard</dt><dd>separation guard: Ashman&#x27;s D (class_z) = 6.8 &lt; 12"
+        in html
+    )

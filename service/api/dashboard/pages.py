@@ -258,6 +258,9 @@ def _summary(report: Mapping[str, Any]) -> str:
         ]
         if latest.get("fallback_reason"):
             items.append(("fallback", esc(latest["fallback_reason"])))
+        guard = (latest.get("primary_summary") or {}).get("guard")
+        if guard:
+            items.append(("separation guard", esc(guard)))
         items += [("warning", esc(w)) for w in latest.get("warnings") or []]
     return _definitions(items)
 
