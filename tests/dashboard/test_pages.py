@@ -97,17 +97,22 @@ def test_round_page_escapes_names() -> None:
     assert "&lt;fed&gt;" in html
 
 
-def test_federation_page_shows_the_latest_audits_warnings_escaped():
-    report = {
+def federation_report(latest: dict) -> dict:
+    """A report with no client and the given latest-audit summary."""
+    return {
         "federation_id": "fid",
         "federation": "fed",
         "status": "running",
         "primary_detector": "fednoro",
         "warmup_rounds": 1,
         "rounds_audited": 2,
-        "latest": {"round": 1, "primary_status": "ok", "warnings": ["hold 57% <of> the data"]},
+        "latest": {"round": 1, "primary_status": "ok", **latest},
         "clients": [],
     }
+
+
+def test_federation_page_shows_the_latest_audits_warnings_escaped():
+    report = federation_report({"warnings": ["hold 57% <of> the data"]})
     html = pages.federation_page(report, None)
     assert "<dt>warning</dt><dd>hold 57% &lt;of&gt; the data</dd>" in html
     report["latest"]["warnings"] = []
@@ -115,21 +120,8 @@ def test_federation_page_shows_the_latest_audits_warnings_escaped():
 
 
 def test_federation_page_shows_the_separation_guards_verdict():
-    report = {
-        "federation_id": "fid",
-        "federation": "fed",
-        "status": "running",
-        "primary_detector": "fednoro",
-        "warmup_rounds": 1,
-        "rounds_audited": 2,
-        "latest": {
-            "round": 1,
-            "primary_status": "ok",
-            "primary_summary": {"guard": "separation guard: Ashman's D (class_z) = 6.8 < 12"},
-        },
-        "clients": [],
-    }
-    html = pages.federation_page(report, None)
+    guard = "separation guard: Ashman's D (class_z) = 6.8 < 12"
+    html = pages.federation_page(federation_report({"primary_summary": {"guard": guard}}), None)
     assert (
         "<dt>separation guard</dt><dd>separation guard: Ashman&#x27;s D (class_z) = 6.8 &lt; 12"
         in html
