@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from service.coordinator.reports import report_warnings
+from service.coordinator.reports import label_skew_warnings, report_warnings
 
 
 def audit(flags: list[bool | None], sizes: list[int], *, in_warmup: bool = False) -> Any:
@@ -46,3 +46,33 @@ def test_warm_up_and_malformed_results_give_no_warning() -> None:
     assert report_warnings(audit([True, True, True, False], [20, 20, 20, 40], in_warmup=True)) == []
     assert report_warnings(audit([True, True, True], [20, 20, 20, 40])) == []
     assert report_warnings(audit([True, True, True, False], [0, 0, 0, 0])) == []
+
+
+# -- label_skew_warnings: the FedNoRo recipe with sites holding few classes --------------------
+
+
+def sites(*held: int, num_classes: int = 10) -> list[Any]:
+    """One client per entry, holding that many classes (10 samples each)."""
+    return [SimpleNamespace(class_counts=[10] * h + [0] * (num_classes - h)) for h in held]
+
+
+def test_two_classes_per_site_under_fednoro_warns() -> None:
+    (warning,) = label_skew_warnings("fednoro", sites(2, 2, 2, 10, 2))
+    assert warning.startswith("the median site holds 2 of the 10 classes")
+    assert '{"method": "fedavg", "aggregation": "daagg"}' in warning
+
+
+@pytest.mark.parametrize(
+    ("recipe", "clients", "warns"),
+    [
+        ("fednoro", sites(5, 5, 6), True),  # the median holds half of the classes
+        ("fednoro", sites(6, 6, 2), False),  # the median holds more than half
+        ("fedavg", sites(2, 2, 2), False),  # no logit adjustment
+        ("fedrn", sites(2, 2, 2), False),
+        ("fednoro", sites(1, 1, 1, num_classes=2), False),  # binary: every site holds half
+        ("fednoro", [SimpleNamespace(class_counts=None)], False),  # nobody joined yet
+        ("fednoro", [], False),
+    ],
+)
+def test_label_skew_warning_cases(recipe: str, clients: list[Any], warns: bool) -> None:
+    assert bool(label_skew_warnings(recipe, clients)) is warns
