@@ -29,6 +29,11 @@ vote is visible) and applies guard variants to the vote:
 - ``cal_class_z_clip3``: as ``cal_class_z`` with each per-class z clipped to [-3, 3] before
   Stouffer's combination (bounds one class's influence; tried on the V4 FLR false flag, where
   one client holds nearly all of a class's loss and gets z = sqrt(K - 1)).
+- ``cal_class_z+q0.9x2``: ``cal_class_z``, *or* the same vote as the previous round with D (on
+  the class-standardised loss) above the 90th percentile in both rounds: a first flag from two
+  rounds of weaker evidence, added to the one-round rule so that nothing it passes is lost
+  (the candidate for ten-client federations, ``docs/evaluation.md`` "Scenarios beyond V1-V6",
+  finding 8). Like every column here it ignores the status and the confirmed-group rule.
 
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
@@ -82,7 +87,14 @@ RULES: dict[str, Rule] = {
     ),
 }
 PERSIST_QUANTILE = 0.8
-EXTRA_RULES = ("cal_q0.8+persist", "cal_adjusted", "cal_z_mean", "cal_class_z", "cal_class_z_clip3")
+EXTRA_RULES = (
+    "cal_q0.8+persist",
+    "cal_adjusted",
+    "cal_z_mean",
+    "cal_class_z",
+    "cal_class_z_clip3",
+    "cal_class_z+q0.9x2",
+)
 
 
 def class_adjusted_mean_loss(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -136,11 +148,12 @@ def main() -> int:
                 f1: dict[str, list[float]] = {name: [] for name in names}
                 alarms: dict[str, int] = dict.fromkeys(names, 0)
                 previous: tuple[np.ndarray, bool] | None = None  # last round's vote, passed
+                previous_z: tuple[np.ndarray, bool] | None = None  # the same on class z, q0.9
                 for signals in sorted(run.rounds, key=lambda r: r.index):
                     detector = FedNoRoDetector(require_separation=False, separation_quantile=None)
                     detector.fit(signals.loss, signals.counts)
                     if detector.labels_ is None:
-                        previous = None
+                        previous = previous_z = None
                         continue
                     vote = np.asarray(detector.labels_, dtype=bool)
                     a, b = int(vote.sum()), int((~vote).sum())
@@ -166,6 +179,14 @@ def main() -> int:
                     decisions["cal_class_z"] = _passes(
                         ashman_d(class_z[vote], class_z[~vote]), a, b, 0.99
                     )
+                    z_low = _passes(ashman_d(class_z[vote], class_z[~vote]), a, b, 0.9)
+                    decisions["cal_class_z+q0.9x2"] = decisions["cal_class_z"] or (
+                        z_low
+                        and previous_z is not None
+                        and previous_z[1]
+                        and np.array_equal(previous_z[0], vote)
+                    )
+                    previous_z = (vote, z_low)
                     clipped, _ = class_standardised_excess(signals.loss, signals.counts, clip=3.0)
                     decisions["cal_class_z_clip3"] = _passes(
                         ashman_d(clipped[vote], clipped[~vote]), a, b, 0.99
