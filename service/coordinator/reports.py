@@ -150,8 +150,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
             "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
             "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
             "in_warmup": last.result.get("in_warmup"),
-            "warnings": report_warnings(last)
-            + label_skew_warnings(federation.config.get("recipe"), clients),
+            "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
         }
     return {
         "federation_id": str(federation.id),
@@ -196,7 +195,7 @@ def report_warnings(audit: AuditResult) -> list[str]:
     ]
 
 
-def label_skew_warnings(recipe: str | None, clients: list[Client]) -> list[str]:
+def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[str]:
     """A warning when the FedNoRo recipe meets sites that hold only a few classes each.
 
     FedNoRo's logit adjustment gives a class a site does not hold the logit offset log 0 =
@@ -207,7 +206,8 @@ def label_skew_warnings(recipe: str | None, clients: list[Client]) -> list[str]:
     line drawn here, the median site holding at most half of the classes, lies between those
     measured cases; it is a heuristic, and the warning says what to configure instead.
     """
-    if recipe != "fednoro":
+    num_classes = federation.num_classes
+    if federation.config.get("recipe") != "fednoro" or num_classes < 3:
         return []
     held = [
         sum(1 for count in client.class_counts if int(count) > 0)
@@ -216,9 +216,8 @@ def label_skew_warnings(recipe: str | None, clients: list[Client]) -> list[str]:
     ]
     if not held:
         return []
-    num_classes = len(next(c.class_counts for c in clients if c.class_counts))
     median = float(np.median(held))
-    if num_classes < 3 or 2 * median > num_classes:
+    if 2 * median > num_classes:
         return []
     return [
         f"the median site holds {median:g} of the {num_classes} classes: FedNoRo's logit "

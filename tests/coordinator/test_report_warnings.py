@@ -56,23 +56,28 @@ def sites(*held: int, num_classes: int = 10) -> list[Any]:
     return [SimpleNamespace(class_counts=[10] * h + [0] * (num_classes - h)) for h in held]
 
 
+def federation(recipe: str, num_classes: int = 10) -> Any:
+    return SimpleNamespace(num_classes=num_classes, config={"recipe": recipe})
+
+
 def test_two_classes_per_site_under_fednoro_warns() -> None:
-    (warning,) = label_skew_warnings("fednoro", sites(2, 2, 2, 10, 2))
+    (warning,) = label_skew_warnings(federation("fednoro"), sites(2, 2, 2, 10, 2))
     assert warning.startswith("the median site holds 2 of the 10 classes")
     assert '{"method": "fedavg", "aggregation": "daagg"}' in warning
 
 
 @pytest.mark.parametrize(
-    ("recipe", "clients", "warns"),
+    ("fed", "clients", "warns"),
     [
-        ("fednoro", sites(5, 5, 6), True),  # the median holds half of the classes
-        ("fednoro", sites(6, 6, 2), False),  # the median holds more than half
-        ("fedavg", sites(2, 2, 2), False),  # no logit adjustment
-        ("fedrn", sites(2, 2, 2), False),
-        ("fednoro", sites(1, 1, 1, num_classes=2), False),  # binary: every site holds half
-        ("fednoro", [SimpleNamespace(class_counts=None)], False),  # nobody joined yet
-        ("fednoro", [], False),
+        (federation("fednoro"), sites(5, 5, 6), True),  # the median holds half of the classes
+        (federation("fednoro"), sites(6, 6, 2), False),  # the median holds more than half
+        (federation("fedavg"), sites(2, 2, 2), False),  # no logit adjustment
+        (federation("fedrn"), sites(2, 2, 2), False),
+        # binary: every site holds at least half of the classes
+        (federation("fednoro", 2), sites(1, 1, 1, num_classes=2), False),
+        (federation("fednoro"), [SimpleNamespace(class_counts=None)], False),  # nobody joined
+        (federation("fednoro"), [], False),
     ],
 )
-def test_label_skew_warning_cases(recipe: str, clients: list[Any], warns: bool) -> None:
-    assert bool(label_skew_warnings(recipe, clients)) is warns
+def test_label_skew_warning_cases(fed: Any, clients: list[Any], warns: bool) -> None:
+    assert bool(label_skew_warnings(fed, clients)) is warns
