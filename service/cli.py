@@ -255,6 +255,18 @@ _SCORE_NAMES = {
 """What FedNoRo's graded score is, by its ``separation_statistic``."""
 
 
+def _separation_text(summary: dict[str, Any]) -> str:
+    """ ", Ashman's D 6.8 (needs 12.0)" from FedNoRo's summary; empty without a D."""
+    separation = summary.get("ashman_d")
+    if not isinstance(separation, int | float):
+        return ""
+    needed = summary.get("separation_threshold")
+    if not isinstance(needed, int | float):
+        return f", Ashman's D {separation:.1f}"
+    confirmed = ", the group already noisy" if summary.get("separation_confirmed_group") else ""
+    return f", Ashman's D {separation:.1f} (needs {needed:.1f}{confirmed})"
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -265,19 +277,10 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     caption = ""
     if latest:
         summary = latest.get("primary_summary") or {}
-        separation = summary.get("ashman_d")
         caption = (
             f"round {latest['round']}: {latest['primary_detector']} {latest['primary_status']}"
             + (f" ({latest['primary_reason']})" if latest.get("primary_reason") else "")
-            + (f", Ashman's D {separation:.1f}" if isinstance(separation, int | float) else "")
-            + (
-                f" (needs {needed:.1f}"
-                + (", the group already noisy" if summary.get("separation_confirmed_group") else "")
-                + ")"
-                if isinstance(separation, int | float)
-                and isinstance(needed := summary.get("separation_threshold"), int | float)
-                else ""
-            )
+            + _separation_text(summary)
             + (
                 f"; FedNoRo score = {_SCORE_NAMES.get(statistic, statistic)}"
                 if isinstance(statistic := summary.get("separation_statistic"), str)
