@@ -13,6 +13,7 @@ from service.audit import (
     DictStateReader,
     FedNoRoDetector,
     InvalidInputError,
+    InvalidParameterError,
     StatusHistory,
     run_audit,
 )
@@ -163,5 +164,5 @@ def test_the_relief_can_be_switched_off() -> None:
     )
     outcome = run_audit(GLOBAL, round_clients(), config, round_index=5, status_history=NOISY_BEFORE)
     assert outcome.primary_flags == [False] * 10
-    with pytest.raises(Exception, match="fednoro_confirmed_groups"):
+    with pytest.raises(InvalidParameterError, match="fednoro_confirmed_groups"):
         AuditConfig(fednoro_confirmed_groups="yes")  # type: ignore[arg-type]
