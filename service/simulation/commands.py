@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from service.simulation.results import RunResult
-    from service.simulation.runner import RoundEvent, SimulationOutcome
+    from service.simulation.runner import RoundEvent, RunFailure, SimulationOutcome
     from service.simulation.scenario import MethodSpec, Scenario
 
 __all__ = ["build_scenario", "make_demo", "run_demo", "select_methods", "simulate"]
@@ -209,6 +209,12 @@ class _ProgressDisplay:
     def on_server(self, url: str, data_dir: Path) -> None:
         self.console.print(f"coordinator at {url}, data directory [bold]{data_dir}[/]")
 
+    def on_failure(self, failure: RunFailure) -> None:
+        status = f"[red]failed in round {failure.round_index} ({failure.client})[/]"
+        task = self.tasks[(failure.label, failure.seed)]
+        self.progress.update(task, status=status)
+        self.progress.stop_task(task)
+
 
 def _run(
     scenario: Scenario, out_dir: Path, *, console: Console, progress: bool, plots: bool
@@ -223,6 +229,7 @@ def _run(
             plots=plots,
             on_round=display.on_round,
             on_server=display.on_server,
+            on_failure=display.on_failure,
         )
 
 
@@ -450,12 +457,21 @@ def simulate(
         raise _fail(console, str(exc), 2) from None
     except SimulationError as exc:
         raise _fail(console, str(exc), 1) from None
-    console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
+    if outcome.runs:
+        console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
     if not keep_coordinator_data:
         import shutil
 
         shutil.rmtree(outcome.data_dir)
     _print_where(console, outcome)
+    if outcome.failures:
+        lines = "\n".join(f"  {failure.describe()}" for failure in outcome.failures)
+        raise _fail(
+            console,
+            f"{len(outcome.failures)} of {len(outcome.failures) + len(outcome.runs)} run(s) "
+            f"failed (not scored; listed under 'failures' in results.json):\n{lines}",
+            1,
+        )
 
 
 def _print_where(console: Console, outcome: SimulationOutcome) -> None:
@@ -575,6 +591,8 @@ def run_demo(
         raise _fail(console, str(exc), 2) from None
     except SimulationError as exc:
         raise _fail(console, str(exc), 1) from None
+    if outcome.failures:
+        raise _fail(console, "; ".join(f.describe() for f in outcome.failures), 1)
     audited = outcome.runs[0]
     truth = {c.name: c.realised_rate for c in audited.clients}
     if audited.report is not None:

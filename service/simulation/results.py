@@ -731,11 +731,18 @@ def plot_per_class_loss(run: RunResult, path: Path) -> Path | None:
 # everything at once
 
 
-def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = True) -> list[Path]:
+def write_outputs(
+    runs: Sequence[RunResult],
+    directory: Path,
+    *,
+    plots: bool = True,
+    failures: Sequence[Mapping[str, Any]] = (),
+) -> list[Path]:
     """Summarise every run and write JSON, CSV and (optionally) PNG plots under ``directory``.
 
     Files: per run ``runs/<label>_seed<seed>.json`` (everything), ``..._rounds.csv`` and
-    ``..._clients.csv``; for all runs together ``results.json`` (every run's summary),
+    ``..._clients.csv``; for all runs together ``results.json`` (every run's summary, and under
+    ``failures`` the runs that stopped early, as ``RunFailure.to_json`` gives them),
     ``rounds.csv`` and ``clients.csv`` (with label and seed columns), ``summary.csv`` (one row
     per run), ``accuracy.png``,
     ``scores_vs_noise.png``, ``per_class_loss_<label>_seed<seed>.png`` (first seed of each
@@ -750,7 +757,13 @@ def write_outputs(runs: Sequence[RunResult], directory: Path, *, plots: bool = T
         written.append(write_run_json(run, directory / "runs"))
         written.extend(write_run_csv([run], directory / "runs", prefix=f"{_stem(run)}_"))
     written.append(
-        _write_json(directory / "results.json", {"runs": [_clean(run.summary) for run in runs]})
+        _write_json(
+            directory / "results.json",
+            {
+                "runs": [_clean(run.summary) for run in runs],
+                "failures": [_clean(dict(f)) for f in failures],
+            },
+        )
     )
     written.extend(write_run_csv(runs, directory))
     written.append(write_summary_csv(runs, directory / "summary.csv"))

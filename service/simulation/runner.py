@@ -24,6 +24,11 @@ SQLite in a data directory, uvicorn on a loopback port) and real SDK participant
    first client's long-poll returns) or the federation finished, and its global model is
    evaluated on the clean test split.
 
+   When a client's local training fails (a :class:`~client_sdk.recipes.RecipeError`, e.g. the
+   loss became non-finite), only that method's federation stops: the failure is recorded as a
+   :class:`RunFailure` (method, seed, round, client, error) and the other methods of the
+   comparison run to the end. A failing coordinator still stops everything.
+
 HTTP per client per round: ``rounds/current``, the model download, the upload (the minimum the
 protocol allows); per federation and round: ``get_round``, ``list_clients`` and one model
 download for the evaluation. All participants share one ``httpx.Client`` (keep-alive).
@@ -70,7 +75,10 @@ from service.simulation.scenario import MethodSpec, Scenario, ScenarioError
 __all__ = [
     "LONG_POLL_S",
     "PreparedData",
+    "ClientTrainingError",
     "RoundEvent",
+    "RunFailure",
+    "SeedRuns",
     "SimulationError",
     "SimulationOutcome",
     "client_names",
@@ -90,6 +98,66 @@ IntArray = npt.NDArray[np.int64]
 
 class SimulationError(RuntimeError):
     """A simulated federation could not complete (the coordinator failed a round, ...)."""
+
+
+class ClientTrainingError(SimulationError):
+    """A client's local training failed; only its federation is lost.
+
+    Attributes
+    ----------
+    label : str
+        The method configuration's name.
+    round_index : int
+    client : str
+        The client's name (``client-03``).
+    error : str
+        ``"<exception type>: <message>"`` of the SDK's error.
+    """
+
+    def __init__(self, message: str, *, label: str, round_index: int, client: str, error: str):
+        super().__init__(message)
+        self.label = label
+        self.round_index = round_index
+        self.client = client
+        self.error = error
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """A method configuration of one seed that stopped before its last round.
+
+    ``rounds_completed`` rounds were closed and evaluated before the failure; they are not
+    scored (a run's metrics need every round of the plan).
+    """
+
+    scenario: str
+    label: str
+    seed: int
+    federation_id: str
+    round_index: int
+    client: str
+    error: str
+    rounds_completed: int
+
+    def describe(self) -> str:
+        """One line: which run, where, and why."""
+        return (
+            f"{self.label} seed {self.seed}: {self.client} failed in round {self.round_index} "
+            f"({self.error}); federation {self.federation_id}, {self.rounds_completed} "
+            "round(s) completed"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "label": self.label,
+            "seed": self.seed,
+            "federation_id": self.federation_id,
+            "round_index": self.round_index,
+            "client": self.client,
+            "error": self.error,
+            "rounds_completed": self.rounds_completed,
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,9 +496,14 @@ def _train_round(
         except RecipeError as exc:
             # A client's local training failed (e.g. diverged): name the run, round and client
             # instead of a bare traceback; the coordinator data stays for inspection.
-            raise SimulationError(
+            error = f"{type(exc).__name__}: {exc}"
+            raise ClientTrainingError(
                 f"{fed.spec.name} (federation {fed.federation_id}): client {fed.names[k]} failed "
-                f"in round {round_index}: {type(exc).__name__}: {exc}"
+                f"in round {round_index}: {error}",
+                label=fed.spec.name,
+                round_index=round_index,
+                client=fed.names[k],
+                error=error,
             ) from exc
         if not summary.accepted:
             raise SimulationError(
@@ -593,6 +666,14 @@ def _collect(
         )
 
 
+@dataclass
+class SeedRuns:
+    """What :func:`run_methods` returns for one seed: the finished runs and the failed ones."""
+
+    runs: list[RunResult]
+    failures: list[RunFailure]
+
+
 def run_methods(
     url: str,
     admin_token: str,
@@ -600,30 +681,35 @@ def run_methods(
     methods: Sequence[MethodSpec],
     *,
     on_round: Callable[[RoundEvent], None] | None = None,
-) -> list[RunResult]:
+    on_failure: Callable[[RunFailure], None] | None = None,
+) -> SeedRuns:
     """Run every method configuration on ``data`` against the coordinator at ``url``.
 
     The federations run in lock-step (module docstring). Each gets the same clients (names,
-    local data, noisy labels), the same initial model and the same federation seed.
+    local data, noisy labels), the same initial model and the same federation seed. A
+    federation whose client's training fails is dropped from the lock-step (its round stays
+    open on the coordinator) and recorded; the others go on.
 
     Returns
     -------
-    list of RunResult
-        One per method, in order, summarised (:func:`summarise_run`) and with the
-        coordinator's noisy-client report attached.
+    SeedRuns
+        ``runs``: one per method that finished, in order, summarised (:func:`summarise_run`) and
+        with the coordinator's noisy-client report attached; ``failures``: one per method that
+        did not, in the order they failed.
 
     Raises
     ------
     ScenarioError
         The coordinator refused a method configuration.
     SimulationError
-        A round failed or did not open in time.
+        A round failed on the coordinator or did not open in time.
     """
     torch.set_num_threads(1)
     scenario = data.scenario
     rounds = scenario.training.rounds
     names = client_names(scenario.clients)
     timeout_s = scenario.round_deadline_s + 60.0
+    failures: list[RunFailure] = []
     with (
         httpx.Client(base_url=url, timeout=httpx.Timeout(120.0, connect=10.0)) as http,
         AdminClient(url, admin_token, max_retries=3) as admin,
@@ -631,13 +717,29 @@ def run_methods(
         try:
             feds = [_create_federation(admin, http, data, spec, names) for spec in methods]
             for r in range(rounds):
-                for fed in feds:
+                for fed in list(feds):
 
                     def previous(fed: _Federation = fed, r: int = r) -> None:
                         if r > 0:
                             _collect(admin, fed, data, r - 1, on_round)
 
-                    _train_round(fed, r, timeout_s, previous)
+                    try:
+                        _train_round(fed, r, timeout_s, previous)
+                    except ClientTrainingError as exc:
+                        feds.remove(fed)
+                        failure = RunFailure(
+                            scenario=scenario.name,
+                            label=exc.label,
+                            seed=data.seed,
+                            federation_id=fed.federation_id,
+                            round_index=exc.round_index,
+                            client=exc.client,
+                            error=exc.error,
+                            rounds_completed=len(fed.records),
+                        )
+                        failures.append(failure)
+                        if on_failure is not None:
+                            on_failure(failure)
             for fed in feds:
                 current = _next_instruction(fed, 0, rounds, timeout_s)
                 if current.status != "finished":
@@ -647,7 +749,7 @@ def run_methods(
             for fed in feds:
                 report = admin.get_json(f"/federations/{fed.federation_id}/report")
                 results.append(_result(fed, data, report))
-            return results
+            return SeedRuns(runs=results, failures=failures)
         except CoordinatorSDKError as exc:
             raise SimulationError(f"the coordinator answered with an error: {exc}") from exc
 
@@ -700,6 +802,7 @@ class SimulationOutcome:
     data_dir: Path
     files: list[Path]
     wall_seconds: float
+    failures: list[RunFailure] = field(default_factory=list)
 
 
 def simulate(
@@ -710,6 +813,7 @@ def simulate(
     plots: bool = True,
     on_round: Callable[[RoundEvent], None] | None = None,
     on_server: Callable[[str, Path], None] | None = None,
+    on_failure: Callable[[RunFailure], None] | None = None,
 ) -> SimulationOutcome:
     """Run every seed and method configuration of ``scenario`` and write the results.
 
@@ -732,13 +836,17 @@ def simulate(
         Called after every closed round (progress display).
     on_server : callable, optional
         Called with the coordinator's URL and data directory once it is up.
+    on_failure : callable, optional
+        Called when a method's run fails (a client's training failed); the other runs go on,
+        and the outcome lists the failure (``SimulationOutcome.failures``, ``results.json``).
 
     Raises
     ------
     ScenarioError
         The scenario does not fit its data, or the coordinator refused a configuration.
     SimulationError
-        A federation failed; the message ends with the coordinator's log.
+        The coordinator failed a round or did not answer; the message ends with its log. (A
+        client whose training fails stops only its own run: see ``on_failure``.)
     """
     from service.simulation.coordinator_process import CoordinatorProcess, CoordinatorStartError
     from service.simulation.results import write_outputs
@@ -754,6 +862,7 @@ def simulate(
     # its data fails fast.
     first = prepare_data(scenario, scenario.seeds[0])
     runs: list[RunResult] = []
+    failures: list[RunFailure] = []
     server = CoordinatorProcess(server_dir)
     try:
         server.start()
@@ -765,16 +874,23 @@ def simulate(
         for i, seed in enumerate(scenario.seeds):
             data = first if i == 0 else prepare_data(scenario, seed)
             try:
-                runs.extend(
-                    run_methods(
-                        server.url, server.admin_token, data, scenario.methods, on_round=on_round
-                    )
+                seed_runs = run_methods(
+                    server.url,
+                    server.admin_token,
+                    data,
+                    scenario.methods,
+                    on_round=on_round,
+                    on_failure=on_failure,
                 )
             except SimulationError as exc:
                 raise SimulationError(f"{exc}\ncoordinator log:\n{server.log_tail()}") from exc
+            runs.extend(seed_runs.runs)
+            failures.extend(seed_runs.failures)
     finally:
         server.stop()
-    files = write_outputs(runs, out_dir, plots=plots)
+    files = write_outputs(
+        runs, out_dir, plots=plots, failures=[failure.to_json() for failure in failures]
+    )
     return SimulationOutcome(
         scenario=scenario,
         runs=runs,
@@ -782,4 +898,5 @@ def simulate(
         data_dir=server_dir,
         files=files,
         wall_seconds=time.perf_counter() - started,
+        failures=failures,
     )

@@ -150,23 +150,48 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_diverging_client_stops_the_run_with_a_clear_error(tmp_path: Path):
-    from service.simulation.runner import SimulationError
-
-    scenario = {
-        "name": "diverge",
-        "dataset": "digits",
-        "clients": 3,
-        "partition": {"method": "iid"},
-        "noise": {"protocol": "none"},
-        # An absurd learning rate: the first client's weights overflow within its first epoch.
-        "training": {"rounds": 2, "local_epochs": 1, "lr": 1e30, "batch_size": 32},
-        "methods": [{"method": "fedavg"}],
-        "seeds": [0],
-    }
-    with pytest.raises(SimulationError) as info:
-        simulate(validate_scenario(scenario), tmp_path / "out", plots=False)
-    message = str(info.value)
-    assert "fedavg" in message
-    assert "client client-00 failed in round 0" in message
-    assert "TrainingDivergedError" in message
+def test_a_diverging_method_fails_alone_and_the_comparison_completes(tmp_path: Path):
+    # Two methods on identical data; one of them with an absurd learning rate, so its first
+    # client's weights overflow within its first epoch. That run is recorded as failed (round,
+    # client, the SDK's error) and the other one runs to the end and is scored.
+    scenario = tmp_path / "diverge.json"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "diverge",
+                "dataset": "digits",
+                "clients": 3,
+                "partition": {"method": "iid"},
+                "noise": {"protocol": "none"},
+                "training": {"rounds": 2, "local_epochs": 1, "lr": 0.05, "batch_size": 32},
+                "methods": [
+                    {"name": "blowup", "method": "fedavg", "hyperparameters": {"lr": 1e30}},
+                    {"method": "fedavg"},
+                ],
+                "seeds": [0],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    args = ["simulate", "--scenario", str(scenario), "--out", str(out), "--no-progress"]
+    result = runner.invoke(app, [*args, "--no-plots"])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "1 of 2 run(s) failed" in text
+    assert "blowup seed 0: client-00 failed in round 0 (TrainingDivergedError:" in text
+    assert "0 round(s) completed" in text
+    # The finished run's row is in the comparison table, and its files are written.
+    assert "│ fedavg" in result.output
+    assert "│ blowup" not in result.output
+    results = json.loads((out / "results.json").read_text())
+    assert [run["label"] for run in results["runs"]] == ["fedavg"]
+    assert results["runs"][0]["rounds"] == 2
+    [failure] = results["failures"]
+    assert failure["label"] == "blowup"
+    assert failure["seed"] == 0
+    assert failure["round_index"] == 0
+    assert failure["client"] == "client-00"
+    assert failure["error"].startswith("TrainingDivergedError: training: the loss became")
+    assert failure["rounds_completed"] == 0
+    assert (out / "runs" / "fedavg_seed0.json").is_file()
+    assert not (out / "runs" / "blowup_seed0.json").exists()
