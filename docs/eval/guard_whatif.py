@@ -34,6 +34,14 @@ vote is visible) and applies guard variants to the vote:
   rounds of weaker evidence, added to the one-round rule so that nothing it passes is lost
   (the candidate for ten-client federations, ``docs/evaluation.md`` "Scenarios beyond V1-V6",
   finding 8). Like every column here it ignores the status and the confirmed-group rule.
+- ``cal_class_z_w3``: as ``cal_class_z``, with each client's statistic averaged over this round
+  and the two before it (from round 1 on): evidence from several rounds on the vote of this one.
+- ``cal_class_z_closed``: as ``cal_class_z`` on the vote closed upwards along the statistic
+  (every client scoring at least the lowest flagged one is flagged too), so that no unflagged
+  client outscores a flagged one (V2 seed 0: the vote leaves out one of the four noisy clients
+  that the statistic ranks with them).
+- ``cal_class_z_gmm1d``: as ``cal_class_z`` with the vote taken from a two-component mixture on
+  the statistic itself (9 fits, majority), instead of on the per-class normalised losses.
 
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
@@ -50,10 +58,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,6 +105,9 @@ EXTRA_RULES = (
     "cal_class_z",
     "cal_class_z_clip3",
     "cal_class_z+q0.9x2",
+    "cal_class_z_w3",
+    "cal_class_z_closed",
+    "cal_class_z_gmm1d",
 )
 
 
@@ -124,6 +138,28 @@ def weighted_mean_z(loss: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.divide(total, weight, out=np.zeros_like(total), where=weight > 0)
 
 
+def mixture_vote_1d(values: np.ndarray) -> np.ndarray:
+    """The majority noisy set of 9 two-component mixtures fitted on one value per client."""
+    counts: dict[bytes, int] = {}
+    labels_of: dict[bytes, np.ndarray] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for seed in range(9):
+            mixture = GaussianMixture(n_components=2, random_state=seed).fit(values[:, None])
+            noisy = int(np.argmax(np.asarray(mixture.means_)[:, 0]))
+            labels = mixture.predict(values[:, None]) == noisy
+            key = labels.tobytes()
+            counts[key] = counts.get(key, 0) + 1
+            labels_of.setdefault(key, labels)
+    return labels_of[max(counts, key=counts.__getitem__)]
+
+
+def _passes_on(statistic: np.ndarray, group: np.ndarray) -> bool:
+    """The calibrated guard (99th percentile) for ``group`` against the rest on ``statistic``."""
+    a = int(group.sum())
+    return _passes(ashman_d(statistic[group], statistic[~group]), a, group.size - a, 0.99)
+
+
 def _passes(d: float | None, a: int, b: int, quantile: float) -> bool:
     if d is None or a == 0 or b == 0:
         return False
@@ -149,6 +185,8 @@ def main() -> int:
                 alarms: dict[str, int] = dict.fromkeys(names, 0)
                 previous: tuple[np.ndarray, bool] | None = None  # last round's vote, passed
                 previous_z: tuple[np.ndarray, bool] | None = None  # the same on class z, q0.9
+                history: dict[int, np.ndarray] = {}  # class z of every round, for the w3 column
+                column_votes: dict[str, np.ndarray] = {}  # columns that flag another group
                 for signals in sorted(run.rounds, key=lambda r: r.index):
                     detector = FedNoRoDetector(require_separation=False, separation_quantile=None)
                     detector.fit(signals.loss, signals.counts)
@@ -192,10 +230,25 @@ def main() -> int:
                         ashman_d(clipped[vote], clipped[~vote]), a, b, 0.99
                     )
                     previous = (vote, passed_low)
+                    if signals.index >= 1:
+                        history[signals.index] = class_z
+                    window = [
+                        history[i]
+                        for i in range(signals.index - 2, signals.index + 1)
+                        if i in history
+                    ]
+                    smoothed = np.mean(window, axis=0) if window else class_z
+                    decisions["cal_class_z_w3"] = _passes_on(smoothed, vote)
+                    closed = class_z >= class_z[vote].min() if vote.any() else vote
+                    decisions["cal_class_z_closed"] = _passes_on(class_z, closed)
+                    gmm1d = mixture_vote_1d(class_z)
+                    decisions["cal_class_z_gmm1d"] = _passes_on(class_z, gmm1d)
+                    column_votes = {"cal_class_z_closed": closed, "cal_class_z_gmm1d": gmm1d}
                     if signals.index < run.warmup:
                         continue
                     for name in names:
-                        flags = vote if decisions[name] else np.zeros_like(vote)
+                        group = column_votes.get(name, vote)
+                        flags = group if decisions[name] else np.zeros_like(vote)
                         f1[name].append(detection_metrics(run.truth, flags)["f1"])
                         alarms[name] += int(bool((flags & ~run.truth).any()))
                 cells = [
