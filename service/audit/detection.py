@@ -272,11 +272,11 @@ def null_separation_threshold(
     """The ``quantile`` of Ashman's D for a split of one normal population.
 
     Draws ``n_clients`` values from N(0, 1) (:func:`null_draws` times: 100,000 for up to 100
-    clients; seeded, so the answer is deterministic) and computes D (population spreads, as :func:`ashman_d`) between the
-    ``n_flagged`` largest values and the others: the most separated split of that size a single
-    population offers. A D below this quantile is what a federation with no noisy client
-    produces by chance when its mixture happens to split along the mean loss (D is
-    scale-free, so N(0, 1) stands for any normal population).
+    clients; seeded, so the answer is deterministic) and computes D (population spreads, as
+    :func:`ashman_d`) between the ``n_flagged`` largest values and the others: the most
+    separated split of that size a single population offers. A D below this quantile is what a
+    federation with no noisy client produces by chance when its mixture happens to split along
+    the statistic (D is scale-free, so N(0, 1) stands for any normal population).
 
     Parameters
     ----------
