@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 app = typer.Typer(
     name="fedaudit",
@@ -171,14 +171,17 @@ def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption
     """List federations."""
     with _admin(url, token) as admin:
         items = _call(admin.list_federations)
-    table = Table("id", "name", "status", "clients", "rounds")
+    # Names wrap and an id (what every other command takes) stays on one line: neither is cut
+    # short with an ellipsis, whatever the terminal's width.
+    table = Table(Column("name", overflow="fold"), "status", "clients", "rounds")
+    table.add_column("id", no_wrap=True, min_width=36)
     for f in items:
         table.add_row(
-            str(f.id),
             f.name,
             f.status,
             f"{f.joined_clients}/{f.clients}",
             f"{f.rounds_started}/{f.plan.rounds}",
+            str(f.id),
         )
     console.print(table)
 
@@ -214,14 +217,15 @@ def client_list(
     """List the clients of a federation."""
     with _admin(url, token) as admin:
         clients = _call(admin.list_clients, federation_id)
-    table = Table("id", "name", "status", "samples", "joined")
+    table = Table(Column("name", overflow="fold"), "status", "samples", "joined")
+    table.add_column("id", no_wrap=True, min_width=36)
     for c in clients:
         table.add_row(
-            str(c.id),
             c.name,
             c.pinned_status or c.status,
             str(c.num_samples or "-"),
             "yes" if c.joined_at else "no",
+            str(c.id),
         )
     console.print(table)
 

@@ -41,6 +41,9 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         listed = runner.invoke(app, ["federation", "list"], env=env)
         assert listed.exit_code == 0
         assert "cli-fed" in listed.output
+        # On an 80-column terminal the id, which every other command takes, is still whole.
+        narrow = runner.invoke(app, ["federation", "list"], env={**env, "COLUMNS": "80"})
+        assert fid in narrow.output, narrow.output
         shown = runner.invoke(app, ["federation", "show", fid], env=env)
         assert json.loads(shown.output)["name"] == "cli-fed"
 
@@ -49,6 +52,9 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         assert "token: fa_c_" in added.output
         clients = runner.invoke(app, ["client", "list", fid], env=env)
         assert "hospital-a" in clients.output
+        client_id = added.output.split("(")[1].split(")")[0]
+        narrow = runner.invoke(app, ["client", "list", fid], env={**env, "COLUMNS": "80"})
+        assert client_id in narrow.output, narrow.output
 
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output
