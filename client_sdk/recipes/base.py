@@ -432,6 +432,14 @@ class Hyperparameters:
             raise InvalidHyperparameterError(f"{key}: expected true or false, got {value!r}")
         return value
 
+    def get_optional_float(
+        self, key: str, *, minimum: float | None = None, exclusive_minimum: bool = False
+    ) -> float | None:
+        """Read an optional finite float (absent or null: None), checked as :meth:`get_float`."""
+        if self._values.get(key) is None:
+            return None
+        return self.get_float(key, 0.0, minimum=minimum, exclusive_minimum=exclusive_minimum)
+
     def get_optional_str(self, key: str) -> str | None:
         """Read an optional non-empty string."""
         value = self._values.get(key)
@@ -452,6 +460,7 @@ class TrainingConfig:
     optimizer: str = "sgd"
     local_epochs: int = 1
     batch_size: int = 32
+    max_grad_norm: float | None = None
 
     @classmethod
     def from_hyperparameters(cls, hp: Hyperparameters) -> TrainingConfig:
@@ -463,6 +472,9 @@ class TrainingConfig:
             optimizer=hp.get_choice("optimizer", cls.optimizer, ("sgd", "adam")),
             local_epochs=hp.get_int("local_epochs", cls.local_epochs, minimum=1),
             batch_size=hp.get_int("batch_size", cls.batch_size, minimum=1),
+            max_grad_norm=hp.get_optional_float(
+                "max_grad_norm", minimum=0.0, exclusive_minimum=True
+            ),
         )
 
 
@@ -657,6 +669,12 @@ def run_local_training(
                 out = batch_loss(idx, data.inputs[idx], targets[idx])
             scaled: torch.Tensor = scaler.scale(out.loss)
             scaled.backward()  # type: ignore[no-untyped-call]
+            if config.max_grad_norm is not None:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(
+                    [p for group in opt.param_groups for p in group["params"]],
+                    config.max_grad_norm,
+                )
             scaler.step(opt)
             scaler.update()
             ce_sum += out.ce.detach().to(acc) * out.count
@@ -668,7 +686,8 @@ def run_local_training(
     mean_ce = float(ce_sum.item()) / max(seen, 1)
     if not math.isfinite(mean_ce) or (not amp_active(ctx) and not math.isfinite(loss_sum.item())):
         raise TrainingDivergedError(
-            "training: the loss became non-finite (lower lr, check inputs and labels)"
+            "training: the loss became non-finite (lower lr or set max_grad_norm; check inputs "
+            "and labels)"
         )
     return LoopResult(num_steps=steps, mean_ce=mean_ce)
 

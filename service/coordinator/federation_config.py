@@ -87,6 +87,9 @@ COMMON_HYPERPARAMETERS: dict[str, Any] = {
     "weight_decay": 0.0,
     "local_epochs": 1,
     "batch_size": 32,
+    # Gradient-norm clipping in local training (the SDK's TrainingConfig); None: none, as in
+    # the papers. A site whose loss becomes non-finite is told to lower lr or set this.
+    "max_grad_norm": None,
 }
 
 

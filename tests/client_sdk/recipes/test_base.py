@@ -26,7 +26,15 @@ from client_sdk.recipes.errors import (
     RecipeError,
     UnknownRecipeError,
 )
-from tests.client_sdk.recipes.helpers import linear, make_context, tiny_cnn, tiny_mlp
+from tests.client_sdk.recipes.helpers import (
+    NUM_CLASSES,
+    frozen,
+    linear,
+    make_context,
+    scaled_identity,
+    tiny_cnn,
+    tiny_mlp,
+)
 
 
 class TestLocalData:
@@ -224,3 +232,50 @@ def test_selection_metrics_by_hand() -> None:
     assert out["label_precision"] == pytest.approx(2 / 3)
     assert out["label_recall"] == pytest.approx(2 / 3)
     assert "label_precision" not in selection_metrics(selected, labels, None)
+
+
+class TestGradientClipping:
+    """``max_grad_norm``: one SGD step (lr 1, no momentum) on one sample, checked by hand.
+
+    Zero weights give uniform softmax p = 1/C, so for x = a * e_0 with label 0 the gradient of
+    the cross-entropy is (p - e_0) x^T: only column 0 is non-zero, with entries
+    a * (1/C - 1, 1/C, ..., 1/C) and norm a * sqrt((C - 1) / C). The step moves W by minus that
+    gradient, rescaled to ``max_grad_norm`` when it is longer.
+    """
+
+    @staticmethod
+    def step(max_grad_norm: float | None, a: float = 10.0) -> torch.Tensor:
+        c = NUM_CLASSES
+        model = scaled_identity(0.0, c)
+        data = LocalData(a * torch.eye(c)[:1], torch.tensor([0]))
+        hp: dict[str, object] = {"lr": 1.0, "momentum": 0.0, "batch_size": 1}
+        if max_grad_norm is not None:
+            hp["max_grad_norm"] = max_grad_norm
+        get_recipe("fedavg").train(model, frozen(model), data, make_context(hyperparameters=hp))
+        return linear(model, 0).weight.detach().clone()
+
+    def test_without_clipping_the_step_is_the_whole_gradient(self) -> None:
+        c = NUM_CLASSES
+        expected = torch.zeros(c, c)
+        expected[:, 0] = -10.0 * torch.full((c,), 1.0 / c)
+        expected[0, 0] = -10.0 * (1.0 / c - 1.0)
+        torch.testing.assert_close(self.step(None), expected)
+        assert float(expected.norm()) == pytest.approx(10.0 * ((c - 1) / c) ** 0.5)
+
+    def test_a_longer_gradient_is_rescaled_to_the_bound(self) -> None:
+        clipped, whole = self.step(1.0), self.step(None)
+        assert float(clipped.norm()) == pytest.approx(1.0, rel=1e-5)
+        torch.testing.assert_close(clipped, whole / whole.norm())
+
+    def test_a_shorter_gradient_is_left_alone(self) -> None:
+        torch.testing.assert_close(self.step(100.0), self.step(None))
+
+    @pytest.mark.parametrize("value", [0, -1.0, "big", float("inf"), True])
+    def test_a_bad_bound_names_the_key(self, value: object) -> None:
+        with pytest.raises(InvalidHyperparameterError, match="max_grad_norm"):
+            TrainingConfig.from_hyperparameters(Hyperparameters({"max_grad_norm": value}))
+
+    def test_absent_or_null_means_no_clipping(self) -> None:
+        assert TrainingConfig.from_hyperparameters(Hyperparameters({})).max_grad_norm is None
+        config = TrainingConfig.from_hyperparameters(Hyperparameters({"max_grad_norm": None}))
+        assert config.max_grad_norm is None
