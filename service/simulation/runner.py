@@ -43,6 +43,7 @@ This module talks to the coordinator over HTTP only: it imports ``client_sdk``, 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,8 +75,8 @@ from service.simulation.scenario import MethodSpec, Scenario, ScenarioError
 
 __all__ = [
     "LONG_POLL_S",
-    "PreparedData",
     "ClientTrainingError",
+    "PreparedData",
     "RoundEvent",
     "RunFailure",
     "SeedRuns",
@@ -148,16 +149,7 @@ class RunFailure:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "label": self.label,
-            "seed": self.seed,
-            "federation_id": self.federation_id,
-            "round_index": self.round_index,
-            "client": self.client,
-            "error": self.error,
-            "rounds_completed": self.rounds_completed,
-        }
+        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------------------------
