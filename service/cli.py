@@ -32,8 +32,13 @@ app.add_typer(db_app, name="db")
 app.add_typer(federation_app, name="federation")
 app.add_typer(client_app, name="client")
 
-console = Console()
 err = Console(stderr=True)
+
+
+def _stdout() -> Console:
+    """Standard output, made at each use: a file or pipe gets 120 columns, as ``simulate``'s."""
+    return _simulation_commands.output_console()
+
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="FEDAUDIT_URL", help="Coordinator URL")]
 TokenOption = Annotated[
@@ -110,7 +115,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url, revision)
-    console.print(f"database at {revision}: {_redact(settings.resolved_database_url)}")
+    _stdout().print(f"database at {revision}: {_redact(settings.resolved_database_url)}")
 
 
 def _redact(url: str) -> str:
@@ -129,7 +134,7 @@ def openapi(
     from service.api.openapi import write_spec
 
     write_spec(output)
-    console.print(f"wrote {output}")
+    _stdout().print(f"wrote {output}")
 
 
 # --- admin over HTTP -----------------------------------------------------------------------------
@@ -163,7 +168,7 @@ def federation_create(
     """Create a federation from a JSON spec."""
     with _admin(url, token) as admin:
         federation = _call(admin.create_federation, json.loads(spec.read_text()))
-    console.print_json(federation.model_dump_json())
+    _stdout().print_json(federation.model_dump_json())
 
 
 @federation_app.command("list")
@@ -183,7 +188,7 @@ def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption
             f"{f.rounds_started}/{f.plan.rounds}",
             str(f.id),
         )
-    console.print(table)
+    _stdout().print(table)
 
 
 @federation_app.command("show")
@@ -193,7 +198,7 @@ def federation_show(
     """Show one federation."""
     with _admin(url, token) as admin:
         federation = _call(admin.get_federation, federation_id)
-    console.print_json(federation.model_dump_json())
+    _stdout().print_json(federation.model_dump_json())
 
 
 @client_app.command("add")
@@ -206,8 +211,8 @@ def client_add(
     """Add a client and print its token (shown once)."""
     with _admin(url, token) as admin:
         created = _call(admin.add_client, federation_id, name)
-    console.print(f"client {created.name} ({created.id})")
-    console.print(f"token: {created.token}")
+    _stdout().print(f"client {created.name} ({created.id})")
+    _stdout().print(f"token: {created.token}")
 
 
 @client_app.command("list")
@@ -227,7 +232,7 @@ def client_list(
             "yes" if c.joined_at else "no",
             str(c.id),
         )
-    console.print(table)
+    _stdout().print(table)
 
 
 @app.command()
@@ -247,9 +252,9 @@ def report(
             return
         data = _call(admin.get_json, f"/federations/{federation_id}/report")
     if json_output:
-        console.print_json(json.dumps(data))
+        _stdout().print_json(json.dumps(data))
         return
-    console.print(render_report(data))
+    _stdout().print(render_report(data))
 
 
 _SCORE_NAMES = {

@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     from service.simulation.runner import RoundEvent, RunFailure, SimulationOutcome
     from service.simulation.scenario import MethodSpec, Scenario
 
-__all__ = ["build_scenario", "make_demo", "run_demo", "select_methods", "simulate"]
+__all__ = [
+    "build_scenario",
+    "make_demo",
+    "output_console",
+    "run_demo",
+    "select_methods",
+    "simulate",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,8 +255,8 @@ def _check_out(out: Path) -> None:
         )
 
 
-def _console() -> Console:
-    """A console; when the output is not a terminal (a file, a pipe) tables get 120 columns
+def output_console() -> Console:
+    """Standard output; when it is not a terminal (a file, a pipe) tables get 120 columns
     instead of rich's default 80, so the report does not wrap."""
     from rich.console import Console
 
@@ -404,7 +411,7 @@ def simulate(
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, parse_key_values
 
-    console = _console()
+    console = output_console()
     try:
         overrides: dict[str, Any] = {
             "dataset": dataset,
@@ -572,7 +579,7 @@ def run_demo(
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, apply_overrides
 
-    console = _console()
+    console = output_console()
     try:
         scenario = apply_overrides(get_preset("demo"), {"seeds": [seed], "training.rounds": rounds})
         out_dir = out if out is not None else _default_out("fedaudit-demo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,11 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         assert listed.exit_code == 0
         assert "cli-fed" in listed.output
         # On an 80-column terminal the id, which every other command takes, is still whole.
-        narrow = runner.invoke(app, ["federation", "list"], env={**env, "COLUMNS": "80"})
+        terminal = {**env, "COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
+        narrow = runner.invoke(app, ["federation", "list"], env=terminal)
         assert fid in narrow.output, narrow.output
+        visible = re.sub(r"\x1b\[[0-9;]*m", "", narrow.output)  # a terminal gets bold headers
+        assert max(len(line) for line in visible.splitlines()) <= 80
         shown = runner.invoke(app, ["federation", "show", fid], env=env)
         assert json.loads(shown.output)["name"] == "cli-fed"
 
@@ -53,12 +57,18 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         clients = runner.invoke(app, ["client", "list", fid], env=env)
         assert "hospital-a" in clients.output
         client_id = added.output.split("(")[1].split(")")[0]
-        narrow = runner.invoke(app, ["client", "list", fid], env={**env, "COLUMNS": "80"})
+        narrow = runner.invoke(app, ["client", "list", fid], env=terminal)
         assert client_id in narrow.output, narrow.output
 
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output
         assert "hospital-a" in report.output
+        # Into a file or a pipe (no terminal, no COLUMNS) the table gets 120 columns, so its
+        # headers are whole.
+        piped = {k: v for k, v in env.items() if k != "COLUMNS"}
+        report = runner.invoke(app, ["report", fid], env=piped)
+        assert "expertise" in report.output, report.output
+        assert "Fed-NCL q" in report.output
         csv_report = runner.invoke(app, ["report", fid, "--csv"], env=env)
         assert csv_report.output.splitlines()[0].startswith("client_id,name,status")
 
