@@ -229,8 +229,9 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
 
 
 def round_view(session: Session, federation: Federation, index: int) -> dict[str, Any]:
-    """One round for the dashboard: state, aggregation, and per client its weight, primary flag
-    and per-class losses (None where the client sent none or holds no sample of the class)."""
+    """One round for the dashboard: state, the primary detector's verdict (and its separation
+    guard's note), aggregation, and per client its weight, primary flag and per-class losses
+    (None where the client sent none or holds no sample of the class)."""
     rnd = get_round(session, federation.id, index)
     names = {c.id: c.name for c in repo.list_clients(session, federation.id)}
     updates = sorted(
@@ -265,12 +266,18 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
             }
         )
     aggregation = result.get("aggregation") or {}
+    primary = result.get("primary")
+    detection = (result.get("detections") or {}).get(primary) or {}
     return {
         "round": rnd.index,
         "state": rnd.state,
         "state_reason": rnd.state_reason,
         "audited": audit is not None,
         "in_warmup": result.get("in_warmup"),
+        "primary_detector": primary,
+        "primary_status": detection.get("status"),
+        "primary_reason": detection.get("reason"),
+        "guard": (detection.get("summary") or {}).get("guard"),
         "aggregation_rule": rnd.aggregation_rule,
         "fallback_reason": aggregation.get("fallback_reason"),
         "classes": [_class_label(federation, c) for c in range(federation.num_classes)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import xml.etree.ElementTree as ET
 
 import httpx
@@ -277,3 +278,26 @@ async def test_report_page_shows_statuses_and_plots(api: httpx.AsyncClient) -> N
     assert_page(round_page)
     assert "fedncl_layerwise" in round_page.text
     assert "<script" not in round_page.text
+    # The round's own verdict, in words (no warm-up here: warmup_rounds 0)
+    assert "<dt>warm-up</dt><dd>no</dd>" in round_page.text
+    assert "<dt>primary verdict</dt><dd>fedncl: ok" in round_page.text
+
+
+async def test_round_page_shows_that_rounds_separation_guard(api: httpx.AsyncClient) -> None:
+    # FedNoRo as primary, no warm-up: round 0's audit runs the mixture and its guard
+    fed = await make_federation(
+        api,
+        clients=NAMES,
+        rounds=3,
+        config={"method": "fednoro", "detectors": ["fednoro"], "warmup_rounds": 0},
+    )
+    await run_round(api, fed, 0)
+    audit = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    guard = audit["audit"]["detections"]["fednoro"]["summary"]["guard"]
+    await login(api)
+
+    page = await api.get(f"/admin/federations/{fed.id}/rounds/0")
+
+    assert_page(page)
+    assert "<dt>primary verdict</dt><dd>fednoro: ok" in page.text
+    assert f"<dt>separation guard</dt><dd>{html.escape(guard)}</dd>" in page.text

@@ -301,7 +301,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
 
 
 def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]) -> str:
-    """One round: state, aggregation, per-class losses and weights."""
+    """One round: state, the primary verdict, aggregation, per-class losses and weights."""
     rows = "".join(
         "<tr>"
         f'<td>{esc(r["name"])}</td><td class="num">{esc(r["num_samples"])}</td>'
@@ -317,9 +317,19 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
             + (f" ({esc(view['state_reason'])})" if view["state_reason"] else ""),
         ),
         ("audited", "yes" if view["audited"] else "no"),
-        ("warm-up", esc(view["in_warmup"]) if view["audited"] else "-"),
-        ("aggregation", esc(view["aggregation_rule"] or "-")),
+        ("warm-up", ("yes" if view["in_warmup"] else "no") if view["audited"] else "-"),
     ]
+    if view["audited"]:
+        details.append(
+            (
+                "primary verdict",
+                f"{esc(view['primary_detector'])}: {esc(view['primary_status'])} "
+                f"{esc(view['primary_reason'] or '')}",
+            )
+        )
+        if view["guard"]:
+            details.append(("separation guard", esc(view["guard"])))
+    details.append(("aggregation", esc(view["aggregation_rule"] or "-")))
     if view["fallback_reason"]:
         details.append(("fallback", esc(view["fallback_reason"])))
     body = (
