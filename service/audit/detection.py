@@ -292,7 +292,7 @@ def null_separation_threshold(
     -------
     float
         E.g. 7.1 for a single client among 10, 5.2 for 4 of 10, 5.8 for 1 of 20, 4.0 for 8 of
-        20. The Monte Carlo error is about 1 % for up to 100 clients (it was up to 12 % with the
+        20. The Monte Carlo error is about 1 % for up to 100 clients (it was up to 11 % with the
         2,000 draws used before: 6.3 instead of 7.1 for 1 of 10).
     """
     k = check_int("n_clients", n_clients, min_value=2)

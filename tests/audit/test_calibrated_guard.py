@@ -40,7 +40,7 @@ def sorted_split_quantile(k: int, n: int, q: float, draws: int, seed: int) -> fl
 @pytest.mark.parametrize(("k", "n"), [(10, 1), (5, 2), (10, 4), (8, 4)])
 def test_null_threshold_is_precise_for_small_federations(k: int, n: int) -> None:
     # Small federations have the longest tails: with 2,000 draws the 99th percentile for one
-    # client of ten came out at 6.33 against 7.14, so the guard ran at about twice its level.
+    # client of ten came out at 6.33 against 7.11, so the guard ran at about twice its level.
     reference = sorted_split_quantile(k, n, 0.99, draws=400_000, seed=7)
     assert null_separation_threshold(k, n, 0.99) == pytest.approx(reference, rel=0.03)
 
