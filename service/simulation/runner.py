@@ -845,14 +845,15 @@ def simulate(
 
     started = time.perf_counter()
     torch.set_num_threads(1)
+    # The first seed is prepared before anything is written or started: a scenario that does
+    # not fit its data fails fast and leaves no output folder behind (so the same --out can be
+    # used again once the scenario is fixed).
+    first = prepare_data(scenario, scenario.seeds[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.json").write_text(
         scenario.model_dump_json(indent=1) + "\n", encoding="utf-8"
     )
     server_dir = data_dir if data_dir is not None else out_dir / "coordinator"
-    # The first seed is prepared before the coordinator starts: a scenario that does not fit
-    # its data fails fast.
-    first = prepare_data(scenario, scenario.seeds[0])
     runs: list[RunResult] = []
     failures: list[RunFailure] = []
     server = CoordinatorProcess(server_dir)

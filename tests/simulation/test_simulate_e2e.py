@@ -94,6 +94,15 @@ def test_cli_simulate_reports_a_bad_scenario_file(tmp_path: Path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_simulate_a_scenario_that_does_not_fit_its_data_writes_nothing(tmp_path: Path):
+    out = tmp_path / "o"
+    args = ["simulate", "--dataset", "wine", "--clients", "500", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "num_clients=500 exceeds the 142 samples" in " ".join(result.output.split())
+    assert not out.exists()  # so the same --out can be used for the corrected scenario
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
