@@ -61,7 +61,7 @@ from client_sdk.participant import Participant, load_state_bytes, state_to_bytes
 from client_sdk.recipes import LocalData, RecipeError
 from service.simulation.datasets import DatasetError, DataSplit, load_dataset
 from service.simulation.metrics import accuracy, balanced_accuracy
-from service.simulation.models import ModelConfigError, build_model
+from service.simulation.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from service.simulation.noise import NoiseError, NoiseReport, inject_noise, noise_levels
 from service.simulation.partition import PartitionError, partition
 from service.simulation.results import (
@@ -281,7 +281,7 @@ def prepare_data(scenario: Scenario, seed: int) -> PreparedData:
             seed=_derive_int(model_seq),
             **scenario.model.params,
         )
-    except ModelConfigError as exc:
+    except (ModelConfigError, TorchvisionNotInstalledError) as exc:
         raise ScenarioError(f"model: {exc}") from exc
     return PreparedData(
         scenario=scenario,

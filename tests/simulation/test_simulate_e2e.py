@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,18 @@ def test_cli_simulate_a_scenario_that_does_not_fit_its_data_writes_nothing(tmp_p
     assert result.exit_code == 2, result.output
     assert "num_clients=500 exceeds the 142 samples" in " ".join(result.output.split())
     assert not out.exists()  # so the same --out can be used for the corrected scenario
+
+
+def test_cli_simulate_without_torchvision_names_the_extra(tmp_path: Path, monkeypatch):
+    # None in sys.modules makes "import torchvision" fail, whether or not it is installed.
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    monkeypatch.delitem(sys.modules, "torchvision.models", raising=False)
+    out = tmp_path / "o"
+    args = ["simulate", "--dataset", "digits", "--clients", "4", "--model", "tv:resnet18"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 2, result.output  # a clear error, not a traceback
+    assert "model: model 'tv:resnet18' needs torchvision" in " ".join(result.output.split())
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
