@@ -286,8 +286,9 @@ def _resolve_data_dir(data_dir: Path | str | None, name: str) -> Path:
             here = Path(__file__).resolve().parents[2].parent / "shared" / "data"
             raise DatasetNotFoundError(
                 f"data set {name!r} needs its files but no data directory was found: "
-                f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; pass data_dir= or "
-                f"set {DATA_DIR_ENV} to the directory holding {name}/"
+                f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; pass data_dir= "
+                f"(fedaudit simulate: --datasets-dir, or data_dir in a scenario file) or set "
+                f"{DATA_DIR_ENV} to the directory holding {name}/"
             )
         return found
     return Path(data_dir)
@@ -298,7 +299,8 @@ def _checked_file(root: Path, relative: str) -> Path:
     if not path.is_file():
         raise DatasetNotFoundError(
             f"data file {str(path)!r} not found (looked in data_dir={str(root)!r}); pass data_dir= "
-            f"or set {DATA_DIR_ENV} to the directory that holds {relative.split('/')[0]}/"
+            f"(fedaudit simulate: --datasets-dir, or data_dir in a scenario file) or set "
+            f"{DATA_DIR_ENV} to the directory that holds {relative.split('/')[0]}/"
         )
     verify_sha256(path, FILE_SHA256[relative])
     return path

@@ -146,6 +146,7 @@ def test_missing_file_says_where_it_looked(tmp_path):
         load_dataset("breastmnist", data_dir=tmp_path)
     assert isinstance(info.value, FileNotFoundError)
     assert "FEDAUDIT_DATASETS_DIR" in str(info.value)
+    assert "--datasets-dir" in str(info.value)  # what a user of fedaudit simulate types
 
 
 def test_environment_variable_is_the_default_data_dir(tmp_path, monkeypatch):
