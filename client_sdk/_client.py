@@ -261,6 +261,10 @@ class AdminClient(_Base):
         super().__init__(base_url, api_token, **kwargs)
 
     def create_federation(self, spec: Mapping[str, Any]) -> Federation:
+        """Create a federation from its spec (name, task, plan, config; the coordinator checks
+        it and answers 422 naming the field). ``TypeError`` when ``spec`` is not a mapping."""
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"spec: expected a mapping (a JSON object), got {type(spec).__name__}")
         response = self._request("POST", f"{API}/federations", json=dict(spec), retry_status=False)
         return Federation.model_validate(response.json())
 

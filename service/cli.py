@@ -166,8 +166,20 @@ def federation_create(
     token: TokenOption = "",
 ) -> None:
     """Create a federation from a JSON spec."""
+    try:
+        body = json.loads(spec.read_text(encoding="utf-8"))
+    except OSError as exc:
+        _fail(f"cannot read the spec {str(spec)!r}: {exc.strerror or exc}", 2)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        _fail(f"the spec {str(spec)!r} is not valid JSON: {exc}", 2)
+    if not isinstance(body, dict):
+        _fail(
+            f"the spec {str(spec)!r} must be a JSON object with name, task, plan and config, "
+            f"not a {type(body).__name__}",
+            2,
+        )
     with _admin(url, token) as admin:
-        federation = _call(admin.create_federation, json.loads(spec.read_text()))
+        federation = _call(admin.create_federation, body)
     _stdout().print_json(federation.model_dump_json())
 
 

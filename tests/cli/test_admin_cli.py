@@ -98,3 +98,24 @@ def test_db_upgrade_then_serve_refuses_unmigrated(tmp_path: Path) -> None:
     assert upgraded.exit_code == 0, upgraded.output
     assert "database at head" in upgraded.output
     get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "cannot read the spec"),
+        ('{"name": "x"', "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object with name, task, plan and config, not a list"),
+    ],
+)
+def test_federation_create_refuses_an_unreadable_spec(
+    tmp_path: Path, content: str | None, expected: str
+) -> None:
+    # Refused before any request: no coordinator runs at this URL.
+    spec = tmp_path / "spec.json"
+    if content is not None:
+        spec.write_text(content)
+    env = {"FEDAUDIT_URL": "http://127.0.0.1:9", "FEDAUDIT_ADMIN_TOKEN": "t" * 20}
+    result = CliRunner().invoke(app, ["federation", "create", str(spec)], env=env)
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())

@@ -171,3 +171,19 @@ def test_failed_federation_is_a_typed_error() -> None:
     )
     with pytest.raises(FederationFailedError, match="round 3 failed"):
         client.get_current_round(FID)
+
+
+def test_create_federation_refuses_a_spec_that_is_not_a_mapping() -> None:
+    from client_sdk import AdminClient
+
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500)
+
+    http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coord")
+    admin = AdminClient(api_token="t" * 20, http_client=http)
+    with pytest.raises(TypeError, match=r"spec: expected a mapping \(a JSON object\), got list"):
+        admin.create_federation([("name", "x")])  # type: ignore[arg-type]
+    assert sent == []  # refused before any request
