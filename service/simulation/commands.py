@@ -214,7 +214,10 @@ class _ProgressDisplay:
         self.progress.update(self.tasks[(event.label, event.seed)], advance=1, status=status)
 
     def on_server(self, url: str, data_dir: Path) -> None:
+        # The bars appear once the data is prepared and the coordinator is up, so a scenario
+        # that fails before that shows its error alone, not a row of "waiting" bars.
         self.console.print(f"coordinator at {url}, data directory [bold]{data_dir}[/]")
+        self.progress.start()
 
     def on_failure(self, failure: RunFailure) -> None:
         status = f"[red]failed in round {failure.round_index} ({failure.client})[/]"
@@ -229,7 +232,7 @@ def _run(
     from service.simulation.runner import simulate as run_simulation
 
     display = _ProgressDisplay(console, scenario, progress)
-    with display.progress:
+    try:
         return run_simulation(
             scenario,
             out_dir,
@@ -238,6 +241,8 @@ def _run(
             on_server=display.on_server,
             on_failure=display.on_failure,
         )
+    finally:
+        display.progress.stop()
 
 
 def _default_out(prefix: str) -> Path:

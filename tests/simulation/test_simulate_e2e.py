@@ -104,6 +104,16 @@ def test_cli_simulate_a_scenario_that_does_not_fit_its_data_writes_nothing(tmp_p
     assert not out.exists()  # so the same --out can be used for the corrected scenario
 
 
+def test_cli_simulate_missing_data_shows_the_error_without_progress_bars(tmp_path: Path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    args = ["simulate", "--dataset", "breastmnist", "--clients", "4", "--datasets-dir", str(empty)]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "breastmnist.npz' not found" in result.output
+    assert "waiting" not in result.output  # no bar was drawn: nothing had started
+
+
 def test_cli_simulate_without_torchvision_names_the_extra(tmp_path: Path, monkeypatch):
     # None in sys.modules makes "import torchvision" fail, whether or not it is installed.
     monkeypatch.setitem(sys.modules, "torchvision", None)
