@@ -302,6 +302,18 @@ class AdminClient(_Base):
         response = self._request("GET", f"{API}/federations/{federation_id}/clients")
         return [ClientInfo.model_validate(c) for c in response.json()]
 
+    def stop_federation(self, federation_id: uuid.UUID | str, reason: str) -> Federation:
+        """Stop the federation for good; its status becomes ``failed`` with ``reason``, its open
+        round fails, and every site is told why on its next call. 409 (``ConflictError``) when
+        it has already finished or failed."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/stop",
+            json={"reason": reason},
+            retry_status=False,
+        )
+        return Federation.model_validate(response.json())
+
     def start_federation(self, federation_id: uuid.UUID | str) -> Federation:
         response = self._request(
             "POST", f"{API}/federations/{federation_id}/start", retry_status=False

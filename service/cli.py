@@ -213,6 +213,19 @@ def federation_show(
     _stdout().print_json(federation.model_dump_json())
 
 
+@federation_app.command("stop")
+def federation_stop(
+    federation_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="Why (told to every site)")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Stop a federation for good: its open round fails and every site is told the reason."""
+    with _admin(url, token) as admin:
+        federation = _call(admin.stop_federation, federation_id, reason)
+    _stdout().print(f"federation {federation.name} ({federation.id}): {federation.status_reason}")
+
+
 @client_app.command("add")
 def client_add(
     federation_id: str,

@@ -154,6 +154,49 @@ def upload_initial_model(
     return version
 
 
+def stop_federation(
+    session: Session, federation_id: uuid.UUID, *, reason: str, actor: str
+) -> Federation:
+    """Stop a federation for good: status ``failed`` with the admin's reason, its open round
+    ``failed``; the sites' next instruction call answers 409 with the reason (the SDK raises
+    ``FederationFailedError``).
+
+    Lock order as in closing a round (round, then federation), so a stop and a close never wait
+    on each other in a cycle: a round that is being closed finishes closing, and the round it
+    opens is failed here too.
+
+    Raises
+    ------
+    NotFoundError
+        No such federation.
+    FederationStateError
+        The federation has already finished or failed.
+    """
+    round_reason = f"the federation was stopped by the admin: {reason}"
+    failed_rounds = repo.fail_open_rounds(session, federation_id, round_reason)
+    federation = repo.lock_federation(session, federation_id)
+    if federation is None:
+        raise NotFoundError(f"federation {federation_id} does not exist")
+    session.refresh(federation)
+    if federation.status in ("finished", "failed"):
+        raise FederationStateError(
+            f"federation {federation.name!r} has already {federation.status}; nothing to stop"
+        )
+    failed_rounds += repo.fail_open_rounds(session, federation_id, round_reason)
+    federation.status = "failed"
+    federation.status_reason = f"stopped by the admin: {reason}"
+    repo.add_event(
+        session,
+        kind="federation.stopped",
+        actor=actor,
+        message=f"federation stopped: {reason}",
+        federation_id=federation.id,
+        data={"reason": reason, "open_rounds_failed": failed_rounds},
+    )
+    session.flush()
+    return federation
+
+
 def add_client(
     session: Session, federation_id: uuid.UUID, *, name: str, actor: str
 ) -> tuple[Client, str]:

@@ -679,8 +679,9 @@ def run_methods(
 
     The federations run in lock-step (module docstring). Each gets the same clients (names,
     local data, noisy labels), the same initial model and the same federation seed. A
-    federation whose client's training fails is dropped from the lock-step (its round stays
-    open on the coordinator) and recorded; the others go on.
+    federation whose client's training fails is dropped from the lock-step, stopped on the
+    coordinator (status "failed", with the client, round and error as the reason) and
+    recorded; the others go on.
 
     Returns
     -------
@@ -719,6 +720,12 @@ def run_methods(
                         _train_round(fed, r, timeout_s, previous)
                     except ClientTrainingError as exc:
                         feds.remove(fed)
+                        # Stop it on the coordinator too, so its database says why it ended.
+                        admin.stop_federation(
+                            fed.federation_id,
+                            f"simulation: {exc.client} failed in round {exc.round_index} "
+                            f"({exc.error})",
+                        )
                         failure = RunFailure(
                             scenario=scenario.name,
                             label=exc.label,

@@ -173,6 +173,22 @@ def all_open_rounds(session: Session) -> list[Round]:
     return list(session.scalars(select(Round).where(Round.state == "open")))
 
 
+def fail_open_rounds(session: Session, federation_id: uuid.UUID, reason: str) -> int:
+    """Move the federation's open round (if any) to ``failed``; the number of rounds moved.
+
+    A conditional UPDATE, like :func:`claim_round_for_close`: a round that a closer has already
+    claimed (``aggregating``) is not touched (on PostgreSQL this waits for the closer's row lock
+    and then matches nothing).
+    """
+    result = session.execute(
+        update(Round)
+        .where(Round.federation_id == federation_id, Round.state == "open")
+        .values(state="failed", state_reason=reason)
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def claim_round_for_close(session: Session, round_id: uuid.UUID) -> bool:
     """Move an open round to ``aggregating``; False when somebody else already did.
 

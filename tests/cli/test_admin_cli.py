@@ -72,6 +72,16 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         csv_report = runner.invoke(app, ["report", fid, "--csv"], env=env)
         assert csv_report.output.splitlines()[0].startswith("client_id,name,status")
 
+        stopped = runner.invoke(
+            app, ["federation", "stop", fid, "--reason", "wrong task spec"], env=env
+        )
+        assert stopped.exit_code == 0, stopped.output
+        assert "stopped by the admin: wrong task spec" in stopped.output
+        again = runner.invoke(app, ["federation", "stop", fid, "--reason", "x"], env=env)
+        assert again.exit_code == 1
+        assert "409" in again.output
+        assert "nothing to stop" in " ".join(again.output.split())
+
         missing = runner.invoke(
             app, ["federation", "show", "00000000-0000-0000-0000-000000000000"], env=env
         )

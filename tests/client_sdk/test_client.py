@@ -187,3 +187,42 @@ def test_create_federation_refuses_a_spec_that_is_not_a_mapping() -> None:
     with pytest.raises(TypeError, match=r"spec: expected a mapping \(a JSON object\), got list"):
         admin.create_federation([("name", "x")])  # type: ignore[arg-type]
     assert sent == []  # refused before any request
+
+
+def test_stop_federation_posts_the_reason_and_does_not_retry_a_conflict() -> None:
+    from client_sdk import AdminClient, ConflictError
+
+    sent: list[httpx.Request] = []
+    federation = {
+        "id": FID,
+        "name": "f",
+        "status": "failed",
+        "status_reason": "stopped by the admin: bad data",
+        "task": {"num_classes": 2, "input_shape": [4]},
+        "plan": {"rounds": 3},
+        "config": {},
+        "seed": 0,
+        "current_model_id": None,
+        "clients": 2,
+        "joined_clients": 2,
+        "rounds_started": 1,
+        "created_at": "2026-11-23T00:00:00Z",
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) == 1:
+            return httpx.Response(200, json=federation)
+        return problem(409, "federation-state", "federation 'f' has already failed")
+
+    http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coord")
+    admin = AdminClient(api_token="t" * 20, http_client=http, sleep=lambda s: None)
+    stopped = admin.stop_federation(FID, "bad data")
+    assert stopped.status == "failed"
+    assert stopped.status_reason == "stopped by the admin: bad data"
+    assert sent[0].method == "POST"
+    assert sent[0].url.path == f"/api/v1/federations/{FID}/stop"
+    assert json.loads(sent[0].content) == {"reason": "bad data"}
+    with pytest.raises(ConflictError, match="already failed"):
+        admin.stop_federation(FID, "again")
+    assert len(sent) == 2  # a 409 is an answer, not retried

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -227,3 +228,11 @@ def test_a_diverging_method_fails_alone_and_the_comparison_completes(tmp_path: P
     assert failure["rounds_completed"] == 0
     assert (out / "runs" / "fedavg_seed0.json").is_file()
     assert not (out / "runs" / "blowup_seed0.json").exists()
+    # The coordinator's database says why that federation ended.
+    with sqlite3.connect(out / "coordinator" / "fedaudit.db") as db:
+        status, reason = db.execute(
+            "SELECT status, status_reason FROM federation WHERE id = ?",
+            (failure["federation_id"].replace("-", ""),),
+        ).fetchone()
+    assert status == "failed"
+    assert reason.startswith("stopped by the admin: simulation: client-00 failed in round 0 (")

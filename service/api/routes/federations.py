@@ -25,6 +25,7 @@ from service.api.schemas.federations import (
     FederationCreate,
     FederationPage,
     FederationRead,
+    FederationStop,
     ModelRead,
 )
 from service.api.schemas.rounds import RoundDetail, RoundPage
@@ -152,6 +153,19 @@ def start_federation(
 ) -> FederationRead:
     federation = queries.federation_of(session, federation_id)
     rounds.maybe_start(session, federation, services.clock(), force=True)
+    session.commit()
+    return convert.federation_read(session, federation)
+
+
+@router.post(
+    "/{federation_id}/stop",
+    summary="Stop the federation for good (its open round fails; sites are told why)",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_422},
+)
+def stop_federation(
+    federation_id: uuid.UUID, body: FederationStop, session: SessionDep, actor: AdminDep
+) -> FederationRead:
+    federation = use_cases.stop_federation(session, federation_id, reason=body.reason, actor=actor)
     session.commit()
     return convert.federation_read(session, federation)
 

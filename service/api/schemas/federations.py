@@ -70,6 +70,16 @@ class ModelRead(BaseModel):
     created_at: datetime
 
 
+class FederationStop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(
+        min_length=1,
+        max_length=500,
+        description="Why: recorded in the event trail and told to every site that asks for work",
+    )
+
+
 class ClientCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
