@@ -308,6 +308,8 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
         f"{data['primary_detector']}"
     )
+    if data.get("status") == "failed":
+        title += f"; FAILED: {data.get('status_reason') or 'no reason recorded'}"
     caption = ""
     if latest:
         summary = latest.get("primary_summary") or {}

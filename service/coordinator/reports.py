@@ -156,6 +156,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         "federation_id": str(federation.id),
         "federation": federation.name,
         "status": federation.status,
+        "status_reason": federation.status_reason,
         "rounds_audited": repo.count_audits(session, federation.id),
         "warmup_rounds": federation.config["warmup_rounds"],
         "primary_detector": federation.config["primary_detector"],

@@ -104,3 +104,23 @@ async def test_stopping_twice_unknown_or_without_the_token_is_refused(
     assert site.status_code in (401, 403)
     still = (await api.get(f"/api/v1/federations/{other.id}", headers=ADMIN)).json()
     assert still["status"] == "running"
+
+
+async def test_the_report_and_the_dashboard_say_why_it_was_stopped(
+    api: httpx.AsyncClient,
+) -> None:
+    fed = await make_federation(api)
+    before = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    assert before["status_reason"] is None
+    await stop(api, fed.id, {"reason": "labels <unchecked>"})
+
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    page = await api.get(f"/admin/federations/{fed.id}", headers=ADMIN)
+
+    assert report["status"] == "failed"
+    assert report["status_reason"] == "stopped by the admin: labels <unchecked>"
+    assert page.status_code == 200
+    assert (
+        "<dt>status</dt><dd>failed (stopped by the admin: labels &lt;unchecked&gt;)</dd>"
+        in page.text
+    )

@@ -241,8 +241,11 @@ def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
 
 def _summary(report: Mapping[str, Any]) -> str:
     latest = report["latest"] or {}
+    status = esc(report["status"])
+    if report.get("status_reason"):
+        status += f" ({esc(report['status_reason'])})"
     items = [
-        ("status", esc(report["status"])),
+        ("status", status),
         ("primary detector", esc(report["primary_detector"])),
         ("warm-up rounds", esc(report["warmup_rounds"])),
         ("rounds audited", esc(report["rounds_audited"])),

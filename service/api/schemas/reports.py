@@ -110,6 +110,9 @@ class NoisyClientReport(BaseModel):
     federation_id: uuid.UUID
     federation: str
     status: str
+    status_reason: str | None = Field(
+        default=None, description="Why a failed federation failed (or who stopped it, and why)"
+    )
     rounds_audited: int
     warmup_rounds: int
     primary_detector: str
