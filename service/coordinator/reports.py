@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -139,8 +140,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         )
     summary: dict[str, Any] = {}
     if last is not None:
-        primary = last.result.get("primary")
-        detection = last.result.get("detections", {}).get(primary, {})
+        primary, detection = _primary_detection(last.result)
         summary = {
             "round": last.round_index,
             "primary_detector": primary,
@@ -229,6 +229,12 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
     ]
 
 
+def _primary_detection(result: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """A stored audit's primary detector and its output ({} when it has none)."""
+    primary = result.get("primary")
+    return primary, (result.get("detections") or {}).get(primary) or {}
+
+
 def round_view(session: Session, federation: Federation, index: int) -> dict[str, Any]:
     """One round for the dashboard: state, the primary detector's verdict (and its separation
     guard's note), aggregation, and per client its weight, primary flag and per-class losses
@@ -267,8 +273,7 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
             }
         )
     aggregation = result.get("aggregation") or {}
-    primary = result.get("primary")
-    detection = (result.get("detections") or {}).get(primary) or {}
+    primary, detection = _primary_detection(result)
     return {
         "round": rnd.index,
         "state": rnd.state,

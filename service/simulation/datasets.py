@@ -279,6 +279,13 @@ def _load_sklearn(name: str, test_fraction: float, seed: int) -> DataSplit:
 # file-based sets
 
 
+_WHERE_TO_POINT = (
+    "pass data_dir= (fedaudit simulate: --datasets-dir, or data_dir in a scenario file) or set "
+    f"{DATA_DIR_ENV}"
+)
+"""How to point the loaders at the data files, in the not-found errors."""
+
+
 def _resolve_data_dir(data_dir: Path | str | None, name: str) -> Path:
     if data_dir is None:
         found = default_data_dir()
@@ -286,9 +293,8 @@ def _resolve_data_dir(data_dir: Path | str | None, name: str) -> Path:
             here = Path(__file__).resolve().parents[2].parent / "shared" / "data"
             raise DatasetNotFoundError(
                 f"data set {name!r} needs its files but no data directory was found: "
-                f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; pass data_dir= "
-                f"(fedaudit simulate: --datasets-dir, or data_dir in a scenario file) or set "
-                f"{DATA_DIR_ENV} to the directory holding {name}/"
+                f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; {_WHERE_TO_POINT} "
+                f"to the directory holding {name}/"
             )
         return found
     return Path(data_dir)
@@ -298,9 +304,8 @@ def _checked_file(root: Path, relative: str) -> Path:
     path = root / relative
     if not path.is_file():
         raise DatasetNotFoundError(
-            f"data file {str(path)!r} not found (looked in data_dir={str(root)!r}); pass data_dir= "
-            f"(fedaudit simulate: --datasets-dir, or data_dir in a scenario file) or set "
-            f"{DATA_DIR_ENV} to the directory that holds {relative.split('/')[0]}/"
+            f"data file {str(path)!r} not found (looked in data_dir={str(root)!r}); "
+            f"{_WHERE_TO_POINT} to the directory that holds {relative.split('/')[0]}/"
         )
     verify_sha256(path, FILE_SHA256[relative])
     return path

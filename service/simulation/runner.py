@@ -658,6 +658,27 @@ def _collect(
         )
 
 
+def _stop_failed(
+    admin: AdminClient, fed: _Federation, data: PreparedData, exc: ClientTrainingError
+) -> RunFailure:
+    """Stop a federation whose client's training failed (so the coordinator's database says
+    why it ended) and describe the failure."""
+    admin.stop_federation(
+        fed.federation_id,
+        f"simulation: {exc.client} failed in round {exc.round_index} ({exc.error})",
+    )
+    return RunFailure(
+        scenario=data.scenario.name,
+        label=exc.label,
+        seed=data.seed,
+        federation_id=fed.federation_id,
+        round_index=exc.round_index,
+        client=exc.client,
+        error=exc.error,
+        rounds_completed=len(fed.records),
+    )
+
+
 @dataclass
 class SeedRuns:
     """What :func:`run_methods` returns for one seed: the finished runs and the failed ones."""
@@ -720,25 +741,9 @@ def run_methods(
                         _train_round(fed, r, timeout_s, previous)
                     except ClientTrainingError as exc:
                         feds.remove(fed)
-                        # Stop it on the coordinator too, so its database says why it ended.
-                        admin.stop_federation(
-                            fed.federation_id,
-                            f"simulation: {exc.client} failed in round {exc.round_index} "
-                            f"({exc.error})",
-                        )
-                        failure = RunFailure(
-                            scenario=scenario.name,
-                            label=exc.label,
-                            seed=data.seed,
-                            federation_id=fed.federation_id,
-                            round_index=exc.round_index,
-                            client=exc.client,
-                            error=exc.error,
-                            rounds_completed=len(fed.records),
-                        )
-                        failures.append(failure)
+                        failures.append(_stop_failed(admin, fed, data, exc))
                         if on_failure is not None:
-                            on_failure(failure)
+                            on_failure(failures[-1])
             for fed in feds:
                 current = _next_instruction(fed, 0, rounds, timeout_s)
                 if current.status != "finished":
