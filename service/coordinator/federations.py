@@ -177,7 +177,7 @@ def stop_federation(
     federation = repo.lock_federation(session, federation_id)
     if federation is None:
         raise NotFoundError(f"federation {federation_id} does not exist")
-    session.refresh(federation)
+    session.refresh(federation)  # the locked row's values, even if a caller loaded it before
     if federation.status in ("finished", "failed"):
         raise FederationStateError(
             f"federation {federation.name!r} has already {federation.status}; nothing to stop"
