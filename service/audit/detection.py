@@ -62,6 +62,7 @@ __all__ = [
     "DetectionResult",
     "FedNCLDetector",
     "FedNoRoDetector",
+    "SEPARATION_GROUPS",
     "SEPARATION_STATISTICS",
     "ashman_d",
     "class_standardised_excess",
@@ -81,6 +82,7 @@ _RANGE_EPS = 1e-12
 """A min-max range at or below this carries no information (ALGORITHMS.md 2.1 step 2)."""
 
 SEPARATION_STATISTICS = ("class_z", "mean_loss")
+SEPARATION_GROUPS = ("majority", "all_fits")
 """What the FedNoRo separation guard computes Ashman's D on (:class:`FedNoRoDetector`)."""
 
 MIN_CLASS_HOLDERS = 3
@@ -379,6 +381,17 @@ def class_standardised_excess(
 
 
 @dataclass(frozen=True)
+class _GroupVerdict:
+    """The separation guard's verdict on one candidate noisy group (step 5)."""
+
+    d_value: float | None
+    threshold: float
+    null_threshold: float | None
+    confirmed_group: bool
+    separated: bool
+
+
+@dataclass(frozen=True)
 class _GMMFit:
     labels: BoolArray
     noisy_probability: FloatArray
@@ -499,6 +512,18 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
     separation_statistic : {"class_z", "mean_loss"}, default="class_z"
         What D is computed on, and what each verdict's ``score`` is: the class-standardised
         loss excess, or each client's mean loss (ALGORITHMS.md as written).
+    separation_groups : {"majority", "all_fits"}, default="majority"
+        Which noisy sets the guard judges. ``"majority"``: the vote of step 4 only.
+        ``"all_fits"`` (beyond the paper; needs ``separation_quantile``): every distinct noisy
+        set the fits propose that splits the clients (neither side empty), each against the
+        quantile corrected for their number m, 1 - (1 - ``separation_quantile``) / m
+        (Bonferroni; m = 1, every fit agreeing, is the majority rule); the first that passes
+        is flagged, most votes first, and when none passes the majority's verdict is reported.
+        A group within the ``confirmed`` clients needs only ``separation_threshold``, as in
+        the majority rule.
+        Reason: on few clients the fits can disagree, and the majority can be the wrong one
+        (``docs/evaluation.md``, "Open issues" 1: ten clients, five fits for three of the four
+        noisy clients, four fits for exactly the four).
 
     Attributes
     ----------
@@ -548,6 +573,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         min_clients: int = 4,
         separation_quantile: float | None = 0.99,
         separation_statistic: str = "class_z",
+        separation_groups: str = "majority",
     ) -> None:
         self.random_states = random_states
         self.require_separation = require_separation
@@ -555,6 +581,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         self.min_clients = min_clients
         self.separation_quantile = separation_quantile
         self.separation_statistic = separation_statistic
+        self.separation_groups = separation_groups
 
     def _validated_params(self) -> tuple[list[int], bool, float, int]:
         seeds = self.random_states
@@ -578,6 +605,12 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                 max_inclusive=False,
             )
         check_choice("separation_statistic", self.separation_statistic, SEPARATION_STATISTICS)
+        check_choice("separation_groups", self.separation_groups, SEPARATION_GROUPS)
+        if self.separation_groups == "all_fits" and self.separation_quantile is None:
+            raise InvalidParameterError(
+                "separation_groups: 'all_fits' needs separation_quantile (the levels of the "
+                "groups tested are corrected for their number; D >= a fixed threshold is not)"
+            )
         return (
             checked,
             check_bool("require_separation", self.require_separation),
@@ -647,6 +680,35 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         )
         return self
 
+    @staticmethod
+    def _judge(
+        group: BoolArray,
+        statistic: FloatArray,
+        usable: bool,
+        confirmed: BoolArray | None,
+        threshold: float,
+        quantile: float | None,
+    ) -> _GroupVerdict:
+        """Step 5 for one candidate noisy group."""
+        n_clients, n_group = group.size, int(group.sum())
+        d_value = ashman_d(statistic[group], statistic[~group]) if usable else None
+        # A group of clients already confirmed noisy keeps its flags on D >= threshold alone.
+        confirmed_group = bool(
+            confirmed is not None and 0 < n_group < n_clients and confirmed[group].all()
+        )
+        null_threshold: float | None = None
+        if quantile is not None and 0 < n_group < n_clients:
+            null_threshold = null_separation_threshold(n_clients, n_group, quantile)
+        if not confirmed_group:
+            threshold = max(threshold, null_threshold or 0.0)
+        return _GroupVerdict(
+            d_value=d_value,
+            threshold=threshold,
+            null_threshold=null_threshold,
+            confirmed_group=confirmed_group,
+            separated=d_value is not None and d_value >= threshold,
+        )
+
     def _detect(
         self,
         loss: FloatArray,
@@ -712,10 +774,9 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             key = fit.labels.tobytes()
             votes[key] = votes.get(key, 0) + 1
             first_fit.setdefault(key, i)
-        # max() keeps the first maximal key in insertion (= seed) order.
-        winner = max(votes, key=votes.__getitem__)
-        chosen = fits[first_fit[winner]]
-        vote_labels = chosen.labels.copy()
+        # The fits' distinct noisy sets, most votes first; ties in seed order (the first is
+        # the reference's majority vote).
+        ranked = sorted(votes, key=lambda key: (-votes[key], first_fit[key]))
         probability = np.mean([f.noisy_probability for f in fits], axis=0)
         noisy_votes = np.sum([f.labels for f in fits], axis=0)
 
@@ -727,22 +788,30 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             usable = z_classes.size > 0
         else:
             statistic, usable = mean_loss, True
+        candidates = ranked[:1]
+        if self.separation_groups == "all_fits":
+            proper = [k for k in ranked if 0 < int(fits[first_fit[k]].labels.sum()) < n_clients]
+            candidates = proper or candidates
+        quantile = self.separation_quantile
+        if quantile is not None and len(candidates) > 1:
+            # Bonferroni: each of the m groups tested at level (1 - quantile) / m.
+            quantile = 1.0 - (1.0 - float(quantile)) / len(candidates)
+        judged = [
+            self._judge(
+                fits[first_fit[k]].labels, statistic, usable, confirmed, threshold, quantile
+            )
+            for k in candidates
+        ]
+        # The first group (most votes) that passes; when none does, the majority's verdict.
+        pick = next((i for i, j in enumerate(judged) if j.separated), 0)
+        winner, verdict = candidates[pick], judged[pick]
+        chosen = fits[first_fit[winner]]
+        vote_labels = chosen.labels.copy()
         noisy_group = statistic[vote_labels]
         clean_group = statistic[~vote_labels]
-        d_value = ashman_d(noisy_group, clean_group) if usable else None
-        n_vote = int(vote_labels.sum())
-        # A group of clients already confirmed noisy keeps its flags on D >= threshold alone.
-        confirmed_group = bool(
-            confirmed is not None and 0 < n_vote < n_clients and confirmed[vote_labels].all()
-        )
-        null_threshold: float | None = None
-        if self.separation_quantile is not None and 0 < n_vote < n_clients:
-            null_threshold = null_separation_threshold(
-                n_clients, n_vote, float(self.separation_quantile)
-            )
-        if not confirmed_group:
-            threshold = max(threshold, null_threshold or 0.0)
-        separated = d_value is not None and d_value >= threshold
+        d_value, n_vote = verdict.d_value, int(vote_labels.sum())
+        confirmed_group, null_threshold = verdict.confirmed_group, verdict.null_threshold
+        threshold, separated = verdict.threshold, verdict.separated
         flags_applied = separated or not require_separation
         labels = vote_labels if flags_applied else np.zeros(n_clients, dtype=bool)
         guarded_probability = probability if flags_applied else np.zeros(n_clients)
@@ -798,6 +867,9 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             **column_summary,
             "n_fits": len(fits),
             "vote_count": votes[winner],
+            "separation_groups": self.separation_groups,
+            "groups_tested": len(candidates),
+            "group_rank": ranked.index(winner),
             "fits_converged": [f.converged for f in fits],
             "ashman_d": d_value if d_value is not None and math.isfinite(d_value) else None,
             "ashman_d_infinite": d_value is not None and math.isinf(d_value),

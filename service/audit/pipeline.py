@@ -53,6 +53,7 @@ from service.audit.aggregation import (
 )
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import (
+    SEPARATION_GROUPS,
     SEPARATION_STATISTICS,
     ClientStatus,
     DetectionResult,
@@ -173,6 +174,12 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         ``fednoro_separation_threshold``, not the calibrated quantile
         (:meth:`~service.audit.detection.FedNoRoDetector.fit`). False: the quantile every
         round.
+    fednoro_separation_groups : str
+        ``"majority"`` (default): the separation guard judges the noisy set most of the
+        mixture's fits agree on (the reference's vote). ``"all_fits"``: it judges every distinct
+        noisy set the fits propose, each at the quantile corrected for their number
+        (Bonferroni), and flags the first that passes, most votes first
+        (:class:`~service.audit.detection.FedNoRoDetector`, ``separation_groups``).
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
         :class:`~service.audit.detection.FedNCLDetector` parameters.
     fedncl_divergence_variant : str
@@ -220,6 +227,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     fednoro_separation_statistic: str = "class_z"
     fednoro_min_clients: int = 4
     fednoro_confirmed_groups: bool = True
+    fednoro_separation_groups: str = "majority"
     fedncl_beta: float = 1.0
     fedncl_two_sided: bool = False
     fedncl_divergence_variant: str = "paper"
@@ -291,6 +299,15 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
             self.fednoro_separation_statistic,
             SEPARATION_STATISTICS,
         )
+        check_choice("fednoro_separation_groups", self.fednoro_separation_groups, SEPARATION_GROUPS)
+        if (
+            self.fednoro_separation_groups == "all_fits"
+            and self.fednoro_separation_quantile is None
+        ):
+            raise InvalidParameterError(
+                "fednoro_separation_groups: 'all_fits' needs fednoro_separation_quantile (the "
+                "levels of the groups tested are corrected for their number)"
+            )
         floats = {
             "fednoro_separation_threshold": (0.0, None),
             "fedncl_beta": (0.0, None),
@@ -549,6 +566,7 @@ def _run_fednoro(
         separation_threshold=config.fednoro_separation_threshold,
         separation_quantile=config.fednoro_separation_quantile,
         separation_statistic=config.fednoro_separation_statistic,
+        separation_groups=config.fednoro_separation_groups,
         min_clients=config.fednoro_min_clients,
     )
     loss = np.stack([cast(FloatArray, v) for v in data.per_class_loss])

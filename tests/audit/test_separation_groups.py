@@ -1,0 +1,143 @@
+"""FedNoRo's separation guard over every group the mixture's fits propose
+(``separation_groups="all_fits"`` / ``AuditConfig.fednoro_separation_groups``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.audit import (
+    AuditConfig,
+    ClientRoundData,
+    DictStateReader,
+    FedNoRoDetector,
+    InvalidParameterError,
+    run_audit,
+)
+from service.audit.detection import null_separation_threshold
+
+# Ten clients, two classes, 20 samples of each. Clients 0-5 lose little on both classes, 6-8
+# much on both, and client 9 much on class 0 only (V2 seed 0's client-08 in small). The nine
+# fits disagree: most put 6-8 in the noisy group, one puts 6-9 there.
+LOSS = np.array(
+    [
+        [0.43, 0.23],
+        [0.22, 0.22],
+        [0.42, 0.36],
+        [0.32, 0.24],
+        [0.37, 0.28],
+        [0.38, 0.32],
+        [1.00, 1.12],
+        [0.84, 1.03],
+        [0.88, 1.12],
+        [1.10, 0.30],
+    ]
+)
+COUNTS = np.full((10, 2), 20)
+THREE = np.arange(10) >= 6
+THREE[9] = False
+FOUR = np.arange(10) >= 6
+NOBODY = np.zeros(10, dtype=bool)
+
+
+def excess(loss: np.ndarray) -> np.ndarray:
+    """The class-standardised excess for equal counts, written out (an independent oracle):
+    z_kc = (L_kc - mean_c) / std_c (population std), Z_k = (z_k0 + z_k1) / sqrt(2)."""
+    z = (loss - loss.mean(axis=0)) / loss.std(axis=0)
+    return z.sum(axis=1) / math.sqrt(2.0)
+
+
+def ashman(values: np.ndarray, group: np.ndarray) -> float:
+    a, b = values[group], values[~group]
+    return math.sqrt(2.0) * abs(a.mean() - b.mean()) / math.sqrt(a.var() + b.var())
+
+
+def test_the_case_the_majority_misses() -> None:
+    detector = FedNoRoDetector().fit(LOSS, COUNTS)
+    summary = detector.result_.summary
+    np.testing.assert_array_equal(detector.labels_, NOBODY)
+    assert summary["mixture_noisy_count"] == 3
+    assert summary["groups_tested"] == 1
+    d_three = ashman(excess(LOSS), THREE)
+    assert detector.ashman_d_ == pytest.approx(d_three)
+    assert d_three < null_separation_threshold(10, 3) == summary["separation_threshold"]
+
+
+def test_all_fits_flags_the_minority_group_that_passes_the_corrected_threshold() -> None:
+    detector = FedNoRoDetector(separation_groups="all_fits").fit(LOSS, COUNTS)
+    summary = detector.result_.summary
+    np.testing.assert_array_equal(detector.labels_, FOUR)
+    assert summary["groups_tested"] == 2
+    assert summary["group_rank"] == 1  # not the majority's group
+    assert summary["vote_count"] < 9 - summary["vote_count"]
+    # two groups tested: each at 1 - 0.01 / 2
+    corrected = null_separation_threshold(10, 4, 0.995)
+    assert summary["separation_threshold"] == pytest.approx(corrected)
+    d_four = ashman(excess(LOSS), FOUR)
+    assert detector.ashman_d_ == pytest.approx(d_four)
+    assert d_four >= corrected
+    # the majority's group was tested first, at its own corrected level, and failed
+    assert ashman(excess(LOSS), THREE) < null_separation_threshold(10, 3, 0.995)
+    assert "separation guard passed" in summary["guard"]
+
+
+def test_when_the_fits_agree_all_fits_is_the_majority_rule() -> None:
+    # two well separated groups: every fit finds clients 7-9
+    loss = np.array([[0.2 + 0.01 * k, 0.3 + 0.01 * k] for k in range(7)] + [[1.5, 1.6]] * 3)
+    loss[7:] += np.array([[0.0, 0.02], [0.03, 0.0], [0.01, 0.05]])
+    majority = FedNoRoDetector().fit(loss, COUNTS)
+    every = FedNoRoDetector(separation_groups="all_fits").fit(loss, COUNTS)
+    assert every.result_.summary["groups_tested"] == 1
+    np.testing.assert_array_equal(every.labels_, majority.labels_)
+    np.testing.assert_array_equal(every.labels_, np.arange(10) >= 7)
+    assert (
+        every.result_.summary["separation_threshold"]
+        == majority.result_.summary["separation_threshold"]
+        == pytest.approx(null_separation_threshold(10, 3))
+    )
+
+
+def test_a_confirmed_group_needs_only_d_2_among_all_fits() -> None:
+    # the majority's three are already noisy: their group passes on D >= 2 and comes first
+    known = THREE.copy()
+    detector = FedNoRoDetector(separation_groups="all_fits").fit(LOSS, COUNTS, known)
+    np.testing.assert_array_equal(detector.labels_, THREE)
+    summary = detector.result_.summary
+    assert summary["separation_confirmed_group"] is True
+    assert summary["separation_threshold"] == 2.0
+
+
+def test_all_fits_needs_a_quantile() -> None:
+    with pytest.raises(InvalidParameterError, match="all_fits"):
+        FedNoRoDetector(separation_groups="all_fits", separation_quantile=None).fit(LOSS, COUNTS)
+    with pytest.raises(InvalidParameterError, match="separation_groups"):
+        FedNoRoDetector(separation_groups="every").fit(LOSS, COUNTS)
+    with pytest.raises(InvalidParameterError, match="fednoro_separation_groups"):
+        AuditConfig(fednoro_separation_groups="all_fits", fednoro_separation_quantile=None)
+    with pytest.raises(InvalidParameterError, match="fednoro_separation_groups"):
+        AuditConfig(fednoro_separation_groups="every")
+
+
+def test_run_audit_passes_the_setting_to_the_detector() -> None:
+    clients = [
+        ClientRoundData(
+            client_id=f"c{k}",
+            num_samples=40,
+            class_counts=[20, 20],
+            per_class_loss=list(LOSS[k]),
+            state=DictStateReader({"w": np.full(2, float(k), dtype=np.float32)}),
+        )
+        for k in range(10)
+    ]
+    start = DictStateReader({"w": np.zeros(2, dtype=np.float32)})
+
+    def flags(groups: str) -> list[bool | None]:
+        config = AuditConfig(
+            detectors=("fednoro",), primary_detector="fednoro", fednoro_separation_groups=groups
+        )
+        return run_audit(start, clients, config, round_index=5).primary_flags
+
+    assert flags("majority") == NOBODY.tolist()
+    assert flags("all_fits") == FOUR.tolist()
