@@ -839,6 +839,16 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                 f"< {threshold:.3g}, "
                 "the two groups are not separated; nobody flagged"
             )
+        if len(candidates) > 1:
+            guard_note += (
+                f" ({len(candidates)} different groups proposed by the {len(fits)} fits were "
+                f"judged, most votes first, each at the {quantile:.4g} quantile; "
+                + (
+                    f"flagged: the group of {votes[winner]} fit(s))"
+                    if flags_applied
+                    else "none passed; the majority's group is shown)"
+                )
+            )
 
         self.noisy_probability_ = guarded_probability
         self.labels_ = labels

@@ -80,7 +80,8 @@ def test_all_fits_flags_the_minority_group_that_passes_the_corrected_threshold()
     assert d_four >= corrected
     # the majority's group was tested first, at its own corrected level, and failed
     assert ashman(excess(LOSS), THREE) < null_separation_threshold(10, 3, 0.995)
-    assert "separation guard passed" in summary["guard"]
+    assert summary["guard"].startswith("separation guard passed (2 different groups")
+    assert "each at the 0.995 quantile; flagged: the group of 1 fit(s)" in summary["guard"]
 
 
 def test_when_the_fits_agree_all_fits_is_the_majority_rule() -> None:
@@ -141,3 +142,18 @@ def test_run_audit_passes_the_setting_to_the_detector() -> None:
 
     assert flags("majority") == NOBODY.tolist()
     assert flags("all_fits") == FOUR.tolist()
+
+
+def test_when_no_group_passes_nobody_is_flagged_and_the_majority_is_reported() -> None:
+    # at the 0.9999 quantile (0.99995 for each of the two groups) neither group passes
+    detector = FedNoRoDetector(separation_groups="all_fits", separation_quantile=0.9999)
+    detector.fit(LOSS, COUNTS)
+    summary = detector.result_.summary
+    np.testing.assert_array_equal(detector.labels_, NOBODY)
+    assert summary["group_rank"] == 0
+    assert summary["mixture_noisy_count"] == 3
+    assert detector.ashman_d_ == pytest.approx(ashman(excess(LOSS), THREE))
+    assert summary["separation_threshold"] == pytest.approx(
+        null_separation_threshold(10, 3, 1 - 0.0001 / 2)
+    )
+    assert "none passed; the majority's group is shown" in summary["guard"]
