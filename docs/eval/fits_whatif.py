@@ -16,6 +16,8 @@ that with Bonferroni's rule (m distinct groups, each tested at 1 % / m):
   test is already conservative: the null is the top-n split of one normal population);
 - ``maj_then_bonf``: the majority at the usual 1 %; when it fails, the other groups at
   1 - 0.01 / (m - 1) (family-wise level up to 2 %);
+- ``product``: the product's ``FedNoRoDetector(separation_groups="all_fits")`` on the same
+  signals (no confirmed clients); it must equal ``fits_bonf``, which re-implements it here;
 - ``sizes_bonf_maxd``: every distinct group, each at 1 - 0.01 / s, s the number of distinct
   group *sizes* (the null threshold of a size is that of its most separated split, so it bounds
   every group of that size at once: only the sizes need a correction); of the groups that pass,
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from claim1_ablation import indicator, load_runs  # noqa: E402
 
+from service.audit import FedNoRoDetector  # noqa: E402
 from service.audit.detection import (  # noqa: E402
     ashman_d,
     class_standardised_excess,
@@ -53,7 +56,7 @@ from service.audit.detection import (  # noqa: E402
 )
 from service.simulation.metrics import detection_metrics  # noqa: E402
 
-COLUMNS = ("default", "fits_bonf", "sizes_bonf_maxd", "maj_then_bonf", "fits_any")
+COLUMNS = ("default", "fits_bonf", "product", "sizes_bonf_maxd", "maj_then_bonf", "fits_any")
 
 
 def fit_groups(features: np.ndarray, fits: int = 9) -> list[tuple[np.ndarray, int]]:
@@ -119,7 +122,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     print(
-        "| scenario | federation | seed | rounds | truly noisy | distinct groups (max) | "
+        "| run directory | federation | seed | rounds | truly noisy | distinct groups (max) | "
         + " | ".join(f"{c}: F1 / alarm rounds" for c in COLUMNS)
         + " |"
     )
@@ -144,12 +147,16 @@ def main() -> int:
                             if 0 < int(g.sum()) < g.size
                         ]
                         print(f"  {run.label} seed {run.seed} round {signals.index}: {described}")
-                    for column, flags in decide(statistic, groups).items():
+                    decided = decide(statistic, groups)
+                    product = FedNoRoDetector(separation_groups="all_fits")
+                    product.fit(signals.loss, signals.counts)
+                    decided["product"] = np.asarray(product.labels_, dtype=bool)
+                    for column, flags in decided.items():
                         f1[column].append(detection_metrics(run.truth, flags)["f1"])
                         alarms[column] += int(bool((flags & ~run.truth).any()))
                 cells = [f"{np.mean(f1[c]):.2f} / {alarms[c]}" for c in COLUMNS]
                 print(
-                    f"| {run.scenario} | {run.label} | {run.seed} | {len(f1['default'])} | "
+                    f"| {run_dir.name} | {run.label} | {run.seed} | {len(f1['default'])} | "
                     f"{int(run.truth.sum())}/{run.truth.size} | {most} | "
                     + " | ".join(cells)
                     + " |"

@@ -13,7 +13,27 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["synthetic_federation"]
+from service.audit import ClientRoundData, DictStateReader
+
+__all__ = ["loss_clients", "synthetic_federation"]
+
+
+def loss_clients(loss: np.ndarray, counts: np.ndarray) -> list[ClientRoundData]:
+    """One round's clients ``c0, c1, ...`` sending these per-class losses and counts.
+
+    Each state is a two-value tensor ``w`` filled with the client's index (distinct states, so
+    the aggregation rules have something to weigh).
+    """
+    return [
+        ClientRoundData(
+            client_id=f"c{k}",
+            num_samples=int(counts[k].sum()),
+            class_counts=[int(n) for n in counts[k]],
+            per_class_loss=[float(v) for v in loss[k]],
+            state=DictStateReader({"w": np.full(2, float(k), dtype=np.float32)}),
+        )
+        for k in range(loss.shape[0])
+    ]
 
 
 def synthetic_federation(

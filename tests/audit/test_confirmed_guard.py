@@ -18,6 +18,7 @@ from service.audit import (
     run_audit,
 )
 from service.audit.detection import null_separation_threshold
+from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 6-9 lose more on both classes, but
 # their group is spread out (class-standardised excess about 0.7, 0.9, 2.0, 2.6 against -1.7
@@ -129,16 +130,7 @@ def test_a_malformed_confirmed_is_refused(known: np.ndarray, match: str) -> None
 
 
 def round_clients() -> list[ClientRoundData]:
-    return [
-        ClientRoundData(
-            client_id=f"c{k}",
-            num_samples=40,
-            class_counts=[20, 20],
-            per_class_loss=list(LOSS[k]),
-            state=DictStateReader({"w": np.full(2, float(k), dtype=np.float32)}),
-        )
-        for k in range(10)
-    ]
+    return loss_clients(LOSS, COUNTS)
 
 
 GLOBAL = DictStateReader({"w": np.zeros(2, dtype=np.float32)})

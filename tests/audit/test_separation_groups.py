@@ -10,13 +10,13 @@ import pytest
 
 from service.audit import (
     AuditConfig,
-    ClientRoundData,
     DictStateReader,
     FedNoRoDetector,
     InvalidParameterError,
     run_audit,
 )
 from service.audit.detection import null_separation_threshold
+from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 0-5 lose little on both classes, 6-8
 # much on both, and client 9 much on class 0 only (V2 seed 0's client-08 in small). The nine
@@ -122,16 +122,7 @@ def test_all_fits_needs_a_quantile() -> None:
 
 
 def test_run_audit_passes_the_setting_to_the_detector() -> None:
-    clients = [
-        ClientRoundData(
-            client_id=f"c{k}",
-            num_samples=40,
-            class_counts=[20, 20],
-            per_class_loss=list(LOSS[k]),
-            state=DictStateReader({"w": np.full(2, float(k), dtype=np.float32)}),
-        )
-        for k in range(10)
-    ]
+    clients = loss_clients(LOSS, COUNTS)
     start = DictStateReader({"w": np.zeros(2, dtype=np.float32)})
 
     def flags(groups: str) -> list[bool | None]:
