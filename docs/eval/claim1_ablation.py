@@ -215,9 +215,13 @@ def product_protocol(
 ) -> dict[str, float | None]:
     """``FedNoRoDetector`` on the K x C losses (``perclass_norm``) or the K x 1 mean losses."""
     # The tables in docs/evaluation.md were measured with the guard on the mean loss (the
-    # product default before commit d1d18f1); pinned so the script reproduces them.
+    # product default before commit d1d18f1), judging the majority's group only (the default
+    # before fednoro_separation_groups); pinned so the script reproduces them.
     detector = FedNoRoDetector(
-        require_separation=guard, separation_quantile=quantile, separation_statistic="mean_loss"
+        require_separation=guard,
+        separation_quantile=quantile,
+        separation_statistic="mean_loss",
+        separation_groups="majority",
     )
     if name == "perclass_norm":
         detector.fit(signals.loss, signals.counts)

@@ -8,15 +8,17 @@ only the four pass the guard (``docs/evaluation.md``, "Open issues" 1). Taking a
 that passes at the usual 1 % gives more chances to pass by luck; these columns correct for
 that with Bonferroni's rule (m distinct groups, each tested at 1 % / m):
 
-- ``default``: the product's guard (the majority's group, D on the class-standardised loss
-  above max(2, the 99th percentile of the null)); status and confirmed groups ignored, as in
+- ``majority``: the guard on the majority's group only (D on the class-standardised loss
+  above max(2, the 99th percentile of the null); the product default until
+  ``fednoro_separation_groups``); status and confirmed groups ignored, as in
   ``guard_whatif.py``;
 - ``fits_bonf``: every distinct group of the 9 fits, most votes first, each at 1 - 0.01 / m;
   the first that passes is flagged (family-wise level 1 % for a clean federation, since each
   test is already conservative: the null is the top-n split of one normal population);
 - ``maj_then_bonf``: the majority at the usual 1 %; when it fails, the other groups at
   1 - 0.01 / (m - 1) (family-wise level up to 2 %);
-- ``product``: the product's ``FedNoRoDetector(separation_groups="all_fits")`` on the same
+- ``product``: the product's ``FedNoRoDetector(separation_groups="all_fits")`` (the default
+  since that setting) on the same
   signals (no confirmed clients); it must equal ``fits_bonf``, which re-implements it here;
 - ``sizes_bonf_maxd``: every distinct group, each at 1 - 0.01 / s, s the number of distinct
   group *sizes* (the null threshold of a size is that of its most separated split, so it bounds
@@ -56,7 +58,7 @@ from service.audit.detection import (  # noqa: E402
 )
 from service.simulation.metrics import detection_metrics  # noqa: E402
 
-COLUMNS = ("default", "fits_bonf", "product", "sizes_bonf_maxd", "maj_then_bonf", "fits_any")
+COLUMNS = ("majority", "fits_bonf", "product", "sizes_bonf_maxd", "maj_then_bonf", "fits_any")
 
 
 def fit_groups(features: np.ndarray, fits: int = 9) -> list[tuple[np.ndarray, int]]:
@@ -94,7 +96,7 @@ def decide(statistic: np.ndarray, groups: list[tuple[np.ndarray, int]]) -> dict[
     none = np.zeros(statistic.size, dtype=bool)
     proper = [g for g, _ in groups if 0 < int(g.sum()) < g.size]
     majority = groups[0][0]
-    out = {"default": majority if passes(statistic, majority, 0.99) else none}
+    out = {"majority": majority if passes(statistic, majority, 0.99) else none}
     m = len(proper)
     out["fits_bonf"] = (
         next((g for g in proper if passes(statistic, g, 1 - 0.01 / m)), none) if m else none
@@ -156,7 +158,7 @@ def main() -> int:
                         alarms[column] += int(bool((flags & ~run.truth).any()))
                 cells = [f"{np.mean(f1[c]):.2f} / {alarms[c]}" for c in COLUMNS]
                 print(
-                    f"| {run_dir.name} | {run.label} | {run.seed} | {len(f1['default'])} | "
+                    f"| {run_dir.name} | {run.label} | {run.seed} | {len(f1['majority'])} | "
                     f"{int(run.truth.sum())}/{run.truth.size} | {most} | "
                     + " | ".join(cells)
                     + " |"

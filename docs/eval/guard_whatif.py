@@ -46,6 +46,10 @@ vote is visible) and applies guard variants to the vote:
   likelihood is highest, instead of the fits' majority (V2 seed 0: 5 fits vote for three of the
   four noisy clients, 4 for exactly the four).
 
+Every column judges the group of the fits' majority only (the product's rule until
+``fednoro_separation_groups``, whose default ``"all_fits"`` also judges the other fits' groups:
+``docs/eval/fits_whatif.py``).
+
 Only federations whose flags do not change training are a fair counterfactual: the ``fedavg``
 federations (FedNoRo's detector runs there reported only). For the ``fednoro`` federations the
 flags fed back into training, so their numbers are shown but are not what the variant would

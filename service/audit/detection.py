@@ -82,7 +82,7 @@ _RANGE_EPS = 1e-12
 """A min-max range at or below this carries no information (ALGORITHMS.md 2.1 step 2)."""
 
 SEPARATION_STATISTICS = ("class_z", "mean_loss")
-SEPARATION_GROUPS = ("majority", "all_fits")
+SEPARATION_GROUPS = ("all_fits", "majority")
 """What the FedNoRo separation guard computes Ashman's D on (:class:`FedNoRoDetector`)."""
 
 MIN_CLASS_HOLDERS = 3
@@ -512,9 +512,11 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
     separation_statistic : {"class_z", "mean_loss"}, default="class_z"
         What D is computed on, and what each verdict's ``score`` is: the class-standardised
         loss excess, or each client's mean loss (ALGORITHMS.md as written).
-    separation_groups : {"majority", "all_fits"}, default="majority"
-        Which noisy sets the guard judges. ``"majority"``: the vote of step 4 only.
-        ``"all_fits"`` (beyond the paper; needs ``separation_quantile``): every distinct noisy
+    separation_groups : {"all_fits", "majority"}, default="all_fits"
+        Which noisy sets the guard judges. ``"majority"``: the vote of step 4 only (the rule
+        before this setting existed). ``"all_fits"`` (beyond the paper; with the guard on it
+        needs ``separation_quantile``; without the guard the flags are the vote, as in the
+        paper): every distinct noisy
         set the fits propose that splits the clients (neither side empty), each against the
         quantile corrected for their number m, 1 - (1 - ``separation_quantile``) / m
         (Bonferroni; m = 1, every fit agreeing, is the majority rule); the first that passes
@@ -573,7 +575,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         min_clients: int = 4,
         separation_quantile: float | None = 0.99,
         separation_statistic: str = "class_z",
-        separation_groups: str = "majority",
+        separation_groups: str = "all_fits",
     ) -> None:
         self.random_states = random_states
         self.require_separation = require_separation
@@ -606,10 +608,15 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             )
         check_choice("separation_statistic", self.separation_statistic, SEPARATION_STATISTICS)
         check_choice("separation_groups", self.separation_groups, SEPARATION_GROUPS)
-        if self.separation_groups == "all_fits" and self.separation_quantile is None:
+        if (
+            self.separation_groups == "all_fits"
+            and self.require_separation is True
+            and self.separation_quantile is None
+        ):
             raise InvalidParameterError(
                 "separation_groups: 'all_fits' needs separation_quantile (the levels of the "
-                "groups tested are corrected for their number; D >= a fixed threshold is not)"
+                "groups judged are corrected for their number; D >= a fixed threshold is not); "
+                "set separation_groups='majority' for the guard of ALGORITHMS.md as written"
             )
         return (
             checked,
@@ -789,7 +796,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         else:
             statistic, usable = mean_loss, True
         candidates = ranked[:1]
-        if self.separation_groups == "all_fits":
+        if self.separation_groups == "all_fits" and require_separation:
             proper = [k for k in ranked if 0 < int(fits[first_fit[k]].labels.sum()) < n_clients]
             candidates = proper or candidates
         quantile = self.separation_quantile

@@ -175,10 +175,10 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         (:meth:`~service.audit.detection.FedNoRoDetector.fit`). False: the quantile every
         round.
     fednoro_separation_groups : str
-        ``"majority"`` (default): the separation guard judges the noisy set most of the
-        mixture's fits agree on (the reference's vote). ``"all_fits"``: it judges every distinct
-        noisy set the fits propose, each at the quantile corrected for their number
-        (Bonferroni), and flags the first that passes, most votes first
+        ``"all_fits"`` (default): the separation guard judges every distinct noisy set the
+        mixture's fits propose, each at the quantile corrected for their number (Bonferroni),
+        and flags the first that passes, most votes first; ``"majority"``: only the noisy set
+        most fits agree on (the reference's vote)
         (:class:`~service.audit.detection.FedNoRoDetector`, ``separation_groups``).
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
         :class:`~service.audit.detection.FedNCLDetector` parameters.
@@ -227,7 +227,7 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     fednoro_separation_statistic: str = "class_z"
     fednoro_min_clients: int = 4
     fednoro_confirmed_groups: bool = True
-    fednoro_separation_groups: str = "majority"
+    fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
     fedncl_two_sided: bool = False
     fedncl_divergence_variant: str = "paper"
@@ -302,11 +302,13 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         check_choice("fednoro_separation_groups", self.fednoro_separation_groups, SEPARATION_GROUPS)
         if (
             self.fednoro_separation_groups == "all_fits"
+            and self.fednoro_require_separation
             and self.fednoro_separation_quantile is None
         ):
             raise InvalidParameterError(
                 "fednoro_separation_groups: 'all_fits' needs fednoro_separation_quantile (the "
-                "levels of the groups tested are corrected for their number)"
+                "levels of the groups judged are corrected for their number); set "
+                "fednoro_separation_groups to 'majority' for the guard of ALGORITHMS.md as written"
             )
         floats = {
             "fednoro_separation_threshold": (0.0, None),

@@ -43,6 +43,13 @@ GROUP = np.arange(10) >= 6
 NOBODY = np.zeros(10, dtype=bool)
 
 
+def MAJORITY() -> FedNoRoDetector:  # noqa: N802 (reads as the detector it builds)
+    """The detector judging the majority's group only: the rule these cases were built for
+    (with ``separation_groups="all_fits"``, the default, other fits' groups are judged too;
+    ``test_separation_groups.py``)."""
+    return FedNoRoDetector(separation_groups="majority")
+
+
 def confirmed(*clients: int) -> np.ndarray:
     out = np.zeros(10, dtype=bool)
     out[list(clients)] = True
@@ -50,7 +57,7 @@ def confirmed(*clients: int) -> np.ndarray:
 
 
 def test_the_case_lies_between_the_two_thresholds() -> None:
-    detector = FedNoRoDetector().fit(LOSS, COUNTS)
+    detector = MAJORITY().fit(LOSS, COUNTS)
     summary = detector.result_.summary
     assert summary["mixture_noisy_count"] == 4
     d = detector.ashman_d_
@@ -67,7 +74,7 @@ def test_the_case_lies_between_the_two_thresholds() -> None:
     ids=["exactly", "superset", "everybody"],
 )
 def test_a_group_within_the_confirmed_clients_keeps_its_flags(known: np.ndarray) -> None:
-    detector = FedNoRoDetector().fit(LOSS, COUNTS, known)
+    detector = MAJORITY().fit(LOSS, COUNTS, known)
     np.testing.assert_array_equal(detector.labels_, GROUP)
     summary = detector.result_.summary
     assert summary["separation_confirmed_group"] is True
@@ -81,7 +88,7 @@ def test_a_group_within_the_confirmed_clients_keeps_its_flags(known: np.ndarray)
     ids=["one-member-new", "others", "none"],
 )
 def test_a_group_with_a_new_member_needs_the_calibrated_threshold(known: np.ndarray) -> None:
-    detector = FedNoRoDetector().fit(LOSS, COUNTS, known)
+    detector = MAJORITY().fit(LOSS, COUNTS, known)
     np.testing.assert_array_equal(detector.labels_, NOBODY)
     assert detector.result_.summary["separation_confirmed_group"] is False
 
@@ -103,7 +110,7 @@ def test_a_confirmed_group_below_d_2_is_not_flagged() -> None:
             [0.61, 0.32],
         ]
     )
-    detector = FedNoRoDetector().fit(loss, COUNTS, np.ones(10, dtype=bool))
+    detector = MAJORITY().fit(loss, COUNTS, np.ones(10, dtype=bool))
     d = detector.ashman_d_
     assert detector.result_.summary["mixture_noisy_count"] > 0
     assert d is not None
@@ -113,7 +120,7 @@ def test_a_confirmed_group_below_d_2_is_not_flagged() -> None:
 
 def test_the_rule_is_permutation_invariant() -> None:
     order = np.array([9, 3, 6, 0, 8, 1, 7, 2, 5, 4])
-    detector = FedNoRoDetector().fit(LOSS[order], COUNTS[order], confirmed(6, 7, 8, 9)[order])
+    detector = MAJORITY().fit(LOSS[order], COUNTS[order], confirmed(6, 7, 8, 9)[order])
     np.testing.assert_array_equal(detector.labels_, GROUP[order])
 
 
@@ -123,7 +130,7 @@ def test_the_rule_is_permutation_invariant() -> None:
 )
 def test_a_malformed_confirmed_is_refused(known: np.ndarray, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
-        FedNoRoDetector().fit(LOSS, COUNTS, known)
+        MAJORITY().fit(LOSS, COUNTS, known)
 
 
 # -- through run_audit: the statuses before the round are the confirmed clients ---------------

@@ -422,7 +422,7 @@ class TestFedNoRoEstimatorContract:
             "min_clients": 4,
             "separation_quantile": 0.99,
             "separation_statistic": "class_z",
-            "separation_groups": "majority",
+            "separation_groups": "all_fits",
         }
         copy = clone(detector)
         assert copy.get_params() == detector.get_params()

@@ -55,7 +55,7 @@ def ashman(values: np.ndarray, group: np.ndarray) -> float:
 
 
 def test_the_case_the_majority_misses() -> None:
-    detector = FedNoRoDetector().fit(LOSS, COUNTS)
+    detector = FedNoRoDetector(separation_groups="majority").fit(LOSS, COUNTS)
     summary = detector.result_.summary
     np.testing.assert_array_equal(detector.labels_, NOBODY)
     assert summary["mixture_noisy_count"] == 3
@@ -88,8 +88,8 @@ def test_when_the_fits_agree_all_fits_is_the_majority_rule() -> None:
     # two well separated groups: every fit finds clients 7-9
     loss = np.array([[0.2 + 0.01 * k, 0.3 + 0.01 * k] for k in range(7)] + [[1.5, 1.6]] * 3)
     loss[7:] += np.array([[0.0, 0.02], [0.03, 0.0], [0.01, 0.05]])
-    majority = FedNoRoDetector().fit(loss, COUNTS)
-    every = FedNoRoDetector(separation_groups="all_fits").fit(loss, COUNTS)
+    majority = FedNoRoDetector(separation_groups="majority").fit(loss, COUNTS)
+    every = FedNoRoDetector().fit(loss, COUNTS)
     assert every.result_.summary["groups_tested"] == 1
     np.testing.assert_array_equal(every.labels_, majority.labels_)
     np.testing.assert_array_equal(every.labels_, np.arange(10) >= 7)
@@ -148,3 +148,25 @@ def test_when_no_group_passes_nobody_is_flagged_and_the_majority_is_reported() -
         null_separation_threshold(10, 3, 1 - 0.0001 / 2)
     )
     assert "none passed; the majority's group is shown" in summary["guard"]
+
+
+def test_without_the_guard_the_flags_are_the_papers_vote() -> None:
+    # paper-exact runs (no guard): the majority's group, whatever the other fits propose
+    detector = FedNoRoDetector(require_separation=False).fit(LOSS, COUNTS)
+    np.testing.assert_array_equal(detector.labels_, THREE)
+    assert detector.result_.summary["groups_tested"] == 1
+    # and no quantile is needed then
+    plain = FedNoRoDetector(require_separation=False, separation_quantile=None)
+    np.testing.assert_array_equal(plain.fit(LOSS, COUNTS).labels_, THREE)
+    AuditConfig(fednoro_require_separation=False, fednoro_separation_quantile=None)
+
+
+def test_all_fits_is_the_default_of_the_audit() -> None:
+    config = AuditConfig(detectors=("fednoro",), primary_detector="fednoro")
+    outcome = run_audit(
+        DictStateReader({"w": np.zeros(2, dtype=np.float32)}),
+        loss_clients(LOSS, COUNTS),
+        config,
+        round_index=5,
+    )
+    assert outcome.primary_flags == FOUR.tolist()

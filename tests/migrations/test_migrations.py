@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from pydantic import SecretStr
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -17,7 +19,7 @@ from service.errors import MigrationsNotAtHeadError
 from service.main import create_app
 from service.store import models  # noqa: F401
 from service.store import repositories as repo
-from service.store.base import Base
+from service.store.base import Base, UTCDateTime, new_id, utcnow
 from service.store.migrate import current_revision, downgrade, head_revision, upgrade
 from service.store.session import make_engine
 
@@ -75,3 +77,62 @@ def test_metrics_event_count_reads_the_kind_index(tmp_path: Path) -> None:
     engine.dispose()
     details = " ".join(str(row[-1]) for row in plan)
     assert "COVERING INDEX ix_event_kind" in details
+
+
+SEPARATION_GROUPS_REVISION = "7c3e5a2b9d14"
+
+
+def _federation_audits(url: str) -> dict[str, dict[str, Any] | None]:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT name, config FROM federation")).all()
+    engine.dispose()
+    out: dict[str, dict[str, Any] | None] = {}
+    for name, config in rows:
+        data = json.loads(config) if isinstance(config, str) else config
+        out[name] = data.get("audit")
+    return out
+
+
+def test_older_federations_keep_the_majority_rule(database_url: str) -> None:
+    # federations stored before the setting existed: one with an audit configuration, one
+    # without (a hand-made row); after the upgrade the first runs the rule it was created with
+    downgrade(database_url, f"{SEPARATION_GROUPS_REVISION}-1")
+    engine = make_engine(database_url)
+    table = sa.table(
+        "federation",
+        sa.column("id", sa.Uuid()),
+        sa.column("input_shape", sa.JSON()),
+        *(sa.column(name) for name in ("name", "num_classes", "rounds")),
+        *(sa.column(name) for name in ("min_clients", "round_deadline_s", "seed", "status")),
+        sa.column("config", sa.JSON()),
+        sa.column("created_at", UTCDateTime()),
+        sa.column("updated_at", UTCDateTime()),
+    )
+    common = {
+        "num_classes": 2,
+        "input_shape": [4],
+        "rounds": 3,
+        "min_clients": 2,
+        "round_deadline_s": 60.0,
+        "seed": 0,
+        "status": "running",
+        "created_at": utcnow(),
+        "updated_at": utcnow(),
+    }
+    with engine.begin() as connection:
+        connection.execute(
+            table.insert(),
+            [
+                {**common, "id": new_id(), "name": "old", "config": {"audit": {"status_m": 2}}},
+                {**common, "id": new_id(), "name": "bare", "config": {"method": "fedavg"}},
+            ],
+        )
+    engine.dispose()
+    upgrade(database_url)
+    audits = _federation_audits(database_url)
+    assert audits["old"] == {"status_m": 2, "fednoro_separation_groups": "majority"}
+    assert audits["bare"] is None
+    downgrade(database_url, f"{SEPARATION_GROUPS_REVISION}-1")
+    assert _federation_audits(database_url)["old"] == {"status_m": 2}
+    upgrade(database_url)
