@@ -82,8 +82,11 @@ _RANGE_EPS = 1e-12
 """A min-max range at or below this carries no information (ALGORITHMS.md 2.1 step 2)."""
 
 SEPARATION_STATISTICS = ("class_z", "mean_loss")
-SEPARATION_GROUPS = ("all_fits", "majority")
 """What the FedNoRo separation guard computes Ashman's D on (:class:`FedNoRoDetector`)."""
+
+SEPARATION_GROUPS = ("all_fits", "majority")
+"""Which of the mixture fits' noisy groups the FedNoRo separation guard judges
+(:class:`FedNoRoDetector`, ``separation_groups``)."""
 
 MIN_CLASS_HOLDERS = 3
 """A class enters :func:`class_standardised_excess` only when at least this many clients hold it
@@ -516,13 +519,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         Which noisy sets the guard judges. ``"majority"``: the vote of step 4 only (the rule
         before this setting existed). ``"all_fits"`` (beyond the paper; with the guard on it
         needs ``separation_quantile``; without the guard the flags are the vote, as in the
-        paper): every distinct noisy
-        set the fits propose that splits the clients (neither side empty), each against the
-        quantile corrected for their number m, 1 - (1 - ``separation_quantile``) / m
-        (Bonferroni; m = 1, every fit agreeing, is the majority rule); the first that passes
-        is flagged, most votes first, and when none passes the majority's verdict is reported.
-        A group within the ``confirmed`` clients needs only ``separation_threshold``, as in
-        the majority rule.
+        paper): every distinct noisy set the fits propose that splits the clients (neither
+        side empty), each against the quantile corrected for their number m,
+        1 - (1 - ``separation_quantile``) / m (Bonferroni; m = 1, every fit agreeing, is the
+        majority rule); the first that passes is flagged, most votes first, and when none
+        passes the verdict on the most voted of them is reported. A group within the
+        ``confirmed`` clients needs only ``separation_threshold``, as in the majority rule.
+        The summary gives ``groups_tested`` (m), ``group_rank`` (0 = the majority's group)
+        and ``separation_quantile_judged``.
         Reason: on few clients the fits can disagree, and the majority can be the wrong one
         (``docs/evaluation.md``, "Open issues" 1: ten clients, five fits for three of the four
         noisy clients, four fits for exactly the four).
@@ -809,7 +813,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             )
             for k in candidates
         ]
-        # The first group (most votes) that passes; when none does, the majority's verdict.
+        # The first group (most votes) that passes; when none does, the most voted one's verdict.
         pick = next((i for i, j in enumerate(judged) if j.separated), 0)
         winner, verdict = candidates[pick], judged[pick]
         chosen = fits[first_fit[winner]]
@@ -853,7 +857,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                 + (
                     f"flagged: the group of {votes[winner]} fit(s))"
                     if flags_applied
-                    else "none passed; the majority's group is shown)"
+                    else "none passed; the most voted of them is shown)"
                 )
             )
 
@@ -887,6 +891,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             "separation_groups": self.separation_groups,
             "groups_tested": len(candidates),
             "group_rank": ranked.index(winner),
+            "separation_quantile_judged": quantile,
             "fits_converged": [f.converged for f in fits],
             "ashman_d": d_value if d_value is not None and math.isfinite(d_value) else None,
             "ashman_d_infinite": d_value is not None and math.isinf(d_value),

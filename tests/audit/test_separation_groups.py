@@ -73,6 +73,7 @@ def test_all_fits_flags_the_minority_group_that_passes_the_corrected_threshold()
     assert summary["group_rank"] == 1  # not the majority's group
     assert summary["vote_count"] < 9 - summary["vote_count"]
     # two groups tested: each at 1 - 0.01 / 2
+    assert summary["separation_quantile_judged"] == pytest.approx(0.995)
     corrected = null_separation_threshold(10, 4, 0.995)
     assert summary["separation_threshold"] == pytest.approx(corrected)
     d_four = ashman(excess(LOSS), FOUR)
@@ -147,7 +148,8 @@ def test_when_no_group_passes_nobody_is_flagged_and_the_majority_is_reported() -
     assert summary["separation_threshold"] == pytest.approx(
         null_separation_threshold(10, 3, 1 - 0.0001 / 2)
     )
-    assert "none passed; the majority's group is shown" in summary["guard"]
+    assert "none passed; the most voted of them is shown" in summary["guard"]
+    assert summary["separation_quantile_judged"] == pytest.approx(1 - 0.0001 / 2)
 
 
 def test_without_the_guard_the_flags_are_the_papers_vote() -> None:
