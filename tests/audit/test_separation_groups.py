@@ -172,3 +172,34 @@ def test_all_fits_is_the_default_of_the_audit() -> None:
         round_index=5,
     )
     assert outcome.primary_flags == FOUR.tolist()
+
+
+def test_a_one_sided_majority_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Make five of the nine fits put every client in the noisy component (injected into
+    # sklearn, not into the detector). That one-sided "group" is the majority but splits
+    # nobody, so the guard judges the others; the majority rule finds no two groups.
+    from sklearn.mixture import GaussianMixture
+
+    real_predict = GaussianMixture.predict
+
+    def some_one_sided(self: GaussianMixture, x: np.ndarray) -> np.ndarray:
+        if self.random_state < 5:
+            return np.full(len(x), int(np.argmax(self.means_.sum(axis=1))))
+        return np.asarray(real_predict(self, x))
+
+    monkeypatch.setattr(GaussianMixture, "predict", some_one_sided)
+    majority = FedNoRoDetector(separation_groups="majority").fit(LOSS, COUNTS)
+    assert majority.ashman_d_ is None
+    assert "every client on one side" in majority.result_.summary["guard"]
+    every = FedNoRoDetector().fit(LOSS, COUNTS)
+    summary = every.result_.summary
+    # the four other fits all propose clients 6-8: one group judged, at the plain quantile
+    assert summary["group_rank"] == 1
+    assert summary["groups_tested"] == 1
+    assert summary["vote_count"] == 4
+    assert summary["mixture_noisy_count"] == 3
+    assert every.ashman_d_ == pytest.approx(ashman(excess(LOSS), THREE))
+    assert summary["separation_threshold"] == pytest.approx(null_separation_threshold(10, 3))
+    # D 5.23 < 5.38 for 3 of 10: judged, and nobody flagged
+    np.testing.assert_array_equal(every.labels_, NOBODY)
+    assert "not separated" in summary["guard"]
