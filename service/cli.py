@@ -290,7 +290,11 @@ _SCORE_NAMES = {
 
 
 def _separation_text(summary: dict[str, Any]) -> str:
-    """ ", Ashman's D 6.8 (needs 12.0)" from FedNoRo's summary; empty without a D."""
+    """ ", Ashman's D 6.8 (needs 12.0)" from FedNoRo's summary; empty without a D.
+
+    When the mixture's fits proposed several groups (``groups_tested``), it says so and which
+    one the D belongs to: "(needs 5.8; 2 groups judged, this one from 4 of 9 fits)".
+    """
     separation = summary.get("ashman_d")
     if not isinstance(separation, int | float):
         return ""
@@ -298,7 +302,13 @@ def _separation_text(summary: dict[str, Any]) -> str:
     if not isinstance(needed, int | float):
         return f", Ashman's D {separation:.1f}"
     confirmed = ", the group already noisy" if summary.get("separation_confirmed_group") else ""
-    return f", Ashman's D {separation:.1f} (needs {needed:.1f}{confirmed})"
+    judged, votes, fits = (summary.get(k) for k in ("groups_tested", "vote_count", "n_fits"))
+    groups = (
+        f"; {judged} groups judged, this one from {votes} of {fits} fits"
+        if isinstance(judged, int) and judged > 1
+        else ""
+    )
+    return f", Ashman's D {separation:.1f} (needs {needed:.1f}{confirmed}{groups})"
 
 
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:

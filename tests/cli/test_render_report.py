@@ -71,3 +71,13 @@ def test_the_caption_gives_the_separation_and_what_the_guard_needs():
         {"separation_threshold": 2.0, "separation_confirmed_group": True}
     )
     assert "Ashman's D 6.8 (needs 2.0, the group already noisy)" in text_of(data)
+
+
+def test_the_caption_says_when_several_groups_were_judged():
+    data = report("class_z")
+    summary = data["latest"]["primary_summary"]
+    summary.update({"ashman_d": 6.1, "separation_threshold": 5.77, "n_fits": 9})
+    summary.update({"groups_tested": 2, "vote_count": 4})
+    assert "Ashman's D 6.1 (needs 5.8; 2 groups judged, this one from 4 of 9 fits)" in text_of(data)
+    summary["groups_tested"] = 1  # the fits agreed: nothing to add
+    assert "Ashman's D 6.1 (needs 5.8)" in text_of(data)
