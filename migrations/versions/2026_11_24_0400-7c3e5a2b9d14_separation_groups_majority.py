@@ -12,7 +12,7 @@ Revises: 5b1f0c9d7e21
 Create Date: 2026-11-24 04:00:00+00:00
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,7 +28,8 @@ KEY = "fednoro_separation_groups"
 federation = sa.table("federation", sa.column("id", sa.Uuid()), sa.column("config", sa.JSON()))
 
 
-def _rewrite(change: Any) -> None:
+def _rewrite(change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Apply ``change`` to the stored audit configuration of every federation that has one."""
     connection = op.get_bind()
     rows = connection.execute(sa.select(federation.c.id, federation.c.config)).all()
     for row_id, config in rows:
