@@ -799,24 +799,28 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             usable = z_classes.size > 0
         else:
             statistic, usable = mean_loss, True
+        fit_of = {key: fits[i] for key, i in first_fit.items()}  # the first fit of each set
         candidates = ranked[:1]
         if self.separation_groups == "all_fits" and require_separation:
-            proper = [k for k in ranked if 0 < int(fits[first_fit[k]].labels.sum()) < n_clients]
+            proper = [k for k in ranked if 0 < int(fit_of[k].labels.sum()) < n_clients]
             candidates = proper or candidates
         quantile = self.separation_quantile
         if quantile is not None and len(candidates) > 1:
             # Bonferroni: each of the m groups tested at level (1 - quantile) / m.
             quantile = 1.0 - (1.0 - float(quantile)) / len(candidates)
-        judged = [
-            self._judge(
-                fits[first_fit[k]].labels, statistic, usable, confirmed, threshold, quantile
+        # The first group (most votes) that passes; when none does, the most voted one's
+        # verdict. Groups after the first that passes are not judged (each new group size may
+        # cost a null threshold).
+        judged: list[tuple[bytes, _GroupVerdict]] = []
+        for key in candidates:
+            group = fit_of[key].labels
+            judged.append(
+                (key, self._judge(group, statistic, usable, confirmed, threshold, quantile))
             )
-            for k in candidates
-        ]
-        # The first group (most votes) that passes; when none does, the most voted one's verdict.
-        pick = next((i for i, j in enumerate(judged) if j.separated), 0)
-        winner, verdict = candidates[pick], judged[pick]
-        chosen = fits[first_fit[winner]]
+            if judged[-1][1].separated:
+                break
+        winner, verdict = judged[-1] if judged[-1][1].separated else judged[0]
+        chosen = fit_of[winner]
         vote_labels = chosen.labels.copy()
         noisy_group = statistic[vote_labels]
         clean_group = statistic[~vote_labels]
