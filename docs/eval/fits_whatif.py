@@ -49,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from claim1_ablation import indicator, load_runs  # noqa: E402
+from guard_whatif import _passes  # noqa: E402
 
 from service.audit import FedNoRoDetector  # noqa: E402
 from service.audit.detection import (  # noqa: E402
     ashman_d,
     class_standardised_excess,
-    null_separation_threshold,
 )
 from service.simulation.metrics import detection_metrics  # noqa: E402
 
@@ -85,10 +85,7 @@ def fit_groups(features: np.ndarray, fits: int = 9) -> list[tuple[np.ndarray, in
 def passes(statistic: np.ndarray, group: np.ndarray, quantile: float) -> bool:
     """Ashman's D of ``group`` against the rest above max(2, the null quantile)."""
     a = int(group.sum())
-    if a == 0 or a == group.size:
-        return False
-    d = ashman_d(statistic[group], statistic[~group])
-    return d is not None and d >= max(2.0, null_separation_threshold(group.size, a, quantile))
+    return _passes(ashman_d(statistic[group], statistic[~group]), a, group.size - a, quantile)
 
 
 def decide(statistic: np.ndarray, groups: list[tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
