@@ -13,10 +13,11 @@ that with Bonferroni's rule (m distinct groups, each tested at 1 % / m):
   ``fednoro_separation_groups``); status and confirmed groups ignored, as in
   ``guard_whatif.py``;
 - ``fits_bonf``: every distinct group of the 9 fits, most votes first, each at 1 - 0.01 / m;
-  the first that passes is flagged (family-wise level 1 % for a clean federation, since each
-  test is already conservative: the null is the top-n split of one normal population);
+  the first that passes is flagged (by the argument that each test is already conservative,
+  its null being the top-n split of one normal population, a clean federation's family-wise
+  level stays near 1 %; the columns measure what it gives on real signals);
 - ``maj_then_bonf``: the majority at the usual 1 %; when it fails, the other groups at
-  1 - 0.01 / (m - 1) (family-wise level up to 2 %);
+  1 - 0.01 / (m - 1) (family-wise level up to 2 % by the same argument);
 - ``product``: the product's ``FedNoRoDetector(separation_groups="all_fits")`` (the default
   since that setting) on the same
   signals (no confirmed clients); it must equal ``fits_bonf``, which re-implements it here;
