@@ -391,7 +391,11 @@ class _GroupVerdict:
     threshold: float
     null_threshold: float | None
     confirmed_group: bool
-    separated: bool
+
+    @property
+    def separated(self) -> bool:
+        """D reaches the threshold (False when D is undefined)."""
+        return self.d_value is not None and self.d_value >= self.threshold
 
 
 @dataclass(frozen=True)
@@ -717,7 +721,6 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             threshold=threshold,
             null_threshold=null_threshold,
             confirmed_group=confirmed_group,
-            separated=d_value is not None and d_value >= threshold,
         )
 
     def _detect(
