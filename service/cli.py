@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 app = typer.Typer(
@@ -48,7 +49,8 @@ TokenOption = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    # The message is text, not markup: "fedaudit[vision]" or "spec[1].json" print as written.
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

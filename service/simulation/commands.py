@@ -274,9 +274,11 @@ def output_console() -> Console:
 def _fail(console: Console, message: str, code: int) -> typer.Exit:
     """Print ``message`` on standard error and return the exit to raise."""
     from rich.console import Console
+    from rich.markup import escape
 
     err = Console(stderr=True, width=max(console.width, 100))
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # The message is text, not markup: "fedaudit[vision]" prints as written.
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     return typer.Exit(code)
 
 

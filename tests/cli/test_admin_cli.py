@@ -137,3 +137,12 @@ def test_federation_create_refuses_an_unreadable_spec(
     result = CliRunner().invoke(app, ["federation", "create", str(spec)], env=env)
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split())
+
+
+def test_an_error_message_is_printed_as_text_not_markup(tmp_path: Path) -> None:
+    # brackets in a path (or a server's problem detail) are not console markup
+    spec = tmp_path / "spec[site].json"
+    env = {"FEDAUDIT_URL": "http://127.0.0.1:9", "FEDAUDIT_ADMIN_TOKEN": "t" * 20}
+    result = CliRunner().invoke(app, ["federation", "create", str(spec)], env=env)
+    assert result.exit_code == 2, result.output
+    assert "spec[site].json" in "".join(result.output.split())

@@ -124,6 +124,8 @@ def test_cli_simulate_without_torchvision_names_the_extra(tmp_path: Path, monkey
     result = runner.invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 2, result.output  # a clear error, not a traceback
     assert "model: model 'tv:resnet18' needs torchvision" in " ".join(result.output.split())
+    # the extra's name is printed as written, not eaten as console markup
+    assert "pip install 'fedaudit[vision]'" in " ".join(result.output.split())
     assert not out.exists()
 
 
