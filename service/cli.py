@@ -196,7 +196,7 @@ def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption
     table.add_column("id", no_wrap=True, min_width=36)
     for f in items:
         table.add_row(
-            f.name,
+            escape(f.name),
             f.status,
             f"{f.joined_clients}/{f.clients}",
             f"{f.rounds_started}/{f.plan.rounds}",
@@ -225,7 +225,9 @@ def federation_stop(
     """Stop a federation for good: its open round fails and every site is told the reason."""
     with _admin(url, token) as admin:
         federation = _call(admin.stop_federation, federation_id, reason)
-    _stdout().print(f"federation {federation.name} ({federation.id}): {federation.status_reason}")
+    _stdout().print(
+        escape(f"federation {federation.name} ({federation.id}): {federation.status_reason}")
+    )
 
 
 @client_app.command("add")
@@ -238,7 +240,7 @@ def client_add(
     """Add a client and print its token (shown once)."""
     with _admin(url, token) as admin:
         created = _call(admin.add_client, federation_id, name)
-    _stdout().print(f"client {created.name} ({created.id})")
+    _stdout().print(escape(f"client {created.name} ({created.id})"))
     _stdout().print(f"token: {created.token}")
 
 
@@ -253,7 +255,7 @@ def client_list(
     table.add_column("id", no_wrap=True, min_width=36)
     for c in clients:
         table.add_row(
-            c.name,
+            escape(c.name),
             c.pinned_status or c.status,
             str(c.num_samples or "-"),
             "yes" if c.joined_at else "no",
@@ -316,12 +318,13 @@ def _separation_text(summary: dict[str, Any]) -> str:
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
-    title = (
+    # Names, reasons and warnings are data, not console markup (escape: "site[a]" stays whole).
+    title = escape(
         f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
         f"{data['primary_detector']}"
     )
     if data.get("status") == "failed":
-        title += f"; FAILED: {data.get('status_reason') or 'no reason recorded'}"
+        title += escape(f"; FAILED: {data.get('status_reason') or 'no reason recorded'}")
     caption = ""
     if latest:
         summary = latest.get("primary_summary") or {}
@@ -338,7 +341,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
             + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
         )
-    table = Table(title=title, caption=caption)
+    table = Table(title=title, caption=escape(caption))
     table.add_column("client", no_wrap=True)
     table.add_column("status")
     if truth is not None:
@@ -357,7 +360,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     for row in data["clients"]:
         scores = row.get("latest_scores") or {}
         status = row["status"] + (" (pinned)" if row.get("pinned_status") else "")
-        cells = [row["name"], f"[{styles.get(row['status'], '')}]{status}[/]"]
+        cells = [escape(row["name"]), f"[{styles.get(row['status'], '')}]{escape(status)}[/]"]
         if truth is not None:
             cells.append(number(truth.get(row["name"])))
         cells += [
@@ -365,7 +368,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             number(scores.get("fednoro")),
             number(scores.get("fedncl"), ".3g"),
             number(row.get("reliability")),
-            ", ".join(row.get("noisy_classes") or []) or "-",
+            escape(", ".join(row.get("noisy_classes") or []) or "-"),
             number(row.get("last_weight"), ".3f"),
         ]
         table.add_row(*cells)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -216,7 +217,7 @@ class _ProgressDisplay:
     def on_server(self, url: str, data_dir: Path) -> None:
         # The bars appear once the data is prepared and the coordinator is up, so a scenario
         # that fails before that shows its error alone, not a row of "waiting" bars.
-        self.console.print(f"coordinator at {url}, data directory [bold]{data_dir}[/]")
+        self.console.print(f"coordinator at {url}, data directory [bold]{escape(str(data_dir))}[/]")
         self.progress.start()
 
     def on_failure(self, failure: RunFailure) -> None:
@@ -274,7 +275,6 @@ def output_console() -> Console:
 def _fail(console: Console, message: str, code: int) -> typer.Exit:
     """Print ``message`` on standard error and return the exit to raise."""
     from rich.console import Console
-    from rich.markup import escape
 
     err = Console(stderr=True, width=max(console.width, 100))
     # The message is text, not markup: "fedaudit[vision]" prints as written.
@@ -460,7 +460,8 @@ def simulate(
         out_dir = out if out is not None else _default_out(f"simulation-{scenario.name}")
         _check_out(out_dir)
         console.print(
-            f"scenario [bold]{scenario.name}[/]: {scenario.dataset}, {scenario.clients} clients, "
+            f"scenario [bold]{escape(scenario.name)}[/]: {scenario.dataset}, "
+            f"{scenario.clients} clients, "
             f"{scenario.partition.method} partition, {scenario.noise.protocol} noise "
             f"({scenario.noise.flip}), {scenario.training.rounds} rounds; methods "
             f"{', '.join(m.name for m in scenario.methods)}; seeds "
@@ -490,8 +491,8 @@ def simulate(
 
 def _print_where(console: Console, outcome: SimulationOutcome) -> None:
     console.print(
-        f"results: [bold]{outcome.out_dir}[/] (runs/: JSON and CSV per run; rounds.csv, "
-        "clients.csv, summary.csv, results.json"
+        f"results: [bold]{escape(str(outcome.out_dir))}[/] (runs/: JSON and CSV per run; "
+        "rounds.csv, clients.csv, summary.csv, results.json"
         + (", *.png" if any(p.suffix == ".png" for p in outcome.files) else "")
         + ")"
     )
@@ -499,11 +500,11 @@ def _print_where(console: Console, outcome: SimulationOutcome) -> None:
         size = sum(p.stat().st_size for p in outcome.data_dir.rglob("*") if p.is_file())
         console.print(
             f"coordinator data directory (SQLite, models, updates, log; {size / 1e6:.0f} MB): "
-            f"{outcome.data_dir}"
+            f"{escape(str(outcome.data_dir))}"
         )
         console.print(
             "browse the reports in the admin dashboard: "
-            f"FEDAUDIT_DATA_DIR={shlex.quote(str(outcome.data_dir))} "
+            f"FEDAUDIT_DATA_DIR={escape(shlex.quote(str(outcome.data_dir)))} "
             "FEDAUDIT_ADMIN_TOKEN=<choose one> fedaudit serve, then open "
             "http://127.0.0.1:8000/admin and log in with that token",
             soft_wrap=True,
@@ -599,7 +600,7 @@ def run_demo(
             f"{scenario.noise.flip} label noise; {scenario.training.rounds} rounds of "
             f"{' and '.join(m.name for m in scenario.methods)} on identical data"
         )
-        console.print(f"writing to [bold]{out_dir}[/]")
+        console.print(f"writing to [bold]{escape(str(out_dir))}[/]")
         outcome = _run(scenario, out_dir, console=console, progress=progress, plots=True)
     except ScenarioError as exc:
         raise _fail(console, str(exc), 2) from None

@@ -54,8 +54,13 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         added = runner.invoke(app, ["client", "add", fid, "hospital-a"], env=env)
         assert added.exit_code == 0
         assert "token: fa_c_" in added.output
+        # a name with brackets is printed as written, not taken for console markup
+        bracketed = runner.invoke(app, ["client", "add", fid, "lab[b]"], env=env)
+        assert bracketed.exit_code == 0, bracketed.output
+        assert "client lab[b] (" in bracketed.output
         clients = runner.invoke(app, ["client", "list", fid], env=env)
         assert "hospital-a" in clients.output
+        assert "lab[b]" in clients.output
         client_id = added.output.split("(")[1].split(")")[0]
         narrow = runner.invoke(app, ["client", "list", fid], env=terminal)
         assert client_id in narrow.output, narrow.output
@@ -63,6 +68,7 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output
         assert "hospital-a" in report.output
+        assert "lab[b]" in report.output
         # Into a file or a pipe (no terminal, no COLUMNS) the table gets 120 columns, so its
         # headers are whole.
         piped = {k: v for k, v in env.items() if k != "COLUMNS"}

@@ -37,9 +37,9 @@ def report(statistic: str | None) -> dict[str, Any]:
     }
 
 
-def text_of(data: dict[str, Any]) -> str:
+def text_of(data: dict[str, Any], truth: dict[str, float] | None = None) -> str:
     console = Console(width=250, record=True)
-    console.print(render_report(data, truth={"site-a": 0.3}))
+    console.print(render_report(data, truth=truth or {"site-a": 0.3}))
     return console.export_text()
 
 
@@ -81,3 +81,18 @@ def test_the_caption_says_when_several_groups_were_judged():
     assert "Ashman's D 6.1 (needs 5.8; 2 groups judged, this one from 4 of 9 fits)" in text_of(data)
     summary["groups_tested"] = 1  # the fits agreed: nothing to add
     assert "Ashman's D 6.1 (needs 5.8)" in text_of(data)
+
+
+def test_names_reasons_and_classes_are_text_not_markup():
+    # A site, a class, a federation or a reason can hold brackets; rich would take "[a]" for
+    # a style tag and drop it.
+    data = report("class_z")
+    data["federation"] = "fed[b]"
+    data["status"] = "failed"
+    data["status_reason"] = "stopped by the admin: [audit] relabelled"
+    data["clients"][0].update({"name": "site[a]", "noisy_classes": ["[x]"]})
+    data["latest"]["warnings"] = ["look at [site]"]
+    text = text_of(data, truth={"site[a]": 0.3})
+    for word in ("fed[b]", "[audit] relabelled", "site[a]", "[x]", "look at [site]"):
+        assert word in text, word
+    assert "0.30" in text  # the true rate found under the bracketed name

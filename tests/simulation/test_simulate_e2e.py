@@ -207,11 +207,12 @@ def test_a_diverging_method_fails_alone_and_the_comparison_completes(tmp_path: P
             }
         )
     )
-    out = tmp_path / "out"
+    out = tmp_path / "out[run]"  # brackets in the path are printed, not taken for markup
     args = ["simulate", "--scenario", str(scenario), "--out", str(out), "--no-progress"]
     result = runner.invoke(app, [*args, "--no-plots"])
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
+    assert f"results: {out} " in "".join(result.output.splitlines())
     assert "1 of 2 run(s) failed" in text
     assert "blowup seed 0: client-00 failed in round 0 (TrainingDivergedError:" in text
     assert "0 round(s) completed" in text
