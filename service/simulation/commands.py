@@ -364,6 +364,9 @@ def simulate(
     batch_size: Annotated[
         int | None, typer.Option(help="Local batch size (scenario default 32)", show_default=False)
     ] = None,
+    momentum: Annotated[
+        float | None, typer.Option(help="SGD momentum (scenario default 0.5)", show_default=False)
+    ] = None,
     method: Annotated[
         str | None,
         typer.Option(help="Run one method (a scenario method or a preset)", show_default=False),
@@ -438,6 +441,7 @@ def simulate(
             "training.local_epochs": local_epochs,
             "training.lr": lr,
             "training.batch_size": batch_size,
+            "training.momentum": momentum,
             "seeds": _parse_seeds(seed, seeds),
         }
         if method is not None and compare is not None:

@@ -271,7 +271,7 @@ def test_a_scenario_without_training_gets_the_reference_schedule():
     # generic 20 rounds x 1 epoch at lr 0.01, with which the small models barely learn.
     scenario = validate_scenario({"dataset": "wine", "clients": 3, "methods": [{}]})
     assert scenario.training == TrainingSpec(
-        rounds=30, local_epochs=5, lr=0.05, batch_size=32, momentum=0.9
+        rounds=30, local_epochs=5, lr=0.05, batch_size=32, momentum=0.5
     )
     for name in ("V1", "V2", "V3", "V4", "V5", "V6"):
         assert get_preset(name).training == scenario.training, name

@@ -140,6 +140,7 @@ def test_cli_simulate_without_torchvision_names_the_extra(tmp_path: Path, monkey
         (["--partition-param", "beta"], "--partition-param 'beta': expected KEY=VALUE"),
         (["--flip", "asymmetric", "--class-map", "3-5"], "expected SOURCE:TARGET pairs"),
         (["--noise", "rho_range", "--noise-param", "rho=2"], "rho=2 must lie in [0, 1]"),
+        (["--preset", "V1", "--momentum", "1.5"], "training.momentum: Input should be less than 1"),
     ],
 )
 def test_cli_simulate_flag_errors(tmp_path: Path, args: list[str], expected: str):
@@ -155,7 +156,7 @@ def test_cli_simulate_help_states_the_scenario_training_defaults():
     assert isinstance(command, typer.core.TyperGroup)
     helps = {p.name: getattr(p, "help", "") for p in command.commands["simulate"].params}
     defaults = TrainingSpec()
-    for name in ("rounds", "local_epochs", "lr", "batch_size"):
+    for name in ("rounds", "local_epochs", "lr", "batch_size", "momentum"):
         assert f"(scenario default {getattr(defaults, name)})" in helps[name], name
 
 
