@@ -705,15 +705,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         quantile: float | None,
     ) -> _GroupVerdict:
         """Step 5 for one candidate noisy group."""
-        n_clients, n_group = group.size, int(group.sum())
+        n_group = int(group.sum())
+        splits = 0 < n_group < group.size
         d_value = ashman_d(statistic[group], statistic[~group]) if usable else None
         # A group of clients already confirmed noisy keeps its flags on D >= threshold alone.
-        confirmed_group = bool(
-            confirmed is not None and 0 < n_group < n_clients and confirmed[group].all()
-        )
+        confirmed_group = bool(confirmed is not None and splits and confirmed[group].all())
         null_threshold: float | None = None
-        if quantile is not None and 0 < n_group < n_clients:
-            null_threshold = null_separation_threshold(n_clients, n_group, quantile)
+        if quantile is not None and splits:
+            null_threshold = null_separation_threshold(group.size, n_group, quantile)
         if not confirmed_group:
             threshold = max(threshold, null_threshold or 0.0)
         return _GroupVerdict(
@@ -814,15 +813,18 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         # The first group (most votes) that passes; when none does, the most voted one's
         # verdict. Groups after the first that passes are not judged (each new group size may
         # cost a null threshold).
-        judged: list[tuple[bytes, _GroupVerdict]] = []
+        most_voted: tuple[bytes, _GroupVerdict] | None = None
         for key in candidates:
-            group = fit_of[key].labels
-            judged.append(
-                (key, self._judge(group, statistic, usable, confirmed, threshold, quantile))
+            verdict = self._judge(
+                fit_of[key].labels, statistic, usable, confirmed, threshold, quantile
             )
-            if judged[-1][1].separated:
+            if verdict.separated:
+                winner = key
                 break
-        winner, verdict = judged[-1] if judged[-1][1].separated else judged[0]
+            most_voted = most_voted or (key, verdict)
+        else:
+            assert most_voted is not None  # candidates is never empty
+            winner, verdict = most_voted
         chosen = fit_of[winner]
         vote_labels = chosen.labels.copy()
         noisy_group = statistic[vote_labels]
