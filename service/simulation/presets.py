@@ -10,10 +10,10 @@ schedule is one shared choice, not tuned per scenario:
   accuracy falls with the noise rate) and the small-loss selection of FedRN and RoFL rest on the
   early-learning effect: within a round the local model fits the clean labels before the noisy
   ones. Until the evaluation found it, the schedule used momentum 0.9, five times the effective
-  step (lr / (1 - momentum): 0.5 against 0.1), with which a local model fits its whole data
-  set, wrong labels included, within one round; on V6 FedRN's selection then kept the wrong
+  step (lr / (1 - momentum): 0.5 against 0.1); on V6 FedRN's selection then kept the wrong
   labels of most clients above a noise rate of 0.55 (label precision 0.12-0.46) and expertise
-  stopped falling with the rate (``docs/evaluation.md``, "The shared schedule");
+  stopped falling with the rate, which momentum 0.5 restored (``docs/evaluation.md``, "The
+  shared schedule");
 - ``lr = 0.05``, ``batch_size = 32``: the models are the small normalisation-free CNN/MLP of
   ``service.simulation.models`` on a few dozen to a few hundred samples per client; with the
   coordinator's default lr 0.01 the V1 federation needs about three times as many rounds to
