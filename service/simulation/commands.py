@@ -352,7 +352,7 @@ def simulate(
         list[str] | None, typer.Option(help="Model option KEY=VALUE (repeatable)")
     ] = None,
     rounds: Annotated[
-        int | None, typer.Option(help="Rounds (scenario default 30)", show_default=False)
+        int | None, typer.Option(help="Rounds (scenario default 100)", show_default=False)
     ] = None,
     local_epochs: Annotated[
         int | None,
@@ -589,7 +589,7 @@ def run_demo(
     from service.simulation.presets import get_preset
     from service.simulation.results import comparison_table
     from service.simulation.runner import SimulationError
-    from service.simulation.scenario import ScenarioError, apply_overrides
+    from service.simulation.scenario import ScenarioError, TrainingSpec, apply_overrides
 
     console = output_console()
     try:
@@ -619,4 +619,13 @@ def run_demo(
     console.print(_truth_line(audited))
     console.print(_detection_line(audited))
     console.print(comparison_table(outcome.runs, title="accuracy and detection, both methods"))
+    reference_rounds = TrainingSpec().rounds
+    if scenario.training.rounds < reference_rounds:
+        console.print(
+            f"accuracy: after {scenario.training.rounds} rounds both models are still learning, "
+            "so the two accuracies are close. The noise costs FedAvg later: on V1's "
+            f"{reference_rounds} rounds FedAvg's accuracy falls from about round 60 on while "
+            f"FedNoRo's keeps rising (docs/evaluation.md). `fedaudit demo --rounds "
+            f"{reference_rounds}` shows it (a few minutes)."
+        )
     _print_where(console, outcome)

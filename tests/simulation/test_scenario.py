@@ -271,7 +271,7 @@ def test_a_scenario_without_training_gets_the_reference_schedule():
     # generic 20 rounds x 1 epoch at lr 0.01, with which the small models barely learn.
     scenario = validate_scenario({"dataset": "wine", "clients": 3, "methods": [{}]})
     assert scenario.training == TrainingSpec(
-        rounds=30, local_epochs=5, lr=0.05, batch_size=32, momentum=0.5
+        rounds=100, local_epochs=5, lr=0.05, batch_size=32, momentum=0.5
     )
     for name in ("V1", "V2", "V3", "V4", "V5", "V6"):
         assert get_preset(name).training == scenario.training, name
@@ -286,7 +286,7 @@ def test_preset_names_are_case_insensitive_and_copies():
     data["training"]["rounds"] = 2
     v1 = get_preset("V1")
     assert (v1.clients, v1.partition.params["p"], len(v1.methods)) == (20, 0.9, 2)
-    assert v1.training.rounds == 30
+    assert v1.training.rounds == 100
     with pytest.raises(ScenarioError, match="preset 'V9' does not exist"):
         get_preset("V9")
 

@@ -178,6 +178,9 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     assert "ground truth: 8 of 20 clients are noisy" in text
     assert "fednoro's primary detector (fednoro)" in text
     assert "accuracy and detection, both methods" in text
+    # A run shorter than the reference schedule says where the accuracy gap shows.
+    assert "after 2 rounds both models are still learning" in " ".join(text.split())
+    assert "fedaudit demo --rounds 100" in " ".join(text.split())
     for name in ("accuracy.png", "scores_vs_noise.png", "rounds.csv", "clients.csv"):
         assert (out / name).is_file(), name
     assert (out / "runs" / "fednoro_seed0.json").is_file()
