@@ -4,6 +4,10 @@
 - ``per_class_loss``: mean cross-entropy per given label with **theta_G** (the model received this
   round, before local training), eval mode, no augmentation; ``None`` for a class with no sample
   (FedNoRo detection, seed 004 section 4.1, eq. 3's input).
+- ``per_class_loss_sd``: sent with ``per_class_loss``: the standard deviation (population, ddof 0)
+  of the same per-sample losses, per given label; ``None`` for a class with no sample. It gives
+  the audit's calibrated evidence its within-site standard error, sd / sqrt(n - 1)
+  (``service/audit/evidence.py``).
 - ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k, seed 001
   eq. 8).
 - ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
@@ -112,6 +116,8 @@ class Signals:
         Histogram of the given labels (C ints).
     per_class_loss : list of (float or None) or None
         theta_G's mean cross-entropy per given label; None where the count is 0.
+    per_class_loss_sd : list of (float or None) or None
+        Standard deviation (ddof 0) of the same per-sample losses; None where the count is 0.
     train_loss : float or None
         Mean training cross-entropy of the recipe.
     train_accuracy : float or None
@@ -125,6 +131,7 @@ class Signals:
     num_samples: int
     class_counts: list[int]
     per_class_loss: list[float | None] | None = None
+    per_class_loss_sd: list[float | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: list[list[float]] | None = None
@@ -133,7 +140,7 @@ class Signals:
     def to_json(self) -> dict[str, Any]:
         """Return the signals as a JSON object, leaving out those that were not computed."""
         out: dict[str, Any] = {"num_samples": self.num_samples, "class_counts": self.class_counts}
-        for name in sorted(OPTIONAL_SIGNALS):
+        for name in sorted(OPTIONAL_SIGNALS | {"per_class_loss_sd"}):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -271,6 +278,15 @@ def compute_signals(
         for total, count in zip(sums.tolist(), counts.tolist(), strict=True):
             per_class.append(None if count == 0 else _finite("per_class_loss", total / count))
         signals.per_class_loss = per_class
+        # Second pass around each class's mean (not sum of squares minus squared mean, which
+        # cancels badly in float32 when the losses are nearly equal).
+        means = torch.tensor([0.0 if m is None else m for m in per_class], dtype=acc, device=dev)
+        squares = torch.zeros(num_classes, dtype=acc, device=dev)
+        squares.index_add_(0, d.labels, torch.square(losses.to(acc) - means[d.labels]))
+        signals.per_class_loss_sd = [
+            None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
+            for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
+        ]
 
     if "train_loss" in required:
         signals.train_loss = _finite("train_loss", float(train_report.train_loss))

@@ -37,6 +37,7 @@ from service.audit.detection import (
     next_status,
     null_separation_threshold,
 )
+from service.audit.evidence import EvidenceDetector, benjamini_hochberg
 from service.audit.pipeline import (
     DETECTORS,
     PRIMARY_DETECTORS,
@@ -70,6 +71,7 @@ __all__ = [
     "ClientVerdict",
     "DetectionResult",
     "DictStateReader",
+    "EvidenceDetector",
     "FedNCLDetector",
     "FedNoRoDetector",
     "FloatArray",
@@ -88,6 +90,7 @@ __all__ = [
     "aggregate_reliability_weighted",
     "aggregate_trimmed_mean",
     "ashman_d",
+    "benjamini_hochberg",
     "correction_candidates",
     "expertise",
     "expertise_detection",

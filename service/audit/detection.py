@@ -149,8 +149,11 @@ class DetectionResult:
     ----------
     method : str
         ``"fednoro"``, ``"fedncl"`` or ``"expertise"``.
-    status : {"ok", "undetermined"}
-        "undetermined" when the detector could not decide (then every verdict is None).
+    status : {"ok", "undetermined", "inconclusive"}
+        "undetermined" when the detector could not decide (then every verdict is None);
+        "inconclusive" when it computed every site's evidence but abstains from flagging
+        (the consensus it measures against is suspect; every flag False, ``reason`` says why:
+        :mod:`service.audit.evidence`).
     reason : str or None
         Why the result is undetermined (human readable); None when ``status == "ok"``.
     verdicts : list of ClientVerdict or None
@@ -160,7 +163,7 @@ class DetectionResult:
     """
 
     method: str
-    status: Literal["ok", "undetermined"]
+    status: Literal["ok", "undetermined", "inconclusive"]
     reason: str | None
     verdicts: list[ClientVerdict | None]
     summary: dict[str, Any] = field(default_factory=dict)

@@ -63,6 +63,7 @@ from service.audit.detection import (
     fedncl_divergences,
     next_status,
 )
+from service.audit.evidence import EvidenceDetector
 from service.audit.reliability import k_reliable_neighbors
 from service.audit.state import StateReader
 
@@ -76,10 +77,10 @@ __all__ = [
     "run_audit",
 ]
 
-DETECTORS = ("fednoro", "fedncl", "expertise")
+DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
 """Detector names accepted in :attr:`AuditConfig.detectors`."""
 
-PRIMARY_DETECTORS = ("fednoro", "fedncl")
+PRIMARY_DETECTORS = ("fednoro", "fedncl", "evidence")
 """Detectors that flag clients and can therefore be primary."""
 
 AGGREGATION_FLAGS = ("status", "round")
@@ -108,6 +109,9 @@ class ClientRoundData:
         Histogram of the client's (possibly noisy) labels.
     per_class_loss : array-like of shape (n_classes,), optional
         Mean loss per given label under theta_G; NaN/None where the count is 0 (FedNoRo).
+    per_class_loss_sd : array-like of shape (n_classes,), optional
+        Standard deviation (ddof 0) of the same per-sample losses; NaN/None where the count is
+        0 (the calibrated evidence's within-site standard error, ``service.audit.evidence``).
     train_loss : float, optional
         Mean training cross-entropy (Fed-NCL h_k).
     train_accuracy : float, optional
@@ -125,6 +129,7 @@ class ClientRoundData:
     class_counts: IntArray | Sequence[int]
     state: StateReader
     per_class_loss: FloatArray | Sequence[float | None] | None = None
+    per_class_loss_sd: FloatArray | Sequence[float | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: FloatArray | Sequence[Sequence[float]] | None = None
@@ -167,6 +172,11 @@ class AuditConfig:
     fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
+    evidence_q, evidence_min_clients, evidence_min_informativeness, \
+evidence_max_flagged_fraction
+        :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
+        ``min_informativeness``, ``max_flagged_fraction``): the calibrated evidence with a
+        stated false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
         the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
@@ -226,6 +236,10 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     fednoro_separation_quantile: float | None = 0.99
     fednoro_separation_statistic: str = "class_z"
     fednoro_min_clients: int = 4
+    evidence_q: float = 0.01
+    evidence_min_clients: int = 5
+    evidence_min_informativeness: float = 0.05
+    evidence_max_flagged_fraction: float = 0.5
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -331,6 +345,8 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
             ),
         )
         check_int("fednoro_min_clients", self.fednoro_min_clients, min_value=2)
+        # EvidenceDetector validates its own parameters; build one to fail here, not at a round.
+        _evidence_detector(self)
         check_bool("fedncl_two_sided", self.fedncl_two_sided)
         check_choice(
             "fedncl_divergence_variant", self.fedncl_divergence_variant, ("paper", "reference")
@@ -460,6 +476,7 @@ class _Checked:
     num_samples: IntArray
     class_counts: IntArray
     per_class_loss: list[FloatArray | None]
+    per_class_loss_sd: list[FloatArray | None]
     train_loss: list[float | None]
     train_accuracy: list[float | None]
     probes: list[FloatArray | None]
@@ -472,6 +489,7 @@ def _check_clients(clients: Sequence[ClientRoundData], label: str) -> _Checked:
     n: list[int] = []
     counts: list[IntArray] = []
     losses: list[FloatArray | None] = []
+    spreads: list[FloatArray | None] = []
     train_loss: list[float | None] = []
     accuracy: list[float | None] = []
     probes: list[FloatArray | None] = []
@@ -510,6 +528,17 @@ def _check_clients(clients: Sequence[ClientRoundData], label: str) -> _Checked:
                     f"{where}.per_class_loss: {loss.size} classes, expected {row.size}"
                 )
             losses.append(loss)
+        if client.per_class_loss_sd is None:
+            spreads.append(None)
+        else:
+            spread = as_float_array(
+                f"{where}.per_class_loss_sd", client.per_class_loss_sd, ndim=1, allow_nan=True
+            )
+            if spread.shape != row.shape:
+                raise InvalidInputError(
+                    f"{where}.per_class_loss_sd: {spread.size} classes, expected {row.size}"
+                )
+            spreads.append(spread)
         train_loss.append(_optional_scalar(f"{where}.train_loss", client.train_loss, 0.0, None))
         accuracy.append(
             _optional_scalar(f"{where}.train_accuracy", client.train_accuracy, 0.0, 1.0)
@@ -525,6 +554,7 @@ def _check_clients(clients: Sequence[ClientRoundData], label: str) -> _Checked:
         num_samples=np.asarray(n, dtype=np.int64),
         class_counts=np.stack(counts) if counts else np.zeros((0, n_classes), dtype=np.int64),
         per_class_loss=losses,
+        per_class_loss_sd=spreads,
         train_loss=train_loss,
         train_accuracy=accuracy,
         probes=probes,
@@ -583,6 +613,33 @@ def _run_fednoro(
     return result
 
 
+def _evidence_detector(config: AuditConfig) -> EvidenceDetector:
+    return EvidenceDetector(
+        q=config.evidence_q,
+        min_clients=config.evidence_min_clients,
+        min_informativeness=config.evidence_min_informativeness,
+        max_flagged_fraction=config.evidence_max_flagged_fraction,
+    )
+
+
+def _run_evidence(
+    data: _Checked, config: AuditConfig, anchors: Sequence[bool] | None
+) -> DetectionResult:
+    absent = _missing(data.ids, data.per_class_loss)
+    if absent:
+        return _undetermined(
+            "evidence", len(data.ids), f"no per_class_loss from client(s) {absent}"
+        )
+    loss = np.stack([cast(FloatArray, v) for v in data.per_class_loss])
+    # The reported spreads are used only when every client sent them (a round mixes no models).
+    spreads = (
+        None
+        if any(v is None for v in data.per_class_loss_sd)
+        else np.stack([cast(FloatArray, v) for v in data.per_class_loss_sd])
+    )
+    return _evidence_detector(config).fit(loss, data.class_counts, spreads, anchors=anchors)
+
+
 def _run_fedncl(data: _Checked, config: AuditConfig, global_state: StateReader) -> DetectionResult:
     absent = _missing(data.ids, data.train_loss)
     if absent:
@@ -615,7 +672,7 @@ def _run_expertise(data: _Checked) -> DetectionResult:
 
 def _detector_present(name: str, data: _Checked) -> bool:
     values: Sequence[object | None]
-    if name == "fednoro":
+    if name in ("fednoro", "evidence"):
         values = data.per_class_loss
     elif name == "fedncl":
         values = data.train_loss
@@ -716,6 +773,7 @@ def run_audit(
     neighbor_candidates: Sequence[ClientRoundData] | None = None,
     flag_overrides: Sequence[bool | None] | None = None,
     status_history: Sequence[StatusHistory] | None = None,
+    anchors: Sequence[bool] | None = None,
 ) -> AuditOutcome:
     """Audit one round and aggregate its updates.
 
@@ -749,6 +807,9 @@ def run_audit(
         (trusted, no earlier flag), so with the default ``status_m = 2`` nobody is noisy for
         the aggregation in a single call; pass ``aggregation_flags="round"`` to aggregate on
         this round's flags alone.
+    anchors : sequence of bool, optional
+        Aligned with ``clients``: True for a trust anchor (a site an admin marked as curated),
+        used by the ``evidence`` detector (:mod:`service.audit.evidence`, "Trust anchors").
 
     Returns
     -------
@@ -774,6 +835,8 @@ def run_audit(
         raise InvalidInputError("clients: at least one client is needed")
     data = _check_clients(clients, "clients")
     _check_history(status_history, len(data.ids))
+    if anchors is not None and len(anchors) != len(data.ids):
+        raise InvalidInputError(f"anchors: {len(anchors)} entries for {len(data.ids)} clients")
 
     names = config.detectors
     if names is None:
@@ -784,6 +847,8 @@ def run_audit(
     for name in names:
         if name == "fednoro":
             detections[name] = _run_fednoro(data, config, status_history)
+        elif name == "evidence":
+            detections[name] = _run_evidence(data, config, anchors)
         elif name == "fedncl":
             detections[name] = _run_fedncl(data, config, global_state)
         else:

@@ -25,7 +25,7 @@ AGGREGATIONS = (
     "median",
     "reliability_weighted",
 )
-DETECTORS = ("fednoro", "fedncl", "expertise")
+DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
 SIGNALS = ("per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids")
 
 # method -> (recipe, aggregation, primary detector)
@@ -147,7 +147,7 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
     audit_config = AuditConfig.from_json(audit)  # validates names and values
 
     signals = {"train_loss"}
-    if "fednoro" in detectors:
+    if "fednoro" in detectors or "evidence" in detectors:
         signals.add("per_class_loss")
     if "expertise" in detectors or recipe == "fedrn":
         signals.update({"train_accuracy", "probe_softmax"})

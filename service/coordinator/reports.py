@@ -26,7 +26,7 @@ from service.store import repositories as repo
 from service.store.base import utcnow
 from service.store.models import AuditResult, Client, Federation
 
-DETECTOR_NAMES = ("fednoro", "fedncl", "expertise")
+DETECTOR_NAMES = ("fednoro", "fedncl", "expertise", "evidence")
 
 
 def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:

@@ -65,6 +65,29 @@ def _error(loc: list[Any], msg: str) -> dict[str, Any]:
     return {"loc": loc, "msg": msg}
 
 
+def _check_per_class(
+    errors: list[dict[str, Any]],
+    name: str,
+    values: Any,
+    counts: list[int] | None,
+    num_classes: int,
+) -> None:
+    """A per-class signal: one finite non-negative number per held class, null elsewhere."""
+    loc: list[str | int] = ["metadata", "signals", name]
+    if not isinstance(values, list) or len(values) != num_classes:
+        errors.append(_error(loc, f"must have {num_classes} entries"))
+        return
+    for c, value in enumerate(values):
+        present = counts is not None and counts[c] > 0
+        if value is None:
+            if present:
+                errors.append(_error([*loc, c], "null for a class the client holds"))
+        elif not (_finite(value) and value >= 0):
+            errors.append(_error([*loc, c], "must be a finite non-negative number"))
+        elif counts is not None and not present:
+            errors.append(_error([*loc, c], "must be null for a class with no sample"))
+
+
 def parse_metadata(raw: str | bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
@@ -100,6 +123,7 @@ def validate_signals(
     known = {
         "class_counts",
         "per_class_loss",
+        "per_class_loss_sd",
         "train_loss",
         "train_accuracy",
         "probe_softmax",
@@ -134,19 +158,19 @@ def validate_signals(
 
     losses = signals.get("per_class_loss")
     if losses is not None:
-        loc = ["metadata", "signals", "per_class_loss"]
-        if not isinstance(losses, list) or len(losses) != num_classes:
-            errors.append(_error(loc, f"must have {num_classes} entries"))
+        _check_per_class(
+            errors, "per_class_loss", losses, counts if counts_ok else None, num_classes
+        )
+    spreads = signals.get("per_class_loss_sd")
+    if spreads is not None:
+        if losses is None:
+            errors.append(
+                _error(["metadata", "signals", "per_class_loss_sd"], "sent without per_class_loss")
+            )
         else:
-            for c, value in enumerate(losses):
-                present = counts_ok and counts[c] > 0
-                if value is None:
-                    if present:
-                        errors.append(_error([*loc, c], "null for a class the client holds"))
-                elif not (_finite(value) and value >= 0):
-                    errors.append(_error([*loc, c], "must be a finite non-negative number"))
-                elif counts_ok and not present:
-                    errors.append(_error([*loc, c], "must be null for a class with no sample"))
+            _check_per_class(
+                errors, "per_class_loss_sd", spreads, counts if counts_ok else None, num_classes
+            )
 
     train_loss = signals.get("train_loss")
     if train_loss is not None and not (_finite(train_loss) and train_loss >= 0):

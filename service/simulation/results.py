@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 #: Detectors the coordinator knows, in table order.
-DETECTOR_NAMES: Final[tuple[str, ...]] = ("fednoro", "fedncl", "expertise")
+DETECTOR_NAMES: Final[tuple[str, ...]] = ("fednoro", "fedncl", "expertise", "evidence")
 
 
 @dataclass

@@ -72,7 +72,7 @@ class TestRunAudit:
     def test_full_audit(self):
         global_state, clients = make_federation()
         outcome = run_audit(global_state, clients, AuditConfig(), round_index=3)
-        assert set(outcome.detections) == {"fednoro", "fedncl", "expertise"}
+        assert set(outcome.detections) == {"fednoro", "fedncl", "expertise", "evidence"}
         assert outcome.primary == "fednoro"
         assert outcome.primary_flags == [k in NOISY for k in range(10)]
         assert outcome.detections["fedncl"].status == "ok"
@@ -199,7 +199,7 @@ class TestRunAudit:
         global_state, clients = make_federation()
         config = AuditConfig(primary_detector="fedncl")
         outcome = run_audit(global_state, clients, config, round_index=0)
-        assert list(outcome.detections) == ["fednoro", "fedncl", "expertise"]
+        assert list(outcome.detections) == ["fednoro", "fedncl", "expertise", "evidence"]
         assert outcome.primary == "fedncl"
         assert outcome.primary_flags == outcome.detections["fedncl"].flags
         without_losses = [dataclasses.replace(c, per_class_loss=None) for c in clients]

@@ -150,6 +150,7 @@ def test_public_api_matches_all():
         "aggregation",
         "centroids",
         "detection",
+        "evidence",
         "pipeline",
         "reliability",
         "schedules",

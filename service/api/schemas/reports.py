@@ -88,7 +88,7 @@ class ReportLatest(BaseModel):
 
     round: int | None = None
     primary_detector: str | None = None
-    primary_status: Literal["ok", "undetermined"] | None = None
+    primary_status: Literal["ok", "undetermined", "inconclusive"] | None = None
     primary_reason: str | None = None
     primary_summary: dict[str, Any] | None = None
     aggregation_rule: str | None = None

@@ -1,0 +1,582 @@
+"""Calibrated evidence of label noise: one p-value per site, a stated false-alarm rate, abstention.
+
+The mixture detectors of the papers (FedNoRo's two-component GMM on per-class losses, Fed-NCL's
+mean + beta * sigma rule) split the federation into two groups every round and then need guards to
+decide whether the split means anything. This module asks a different question, one site at a
+time: *is this site's loss on its own labels higher than a clean site's would be, given how many
+samples of each class it holds?* It answers with a p-value under a stated null model, and turns
+the p-values of a round into flags with a multiple-testing rule whose false-alarm rate is a number.
+
+**Signal.** FedNoRo's per-class loss vector (Wu et al., IJCAI 2023, section 4.1, eq. 3's input):
+``L[k, c]``, the global model's mean cross-entropy on site k's samples labelled c, with the counts
+``n[k, c]`` and, when the SDK sends it, the standard deviation ``s[k, c]`` of the same per-sample
+losses. A wrong label on a sample the model has learned costs several nats, so label noise raises
+``L[k, c]`` on the classes that received wrong labels; a site is compared **only on the classes it
+holds** (label skew: a site with 2 of 10 classes is judged on those 2).
+
+**Null model, class by class** (a random-effects meta-analysis model, DerSimonian and Laird,
+"Meta-analysis in clinical trials", 1986, eq. 1): for the clean holders of class c,
+
+    L[k, c] = mu_c + u_kc + e_kc,   u_kc ~ N(0, tau_c^2),   e_kc ~ N(0, sigma_c^2 / n[k, c]),
+
+``sigma_c`` being the per-sample spread of the loss on class c (the weighted median of the sites'
+``s[k, c]``, so that the noisy sites' inflated spreads do not hide them; without ``s``, see
+:func:`fit_class_null`) and ``tau_c`` the between-site spread that real sites have even with clean
+labels (other scanners, other patients). ``mu_c`` and ``tau_c`` are fitted **robustly**: ``mu_c``
+is the weighted median, and ``tau_c^2`` the smallest value at which the median absolute
+standardised residual reaches the normal's 0.6745 (the Paule-Mandel estimator, Paule and Mandel,
+"Consensus values and weighting factors", 1982, with the median in place of the sum of squares), so
+that a minority of noisy sites moves neither. The standardised excess is
+
+    z[k, c] = (L[k, c] - mu_c) / sqrt(tau_c^2 + sigma_c^2 / n[k, c] + var(mu_c)),
+
+about N(0, 1) for a clean site (``var(mu_c)`` is the median's sampling variance,
+pi / 2 / sum_k w_kc with w the inverse variances). The fit runs twice: the second pass leaves
+out of each class's fit the sites the first pass flagged (where enough holders remain), so that a
+class held mostly by noisy sites does not make its clean holders look wrong.
+
+**One p-value per site.** Stouffer's combination of the site's classes with weights
+sqrt(n[k, c]) (dense noise: every class a little), and the smallest per-class p-value times the
+number of classes (Bonferroni; noise in one class), combined by Bonferroni again:
+``p_k = min(1, 2 * min(p_stouffer, m * min_c p_c))``. Both parts are valid whatever the dependence
+between classes, so ``p_k`` is conservative under the null.
+
+**Flags.** Benjamini and Hochberg's step-up rule ("Controlling the false discovery rate", JRSS-B
+1995, section 3) at level ``q`` over the sites of the round. When no site is noisy it flags
+somebody in a round with probability at most ``q`` (the rule controls the family-wise error under
+the global null), so the expected number of rounds with a false alarm over R audited rounds is at
+most ``q * R`` (0.3 for the default ``q = 0.01`` and 30 rounds); with noisy sites present, at most
+a fraction ``q`` of the flags are expected to be wrong. The status rule across rounds
+(:func:`~service.audit.detection.next_status`) then needs several flagged rounds before the
+aggregation treats a site as noisy.
+
+**Abstention** (``status="inconclusive"``, nobody flagged, the reason stated): the evidence is only
+as good as the consensus it is measured against. The audit abstains when
+
+* fewer than ``min_clients`` sites reported;
+* the global model does not beat the label prior on the median site's own data: the weighted
+  median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
+  label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``;
+  the model has not learned yet, or it learned the labels' noise;
+* the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
+  more of the sites or of the samples;
+* the evidence points both ways: some sites are significantly *above* the consensus and other
+  sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
+  than clean, so a significant lower tail among the unflagged means the consensus itself is
+  noisy. (A flagged site may have classes below the consensus: a pair flip c -> c + 1 leaves a
+  site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
+
+**Trust anchors** (beyond the papers): sites an admin marks as curated. Anchors are never flagged.
+When the consensus verdict is inconclusive, or an anchor itself looks noisy against the consensus
+(its Stouffer z is positive and significant at ``q``), the anchors become the reference: each
+class's centre is the anchors' precision-weighted mean loss, the noisy direction is away from the
+anchors (*lower* loss than the anchors when the anchors look noisy to the consensus: the global
+model learned inverted labels), and the sites significantly away from the anchors in that
+direction are flagged by the same rule. Limits: with fewer than three anchors holding a class,
+the between-site spread ``tau_c`` is not estimable from clean sites and is taken as 0, so sites
+whose data differ from the anchors' (not only their labels) can look noisy; a class no anchor
+holds gives no evidence in anchor mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy.special import ndtr
+
+from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit._validation import (
+    InvalidInputError,
+    as_float_array,
+    as_int_array,
+    check_float,
+    check_int,
+)
+from service.audit.detection import ClientVerdict, DetectionResult
+
+__all__ = [
+    "ClassNull",
+    "EvidenceDetector",
+    "benjamini_hochberg",
+    "class_evidence",
+    "fit_class_null",
+    "site_p_values",
+    "weighted_median",
+]
+
+MAD_NORMAL = 0.6744897501960817
+"""Median of |Z| for Z ~ N(0, 1): the target of the robust tau fit."""
+
+MEDIAN_EFFICIENCY = math.pi / 2.0
+"""Asymptotic variance of a normal sample's median over that of its mean."""
+
+_TAU_BISECTIONS = 60
+
+
+def weighted_median(values: FloatArray, weights: FloatArray) -> float:
+    """The lower weighted median: the smallest value whose cumulative weight reaches half.
+
+    Ties in the cumulative weight at exactly one half take the midpoint of the two values, so
+    that two equal weights give the ordinary median.
+    """
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    half = 0.5 * cum[-1]
+    i = int(np.searchsorted(cum, half, side="left"))
+    if i + 1 < v.size and math.isclose(cum[i], half, rel_tol=1e-12, abs_tol=0.0):
+        return float(0.5 * (v[i] + v[i + 1]))
+    return float(v[i])
+
+
+@dataclass(frozen=True)
+class ClassNull:
+    """The fitted null of one class: centre, between-site variance, per-holder variances."""
+
+    mu: float
+    tau2: float
+    variance: FloatArray
+    """tau2 + sigma^2 / n + var(mu) for each holder, in the order given."""
+
+
+def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
+    """Robust random-effects fit of one class (module docstring, "Null model").
+
+    Parameters
+    ----------
+    values : ndarray of shape (m,)
+        The holders' mean losses, m >= 1.
+    within : ndarray of shape (m,)
+        Each holder's sampling variance sigma^2 / n (> 0). Without the SDK's spreads the caller
+        passes 1 / n, and the fitted ``tau2`` then plays the role of a common factor instead:
+        see :meth:`EvidenceDetector.fit`.
+
+    Returns
+    -------
+    ClassNull
+        ``tau2`` is 0 when the within variances already explain the spread (median absolute
+        standardised residual <= 0.6745).
+    """
+
+    def residual_median(tau2: float) -> tuple[float, float, FloatArray]:
+        w = 1.0 / (within + tau2)
+        mu = weighted_median(values, w)
+        return float(np.median(np.abs(values - mu) * np.sqrt(w))), mu, w
+
+    med, mu, w = residual_median(0.0)
+    tau2 = 0.0
+    if med > MAD_NORMAL and values.size >= 3:
+        lo, hi = 0.0, float(np.square(values - np.median(values)).max()) / MAD_NORMAL**2 + 1e-300
+        for _ in range(_TAU_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            if residual_median(mid)[0] > MAD_NORMAL:
+                lo = mid
+            else:
+                hi = mid
+        tau2 = hi
+        _, mu, w = residual_median(tau2)
+    var_mu = MEDIAN_EFFICIENCY / float(w.sum())
+    return ClassNull(mu=mu, tau2=tau2, variance=within + tau2 + var_mu)
+
+
+@dataclass(frozen=True)
+class ClassEvidence:
+    """Per-site, per-class standardised excess and what produced it."""
+
+    z: FloatArray
+    """(K, C); NaN where the site does not hold the class or the class did not enter."""
+    mu: FloatArray
+    """(C,) fitted centres; NaN for a class that did not enter."""
+    tau: FloatArray
+    """(C,) fitted between-site spreads; NaN for a class that did not enter."""
+
+
+def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -> FloatArray:
+    """The sampling variance of L[k, c] per holder: max(s_kc^2, sigma_c^2) / n[k, c].
+
+    sigma_c^2 is the pooled sample variance (ddof 1, weights n - 1) of every holder of the
+    class: the mean of the variances, not their median, and each site's own variance (ddof 1)
+    is used where it is larger (Welch's unequal-variance standard error, "The generalization of
+    Student's problem when several different population variances are involved", Biometrika
+    1947). The per-sample loss is very skewed (most samples near 0, a few hard ones at several
+    nats), so a site's mean loss moves with how many hard samples it happens to hold, and so does
+    its own variance; with the median site's variance, two clean sites of a six-site
+    BreastMNIST federation holding three hard samples each instead of one got z of 4-5.
+    Without reported spreads: 1 / n[k, c] (the scale is fitted by :func:`class_evidence`).
+    """
+    n = counts.astype(np.float64)
+    if sd is None:
+        return np.where(held, 1.0 / np.maximum(n, 1.0), np.nan)
+    out = np.full(counts.shape, np.nan)
+    for c in range(counts.shape[1]):
+        rows = held[:, c]
+        if not rows.any():
+            continue
+        nk = n[rows, c]
+        own = np.square(sd[rows, c]) * nk / np.maximum(nk - 1.0, 1.0)
+        dof = float(np.maximum(nk - 1.0, 0.0).sum())
+        pooled = float((np.square(sd[rows, c]) * nk).sum() / dof) if dof > 0 else 0.0
+        out[rows, c] = np.maximum(np.maximum(own, pooled), 1e-12) / nk
+    return out
+
+
+def class_evidence(
+    per_class_loss: FloatArray,
+    counts: IntArray,
+    sd: FloatArray | None = None,
+    *,
+    min_holders: int = 3,
+    exclude: BoolArray | None = None,
+    reference: BoolArray | None = None,
+) -> ClassEvidence:
+    """z[k, c] for every site and held class (module docstring, "Null model").
+
+    Parameters
+    ----------
+    per_class_loss, counts : ndarray of shape (K, C)
+    sd : ndarray of shape (K, C), optional
+        Reported per-sample spreads; None fits sigma_c from the sites' spread instead.
+    min_holders : int
+        A class enters when at least this many sites hold it (in the fit's reference set).
+    exclude : ndarray of bool of shape (K,), optional
+        Sites left out of the fits (their z is still computed); ignored for a class where fewer
+        than ``min_holders`` would remain.
+    reference : ndarray of bool of shape (K,), optional
+        Anchor mode: each class's centre is the precision-weighted mean of these sites' losses
+        (a class none of them holds does not enter), and tau_c is fitted among them when at least
+        three hold the class, else taken as 0.
+    """
+    k, c_count = per_class_loss.shape
+    held = counts > 0
+    within = _within_variance(counts, sd, held)
+    z = np.full((k, c_count), np.nan)
+    mu_out = np.full(c_count, np.nan)
+    tau_out = np.full(c_count, np.nan)
+    for c in range(c_count):
+        rows = held[:, c]
+        if reference is not None:
+            ref = rows & reference
+            if not ref.any():
+                continue
+            if int(ref.sum()) >= 3:
+                fit = fit_class_null(per_class_loss[ref, c], within[ref, c])
+                tau2 = fit.tau2
+            else:
+                tau2 = 0.0
+            w = 1.0 / (within[ref, c] + tau2)
+            mu = float((w * per_class_loss[ref, c]).sum() / w.sum())
+            var_mu = 1.0 / float(w.sum())
+            variance = within[rows, c] + tau2 + var_mu
+        else:
+            fit_rows = rows if exclude is None else rows & ~exclude
+            if int(fit_rows.sum()) < min_holders:
+                fit_rows = rows
+            if int(fit_rows.sum()) < min_holders:
+                continue
+            fit = fit_class_null(per_class_loss[fit_rows, c], within[fit_rows, c])
+            mu, tau2 = fit.mu, fit.tau2
+            var_mu = float(fit.variance[0] - within[fit_rows, c][0] - tau2)
+            variance = within[rows, c] + tau2 + var_mu
+        if sd is None and reference is None:
+            # No reported spreads: 1 / n carries the shape of the variance only; its scale is the
+            # robust spread of sqrt(n) * (L - mu) over the holders.
+            resid = (per_class_loss[rows, c] - mu) / np.sqrt(within[rows, c])
+            scale2 = float(np.median(np.abs(resid)) / MAD_NORMAL) ** 2
+            if scale2 <= 0.0:
+                continue
+            variance = within[rows, c] * scale2 + var_mu * scale2
+            tau2 = 0.0
+        z[rows, c] = (per_class_loss[rows, c] - mu) / np.sqrt(variance)
+        mu_out[c] = mu
+        tau_out[c] = math.sqrt(tau2)
+    return ClassEvidence(z=z, mu=mu_out, tau=tau_out)
+
+
+def site_p_values(
+    z: FloatArray, counts: IntArray, direction: float = 1.0
+) -> tuple[FloatArray, FloatArray]:
+    """One-sided p-value and Stouffer statistic per site (module docstring, "One p-value").
+
+    Parameters
+    ----------
+    z : ndarray of shape (K, C)
+        NaN where the class does not count for the site.
+    counts : ndarray of shape (K, C)
+        Stouffer's weights are sqrt(counts).
+    direction : {1.0, -1.0}
+        1: evidence of a *higher* loss than the null; -1: of a lower one.
+
+    Returns
+    -------
+    p : ndarray of shape (K,)
+        1.0 for a site with no class that counts.
+    stouffer : ndarray of shape (K,)
+        Signed Stouffer statistic (in the direction given); 0.0 for such a site.
+    """
+    valid = np.isfinite(z)
+    zd = np.where(valid, direction * z, 0.0)
+    w = np.where(valid, np.sqrt(counts.astype(np.float64)), 0.0)
+    norm = np.sqrt(np.square(w).sum(axis=1))
+    stouffer = np.divide((w * zd).sum(axis=1), norm, out=np.zeros(z.shape[0]), where=norm > 0)
+    p_stouffer = ndtr(-stouffer)
+    m = valid.sum(axis=1)
+    per_class_p = np.where(valid, ndtr(-zd), 1.0)
+    p_min = np.minimum(1.0, per_class_p.min(axis=1) * np.maximum(m, 1))
+    p = np.minimum(1.0, 2.0 * np.minimum(p_stouffer, p_min))
+    p = np.where(m > 0, p, 1.0)
+    return np.asarray(p, dtype=np.float64), np.asarray(stouffer, dtype=np.float64)
+
+
+def benjamini_hochberg(p_values: FloatArray, q: float) -> tuple[BoolArray, FloatArray]:
+    """Benjamini-Hochberg step-up rule at level q (1995, section 3).
+
+    Returns the rejections and the adjusted p-values (q-values): reject i iff q_i <= q.
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return np.zeros(0, dtype=bool), np.zeros(0)
+    order = np.argsort(p, kind="stable")
+    ranked = p[order] * m / np.arange(1, m + 1)
+    adjusted_sorted = np.minimum.accumulate(ranked[::-1])[::-1]
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(adjusted_sorted, 1.0)
+    return adjusted <= q, adjusted
+
+
+@dataclass(frozen=True)
+class _Pass:
+    evidence: ClassEvidence
+    p_high: FloatArray
+    z_high: FloatArray
+    flags: BoolArray
+    q_values: FloatArray
+    low: BoolArray
+
+
+class EvidenceDetector:
+    """Calibrated per-site evidence with abstention and trust anchors (module docstring).
+
+    Parameters
+    ----------
+    q : float, default=0.01
+        Benjamini-Hochberg level per round.
+    min_clients : int, default=5
+        Fewer reporting sites: inconclusive.
+    min_holders : int, default=3
+        Sites that must hold a class for it to enter the consensus fit.
+    min_informativeness : float, default=0.05
+        1 - L / H the median site must reach (module docstring, "Abstention").
+    max_flagged_fraction : float, default=0.5
+        Flagging this fraction of the sites or of the samples, or more, is inconclusive.
+    """
+
+    method = "evidence"
+
+    def __init__(
+        self,
+        q: float = 0.01,
+        min_clients: int = 5,
+        min_holders: int = 3,
+        min_informativeness: float = 0.05,
+        max_flagged_fraction: float = 0.5,
+    ) -> None:
+        self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
+        self.min_clients = check_int("min_clients", min_clients, min_value=2)
+        self.min_holders = check_int("min_holders", min_holders, min_value=2)
+        self.min_informativeness = check_float(
+            "min_informativeness", min_informativeness, min_value=-1.0, max_value=1.0
+        )
+        self.max_flagged_fraction = check_float(
+            "max_flagged_fraction",
+            max_flagged_fraction,
+            min_value=0.0,
+            max_value=1.0,
+            min_inclusive=False,
+        )
+
+    # ----------------------------------------------------------------------------------------
+
+    def _pass(
+        self,
+        loss: FloatArray,
+        counts: IntArray,
+        sd: FloatArray | None,
+        exclude: BoolArray | None,
+        reference: BoolArray | None,
+        direction: float,
+        never: BoolArray,
+    ) -> _Pass:
+        ev = class_evidence(
+            loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
+        )
+        p_high, z_high = site_p_values(ev.z, counts, direction)
+        p_high = np.where(never, 1.0, p_high)
+        flags, q_values = benjamini_hochberg(p_high, self.q)
+        p_low, _ = site_p_values(ev.z, counts, -direction)
+        low, _ = benjamini_hochberg(np.where(never, 1.0, p_low), self.q)
+        return _Pass(ev, p_high, z_high, flags, q_values, low)
+
+    def fit(
+        self,
+        per_class_loss: Any,
+        class_counts: Any,
+        per_class_loss_sd: Any = None,
+        anchors: Any = None,
+    ) -> DetectionResult:
+        """Judge one round.
+
+        Parameters
+        ----------
+        per_class_loss : array-like of shape (K, C)
+            NaN (or None) where the count is 0.
+        class_counts : array-like of int of shape (K, C)
+        per_class_loss_sd : array-like of shape (K, C), optional
+            All sites' reported spreads, or None (a site without them makes the whole round use
+            the fallback of :func:`class_evidence`).
+        anchors : array-like of bool of shape (K,), optional
+            Trust anchors.
+
+        Returns
+        -------
+        DetectionResult
+            Method ``"evidence"``; status ``"ok"``, ``"inconclusive"`` (every verdict present,
+            every flag False, the reason stated) or ``"undetermined"`` (no verdicts).
+        """
+        loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
+        counts = as_int_array("class_counts", class_counts, ndim=2)
+        if counts.shape != loss.shape:
+            raise InvalidInputError(
+                f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
+            )
+        if (counts < 0).any():
+            raise InvalidInputError("class_counts: negative count")
+        held = counts > 0
+        if (~np.isfinite(loss) & held).any():
+            raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
+        if (loss[held] < 0).any():
+            raise InvalidInputError("per_class_loss: negative loss")
+        k = loss.shape[0]
+        sd: FloatArray | None = None
+        if per_class_loss_sd is not None:
+            sd = as_float_array("per_class_loss_sd", per_class_loss_sd, ndim=2, allow_nan=True)
+            if sd.shape != loss.shape:
+                raise InvalidInputError(
+                    f"per_class_loss_sd: shape {sd.shape} differs from per_class_loss {loss.shape}"
+                )
+            if (~np.isfinite(sd) & held).any() or (sd[held] < 0).any():
+                raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
+        anchor = np.zeros(k, dtype=bool)
+        if anchors is not None:
+            anchor = np.asarray(anchors, dtype=bool).reshape(-1)
+            if anchor.shape != (k,):
+                raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
+        if k < self.min_clients:
+            return DetectionResult(
+                method=self.method,
+                status="undetermined",
+                reason=f"{k} sites reported; the evidence needs at least {self.min_clients}",
+                verdicts=[None] * k,
+                summary={"verdict": "undetermined", "q": self.q},
+            )
+        loss = np.where(held, loss, np.nan)
+        sizes = counts.sum(axis=1).astype(np.float64)
+
+        # Informativeness of the consensus model on the sites' own data.
+        prior = counts.sum(axis=0).astype(np.float64)
+        prior = prior[prior > 0] / prior.sum()
+        entropy = float(-(prior * np.log(prior)).sum())
+        site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
+        informativeness = (
+            weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
+        )
+
+        first = self._pass(loss, counts, sd, None, None, 1.0, anchor)
+        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor)
+        chosen, mode, direction = second, "consensus", 1.0
+        reason: str | None = None
+        n_flag = int(second.flags.sum())
+        share = float(sizes[second.flags].sum() / sizes.sum())
+        if entropy <= 0:
+            reason = "every label belongs to one class: nothing to compare"
+        elif informativeness < self.min_informativeness:
+            reason = (
+                f"the global model does not beat the label prior on the median site's data "
+                f"(1 - loss/H = {informativeness:.3f} < {self.min_informativeness}): it has not "
+                "learned yet, or it learned the noise"
+            )
+        elif n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
+            reason = (
+                f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
+                f"sites, {share:.0%} of the samples)"
+            )
+        elif n_flag > 0 and (second.low & ~second.flags).any():
+            reason = (
+                f"the evidence points both ways: {n_flag} site(s) significantly above the "
+                f"consensus and {int((second.low & ~second.flags).sum())} other(s) significantly "
+                "below it"
+            )
+        anchor_inverted = False
+        if anchor.any():
+            anchor_p, anchor_z = site_p_values(second.evidence.z[anchor], counts[anchor], 1.0)
+            anchor_inverted = bool((benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)).any())
+            if reason is not None or anchor_inverted:
+                direction = -1.0 if anchor_inverted else 1.0
+                chosen = self._pass(loss, counts, sd, None, anchor, direction, anchor)
+                mode = "anchored"
+                reason = None
+
+        status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
+        flags = chosen.flags & (status == "ok")
+        z = chosen.evidence.z
+        verdicts: list[ClientVerdict | None] = []
+        for i in range(k):
+            zi = direction * z[i]
+            noisy_classes = [
+                int(c)
+                for c in np.argsort(-np.nan_to_num(zi, nan=-np.inf), kind="stable")
+                if np.isfinite(zi[c])
+                and ndtr(-zi[c]) * max(int(np.isfinite(zi).sum()), 1) <= self.q
+            ]
+            verdicts.append(
+                ClientVerdict(
+                    score=float(chosen.z_high[i]),
+                    flag=bool(flags[i]),
+                    evidence={
+                        "p_value": float(chosen.p_high[i]),
+                        "q_value": float(chosen.q_values[i]),
+                        "stouffer_z": float(chosen.z_high[i]),
+                        "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
+                        "noisy_classes": noisy_classes,
+                        "mean_loss": float(site_loss[i]),
+                        "anchor": bool(anchor[i]),
+                        "significant": bool(chosen.flags[i]),
+                    },
+                )
+            )
+        summary: dict[str, Any] = {
+            "verdict": status,
+            "reason": reason,
+            "mode": mode,
+            "q": self.q,
+            "flagged": int(flags.sum()),
+            "significant_high": int(chosen.flags.sum()),
+            "significant_low": int(chosen.low.sum()),
+            "informativeness": informativeness,
+            "label_entropy": entropy,
+            "anchors": int(anchor.sum()),
+            "anchor_orientation": "inverted" if anchor_inverted else "consensus",
+            "spreads_reported": sd is not None,
+            "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
+            "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
+        }
+        return DetectionResult(
+            method=self.method,
+            status=status,
+            reason=reason,
+            verdicts=verdicts,
+            summary=summary,
+        )
