@@ -58,6 +58,12 @@ as good as the consensus it is measured against. The audit abstains when
   median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
   label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``;
   the model has not learned yet, or it learned the labels' noise;
+* the sites disagree far beyond sampling error: Higgins and Thompson's I^2 ("Quantifying
+  heterogeneity in a meta-analysis", Statistics in Medicine 2002, eq. 9, here tau^2 over tau^2
+  plus the median sampling variance), weighted over the classes by their samples, above
+  ``max_heterogeneity`` (0.9): two camps of equal size, or a spread of noise rates with no clean
+  core, leave no consensus (the robust fit then takes the gap for heterogeneity and flags
+  nobody, and saying "ok" would hide that);
 * the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
   more of the sites or of the samples;
 * the evidence points both ways: some sites are significantly *above* the consensus and other
@@ -192,6 +198,8 @@ class ClassEvidence:
     """(C,) fitted centres; NaN for a class that did not enter."""
     tau: FloatArray
     """(C,) fitted between-site spreads; NaN for a class that did not enter."""
+    heterogeneity: FloatArray
+    """(C,) I^2 = tau^2 / (tau^2 + median sampling variance of the holders); NaN likewise."""
 
 
 def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -> FloatArray:
@@ -255,6 +263,7 @@ def class_evidence(
     z = np.full((k, c_count), np.nan)
     mu_out = np.full(c_count, np.nan)
     tau_out = np.full(c_count, np.nan)
+    i2_out = np.full(c_count, np.nan)
     for c in range(c_count):
         rows = held[:, c]
         if reference is not None:
@@ -292,7 +301,8 @@ def class_evidence(
         z[rows, c] = (per_class_loss[rows, c] - mu) / np.sqrt(variance)
         mu_out[c] = mu
         tau_out[c] = math.sqrt(tau2)
-    return ClassEvidence(z=z, mu=mu_out, tau=tau_out)
+        i2_out[c] = tau2 / (tau2 + float(np.median(within[rows, c])))
+    return ClassEvidence(z=z, mu=mu_out, tau=tau_out, heterogeneity=i2_out)
 
 
 def site_p_values(
@@ -372,6 +382,9 @@ class EvidenceDetector:
         1 - L / H the median site must reach (module docstring, "Abstention").
     max_flagged_fraction : float, default=0.5
         Flagging this fraction of the sites or of the samples, or more, is inconclusive.
+    max_heterogeneity : float, default=0.9
+        The sites' disagreement beyond sampling error (I^2, sample-weighted over the classes)
+        above which the consensus is inconclusive.
     """
 
     method = "evidence"
@@ -383,6 +396,7 @@ class EvidenceDetector:
         min_holders: int = 3,
         min_informativeness: float = 0.05,
         max_flagged_fraction: float = 0.5,
+        max_heterogeneity: float = 0.9,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -396,6 +410,9 @@ class EvidenceDetector:
             min_value=0.0,
             max_value=1.0,
             min_inclusive=False,
+        )
+        self.max_heterogeneity = check_float(
+            "max_heterogeneity", max_heterogeneity, min_value=0.0, max_value=1.0
         )
 
     # ----------------------------------------------------------------------------------------
@@ -497,6 +514,16 @@ class EvidenceDetector:
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor)
         second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor)
         chosen, mode, direction = second, "consensus", 1.0
+        class_weight = counts.sum(axis=0).astype(np.float64)
+        entered = np.isfinite(second.evidence.heterogeneity)
+        heterogeneity = (
+            float(
+                (second.evidence.heterogeneity[entered] * class_weight[entered]).sum()
+                / class_weight[entered].sum()
+            )
+            if entered.any()
+            else 0.0
+        )
         reason: str | None = None
         n_flag = int(second.flags.sum())
         share = float(sizes[second.flags].sum() / sizes.sum())
@@ -507,6 +534,11 @@ class EvidenceDetector:
                 f"the global model does not beat the label prior on the median site's data "
                 f"(1 - loss/H = {informativeness:.3f} < {self.min_informativeness}): it has not "
                 "learned yet, or it learned the noise"
+            )
+        elif heterogeneity > self.max_heterogeneity:
+            reason = (
+                f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
+                f"{self.max_heterogeneity}): no consensus to measure against"
             )
         elif n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
             reason = (
@@ -566,6 +598,7 @@ class EvidenceDetector:
             "significant_high": int(chosen.flags.sum()),
             "significant_low": int(chosen.low.sum()),
             "informativeness": informativeness,
+            "heterogeneity": heterogeneity,
             "label_entropy": entropy,
             "anchors": int(anchor.sum()),
             "anchor_orientation": "inverted" if anchor_inverted else "consensus",

@@ -173,10 +173,10 @@ class AuditConfig:
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
-evidence_max_flagged_fraction
+evidence_max_flagged_fraction, evidence_max_heterogeneity
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
-        ``min_informativeness``, ``max_flagged_fraction``): the calibrated evidence with a
-        stated false-alarm rate, abstention and trust anchors.
+        ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``): the
+        calibrated evidence with a stated false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
         the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
@@ -240,6 +240,7 @@ evidence_max_flagged_fraction
     evidence_min_clients: int = 5
     evidence_min_informativeness: float = 0.05
     evidence_max_flagged_fraction: float = 0.5
+    evidence_max_heterogeneity: float = 0.9
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -619,6 +620,7 @@ def _evidence_detector(config: AuditConfig) -> EvidenceDetector:
         min_clients=config.evidence_min_clients,
         min_informativeness=config.evidence_min_informativeness,
         max_flagged_fraction=config.evidence_max_flagged_fraction,
+        max_heterogeneity=config.evidence_max_heterogeneity,
     )
 
 
