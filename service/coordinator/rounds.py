@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.audit import next_status
@@ -255,6 +256,8 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
     Returns False when the round was not open (already closed by someone else). Expected
     transient database errors leave the round open for the next attempt; any other error marks
     the round failed (with the reason) in a separate transaction, so it is not retried forever.
+    Transient: `OperationalError`, and `sqlalchemy.exc.TimeoutError` (the pool had no connection
+    free in time).
     """
     started = time.perf_counter()
     try:
@@ -263,7 +266,8 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
                 return False
             _close_claimed(services, session, round_id, reason=reason, started=started)
         return True
-    except OperationalError:
+    except (OperationalError, PoolTimeoutError):
+        # A busy pool (no connection free in time) is as transient as a dropped connection.
         log.exception("closing round %s hit a database error; it stays open", round_id)
         raise
     except Exception as exc:
