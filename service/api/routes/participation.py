@@ -70,7 +70,7 @@ def join(
     client: CurrentClient,
 ) -> JoinRead:
     client_use_cases.check_scope(client, federation_id)
-    client_use_cases.join(
+    client = client_use_cases.join(
         session,
         client,
         num_samples=body.num_samples,
