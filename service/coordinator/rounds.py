@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from service.audit import next_status
 from service.coordinator import audits
+from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
@@ -96,6 +97,7 @@ def open_round(
         probe_seed=derive_seed(federation.seed, "probe", index),
     )
     repo.add(session, rnd)
+    mark_changed(session, federation.id)
     instructions = build_instructions(session, federation, rnd, model, selected, previous_audit)
     repo.add_participants(session, rnd.id, instructions)
     repo.add_event(
@@ -284,6 +286,7 @@ def _close_claimed(
     session.refresh(rnd)
     federation = repo.lock_federation(session, rnd.federation_id)
     assert federation is not None
+    mark_changed(session, federation.id)
     now = services.clock()
     model_in = repo.get_model_version(session, rnd.model_in_id)
     assert model_in is not None
@@ -409,6 +412,7 @@ def _mark_failed(services: Services, round_id: uuid.UUID, reason: str) -> None:
         rnd.state_reason = reason
         federation = repo.get_federation(session, rnd.federation_id)
         assert federation is not None
+        mark_changed(session, federation.id)
         federation.status = "failed"
         federation.status_reason = f"round {rnd.index} failed to close: {reason}"
         repo.add_event(
