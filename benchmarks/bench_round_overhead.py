@@ -14,8 +14,8 @@ Measured per round close:
 * wall clock from the last upload's response to ``get_current_round`` answering with the next
   round, asked every ``--poll-ms`` (25 ms, ``wait_s=0``) so the figure is when the round became
   visible (includes the background worker's pick-up). A ``Participant`` long-polls instead; the
-  server re-checks a long poll at intervals that grow from 50 ms to 1 s, so a site may learn of
-  the round up to about a second later than this;
+  server wakes a waiting long poll when the round opens (an in-process signal sent when the
+  close commits), so a site learns of the round about as soon as this;
 * the I/O floor: reading the K stored update files once (raw ``readinto``, page cache), measured
   right after that close, so each ratio compares two measurements taken seconds apart;
 * for a breakdown, the audit and aggregation alone (``service.audit.run_audit`` with the

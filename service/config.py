@@ -35,6 +35,27 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL; default: a SQLite file fedaudit.db inside data_dir.",
     )
     blob_backend: Literal["directory", "database"] = "directory"
+    db_pool_size: int = Field(
+        default=5,
+        ge=1,
+        description=(
+            "Database connections kept open (SQLAlchemy QueuePool; an in-memory SQLite database "
+            "has no such pool and ignores the three pool settings)."
+        ),
+    )
+    db_max_overflow: int = Field(
+        default=10,
+        ge=0,
+        description="Connections opened beyond db_pool_size under load, closed when returned.",
+    )
+    db_pool_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "How long a request waits for a free connection before it is answered 503 with "
+            "Retry-After."
+        ),
+    )
     admin_token: SecretStr | None = None
     admin_token_file: Path | None = None
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,8 @@ from service.store.session import make_engine, make_sessionmaker
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
+DATABASE_FREE_PATHS = frozenset({"/healthz"})
+"""Paths that never take a database connection (the others can answer 503 when none is free)."""
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -35,7 +38,12 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
     settings = settings or get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(
+        settings.resolved_database_url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout_s=settings.db_pool_timeout_s,
+    )
     if settings.check_migrations:
         try:
             check_at_head(engine)
@@ -101,6 +109,13 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
                     response = operation.get("responses", {}).get("422")
                     if response is not None:
                         response["content"] = {"application/problem+json": problem}
+            # Every route that reads the database can find the connection pool exhausted.
+            busy = problems.PROBLEM_503[503]
+            for path, operations in schema.get("paths", {}).items():
+                if path in DATABASE_FREE_PATHS:
+                    continue
+                for operation in operations.values():
+                    operation.setdefault("responses", {}).setdefault("503", copy.deepcopy(busy))
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
             app.openapi_schema = schema

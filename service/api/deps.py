@@ -60,18 +60,30 @@ def require_admin(services: ServicesDep, credentials: Credentials) -> str:
 AdminDep = Annotated[str, Depends(require_admin)]
 
 
-def current_client(
-    request: Request, services: ServicesDep, session: SessionDep, credentials: Credentials
-) -> Client:
+def current_client(request: Request, services: ServicesDep, credentials: Credentials) -> Client:
+    """The client of the bearer token, looked up in a short unit of work of its own.
+
+    The connection goes back to the pool before the handler runs, so a long-poll that waits or
+    an upload that streams holds none; the returned row is detached (its columns are loaded),
+    and a handler that changes the client re-reads it in its own session.
+    """
+    token = _token(credentials)
     try:
-        return client_use_cases.authenticate_client(session, _token(credentials))
+        with services.sessions() as session:
+            return client_use_cases.authenticate_client(session, token)
     except AuthError as exc:
-        # A refused client request is part of the audit trail of the federation it named.
-        raw = request.path_params.get("federation_id")
-        try:
-            federation_id = uuid.UUID(str(raw)) if raw is not None else None
-        except ValueError:
-            federation_id = None
+        _record_refusal(request, services, exc)
+        raise
+
+
+def _record_refusal(request: Request, services: Services, exc: AuthError) -> None:
+    """A refused client request is part of the audit trail of the federation it named."""
+    raw = request.path_params.get("federation_id")
+    try:
+        federation_id = uuid.UUID(str(raw)) if raw is not None else None
+    except ValueError:
+        federation_id = None
+    with services.sessions.begin() as session:
         client_use_cases.record_auth_failure(
             session,
             federation_id,
@@ -81,8 +93,6 @@ def current_client(
             budget=services.auth_events,
             now=services.clock(),
         )
-        session.commit()
-        raise
 
 
 CurrentClient = Annotated[Client, Depends(current_client)]

@@ -1,8 +1,10 @@
 """RFC 9457 problem details for every error the API returns.
 
 FastAPI has no built-in ``application/problem+json`` (fastapi/fastapi#512), so the app installs
-these handlers: domain errors (`service.errors`), request validation, Starlette HTTP errors, and a
-last-resort 500 that logs the traceback and says nothing internal.
+these handlers: domain errors (`service.errors`), request validation, Starlette HTTP errors, an
+exhausted database connection pool (503 with Retry-After: the request did not get a connection
+within ``FEDAUDIT_DB_POOL_TIMEOUT_S``), and a last-resort 500 that logs the traceback and says
+nothing internal.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import CoordinatorError
@@ -21,6 +24,8 @@ from service.errors import CoordinatorError
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
+POOL_BUSY_RETRY_AFTER_S = 2
+"""Retry-After of a 503 for an exhausted connection pool (a brief overload, not an outage)."""
 
 
 class ProblemDetails(BaseModel):
@@ -73,6 +78,7 @@ def _slug(status: int) -> str:
         415: "unsupported-media-type",
         422: "validation-error",
         429: "rate-limited",
+        503: "unavailable",
     }.get(status, "http-error" if status < 500 else "internal")
 
 
@@ -120,6 +126,27 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _pool_exhausted(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PoolTimeoutError)
+    log.warning(
+        "%s %s: no database connection free in time (%s); answered 503",
+        request.method,
+        request.url.path,
+        exc,
+    )
+    return problem_response(
+        request,
+        status=503,
+        title="Service busy",
+        slug="unavailable",
+        detail=(
+            "the coordinator has no database connection free right now; retry after "
+            f"{POOL_BUSY_RETRY_AFTER_S} s"
+        ),
+        headers={"Retry-After": str(POOL_BUSY_RETRY_AFTER_S)},
+    )
+
+
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return problem_response(
@@ -135,6 +162,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(CoordinatorError, _coordinator_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(PoolTimeoutError, _pool_exhausted)
     app.add_exception_handler(Exception, _unhandled)
 
 
@@ -157,3 +185,14 @@ PROBLEM_409: dict[int | str, dict[str, Any]] = {
 }
 PROBLEM_413: dict[int | str, dict[str, Any]] = {413: problem(413, "Payload too large")}
 PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input")}
+PROBLEM_503: dict[int | str, dict[str, Any]] = {
+    503: {
+        **problem(503, "Busy: no database connection free in time; retry after Retry-After"),
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before retrying",
+                "schema": {"type": "integer"},
+            }
+        },
+    }
+}

@@ -122,7 +122,15 @@ def join(
     class_counts: list[int],
     now: datetime,
 ) -> Client:
-    """Record the client's data summary; joining again updates it (e.g. after a restart)."""
+    """Record the client's data summary; joining again updates it (e.g. after a restart).
+
+    `client` may come from another (closed) session, authentication's: its row is read again
+    here and the attached copy is returned.
+    """
+    attached = repo.get_client(session, client.id)
+    if attached is None:
+        raise AuthError("a valid client bearer token is required")
+    client = attached
     federation = repo.get_federation(session, client.federation_id)
     assert federation is not None
     errors: list[dict[str, Any]] = []

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.coordinator.federation_config import FederationConfigInput, resolve_config
+from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.coordinator.tensors import (
     SafetensorsFormatError,
@@ -142,6 +143,7 @@ def upload_initial_model(
     repo.add(session, version)
     federation.current_model_id = version.id
     federation.status = "waiting"
+    mark_changed(session, federation.id)
     repo.add_event(
         session,
         kind="model.initial_uploaded",
@@ -184,6 +186,7 @@ def stop_federation(
         )
     failed_rounds += repo.fail_open_rounds(session, federation_id, round_reason)
     federation.status = "failed"
+    mark_changed(session, federation.id)
     federation.status_reason = f"stopped by the admin: {reason}"
     repo.add_event(
         session,

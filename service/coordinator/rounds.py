@@ -21,10 +21,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.audit import next_status
 from service.coordinator import audits
+from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
@@ -95,6 +97,7 @@ def open_round(
         probe_seed=derive_seed(federation.seed, "probe", index),
     )
     repo.add(session, rnd)
+    mark_changed(session, federation.id)
     instructions = build_instructions(session, federation, rnd, model, selected, previous_audit)
     repo.add_participants(session, rnd.id, instructions)
     repo.add_event(
@@ -255,6 +258,8 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
     Returns False when the round was not open (already closed by someone else). Expected
     transient database errors leave the round open for the next attempt; any other error marks
     the round failed (with the reason) in a separate transaction, so it is not retried forever.
+    Transient: `OperationalError`, and `sqlalchemy.exc.TimeoutError` (the pool had no connection
+    free in time).
     """
     started = time.perf_counter()
     try:
@@ -263,7 +268,8 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
                 return False
             _close_claimed(services, session, round_id, reason=reason, started=started)
         return True
-    except OperationalError:
+    except (OperationalError, PoolTimeoutError):
+        # A busy pool (no connection free in time) is as transient as a dropped connection.
         log.exception("closing round %s hit a database error; it stays open", round_id)
         raise
     except Exception as exc:
@@ -280,6 +286,7 @@ def _close_claimed(
     session.refresh(rnd)
     federation = repo.lock_federation(session, rnd.federation_id)
     assert federation is not None
+    mark_changed(session, federation.id)
     now = services.clock()
     model_in = repo.get_model_version(session, rnd.model_in_id)
     assert model_in is not None
@@ -405,6 +412,7 @@ def _mark_failed(services: Services, round_id: uuid.UUID, reason: str) -> None:
         rnd.state_reason = reason
         federation = repo.get_federation(session, rnd.federation_id)
         assert federation is not None
+        mark_changed(session, federation.id)
         federation.status = "failed"
         federation.status_reason = f"round {rnd.index} failed to close: {reason}"
         repo.add_event(

@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
 from service.coordinator.ratelimit import EventBudget
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
@@ -27,15 +28,20 @@ class Services:
     blobs: BlobStore
     clock: Callable[[], datetime] = utcnow
     worker: BackgroundWorker = field(default_factory=lambda: BackgroundWorker())
+    notifier: ChangeNotifier = field(default_factory=LocalNotifier)
+    """Wakes long-polls when a federation's rounds or status change (see `notify`)."""
     auth_events: EventBudget = field(init=False)
     """Budget of auth.rejected events per federation and minute (from the settings)."""
+    _commit_hook: CommitHook = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.auth_events = EventBudget(self.settings.auth_rejected_events_per_minute, 60.0)
+        self._commit_hook = CommitHook(self.sessions, self.notifier)
 
     def close(self) -> None:
         """Stop the worker and release the database connections."""
         self.worker.shutdown()
+        self._commit_hook.remove()
         bind = self.sessions.kw.get("bind")
         if bind is not None:
             bind.dispose()

@@ -19,17 +19,41 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
-def make_engine(url: str, *, echo: bool = False) -> Engine:
-    """Create an engine for `url`, configured for concurrent use."""
+def make_engine(
+    url: str,
+    *,
+    echo: bool = False,
+    pool_size: int | None = None,
+    max_overflow: int | None = None,
+    pool_timeout_s: float | None = None,
+) -> Engine:
+    """Create an engine for `url`, configured for concurrent use.
+
+    The pool arguments (None: SQLAlchemy's defaults) size the connection pool; a checkout that
+    waits longer than `pool_timeout_s` raises `sqlalchemy.exc.TimeoutError`. An in-memory SQLite
+    database has no such pool and ignores them.
+    """
     parsed = make_url(url)
+    pool: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("pool_size", pool_size),
+            ("max_overflow", max_overflow),
+            ("pool_timeout", pool_timeout_s),
+        )
+        if value is not None
+    }
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+        else:
+            pool = {}
         engine = create_engine(
             url,
             echo=echo,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            **pool,
         )
 
         @event.listens_for(engine, "connect")
@@ -44,7 +68,7 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
         return engine
     if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
         url = str(parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
-    return create_engine(url, echo=echo, pool_pre_ping=True)
+    return create_engine(url, echo=echo, pool_pre_ping=True, **pool)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

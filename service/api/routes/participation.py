@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -38,10 +37,9 @@ from service.errors import CoordinatorError
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
 
 MAX_WAIT_S = 30.0
-# Long-poll re-checks start fast (a round usually opens within a second of the last upload)
-# and back off, so many waiting clients do not hammer the database.
-POLL_FIRST_S = 0.05
-POLL_MAX_S = 1.0
+SAFETY_RECHECK_S = 15.0
+"""A waiting long-poll re-reads the database after each change signal for its federation
+(`Services.notifier`) and, in case a signal was lost, at most this long after the last read."""
 
 
 @router.get(
@@ -70,7 +68,7 @@ def join(
     client: CurrentClient,
 ) -> JoinRead:
     client_use_cases.check_scope(client, federation_id)
-    client_use_cases.join(
+    client = client_use_cases.join(
         session,
         client,
         num_samples=body.num_samples,
@@ -119,14 +117,16 @@ async def get_current_round(
 ) -> CurrentRound:
     client_use_cases.check_scope(client, federation_id)
     deadline = time.monotonic() + wait_s
-    interval = POLL_FIRST_S
-    while True:
+    # Subscribed before the first read, so a round that opens in between still wakes us. While
+    # waiting, the request holds no database connection: each read is its own short session.
+    with services.notifier.subscribe(federation_id) as changes:
         current = await run_in_threadpool(_current, services, client.id)
-        remaining = deadline - time.monotonic()
-        if current.status != "wait" or remaining <= 0:
-            break
-        await asyncio.sleep(min(interval, remaining))
-        interval = min(interval * 1.5, POLL_MAX_S)
+        while current.status == "wait":
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await changes.wait(min(remaining, SAFETY_RECHECK_S))
+            current = await run_in_threadpool(_current, services, client.id)
     if current.status == "wait":
         response.headers["Retry-After"] = str(max(1, round(current.retry_after_s or 1)))
     return current

@@ -1,0 +1,145 @@
+"""Change notifications: what wakes a long-poll when a federation's rounds or status change.
+
+A use case that opens or closes a round, or starts, stops or finishes a federation, calls
+`mark_changed(session, federation_id)`; the notification goes out only when that session commits
+(a listener that `Services` installs on its session factory), so a woken waiter that re-reads
+the database sees the change. A rolled-back transaction notifies nobody.
+
+`ChangeNotifier` is the interface the rest of the service sees. `LocalNotifier` fans signals out
+inside one process, which is all a single coordinator needs. Several replicas behind a load
+balancer would need a notifier that also relays signals between processes (PostgreSQL
+``LISTEN``/``NOTIFY`` for instance: `notify` sends ``pg_notify``, a listener thread hands what it
+receives to a `LocalNotifier`); nothing else would change.
+
+Signals carry no state: a waiter re-reads the database after each one, so a spurious signal
+costs one short query, and waiters also re-check on a slow timer in case a signal was missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+
+_PENDING = "fedaudit.changed_federations"
+
+
+class Subscription(Protocol):
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait for a signal sent since subscribing or since the last `wait` returned.
+
+        Returns True when signalled, False when `timeout_s` passed first.
+        """
+        ...
+
+
+class ChangeNotifier(Protocol):
+    def notify(self, federation_id: uuid.UUID) -> None:
+        """Signal every subscriber of the federation; callable from any thread."""
+        ...
+
+    def subscribe(self, federation_id: uuid.UUID) -> AbstractContextManager[Subscription]:
+        """A subscription for the block, entered on a running asyncio event loop.
+
+        Subscribe before reading the state you wait on: a change committed between the read and
+        the first `wait` is then not missed.
+        """
+        ...
+
+    def subscribers(self, federation_id: uuid.UUID) -> int:
+        """How many subscriptions of this process wait on the federation now."""
+        ...
+
+
+class _LocalSubscription:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def signal(self) -> None:
+        """From any thread: set the event on its own loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+    async def wait(self, timeout_s: float) -> bool:
+        if not self._event.is_set():
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout=max(timeout_s, 0.0))
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return True
+
+
+class LocalNotifier:
+    """In-process fan-out: thread-safe `notify`, asyncio waiters woken on their own loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscriptions: dict[uuid.UUID, set[_LocalSubscription]] = {}
+
+    def notify(self, federation_id: uuid.UUID) -> None:
+        with self._lock:
+            subscriptions = list(self._subscriptions.get(federation_id, ()))
+        for subscription in subscriptions:
+            subscription.signal()
+
+    @contextmanager
+    def subscribe(self, federation_id: uuid.UUID) -> Iterator[_LocalSubscription]:
+        subscription = _LocalSubscription(asyncio.get_running_loop())
+        with self._lock:
+            self._subscriptions.setdefault(federation_id, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            with self._lock:
+                waiting = self._subscriptions.get(federation_id)
+                if waiting is not None:
+                    waiting.discard(subscription)
+                    if not waiting:
+                        del self._subscriptions[federation_id]
+
+    def subscribers(self, federation_id: uuid.UUID) -> int:
+        with self._lock:
+            return len(self._subscriptions.get(federation_id, ()))
+
+
+def mark_changed(session: Session, federation_id: uuid.UUID) -> None:
+    """Notify the federation's waiters once this session's transaction commits.
+
+    The mark belongs to the current transaction (begun here if need be, as the change it
+    announces would): its rollback drops it.
+    """
+    session.connection()
+    session.info.setdefault(_PENDING, set()).add(federation_id)
+
+
+class CommitHook:
+    """Sends the notifications marked in a session when it commits (see `mark_changed`)."""
+
+    def __init__(self, sessions: sessionmaker[Session], notifier: ChangeNotifier) -> None:
+        self._sessions = sessions
+        self._notifier = notifier
+        event.listen(sessions, "after_commit", self._after_commit)
+        event.listen(sessions, "after_soft_rollback", self._after_soft_rollback)
+
+    def _after_commit(self, session: Session) -> None:
+        for federation_id in session.info.pop(_PENDING, ()):
+            self._notifier.notify(federation_id)
+
+    def _after_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
+        # Every rollback, with or without a connection; a savepoint's leaves the outer marks.
+        if previous.parent is None:
+            session.info.pop(_PENDING, None)
+
+    def remove(self) -> None:
+        event.remove(self._sessions, "after_commit", self._after_commit)
+        event.remove(self._sessions, "after_soft_rollback", self._after_soft_rollback)

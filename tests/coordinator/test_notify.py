@@ -1,0 +1,118 @@
+"""The change notifier: thread-safe signals to asyncio waiters, sent only when a commit lands."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from service.config import Settings
+from service.coordinator.notify import LocalNotifier, mark_changed
+from service.coordinator.services import Services
+from service.store.blobs import DirectoryBlobStore
+from service.store.session import make_engine, make_sessionmaker
+
+
+class Recorder(LocalNotifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[uuid.UUID] = []
+
+    def notify(self, federation_id: uuid.UUID) -> None:
+        self.sent.append(federation_id)
+        super().notify(federation_id)
+
+
+@pytest.mark.anyio
+async def test_a_signal_from_another_thread_wakes_the_waiter() -> None:
+    notifier = LocalNotifier()
+    fid = uuid.uuid4()
+    with notifier.subscribe(fid) as changes:
+        assert notifier.subscribers(fid) == 1
+        threading.Timer(0.1, notifier.notify, args=(fid,)).start()
+        assert await changes.wait(10.0) is True
+        assert await changes.wait(0.05) is False  # one signal, consumed
+    assert notifier.subscribers(fid) == 0
+
+
+@pytest.mark.anyio
+async def test_a_signal_sent_before_the_wait_is_kept_and_others_are_ignored() -> None:
+    notifier = LocalNotifier()
+    fid = uuid.uuid4()
+    with notifier.subscribe(fid) as changes:
+        notifier.notify(uuid.uuid4())  # another federation
+        assert await changes.wait(0.05) is False
+        notifier.notify(fid)  # between the caller's read and its wait
+        await asyncio.sleep(0)
+        assert await changes.wait(0.0) is True
+
+
+def test_a_signal_after_the_loop_closed_is_dropped() -> None:
+    notifier = LocalNotifier()
+    fid = uuid.uuid4()
+    loop = asyncio.new_event_loop()
+
+    async def subscribe_and_leave_open() -> None:
+        context = notifier.subscribe(fid)
+        context.__enter__()
+
+    loop.run_until_complete(subscribe_and_leave_open())
+    loop.close()
+    notifier.notify(fid)  # no exception: nobody is waiting any more
+
+
+@pytest.fixture
+def services(settings: Settings) -> Iterator[Services]:
+    engine = make_engine(settings.resolved_database_url)
+    services = Services(
+        settings=settings,
+        sessions=make_sessionmaker(engine),
+        blobs=DirectoryBlobStore(settings.blob_dir),
+        notifier=Recorder(),
+    )
+    yield services
+    services.close()
+
+
+@pytest.mark.db
+def test_signals_go_out_on_commit_only(services: Services) -> None:
+    recorder = services.notifier
+    assert isinstance(recorder, Recorder)
+    committed, rolled_back = uuid.uuid4(), uuid.uuid4()
+
+    with services.sessions() as session:
+        mark_changed(session, rolled_back)
+        assert recorder.sent == []  # nothing before the commit
+        session.rollback()
+        session.commit()
+
+    def failing_use_case() -> None:
+        with services.sessions.begin() as session:
+            mark_changed(session, rolled_back)
+            raise RuntimeError("the use case failed")
+
+    with pytest.raises(RuntimeError):
+        failing_use_case()
+    with services.sessions.begin() as session:
+        mark_changed(session, committed)
+        mark_changed(session, committed)
+        assert recorder.sent == []
+    assert recorder.sent == [committed]
+
+
+@pytest.mark.db
+def test_closing_the_services_removes_the_commit_hook(settings: Settings) -> None:
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    recorder = Recorder()
+    blobs = DirectoryBlobStore(settings.blob_dir)
+    Services(settings=settings, sessions=sessions, blobs=blobs, notifier=recorder).close()
+    try:
+        with sessions.begin() as session:
+            mark_changed(session, uuid.uuid4())
+    finally:
+        engine.dispose()
+    assert recorder.sent == []
