@@ -157,3 +157,10 @@ PROBLEM_409: dict[int | str, dict[str, Any]] = {
 }
 PROBLEM_413: dict[int | str, dict[str, Any]] = {413: problem(413, "Payload too large")}
 PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input")}
+PROBLEM_422_UPDATE: dict[int | str, dict[str, Any]] = {
+    422: problem(
+        422,
+        "Invalid update (/problems/update-rejected), or num_samples / class_counts outside the "
+        "drift the federation allows from the site's join (/problems/update-inconsistent)",
+    )
+}
