@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -315,6 +316,18 @@ def _separation_text(summary: dict[str, Any]) -> str:
     return f", Ashman's D {separation:.1f} (needs {needed:.1f}{confirmed}{groups})"
 
 
+def _inconsistent_text(row: dict[str, Any]) -> str:
+    """ "3 (2026-11-25 09:12)" for a site with refused inconsistent claims; "-" for none."""
+    count = row.get("inconsistent_updates") or 0
+    if not count:
+        return "-"
+    last = row.get("last_inconsistent_at")
+    if isinstance(last, str):  # the JSON report: an ISO 8601 timestamp
+        last = datetime.fromisoformat(last.replace("Z", "+00:00"))
+    when = f" ({last:%Y-%m-%d %H:%M})" if isinstance(last, datetime) else ""
+    return f"[bold red]{count}[/]{escape(when)}"
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -352,6 +365,10 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     table.add_column("expertise", justify="right")
     table.add_column("noisy classes")
     table.add_column("weight", justify="right")
+    # Updates refused for num_samples / class_counts inconsistent with the join: shown when any.
+    refused = any(row.get("inconsistent_updates") for row in data["clients"])
+    if refused:
+        table.add_column("inconsistent claims (last)")
     styles = {"noisy": "bold red", "suspect": "yellow", "trusted": "green"}
 
     def number(value: Any, fmt: str = ".2f") -> str:
@@ -371,6 +388,8 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             escape(", ".join(row.get("noisy_classes") or []) or "-"),
             number(row.get("last_weight"), ".3f"),
         ]
+        if refused:
+            cells.append(_inconsistent_text(row))
         table.add_row(*cells)
     return table
 

@@ -15,6 +15,7 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
     │   └── FederationStateError     409 federation-state
     ├── PayloadTooLargeError         413 payload-too-large
     ├── UpdateRejectedError          422 update-rejected
+    │   └── InconsistentUpdateError  422 update-inconsistent
     ├── InvalidModelError            422 invalid-model
     ├── RateLimitedError             429 rate-limited
     └── NotReadyError                503 not-ready
@@ -98,6 +99,13 @@ class UpdateRejectedError(CoordinatorError):
     status = 422
     title = "Update rejected"
     type_slug = "update-rejected"
+
+
+class InconsistentUpdateError(UpdateRejectedError):
+    """An update's num_samples / class_counts outside the drift allowed from the site's join."""
+
+    title = "Update inconsistent with the join"
+    type_slug = "update-inconsistent"
 
 
 class InvalidModelError(CoordinatorError):

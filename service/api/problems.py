@@ -196,3 +196,10 @@ PROBLEM_503: dict[int | str, dict[str, Any]] = {
         },
     }
 }
+PROBLEM_422_UPDATE: dict[int | str, dict[str, Any]] = {
+    422: problem(
+        422,
+        "Invalid update (/problems/update-rejected), or num_samples / class_counts outside the "
+        "drift the federation allows from the site's join (/problems/update-inconsistent)",
+    )
+}

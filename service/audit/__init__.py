@@ -10,6 +10,7 @@ from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.aggregation import (
     AGGREGATION_RULES,
+    DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
     NOISY_SET_RULES,
     AggregationResult,
     aggregate,
@@ -19,6 +20,8 @@ from service.audit.aggregation import (
     aggregate_median,
     aggregate_reliability_weighted,
     aggregate_trimmed_mean,
+    cap_weights,
+    client_weight_cap,
 )
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import (
@@ -58,6 +61,7 @@ from service.audit.state import DictStateReader, StateReader, is_float_tensor
 
 __all__ = [
     "AGGREGATION_RULES",
+    "DEFAULT_MAX_CLIENT_WEIGHT_FACTOR",
     "NOISY_SET_RULES",
     "DETECTORS",
     "PRIMARY_DETECTORS",
@@ -91,6 +95,9 @@ __all__ = [
     "aggregate_trimmed_mean",
     "ashman_d",
     "benjamini_hochberg",
+    "cap_weights",
+    "class_standardised_excess",
+    "client_weight_cap",
     "correction_candidates",
     "expertise",
     "expertise_detection",
@@ -99,7 +106,6 @@ __all__ = [
     "is_float_tensor",
     "k_reliable_neighbors",
     "next_status",
-    "class_standardised_excess",
     "null_separation_threshold",
     "probe_similarity",
     "reliability_scores",

@@ -16,6 +16,14 @@ cast back to their dtype; every other tensor (e.g. ``num_batches_tracked``) is c
 client with the largest weight (ties: lowest index). DaAgg needs two passes (distances, then
 the weighted sum); the other rules read each update once.
 
+Bounded influence: every rule takes ``max_client_weight_factor`` f (default 4, None = off) and no
+client's normalised weight exceeds ``cap = min(1, f / K)`` for K participating clients (so up to
+f clients nothing changes). The weights a rule computes are capped by :func:`cap_weights`
+(water-filling: clip at the cap, hand the excess to the uncapped clients in proportion to their
+weights, repeat); ``AggregationResult.weight_cap`` records the cap and, per capped client, its
+weight before and after. A site that overstates its sample count therefore gains at most the
+cap, whatever it claims.
+
 A rule that cannot be applied as asked (for example DaAgg without any clean client) falls back
 to FedAvg and says so in ``AggregationResult.fallback_reason``; it never raises for that.
 Malformed states or arguments raise :class:`~service.audit._validation.InvalidInputError` /
@@ -54,6 +62,7 @@ from service.audit.state import (
 
 __all__ = [
     "AGGREGATION_RULES",
+    "DEFAULT_MAX_CLIENT_WEIGHT_FACTOR",
     "NOISY_SET_RULES",
     "AggregationResult",
     "aggregate",
@@ -63,6 +72,8 @@ __all__ = [
     "aggregate_median",
     "aggregate_reliability_weighted",
     "aggregate_trimmed_mean",
+    "cap_weights",
+    "client_weight_cap",
 ]
 
 AGGREGATION_RULES = (
@@ -77,6 +88,10 @@ AGGREGATION_RULES = (
 
 NOISY_SET_RULES = ("daagg", "fedncl_layerwise")
 """Rules that read the ``noisy`` flags (the others ignore them)."""
+
+DEFAULT_MAX_CLIENT_WEIGHT_FACTOR = 4.0
+"""Default f of the weight cap ``min(1, f / K)``: with up to 4 clients the cap is 1 (no effect);
+with 10 a single client weighs at most 0.4, with 100 at most 0.04."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,12 @@ class AggregationResult:
         Why ``rule`` differs from ``requested_rule``.
     details : dict
         Rule-specific facts (distances, penalties, trimmed counts, ...), JSON-serialisable.
+    weight_cap : dict or None
+        The cap on a single client's weight: ``factor`` (f), ``cap`` (min(1, f / K), or higher
+        when fewer than 1 / cap clients have a positive weight; ``note`` says so), and
+        ``capped``, one entry per client whose weight was lowered: ``index`` (position in the
+        updates), ``before`` and ``after`` (for ``fedncl_layerwise`` the means over float
+        tensors, with ``layers`` = in how many tensors it was capped). None: no cap (f None).
     """
 
     state: dict[str, AnyArray]
@@ -110,6 +131,7 @@ class AggregationResult:
     requested_rule: str
     fallback_reason: str | None
     details: dict[str, Any] = field(default_factory=dict)
+    weight_cap: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return everything but the state as plain JSON values."""
@@ -123,6 +145,7 @@ class AggregationResult:
                     "weights": self.weights,
                     "layer_weights": self.layer_weights,
                     "details": self.details,
+                    "weight_cap": self.weight_cap,
                 }
             ),
         )
@@ -195,6 +218,136 @@ def _fedavg_weights(n: FloatArray) -> FloatArray:
     return _normalise(n, "num_samples")
 
 
+# --------------------------------------------------------------------------------------------
+# Bounded influence: the cap on a single client's weight
+# --------------------------------------------------------------------------------------------
+
+
+def client_weight_cap(n_clients: int, factor: float) -> float:
+    """The cap ``min(1, factor / n_clients)`` on one client's normalised weight.
+
+    Parameters
+    ----------
+    n_clients : int
+        K, the clients taking part in the aggregation (>= 1).
+    factor : float
+        f >= 1, so that the cap is never below the equal share 1 / K.
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``n_clients`` < 1 or ``factor`` < 1 (or not finite).
+    """
+    k = check_int("n_clients", n_clients, min_value=1)
+    f = check_float("max_client_weight_factor", factor, min_value=1.0)
+    return min(1.0, f / k)
+
+
+def cap_weights(weights: Any, cap: float) -> FloatArray:
+    """Water-filling: normalised weights with none above ``cap``.
+
+    ``weights`` are normalised to sum 1. Then, repeatedly: every weight above ``cap`` is set to
+    ``cap`` and what is left (1 - cap x the number capped) is shared among the uncapped clients
+    in proportion to their original weights, until no weight exceeds the cap (at most K passes:
+    each one caps at least one more client). The result is ``min(cap, lam * w_k)`` with the one
+    ``lam >= 1`` that makes it sum to 1, so the order of the weights is kept (ties stay ties), a
+    zero weight stays zero, the uncapped weights keep their ratios, and nothing changes when no
+    weight exceeds the cap. Pure: no state, no randomness.
+
+    Example: ``[0.97, 0.01, 0.01, 0.01]`` with cap 0.5 gives ``[0.5, 1/6, 1/6, 1/6]``.
+
+    Parameters
+    ----------
+    weights : array-like of shape (n_clients,)
+        Non-negative, finite, with a positive sum (normalised here).
+    cap : float
+        In (0, 1], and at least 1 / m for the m positive weights: below that no weights summing
+        to 1 without raising a zero weight can respect it.
+
+    Returns
+    -------
+    ndarray of shape (n_clients,)
+        The capped weights: sum 1 (up to rounding), none above ``cap``.
+
+    Raises
+    ------
+    InvalidInputError
+        If a weight is negative or not finite, or the weights do not have a positive sum.
+    InvalidParameterError
+        If ``cap`` is outside (0, 1] or below 1 / m.
+    """
+    original = _normalise(as_float_array("weights", weights, ndim=1, min_value=0.0), "weights")
+    c = check_float("cap", cap, min_value=0.0, max_value=1.0, min_inclusive=False)
+    positive = int(np.count_nonzero(original))
+    if c * positive < 1.0 - 1e-12:
+        raise InvalidParameterError(
+            f"cap: {c} is below 1/{positive} ({positive} positive weights): weights summing to 1 "
+            "cannot all respect it"
+        )
+    result = original.copy()
+    capped = np.zeros(result.size, dtype=bool)
+    while True:
+        over = result > c
+        if not over.any():
+            return result
+        capped |= over
+        result[capped] = c
+        free = ~capped
+        free_total = float(original[free].sum())
+        if free_total > 0.0:
+            remaining = max(1.0 - c * int(capped.sum()), 0.0)
+            result[free] = original[free] * (remaining / free_total)
+
+
+def _check_factor(factor: float | None) -> float | None:
+    if factor is None:
+        return None
+    return check_float("max_client_weight_factor", factor, min_value=1.0)
+
+
+def _cap(weights: FloatArray, factor: float | None) -> tuple[FloatArray, dict[str, Any] | None]:
+    """``weights`` capped at min(1, f / K), and the record of what the cap changed.
+
+    When fewer than 1 / cap clients have a positive weight (a rule gave the others 0), the cap
+    is raised to 1 / m for the m positive ones (equal weights among them): the weights must sum
+    to 1, and a weight a rule set to 0 is never raised.
+    """
+    if factor is None:
+        return weights, None
+    k = int(weights.size)
+    cap = client_weight_cap(k, factor)
+    record: dict[str, Any] = {"factor": factor, "cap": cap, "capped": []}
+    positive = int(np.count_nonzero(weights))
+    if cap * positive < 1.0 - 1e-12:
+        cap = 1.0 / positive
+        record["cap"] = cap
+        record["note"] = (
+            f"only {positive} of the {k} clients have a positive weight: the cap is raised to "
+            f"1/{positive}"
+        )
+    if not (weights > cap).any():
+        return weights, record
+    capped = cap_weights(weights, cap)
+    record["capped"] = [
+        {"index": int(i), "before": float(weights[i]), "after": float(capped[i])}
+        for i in np.flatnonzero(capped < weights)
+    ]
+    return capped, record
+
+
+def _moot_cap(n_clients: int, factor: float | None, rule: str) -> dict[str, Any] | None:
+    """The cap record of a rule whose weights are 1/K (never above the cap)."""
+    if factor is None:
+        return None
+    return {
+        "factor": factor,
+        "cap": client_weight_cap(n_clients, factor),
+        "capped": [],
+        "note": f"{rule} is not a weighted average: each client counts 1/K, never above the cap, "
+        "and num_samples is not used",
+    }
+
+
 def _result(
     state: dict[str, AnyArray],
     weights: FloatArray,
@@ -204,6 +357,7 @@ def _result(
     fallback_reason: str | None = None,
     layer_weights: dict[str, list[float]] | None = None,
     details: dict[str, Any] | None = None,
+    weight_cap: dict[str, Any] | None = None,
 ) -> AggregationResult:
     return AggregationResult(
         state=state,
@@ -213,6 +367,7 @@ def _result(
         requested_rule=requested,
         fallback_reason=fallback_reason,
         details={} if details is None else details,
+        weight_cap=weight_cap,
     )
 
 
@@ -223,10 +378,20 @@ def _fallback(
     requested: str,
     reason: str,
     details: dict[str, Any] | None = None,
+    *,
+    factor: float | None,
 ) -> AggregationResult:
-    weights = _fedavg_weights(n)
+    weights, cap = _cap(_fedavg_weights(n), factor)
     state = _weighted_state(global_state, updates, weights)
-    return _result(state, weights, "fedavg", requested, fallback_reason=reason, details=details)
+    return _result(
+        state,
+        weights,
+        "fedavg",
+        requested,
+        fallback_reason=reason,
+        details=details,
+        weight_cap=cap,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,9 +400,13 @@ def _fallback(
 
 
 def aggregate_fedavg(
-    global_state: StateReader, updates: Sequence[StateReader], num_samples: Any
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    num_samples: Any,
+    *,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
-    """FedAvg: w_k = n_k / sum n.
+    """FedAvg: w_k = n_k / sum n, capped at min(1, f / K) per client.
 
     Parameters
     ----------
@@ -247,6 +416,8 @@ def aggregate_fedavg(
         theta_k of each client.
     num_samples : array-like of shape (n_clients,)
         n_k, positive.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); None: no cap.
 
     Returns
     -------
@@ -255,13 +426,17 @@ def aggregate_fedavg(
 
     Raises
     ------
+    InvalidParameterError
+        If ``max_client_weight_factor`` is below 1.
     InvalidInputError
         If there is no update, a state does not match the global one, or a count is not
         positive.
     """
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
-    weights = _fedavg_weights(_num_samples(num_samples, k))
-    return _result(_weighted_state(global_state, updates, weights), weights, "fedavg", "fedavg")
+    weights, cap = _cap(_fedavg_weights(_num_samples(num_samples, k)), factor)
+    state = _weighted_state(global_state, updates, weights)
+    return _result(state, weights, "fedavg", "fedavg", weight_cap=cap)
 
 
 _DAAGG_VARIANTS = ("paper", "reference")
@@ -318,6 +493,7 @@ def aggregate_daagg(
     noisy: Any,
     *,
     variant: str = "paper",
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """FedNoRo distance-aware aggregation (DaAgg, eq. 6-7).
 
@@ -338,6 +514,9 @@ def aggregate_daagg(
         ``"paper"``: L2 norm of the difference of all float tensors flattened into one
         vector. ``"reference"``: sum over float tensors (BatchNorm running statistics
         included) of the per-tensor L2 norms, as the authors' code does.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) after the distance weighting
+        (:func:`cap_weights`); None: no cap.
 
     Returns
     -------
@@ -351,23 +530,34 @@ def aggregate_daagg(
     Raises
     ------
     InvalidParameterError
-        If ``variant`` is unknown.
+        If ``variant`` is unknown or ``max_client_weight_factor`` is below 1.
     InvalidInputError
         If the states, counts or flags are malformed.
     """
     check_choice("variant", variant, _DAAGG_VARIANTS)
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
         return _fallback(
-            global_state, updates, n, "daagg", "no noisy flags (detection undetermined)"
+            global_state,
+            updates,
+            n,
+            "daagg",
+            "no noisy flags (detection undetermined)",
+            factor=factor,
         )
     noisy_idx = [int(i) for i in np.flatnonzero(flags)]
     clean_idx = [int(i) for i in np.flatnonzero(~flags)]
     if not clean_idx:
         return _fallback(
-            global_state, updates, n, "daagg", "every client is flagged noisy: no clean client"
+            global_state,
+            updates,
+            n,
+            "daagg",
+            "every client is flagged noisy: no clean client",
+            factor=factor,
         )
     distances = np.zeros(k)
     details: dict[str, Any] = {"variant": variant, "noisy": flags.tolist()}
@@ -388,12 +578,13 @@ def aggregate_daagg(
             "daagg",
             "max distance is 0 (noisy models equal clean ones), D = d / max d undefined",
             details,
+            factor=factor,
         )
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
-    weights = _normalise(n * np.exp(-normalised), "num_samples")
+    weights, cap = _cap(_normalise(n * np.exp(-normalised), "num_samples"), factor)
     state = _weighted_state(global_state, updates, weights)
-    return _result(state, weights, "daagg", "daagg", details=details)
+    return _result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
 
 
 def aggregate_fedncl_layerwise(
@@ -405,6 +596,7 @@ def aggregate_fedncl_layerwise(
     round_index: int = 0,
     tau: float = 50.0,
     t_k: int = 60,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """Fed-NCL robust layer-wise aggregation with the noisy-client penalty (eq. 12-16).
 
@@ -432,6 +624,9 @@ def aggregate_fedncl_layerwise(
         Maximum penalty (>= 1).
     t_k : int, default=60
         Rounds to reach the maximum penalty (T_k = T_corr in ALGORITHMS.md 4), >= 1.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) in any float tensor's weights, hence
+        in their mean either (:func:`cap_weights`); None: no cap.
 
     Returns
     -------
@@ -444,19 +639,25 @@ def aggregate_fedncl_layerwise(
     Raises
     ------
     InvalidParameterError
-        If ``round_index``, ``tau`` or ``t_k`` is out of range.
+        If ``round_index``, ``tau``, ``t_k`` or ``max_client_weight_factor`` is out of range.
     InvalidInputError
         If the states, counts or flags are malformed.
     """
     rnd = check_int("round_index", round_index, min_value=0)
     tau_f = check_float("tau", tau, min_value=1.0)
     t_k_i = check_int("t_k", t_k, min_value=1)
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
         return _fallback(
-            global_state, updates, n, "fedncl_layerwise", "no noisy flags (detection undetermined)"
+            global_state,
+            updates,
+            n,
+            "fedncl_layerwise",
+            "no noisy flags (detection undetermined)",
+            factor=factor,
         )
     big_t = rnd + 1
     penalty_noisy = min(max(tau_f * big_t / t_k_i, 1.0), tau_f)
@@ -465,13 +666,16 @@ def aggregate_fedncl_layerwise(
     chosen = int(np.argmax(base))
     state: dict[str, AnyArray] = {}
     layer_weights: dict[str, list[float]] = {}
+    uncapped: list[FloatArray] = []
     for name, reference, tensors in iter_client_tensors(global_state, updates):
         if not is_float_tensor(reference):
             state[name] = np.array(tensors[chosen], copy=True)
             continue
         g = flat64(reference)
         dist = np.array([1.0 + float(np.sum((flat64(t) - g) ** 2)) for t in tensors])
-        weights = _normalise(base / dist, "num_samples")
+        raw = _normalise(base / dist, "num_samples")
+        uncapped.append(raw)
+        weights, _ = _cap(raw, factor)
         acc = np.zeros(reference.shape, dtype=np.float64)
         for j, tensor in enumerate(tensors):
             acc += weights[j] * tensor.astype(np.float64, copy=False)
@@ -479,8 +683,9 @@ def aggregate_fedncl_layerwise(
         layer_weights[name] = weights.tolist()
     if layer_weights:
         mean_weights: FloatArray = np.mean(np.array(list(layer_weights.values())), axis=0)
+        cap = _layer_cap_record(np.array(uncapped), np.array(list(layer_weights.values())), factor)
     else:
-        mean_weights = _fedavg_weights(n)
+        mean_weights, cap = _cap(_fedavg_weights(n), factor)
     details = {"penalty": penalty.tolist(), "T": big_t, "tau": tau_f, "t_k": t_k_i}
     return _result(
         state,
@@ -489,7 +694,33 @@ def aggregate_fedncl_layerwise(
         "fedncl_layerwise",
         layer_weights=layer_weights,
         details=details,
+        weight_cap=cap,
     )
+
+
+def _layer_cap_record(
+    before: FloatArray, after: FloatArray, factor: float | None
+) -> dict[str, Any] | None:
+    """The cap record of layer-wise weights (tensors x clients): per client capped in some
+    tensor, its mean weight over tensors before and after, and in how many tensors."""
+    if factor is None:
+        return None
+    k = int(before.shape[1])
+    lowered = after < before
+    record: dict[str, Any] = {
+        "factor": factor,
+        "cap": client_weight_cap(k, factor),
+        "capped": [
+            {
+                "index": int(i),
+                "before": float(before[:, i].mean()),
+                "after": float(after[:, i].mean()),
+                "layers": int(lowered[:, i].sum()),
+            }
+            for i in np.flatnonzero(lowered.any(axis=0))
+        ],
+    }
+    return record
 
 
 def _coordinatewise(
@@ -526,11 +757,17 @@ def aggregate_trimmed_mean(
     updates: Sequence[StateReader],
     *,
     trim_fraction: float = 0.1,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """Coordinate-wise trimmed mean (Yin et al. 2018; the Fed-NCL baseline).
 
     Each coordinate: sort the K client values, drop ``floor(trim_fraction * K)`` from each end,
     average the rest (unweighted).
+
+    The weight cap is moot here: sample counts are not used, every kept value counts equally,
+    so a client weighs at most 1 / (K - 2 trim) in a coordinate and 1/K overall, and the cap
+    min(1, f / K) with f >= 1 is never below 1/K. It is recorded (``weight_cap``, nothing
+    capped) so every rule's result says which cap was in force.
 
     Parameters
     ----------
@@ -540,6 +777,8 @@ def aggregate_trimmed_mean(
         theta_k of each client.
     trim_fraction : float, default=0.1
         Fraction trimmed per side, in [0, 0.5).
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1 (recorded only, see above); None: no cap recorded.
 
     Returns
     -------
@@ -550,13 +789,14 @@ def aggregate_trimmed_mean(
     Raises
     ------
     InvalidParameterError
-        If ``trim_fraction`` is out of range.
+        If ``trim_fraction`` or ``max_client_weight_factor`` is out of range.
     InvalidInputError
         If there is no update or a state does not match the global one.
     """
     fraction = check_float(
         "trim_fraction", trim_fraction, min_value=0.0, max_value=0.5, max_inclusive=False
     )
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     trim = math.floor(fraction * k)
     state = _coordinatewise(global_state, updates, trim)
@@ -566,13 +806,38 @@ def aggregate_trimmed_mean(
         "kept_per_coordinate": k - 2 * trim,
         "weights_note": "weights are 1/K: which clients are kept differs per coordinate",
     }
-    return _result(state, np.full(k, 1.0 / k), "trimmed_mean", "trimmed_mean", details=details)
+    return _result(
+        state,
+        np.full(k, 1.0 / k),
+        "trimmed_mean",
+        "trimmed_mean",
+        details=details,
+        weight_cap=_moot_cap(k, factor, "trimmed_mean"),
+    )
 
 
 def aggregate_median(
-    global_state: StateReader, updates: Sequence[StateReader]
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    *,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """Coordinate-wise median (the mean of the two middle values for even K).
+
+    The weight cap is moot here: sample counts are not used and every client's value counts
+    once (weight 1/K, never above the cap min(1, f / K) with f >= 1); one client can move a
+    coordinate's median only within the range of the other clients' values. The cap is
+    recorded (``weight_cap``, nothing capped) so every rule's result says which cap was in
+    force.
+
+    Parameters
+    ----------
+    global_state : StateReader
+        theta_G (names, shapes, dtypes).
+    updates : sequence of StateReader
+        theta_k of each client.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1 (recorded only, see above); None: no cap recorded.
 
     Returns
     -------
@@ -581,13 +846,23 @@ def aggregate_median(
 
     Raises
     ------
+    InvalidParameterError
+        If ``max_client_weight_factor`` is below 1.
     InvalidInputError
         If there is no update or a state does not match the global one.
     """
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     state = _coordinatewise(global_state, updates, None)
     details = {"weights_note": "weights are 1/K: the median is not a weighted average"}
-    return _result(state, np.full(k, 1.0 / k), "median", "median", details=details)
+    return _result(
+        state,
+        np.full(k, 1.0 / k),
+        "median",
+        "median",
+        details=details,
+        weight_cap=_moot_cap(k, factor, "median"),
+    )
 
 
 def aggregate_reliability_weighted(
@@ -595,6 +870,8 @@ def aggregate_reliability_weighted(
     updates: Sequence[StateReader],
     num_samples: Any,
     noisy_probability: Any,
+    *,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """Weights proportional to n_k (1 - p_k), p_k = the primary detector's noisy probability.
 
@@ -608,6 +885,9 @@ def aggregate_reliability_weighted(
         n_k, positive.
     noisy_probability : array-like of shape (n_clients,), or None
         p_k in [0, 1]; None (undetermined) falls back to FedAvg.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); a client with
+        p_k = 1 keeps weight 0; None: no cap.
 
     Returns
     -------
@@ -617,15 +897,23 @@ def aggregate_reliability_weighted(
 
     Raises
     ------
+    InvalidParameterError
+        If ``max_client_weight_factor`` is below 1.
     InvalidInputError
         If a probability is outside [0, 1] or the lengths differ.
     """
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     requested = "reliability_weighted"
     if noisy_probability is None:
         return _fallback(
-            global_state, updates, n, requested, "no noisy probability (detection undetermined)"
+            global_state,
+            updates,
+            n,
+            requested,
+            "no noisy probability (detection undetermined)",
+            factor=factor,
         )
     p = as_float_array("noisy_probability", noisy_probability, ndim=1, min_value=0.0)
     if p.size != k:
@@ -635,11 +923,23 @@ def aggregate_reliability_weighted(
     raw = n * (1.0 - p)
     if float(raw.sum()) <= 0.0:
         return _fallback(
-            global_state, updates, n, requested, "every client has noisy probability 1"
+            global_state,
+            updates,
+            n,
+            requested,
+            "every client has noisy probability 1",
+            factor=factor,
         )
-    weights = _normalise(raw, "noisy_probability")
+    weights, cap = _cap(_normalise(raw, "noisy_probability"), factor)
     state = _weighted_state(global_state, updates, weights)
-    return _result(state, weights, requested, requested, details={"noisy_probability": p.tolist()})
+    return _result(
+        state,
+        weights,
+        requested,
+        requested,
+        details={"noisy_probability": p.tolist()},
+        weight_cap=cap,
+    )
 
 
 _RULE_PARAMS: dict[str, frozenset[str]] = {
@@ -662,6 +962,7 @@ def aggregate(
     noisy_probability: Any = None,
     params: Mapping[str, Any] | None = None,
     round_index: int = 0,
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
 ) -> AggregationResult:
     """Apply the aggregation rule called ``rule``.
 
@@ -684,6 +985,9 @@ def aggregate(
         ``trimmed_mean``: ``trim_fraction``. Unknown keys are rejected.
     round_index : int, default=0
         0-based index of the round (``fedncl_layerwise`` penalty schedule).
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`; moot for
+        ``trimmed_mean`` and ``median``, whose weights are 1/K); None: no cap.
 
     Returns
     -------
@@ -693,7 +997,8 @@ def aggregate(
     Raises
     ------
     InvalidParameterError
-        If ``rule`` is unknown or ``params`` holds a key the rule does not take.
+        If ``rule`` is unknown, ``params`` holds a key the rule does not take, or
+        ``max_client_weight_factor`` is below 1.
     InvalidInputError
         If the states or arrays are malformed.
     """
@@ -702,21 +1007,34 @@ def aggregate(
     unknown = sorted(set(options) - _RULE_PARAMS[rule])
     if unknown:
         raise InvalidParameterError(f"params: {rule!r} takes no parameter {unknown[0]!r}")
+    factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     if rule == "fedavg":
-        return aggregate_fedavg(global_state, updates, n)
+        return aggregate_fedavg(global_state, updates, n, max_client_weight_factor=factor)
     if rule == "daagg":
-        return aggregate_daagg(global_state, updates, n, noisy, **options)
+        return aggregate_daagg(
+            global_state, updates, n, noisy, max_client_weight_factor=factor, **options
+        )
     if rule == "fedncl_layerwise":
         return aggregate_fedncl_layerwise(
-            global_state, updates, n, noisy, round_index=round_index, **options
+            global_state,
+            updates,
+            n,
+            noisy,
+            round_index=round_index,
+            max_client_weight_factor=factor,
+            **options,
         )
     if rule == "trimmed_mean":
-        return aggregate_trimmed_mean(global_state, updates, **options)
+        return aggregate_trimmed_mean(
+            global_state, updates, max_client_weight_factor=factor, **options
+        )
     if rule == "median":
-        return aggregate_median(global_state, updates)
-    return aggregate_reliability_weighted(global_state, updates, n, noisy_probability)
+        return aggregate_median(global_state, updates, max_client_weight_factor=factor)
+    return aggregate_reliability_weighted(
+        global_state, updates, n, noisy_probability, max_client_weight_factor=factor
+    )
 
 
 def with_fallback_context(result: AggregationResult, context: str) -> AggregationResult:

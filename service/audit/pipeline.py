@@ -46,6 +46,7 @@ from service.audit._validation import (
 )
 from service.audit.aggregation import (
     AGGREGATION_RULES,
+    DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
     NOISY_SET_RULES,
     AggregationResult,
     aggregate,
@@ -225,6 +226,11 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity
         round's primary flags as they are (ALGORITHMS.md 2.4 as written). Either way an
         admin's pin wins. ``reliability_weighted`` reads the round's probabilities in both
         modes.
+    max_client_weight_factor : float or None
+        Bounded influence: no client's aggregation weight exceeds min(1, f / K) for the K
+        clients of the round (f = 4.0 by default: nothing changes up to 4 clients; >= 1);
+        the excess goes to the others by water-filling
+        (:func:`~service.audit.aggregation.cap_weights`). None: no cap.
     """
 
     detectors: tuple[str, ...] | None = None
@@ -261,6 +267,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity
     status_m: int = 2
     status_w: int = 3
     aggregation_flags: str = "status"
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
 
     def __post_init__(self) -> None:
         """Validate every field; lists become tuples and ints become floats where needed."""
@@ -365,6 +372,14 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity
         window = check_int("status_w", self.status_w, min_value=1)
         check_int("status_m", self.status_m, min_value=1, max_value=window)
         check_choice("aggregation_flags", self.aggregation_flags, AGGREGATION_FLAGS)
+        if self.max_client_weight_factor is not None:
+            set_(
+                self,
+                "max_client_weight_factor",
+                check_float(
+                    "max_client_weight_factor", self.max_client_weight_factor, min_value=1.0
+                ),
+            )
 
     def to_json(self) -> dict[str, Any]:
         """Return the configuration as plain JSON values (tuples become lists)."""
@@ -913,6 +928,7 @@ def run_audit(
         noisy_probability=probability,
         params=params,
         round_index=rnd,
+        max_client_weight_factor=config.max_client_weight_factor,
     )
     if primary.status != "ok":
         aggregation = with_fallback_context(

@@ -181,6 +181,9 @@ def audit_round(
             entry[name] = None if verdict is None else verdict.flag
         flags[cid] = entry
     result = outcome.to_json()
+    weight_cap = (result.get("aggregation") or {}).get("weight_cap")
+    for held_back in (weight_cap or {}).get("capped", []):
+        held_back["client_id"] = ids[held_back["index"]]  # which site the cap held back
     result["round_index"] = rnd.index
     result["in_warmup"] = in_warmup
     result["clients"] = [

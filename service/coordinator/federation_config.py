@@ -83,6 +83,14 @@ METHOD_AUDIT: dict[str, dict[str, Any]] = {
     "fedncl": {"aggregation_flags": "round"},
 }
 
+# How far an update's num_samples and class_counts may drift from what the site declared at join,
+# as a fraction of the joined num_samples: |n - n_join| <= drift * n_join and
+# sum_c |count_c - count_c,join| <= drift * n_join (an L1 bound on the histogram, so relabelling
+# m samples costs 2m). A site running the SDK sends exactly its join counts; 10 % leaves room for
+# a site whose data set changed a little without rejoining, and keeps an overstated size from
+# buying weight (issue 20: a site that joined with 100 samples claimed 10^12). 0: exact.
+DEFAULT_MAX_SAMPLE_DRIFT = 0.1
+
 COMMON_HYPERPARAMETERS: dict[str, Any] = {
     "optimizer": "sgd",
     "lr": 0.01,
@@ -110,6 +118,17 @@ class FederationConfigInput(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     audit: dict[str, Any] = Field(default_factory=dict)
     probe_size: int = Field(default=8, ge=1, le=1024)
+    max_sample_drift: float = Field(
+        default=DEFAULT_MAX_SAMPLE_DRIFT,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "How far an update's num_samples and class_counts may drift from the site's join, "
+            "as a fraction d of the joined num_samples n: |num_samples - n| <= d n and the sum "
+            "over classes of |class count - joined class count| <= d n. 0: exactly the join. "
+            "An update outside is refused (422, /problems/update-inconsistent)."
+        ),
+    )
 
 
 def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any]:
@@ -163,5 +182,6 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
         "hyperparameters": hyperparameters,
         "audit": audit_config.to_json(),
         "probe_size": data.probe_size,
+        "max_sample_drift": data.max_sample_drift,
         "signals": sorted(signals),
     }

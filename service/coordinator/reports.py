@@ -21,7 +21,7 @@ from service.coordinator import audits
 from service.coordinator.rounds import effective_status, get_round
 from service.coordinator.services import Services
 from service.coordinator.tensors import SafetensorsReader
-from service.errors import BadRequestError, NotFoundError
+from service.errors import BadRequestError, InconsistentUpdateError, NotFoundError
 from service.store import repositories as repo
 from service.store.base import utcnow
 from service.store.models import AuditResult, Client, Federation
@@ -84,8 +84,12 @@ def _client_view(
 
 
 def noisy_client_report(session: Session, federation: Federation) -> dict[str, Any]:
-    """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
+    """Per client: status, flag history, latest scores per detector, noisy classes, weights, and
+    how many of its updates were refused as inconsistent with its join (and when the last was)."""
     clients = repo.list_clients(session, federation.id)
+    inconsistent = repo.rejections_by_client(
+        session, federation.id, InconsistentUpdateError.type_slug
+    )
     names = {str(c.id): c.name for c in clients}
     # Each client's latest audit: walk back from the last round until every client is placed
     # (usually the last audit alone), indexing each audit's client positions once.
@@ -136,6 +140,8 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 "reliability": None if latest is None else latest["reliability"],
                 "neighbors": neighbors,
                 "last_weight": None if latest is None else latest["weight"],
+                "inconsistent_updates": inconsistent.get(client.id, (0, None))[0],
+                "last_inconsistent_at": inconsistent.get(client.id, (0, None))[1],
             }
         )
     summary: dict[str, Any] = {}
@@ -306,6 +312,8 @@ CSV_COLUMNS = (
     "noisy_classes",
     "last_weight",
     "neighbors",
+    "inconsistent_updates",
+    "last_inconsistent_at",
 )
 
 
@@ -331,6 +339,10 @@ def report_csv(report: dict[str, Any]) -> str:
                 " ".join(row["noisy_classes"]),
                 _csv_number(row["last_weight"]),
                 " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or []),
+                row["inconsistent_updates"],
+                ""
+                if row["last_inconsistent_at"] is None
+                else row["last_inconsistent_at"].isoformat(),
             ]
         )
     return buffer.getvalue()

@@ -1,9 +1,10 @@
 """Accepting a client's update: every check happens before anything is stored.
 
 Order: idempotent replay, round state, selection, duplicate, declared sha256, tensor manifest
-(names, shapes, dtypes equal the global model's), finite values, signals. Only then is the blob
-stored and the row inserted, in a transaction that first locks the round against a concurrent
-close. A rejected request changes nothing but the event trail, which records why.
+(names, shapes, dtypes equal the global model's), finite values, signals, and num_samples /
+class_counts against the site's join (within the federation's ``max_sample_drift``). Only then
+is the blob stored and the row inserted, in a transaction that first locks the round against a
+concurrent close. A rejected request changes nothing but the event trail, which records why.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from service.errors import (
     DuplicateUpdateError,
     ForbiddenError,
     IdempotencyKeyReusedError,
+    InconsistentUpdateError,
     NotFoundError,
     RoundClosedError,
     UpdateRejectedError,
@@ -235,6 +237,67 @@ def validate_signals(
     return n, clean, dict(metrics)
 
 
+def join_drift_errors(
+    num_samples: int,
+    class_counts: list[int],
+    joined_samples: int,
+    joined_counts: list[int],
+    drift: float,
+) -> list[dict[str, Any]]:
+    """How an update's counts leave the drift allowed from the join (empty: within it).
+
+    With n the joined num_samples and d the drift: ``|num_samples - n| <= d n``, and the class
+    histogram's L1 distance to the joined one, ``sum_c |class_counts[c] - joined[c]|``, at most
+    ``d n`` (so relabelling m samples costs 2m). d = 0: exactly the join.
+    """
+    allowed = drift * joined_samples
+    errors: list[dict[str, Any]] = []
+    if abs(num_samples - joined_samples) > allowed:
+        errors.append(
+            _error(
+                ["metadata", "num_samples"],
+                f"{num_samples} is not within {drift:g} x the {joined_samples} samples declared "
+                f"at join (at most {allowed:g} more or fewer)",
+            )
+        )
+    distance = sum(abs(int(a) - int(b)) for a, b in zip(class_counts, joined_counts, strict=True))
+    if distance > allowed:
+        errors.append(
+            _error(
+                ["metadata", "signals", "class_counts"],
+                f"differs from the class counts declared at join by {distance} samples in all "
+                f"(sum of absolute differences); at most {allowed:g} allowed",
+            )
+        )
+    return errors
+
+
+def check_join_consistency(
+    num_samples: int,
+    class_counts: list[int],
+    joined_samples: int | None,
+    joined_counts: list[int] | None,
+    drift: float,
+) -> None:
+    """Refuse an update whose counts are not what the site declared at join, within ``drift``."""
+    if joined_samples is None or joined_counts is None:
+        raise InconsistentUpdateError(
+            "this site has declared no sample counts: join before submitting",
+            errors=[_error(["metadata", "num_samples"], "no join declaration to compare with")],
+        )
+    errors = join_drift_errors(num_samples, class_counts, joined_samples, joined_counts, drift)
+    if errors:
+        raise InconsistentUpdateError(
+            f"the update is inconsistent with the site's join ({len(errors)} problem(s); "
+            f"allowed drift {drift:g} of the {joined_samples} joined samples; first: "
+            f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
+            errors=errors,
+            claimed={"num_samples": num_samples, "class_counts": class_counts},
+            declared={"num_samples": joined_samples, "class_counts": joined_counts},
+            max_sample_drift=drift,
+        )
+
+
 def request_hash(metadata: dict[str, Any], sha256: str) -> str:
     canonical = json.dumps(metadata, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(f"{canonical}\n{sha256}".encode()).hexdigest()
@@ -302,6 +365,11 @@ def record_rejection(
                 "type": exc.type_slug,
                 "round_index": round_index,
                 "errors": exc.extensions.get("errors", [])[:20],
+                **{
+                    key: exc.extensions[key]
+                    for key in ("claimed", "declared", "max_sample_drift")
+                    if key in exc.extensions
+                },
             },
         )
 
@@ -345,6 +413,10 @@ def _submit(
         model_in = repo.get_model_version(session, rnd.model_in_id)
         assert model_in is not None
         expected_manifest = model_in.manifest
+        site = repo.get_client(session, client.id)
+        assert site is not None
+        joined_samples = site.num_samples
+        joined_counts = None if site.class_counts is None else [int(c) for c in site.class_counts]
 
     declared = metadata.get("sha256")
     if declared != staged.sha256:
@@ -371,6 +443,13 @@ def _submit(
             errors=[_error(["state", name], "non-finite values") for name in bad[:50]],
         )
     num_samples, signals, metrics = validate_signals(metadata, federation)
+    check_join_consistency(
+        num_samples,
+        signals["class_counts"],
+        joined_samples,
+        joined_counts,
+        float(federation.config["max_sample_drift"]),
+    )
 
     created_blob = False
     try:

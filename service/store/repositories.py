@@ -392,6 +392,23 @@ def list_events(
     return list(session.scalars(query.order_by(Event.id).limit(limit)))
 
 
+def rejections_by_client(
+    session: Session, federation_id: uuid.UUID, problem_type: str
+) -> dict[uuid.UUID, tuple[int, datetime]]:
+    """Per client: how many ``update.rejected`` events of ``problem_type`` it has, and the last."""
+    rows = session.execute(
+        select(Event.client_id, func.count(), func.max(Event.created_at))
+        .where(
+            Event.federation_id == federation_id,
+            Event.kind == "update.rejected",
+            Event.client_id.is_not(None),
+            Event.data["type"].as_string() == problem_type,
+        )
+        .group_by(Event.client_id)
+    ).all()
+    return {client_id: (int(count), last) for client_id, count, last in rows if client_id}
+
+
 # --- operations ------------------------------------------------------------------------------
 
 

@@ -46,8 +46,11 @@ async def make_federation(
     *,
     clients: tuple[str, ...] = ("a", "b"),
     join: bool = True,
+    joins: dict[str, dict[str, Any]] | None = None,
     **spec_kwargs: Any,
 ) -> Federation:
+    """`joins`: a client's join body when it is not 10 samples split [5, 5] (an update must agree
+    with its join within the federation's max_sample_drift)."""
     response = await api.post(
         "/api/v1/federations", json=federation_spec(**spec_kwargs), headers=ADMIN
     )
@@ -72,7 +75,7 @@ async def make_federation(
         for name in clients:
             response = await api.post(
                 f"/api/v1/federations/{fid}/join",
-                json={"num_samples": 10, "class_counts": [5, 5]},
+                json=(joins or {}).get(name, {"num_samples": 10, "class_counts": [5, 5]}),
                 headers=auth(tokens[name]),
             )
             assert response.status_code == 200, response.text

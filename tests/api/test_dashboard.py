@@ -201,6 +201,10 @@ async def test_index_lists_federations_with_counts(api: httpx.AsyncClient) -> No
     assert '<td class="num">1 / 2</td>' in row_one
 
 
+# c holds no sample of class 1 (its updates must agree with its join).
+JOINS = {"c": {"num_samples": 10, "class_counts": [10, 0]}}
+
+
 async def run_round(api, fed, index: int) -> None:
     # d (the malicious name) is the outlier Fed-NCL flags, as in test_reports; client c holds
     # no sample of class 1 and sends no loss for it (a "no data" cell).
@@ -226,7 +230,7 @@ async def run_round(api, fed, index: int) -> None:
 
 async def test_report_page_shows_statuses_and_plots(api: httpx.AsyncClient) -> None:
     # Prepare: one audited round in which the malicious-name client is flagged
-    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL, joins=JOINS)
     await run_round(api, fed, 0)
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     statuses = {row["name"]: row["status"] for row in report["clients"]}
@@ -290,6 +294,7 @@ async def test_round_page_shows_that_rounds_separation_guard(api: httpx.AsyncCli
         clients=NAMES,
         rounds=3,
         config={"method": "fednoro", "detectors": ["fednoro"], "warmup_rounds": 0},
+        joins=JOINS,
     )
     await run_round(api, fed, 0)
     audit = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()

@@ -361,7 +361,14 @@ async def test_report_does_not_warn_when_the_flagged_clients_are_a_minority_of_t
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert report["latest"]["warnings"] == []
     # one client of four holding most of the data is not "most clients": still no warning
-    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL, name="fed-2")
+    fed = await make_federation(
+        api,
+        clients=NAMES,
+        rounds=3,
+        config=FEDNCL,
+        name="fed-2",
+        joins={"d": {"num_samples": 40, "class_counts": [20, 20]}},
+    )
     await run_round(api, fed, 0, noisy_samples=40)  # d flagged, with 40 of the 70 samples
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]

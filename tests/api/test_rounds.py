@@ -21,6 +21,10 @@ async def current(api: httpx.AsyncClient, fed, name: str) -> dict:
     return response.json()
 
 
+# Client b joins with 30 samples (an update must agree with its join).
+B_HOLDS_30 = {"b": {"num_samples": 30, "class_counts": [15, 15]}}
+
+
 async def submit(api, fed, name, index, state, n, key=None, **kwargs) -> httpx.Response:
     return await api.post(
         f"/api/v1/federations/{fed.id}/rounds/{index}/updates",
@@ -76,8 +80,8 @@ async def test_join_rejects_inconsistent_counts(api: httpx.AsyncClient) -> None:
 
 
 async def test_fedavg_close_and_finish(api: httpx.AsyncClient) -> None:
-    # Prepare: client a sends all-1.0 with 10 samples, b all-3.0 with 30 samples.
-    fed = await make_federation(api, rounds=2)
+    # Prepare: client a sends all-1.0 with 10 samples, b all-3.0 with 30 samples (as joined).
+    fed = await make_federation(api, rounds=2, joins=B_HOLDS_30)
 
     # Execute: round 0
     first = await submit(api, fed, "a", 0, tiny_state(1.0, steps=3), 10)
@@ -169,7 +173,7 @@ async def test_database_blob_backend_serves_the_same_protocol(settings) -> None:
     app = create_app(settings, run_reaper=False)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
-        fed = await make_federation(api)
+        fed = await make_federation(api, joins=B_HOLDS_30)
         await submit(api, fed, "a", 0, tiny_state(1.0), 10)
         await submit(api, fed, "b", 0, tiny_state(3.0), 30)
         round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()

@@ -96,3 +96,14 @@ def test_names_reasons_and_classes_are_text_not_markup():
     for word in ("fed[b]", "[audit] relabelled", "site[a]", "[x]", "look at [site]"):
         assert word in text, word
     assert "0.30" in text  # the true rate found under the bracketed name
+
+
+def test_inconsistent_claims_get_a_column_only_when_a_site_has_some():
+    assert "inconsistent claims" not in text_of(report("class_z"))
+    data = report("class_z")
+    data["clients"][0].update(
+        {"inconsistent_updates": 3, "last_inconsistent_at": "2026-11-25T09:12:30Z"}
+    )
+    text = text_of(data)
+    assert "inconsistent claims (last)" in text
+    assert "3 (2026-11-25 09:12)" in text

@@ -126,3 +126,32 @@ def test_federation_page_shows_the_separation_guards_verdict():
         "<dt>separation guard</dt><dd>separation guard: Ashman&#x27;s D (class_z) = 6.8 &lt; 12"
         in html
     )
+
+
+def test_client_table_shows_inconsistent_claims():
+    from datetime import UTC, datetime
+
+    row: dict[str, object] = {
+        "name": "site-a",
+        "status": "trusted",
+        "pinned_status": None,
+        "noisy_classes": [],
+        "times_flagged": 0,
+        "rounds_audited": 1,
+        "latest_scores": None,
+        "latest_flags": None,
+        "reliability": None,
+        "neighbors": None,
+        "last_weight": 0.4,
+        "num_samples": 100,
+        "inconsistent_updates": 2,
+        "last_inconsistent_at": datetime(2026, 11, 25, 9, 12, tzinfo=UTC),
+    }
+    html = pages.client_table([row])
+    assert "inconsistent claims</th>" in html
+    assert (
+        '<span class="badge noisy">2</span><br><span class="muted">last 2026-11-25 09:12 UTC'
+        in html
+    )
+    clean = pages.client_table([{**row, "inconsistent_updates": 0, "last_inconsistent_at": None}])
+    assert '<td class="num"><span class="muted">0</span></td>' in clean

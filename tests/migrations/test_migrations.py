@@ -94,11 +94,9 @@ def _federation_audits(url: str) -> dict[str, dict[str, Any] | None]:
     return out
 
 
-def test_older_federations_keep_the_majority_rule(database_url: str) -> None:
-    # federations stored before the setting existed: one with an audit configuration, one
-    # without (a hand-made row); after the upgrade the first runs the rule it was created with
-    downgrade(database_url, f"{SEPARATION_GROUPS_REVISION}-1")
-    engine = make_engine(database_url)
+def _insert_federations(url: str, configs: dict[str, dict[str, Any]]) -> None:
+    """Hand-made federation rows (name -> stored config), as an older version stored them."""
+    engine = make_engine(url)
     table = sa.table(
         "federation",
         sa.column("id", sa.Uuid()),
@@ -124,15 +122,56 @@ def test_older_federations_keep_the_majority_rule(database_url: str) -> None:
         connection.execute(
             table.insert(),
             [
-                {**common, "id": new_id(), "name": "old", "config": {"audit": {"status_m": 2}}},
-                {**common, "id": new_id(), "name": "bare", "config": {"method": "fedavg"}},
+                {**common, "id": new_id(), "name": name, "config": config}
+                for name, config in configs.items()
             ],
         )
     engine.dispose()
-    upgrade(database_url)
+
+
+def _federation_configs(url: str) -> dict[str, dict[str, Any]]:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT name, config FROM federation")).all()
+    engine.dispose()
+    return {
+        name: json.loads(config) if isinstance(config, str) else config for name, config in rows
+    }
+
+
+def test_older_federations_keep_the_majority_rule(database_url: str) -> None:
+    # federations stored before the setting existed: one with an audit configuration, one
+    # without (a hand-made row); after the upgrade the first runs the rule it was created with
+    downgrade(database_url, f"{SEPARATION_GROUPS_REVISION}-1")
+    _insert_federations(
+        database_url, {"old": {"audit": {"status_m": 2}}, "bare": {"method": "fedavg"}}
+    )
+    upgrade(database_url, SEPARATION_GROUPS_REVISION)
     audits = _federation_audits(database_url)
     assert audits["old"] == {"status_m": 2, "fednoro_separation_groups": "majority"}
     assert audits["bare"] is None
     downgrade(database_url, f"{SEPARATION_GROUPS_REVISION}-1")
     assert _federation_audits(database_url)["old"] == {"status_m": 2}
+    upgrade(database_url)
+
+
+BOUNDED_INFLUENCE_REVISION = "a4d81f3c6b20"
+
+
+def test_older_federations_keep_uncapped_weights_and_get_the_drift_check(
+    database_url: str,
+) -> None:
+    downgrade(database_url, f"{BOUNDED_INFLUENCE_REVISION}-1")
+    old = {"method": "fedavg", "audit": {"status_m": 2, "aggregation": "fedavg"}}
+    _insert_federations(database_url, {"old": old, "bare": {"method": "fedavg"}})
+    upgrade(database_url, BOUNDED_INFLUENCE_REVISION)
+    configs = _federation_configs(database_url)
+    assert configs["old"] == {
+        "method": "fedavg",
+        "audit": {"status_m": 2, "aggregation": "fedavg", "max_client_weight_factor": None},
+        "max_sample_drift": 0.1,
+    }
+    assert configs["bare"] == {"method": "fedavg"}
+    downgrade(database_url, f"{BOUNDED_INFLUENCE_REVISION}-1")
+    assert _federation_configs(database_url)["old"] == old
     upgrade(database_url)

@@ -210,6 +210,19 @@ def _neighbors(neighbors: Sequence[Mapping[str, Any]] | None) -> str:
     return ", ".join(f"{esc(n.get('name'))} ({number(n.get('weight'))})" for n in neighbors)
 
 
+def _refused(client: Mapping[str, Any]) -> str:
+    """Updates refused as inconsistent with the site's join: how many, and the last one's time."""
+    count = client.get("inconsistent_updates") or 0
+    if not count:
+        return '<span class="muted">0</span>'
+    last = client.get("last_inconsistent_at")
+    when = last.strftime("%Y-%m-%d %H:%M UTC") if isinstance(last, datetime) else str(last or "")
+    return (
+        f'<span class="badge noisy">{esc(count)}</span>'
+        f'<br><span class="muted">last {esc(when)}</span>'
+    )
+
+
 def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for c in clients:
@@ -229,12 +242,15 @@ def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{_neighbors(c['neighbors'])}</td>"
             f'<td class="num">{number(c["last_weight"])}</td>'
             f'<td class="num">{number(c["num_samples"])}</td>'
+            f'<td class="num">{_refused(c)}</td>'
             "</tr>"
         )
     return (
         "<table><thead><tr><th>client</th><th>status</th><th>flagged / audited</th>"
         "<th>latest scores (\u2691 flagged)</th><th>noisy classes</th><th>reliability</th>"
-        "<th>neighbors (weight)</th><th>last weight</th><th>samples</th></tr></thead>"
+        "<th>neighbors (weight)</th><th>last weight</th><th>samples</th>"
+        '<th title="updates refused: num_samples / class_counts inconsistent with the join">'
+        "inconsistent claims</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 

@@ -16,7 +16,7 @@ from service.api.problems import (
     PROBLEM_404,
     PROBLEM_409,
     PROBLEM_413,
-    PROBLEM_422,
+    PROBLEM_422_UPDATE,
 )
 from service.api.schemas.federations import TaskSpec
 from service.api.schemas.rounds import (
@@ -164,7 +164,7 @@ async def get_current_round(
         **PROBLEM_404,
         **PROBLEM_409,
         **PROBLEM_413,
-        **PROBLEM_422,
+        **PROBLEM_422_UPDATE,
     },
 )
 async def submit_update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,6 +82,17 @@ class ReportClient(BaseModel):
     reliability: float | None = Field(description="FedRN expertise (normalised training accuracy)")
     neighbors: list[ReportNeighbor] | None
     last_weight: float | None = Field(description="Aggregation weight in the latest audit")
+    inconsistent_updates: int = Field(
+        default=0,
+        description=(
+            "Updates refused because their num_samples / class_counts left the drift the "
+            "federation allows from the site's join (/problems/update-inconsistent): evidence "
+            "that the site misstates its data"
+        ),
+    )
+    last_inconsistent_at: datetime | None = Field(
+        default=None, description="When the last of those updates was refused"
+    )
 
 
 class ReportLatest(BaseModel):
