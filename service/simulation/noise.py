@@ -43,10 +43,13 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
      client's clean data (out-of-fold, so a sample's probability never comes from a model that saw
      it).
 
-Ground-truth noisy flags (EVALUATION.md): for the two-group protocols (``none``, ``rho_tau``,
-``rho_range``, ``bernoulli``, ``uniform_all``) a client is noisy iff its target rate is > 0; for the
-continuous ones (``linear``, ``truncated_gaussian``) iff its realised rate is >= ``threshold``
-(default 0.1).
+Ground-truth noisy flags come from the *realised* flips, never from the target rate alone: for
+the two-group protocols (``none``, ``rho_tau``, ``rho_range``, ``bernoulli``, ``uniform_all``) a
+client is noisy iff at least one of its labels changed (realised rate > 0); for the continuous ones
+(``linear``, ``truncated_gaussian``) iff its realised rate is > 0 and >=
+``threshold`` (default 0.1). A client with a positive target rate whose flips realise nothing (an
+asymmetric class map whose source classes the client does not hold, or floor(rate * n) = 0) is
+clean.
 """
 
 from __future__ import annotations
@@ -592,7 +595,8 @@ class NoiseReport:
     realised_rates : numpy.ndarray
         float64 (K,): fraction of each client's samples whose label changed.
     noisy_clients : numpy.ndarray
-        bool (K,): ground-truth noisy flag (rule in the module docstring).
+        bool (K,): ground-truth noisy flag, from the realised rates (rule in the module
+        docstring).
     client_flipped : tuple of numpy.ndarray
         Per client, the flipped mask aligned with that client's index array.
     protocol, flip : str
@@ -665,7 +669,8 @@ def inject_noise(
         Random source or seed. Clients are processed in index order; a client with rate 0 draws
         nothing.
     protocol : str
-        The protocol that produced ``levels``; it decides the ground-truth rule.
+        The protocol that produced ``levels``; it decides the ground-truth rule (a realised rate
+        > 0, and >= ``threshold`` for a continuous protocol).
     threshold : float
         Realised rate at and above which a client counts as noisy under a continuous protocol.
     class_map : mapping, optional
@@ -745,11 +750,12 @@ def inject_noise(
         noisy[idx] = client_noisy
         realised[k] = float(mask.sum()) / idx.size
         client_flipped.append(mask)
-    if protocol in TWO_GROUP_PROTOCOLS:
-        noisy_clients = rates > 0
-    else:
+    # The truth is what was realised (module docstring): a positive target rate that flipped
+    # nothing leaves the client clean.
+    noisy_clients = realised > 0
+    if protocol not in TWO_GROUP_PROTOCOLS:
         # Tolerance so that a realised 3/30 counts as >= 0.1 whatever the float rounding.
-        noisy_clients = realised >= thr - 1e-12
+        noisy_clients &= realised >= thr - 1e-12
     return NoiseReport(
         noisy_labels=noisy,
         flipped=noisy != y,

@@ -376,16 +376,43 @@ class TestInjectNoise:
         )
         assert report.noisy_clients.tolist() == [False, False, True]
 
-    def test_target_above_zero_but_no_flip(self):
-        # Rate 0.05 on 10 samples flips floor(0.5) = 0 labels. Two-group rule: noisy (target > 0);
-        # continuous rule: clean (realised 0 < 0.1).
+    def test_target_above_zero_but_no_flip_is_clean(self):
+        # Rate 0.05 on 10 samples flips floor(0.5) = 0 labels: realised 0, so clean under
+        # every rule (the truth comes from the realised flips, not from the target rate).
         labels, parts = _three_clients()
         levels = [0.05, 0.0, 0.0]
         two = inject_noise(labels, parts, levels, 3, "symmetric", 0, protocol="rho_tau")
         cont = inject_noise(labels, parts, levels, 3, "symmetric", 0, protocol="linear")
-        assert two.noisy_clients.tolist() == [True, False, False]
+        assert two.noisy_clients.tolist() == [False, False, False]
         assert cont.noisy_clients.tolist() == [False, False, False]
         assert two.realised_rates[0] == 0.0
+        assert two.target_rates[0] == 0.05
+
+    def test_asymmetric_map_on_a_site_without_the_source_class_is_clean(self):
+        # Client 0 holds only classes 1 and 2; the map flips class 0 -> 1 only. Its target
+        # rate 0.5 realises nothing (no class-0 sample), so it is clean. Client 1 holds four
+        # class-0 samples: floor(0.5 * 4) = 2 of its 6 labels flip, realised 2/6, noisy.
+        labels = np.array([1, 2, 1, 2, 0, 0, 0, 0, 2, 2])
+        parts = [np.arange(0, 4), np.arange(4, 10)]
+        report = inject_noise(
+            labels, parts, [0.5, 0.5], 3, "asymmetric", 0, protocol="rho_range", class_map={0: 1}
+        )
+        assert report.realised_rates.tolist() == [0.0, pytest.approx(2 / 6)]
+        assert report.noisy_clients.tolist() == [False, True]
+        assert report.flipped.sum() == 2
+        # A threshold of 0 under a continuous protocol does not make a flip-less client noisy.
+        cont = inject_noise(
+            labels,
+            parts,
+            [0.5, 0.5],
+            3,
+            "asymmetric",
+            0,
+            protocol="linear",
+            threshold=0.0,
+            class_map={0: 1},
+        )
+        assert cont.noisy_clients.tolist() == [False, True]
 
     def test_samples_outside_every_client_keep_their_labels(self):
         labels = np.arange(12) % 2
