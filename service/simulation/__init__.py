@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     )
     from service.simulation.metrics import (
         CurveSummary,
+        DetectionOutcome,
         DetectionScores,
         MetricInputError,
         SelectionScores,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         auroc,
         balanced_accuracy,
         detection_metrics,
+        detection_scores,
         label_precision_recall,
         spearman,
         summarise_curve,
@@ -122,6 +124,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "metrics": (
         "CurveSummary",
+        "DetectionOutcome",
         "DetectionScores",
         "MetricInputError",
         "SelectionScores",
@@ -129,6 +132,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "auroc",
         "balanced_accuracy",
         "detection_metrics",
+        "detection_scores",
         "label_precision_recall",
         "spearman",
         "summarise_curve",
@@ -146,6 +150,7 @@ __all__ = [
     "DatasetError",
     "DatasetFormatError",
     "DatasetNotFoundError",
+    "DetectionOutcome",
     "DetectionScores",
     "FLIP_TYPES",
     "InstanceProbabilities",
@@ -171,6 +176,7 @@ __all__ = [
     "classifier_head",
     "default_data_dir",
     "detection_metrics",
+    "detection_scores",
     "dirichlet",
     "flip_labels",
     "iid",

@@ -417,7 +417,7 @@ def simulate(
     ] = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
-    from service.simulation.results import comparison_table
+    from service.simulation.results import comparison_table, detection_lines
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, parse_key_values
 
@@ -478,6 +478,9 @@ def simulate(
         raise _fail(console, str(exc), 1) from None
     if outcome.runs:
         console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
+        for run in outcome.runs:
+            for line in detection_lines(run):
+                console.print(escape(line), highlight=False)
     if not keep_coordinator_data:
         import shutil
 
@@ -526,21 +529,6 @@ def _truth_line(run: RunResult) -> str:
     return f"ground truth: {len(noisy)} of {len(run.clients)} clients are noisy: {rates}"
 
 
-def _detection_line(run: RunResult) -> str:
-    s = run.summary
-    final = s["final"]
-    flagged = final["flagged"]
-    auroc = final["auroc"]
-    return (
-        f"{run.label}'s primary detector ({s['primary_detector']}) flags "
-        f"{len(flagged)} client(s) at round {s['rounds'] - 1}: precision "
-        f"{final['precision']:.2f}, recall {final['recall']:.2f}, F1 {final['f1']:.2f}"
-        + (f", AUROC {auroc:.2f}" if auroc is not None else "")
-        + f"; matching ratio {s['after_warmup']['matching_ratio']:.2f} over the "
-        f"{s['after_warmup']['rounds']} rounds after the {s['warmup_rounds']}-round warm-up"
-    )
-
-
 #: Renders the coordinator's noisy-client report JSON as a table, with a true-noise column when
 #: given the realised rates by client name (``service.cli.render_report``).
 ReportRenderer = Callable[[dict[str, Any], dict[str, float] | None], Any]
@@ -587,7 +575,7 @@ def run_demo(
         Code 2 for a bad setting, 1 when a federation failed.
     """
     from service.simulation.presets import get_preset
-    from service.simulation.results import comparison_table
+    from service.simulation.results import comparison_table, detection_lines
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, TrainingSpec, apply_overrides
 
@@ -617,7 +605,8 @@ def run_demo(
     if audited.report is not None:
         console.print(render_report(audited.report, truth))
     console.print(_truth_line(audited))
-    console.print(_detection_line(audited))
+    for line in detection_lines(audited):
+        console.print(escape(line), highlight=False)
     console.print(comparison_table(outcome.runs, title="accuracy and detection, both methods"))
     reference_rounds = TrainingSpec().rounds
     if scenario.training.rounds < reference_rounds:

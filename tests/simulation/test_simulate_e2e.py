@@ -53,6 +53,11 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
         assert record.metrics["auroc"] == 1.0
     assert fednoro.summary["after_warmup"]["matching_ratio"] == 1.0
     assert fednoro.summary["final"]["f1"] == 1.0
+    # So every planted client is first flagged in round 1, the first after the warm-up, and
+    # no clean client is ever flagged after it.
+    assert fednoro.summary["first_detection"]["rounds"] == dict.fromkeys(sorted(planted), 1)
+    assert fednoro.summary["false_alarms"]["total_false_flags"] == 0
+    assert len(fednoro.summary["detection_per_round"]) == 4
     # Once flagged, the noisy clients are told to train as noisy (FedNoRo's second stage).
     last_roles = {c.name: c.role for c in fednoro.rounds[-1].clients}
     assert {name for name, role in last_roles.items() if role == "noisy"} == planted
@@ -176,7 +181,8 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     # The report table has the true-noise column; the ground truth and both methods follow.
     assert "true noise" in text
     assert "ground truth: 8 of 20 clients are noisy" in text
-    assert "fednoro's primary detector (fednoro)" in text
+    assert "fednoro seed 0 (primary detector fednoro)" in text
+    assert "false alarms:" in text
     assert "accuracy and detection, both methods" in text
     # A run shorter than the reference schedule says where the accuracy gap shows.
     assert "after 2 rounds both models are still learning" in " ".join(text.split())
