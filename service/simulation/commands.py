@@ -307,7 +307,7 @@ def simulate(
     partition: Annotated[
         str | None,
         typer.Option(
-            help="iid, shards, dirichlet, bernoulli_dirichlet, lognormal_quantity",
+            help="iid, shards, k_classes, dirichlet, bernoulli_dirichlet, lognormal_quantity",
             show_default=False,
         ),
     ] = None,
@@ -319,13 +319,21 @@ def simulate(
         str | None,
         typer.Option(
             help="Client noise protocol: none, linear, rho_tau, rho_range, bernoulli, "
-            "truncated_gaussian, uniform_all",
+            "truncated_gaussian, clipped_gaussian, uniform_all",
             show_default=False,
         ),
     ] = None,
     noise_param: Annotated[
         list[str] | None,
         typer.Option(help="Noise parameter KEY=VALUE (repeatable), e.g. rho=0.4"),
+    ] = None,
+    noisy_clients: Annotated[
+        int | None,
+        typer.Option(
+            help="Exactly this many noisy clients, drawn by the seed (rho_tau, rho_range, "
+            "bernoulli; replaces rho / p)",
+            show_default=False,
+        ),
     ] = None,
     flip: Annotated[
         str | None,
@@ -432,6 +440,7 @@ def simulate(
             or None,
             "noise.protocol": noise,
             "noise.params": parse_key_values(noise_param, option="--noise-param") or None,
+            "noise.noisy_clients": noisy_clients,
             "noise.flip": flip,
             "noise.class_map": _parse_class_map(class_map),
             "noise.threshold": noise_threshold,

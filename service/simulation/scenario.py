@@ -106,9 +106,12 @@ class NoiseSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> NoiseSpec:
+        count = self.params.get("noisy_clients")
+        # An exact count is checked against the scenario's clients there (Scenario).
+        dummy_k = max(4, count) if isinstance(count, int) and not isinstance(count, bool) else 4
         try:
-            # Cheap: draws K=4 rates; validates names and values of the parameters.
-            noise_levels(4, self.protocol, 0, **self.params)
+            # Cheap: draws a few rates; validates names and values of the parameters.
+            noise_levels(dummy_k, self.protocol, 0, **self.params)
         except NoiseError as exc:
             raise ValueError(str(exc)) from None
         if self.flip == "asymmetric" and not self.class_map:
@@ -230,6 +233,15 @@ class Scenario(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _noisy_count_fits(self) -> Scenario:
+        count = self.noise.params.get("noisy_clients")
+        if isinstance(count, int) and count > self.clients:
+            raise ValueError(
+                f"noise.params.noisy_clients={count} exceeds the {self.clients} clients"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_labels(self) -> Scenario:
         labels = [m.name for m in self.methods]
         repeated = sorted({x for x in labels if labels.count(x) > 1})
@@ -345,6 +357,8 @@ def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenari
     ``overrides`` maps paths such as ``"clients"``, ``"training.rounds"``,
     ``"partition.params"`` (a dict, merged) or ``"methods"`` (a list, replaced) to values; a
     ``None`` value means "not given" and is skipped. Selecting methods is done by the caller.
+    ``"noise.noisy_clients"`` sets ``noise.params.noisy_clients`` and drops ``rho`` and ``p``
+    (the rate-based selection it replaces).
 
     Raises
     ------
@@ -356,6 +370,11 @@ def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenari
     ordered = sorted(overrides.items(), key=lambda item: item[0] not in _RESET_ON_CHANGE)
     for path, value in ordered:
         if value is None:
+            continue
+        if path == "noise.noisy_clients":
+            # An exact count replaces the protocol's rate-based selection (rho, or p).
+            params = {k: v for k, v in data["noise"]["params"].items() if k not in ("rho", "p")}
+            data["noise"]["params"] = {**params, "noisy_clients": value}
             continue
         *parents, leaf = path.split(".")
         reset = _RESET_ON_CHANGE.get(path)
