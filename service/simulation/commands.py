@@ -88,6 +88,25 @@ def _parse_class_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
+def _custom_data_overrides(
+    dataset: str | None, npz: Path | None, function: str | None
+) -> dict[str, Any]:
+    """The ``dataset`` (and ``custom_data``) overrides of --dataset, --data-npz and
+    --data-function."""
+    from service.simulation.scenario import CUSTOM_DATASET, ScenarioError
+
+    if npz is not None and function is not None:
+        raise ScenarioError("give --data-npz or --data-function, not both")
+    if npz is None and function is None:
+        return {"dataset": dataset}
+    if dataset is not None and dataset != CUSTOM_DATASET:
+        raise ScenarioError(
+            f"--dataset {dataset!r} and a custom data set (--data-npz/--data-function) conflict"
+        )
+    source = {"npz": str(npz)} if npz is not None else {"function": function}
+    return {"dataset": CUSTOM_DATASET, "custom_data": source}
+
+
 def select_methods(
     scenario: Scenario,
     labels: list[str] | None,
@@ -297,7 +316,23 @@ def simulate(
     dataset: Annotated[
         str | None,
         typer.Option(
-            help="digits, breast_cancer, wine, pneumoniamnist, breastmnist, mnist",
+            help="digits, breast_cancer, wine, pneumoniamnist, breastmnist, mnist (custom: "
+            "see --data-npz, --data-function)",
+            show_default=False,
+        ),
+    ] = None,
+    data_npz: Annotated[
+        Path | None,
+        typer.Option(
+            help="Custom data set: an .npz file with arrays x, y (optionally x_test, y_test)",
+            show_default=False,
+        ),
+    ] = None,
+    data_function: Annotated[
+        str | None,
+        typer.Option(
+            help="Custom data set: MODULE:FUNCTION (or FILE.py:FUNCTION) returning (x, y) or "
+            "((x_train, y_train), (x_test, y_test))",
             show_default=False,
         ),
     ] = None,
@@ -432,7 +467,7 @@ def simulate(
     console = output_console()
     try:
         overrides: dict[str, Any] = {
-            "dataset": dataset,
+            **_custom_data_overrides(dataset, data_npz, data_function),
             "data_dir": None if datasets_dir is None else str(datasets_dir),
             "clients": clients,
             "partition.method": partition,
@@ -473,7 +508,7 @@ def simulate(
         out_dir = out if out is not None else _default_out(f"simulation-{scenario.name}")
         _check_out(out_dir)
         console.print(
-            f"scenario [bold]{escape(scenario.name)}[/]: {scenario.dataset}, "
+            f"scenario [bold]{escape(scenario.name)}[/]: {escape(_dataset_text(scenario))}, "
             f"{scenario.clients} clients, "
             f"{scenario.partition.method} partition, {scenario.noise.protocol} noise "
             f"({scenario.noise.flip}), {scenario.training.rounds} rounds; methods "
@@ -503,6 +538,13 @@ def simulate(
             f"failed (not scored; listed under 'failures' in results.json):\n{lines}",
             1,
         )
+
+
+def _dataset_text(scenario: Scenario) -> str:
+    custom = scenario.custom_data
+    if custom is None:
+        return str(scenario.dataset)
+    return f"custom data ({custom.npz if custom.npz is not None else custom.function})"
 
 
 def _print_where(console: Console, outcome: SimulationOutcome) -> None:
