@@ -237,3 +237,16 @@ def test_overrides_switch_between_custom_and_built_in_data():
     # --dataset wine drops the custom arrays.
     wine = apply_overrides(custom, {"dataset": "wine"})
     assert (wine.dataset, wine.custom_data) == ("wine", None)
+
+
+def test_the_example_scenario_is_valid_and_prepares(monkeypatch: pytest.MonkeyPatch):
+    from service.simulation.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the example's function path is relative to the repository root
+    scenario = load_scenario(root / "examples" / "simulate_custom.yaml")
+    data = prepare_data(scenario, 0)
+    # 4 classes x 60 = 240 samples, 48 held out; 8 sites of exactly 2 classes; 3 noisy sites.
+    assert (len(data.split.train), len(data.split.test)) == (192, 48)
+    assert all(len(set(data.split.train.y[i].tolist())) == 2 for i in data.client_indices)
+    assert int(data.noise.noisy_clients.sum()) == 3
