@@ -88,6 +88,25 @@ def _parse_class_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
+def _custom_data_overrides(
+    dataset: str | None, npz: Path | None, function: str | None
+) -> dict[str, Any]:
+    """The ``dataset`` (and ``custom_data``) overrides of --dataset, --data-npz and
+    --data-function."""
+    from service.simulation.scenario import CUSTOM_DATASET, ScenarioError
+
+    if npz is not None and function is not None:
+        raise ScenarioError("give --data-npz or --data-function, not both")
+    if npz is None and function is None:
+        return {"dataset": dataset}
+    if dataset is not None and dataset != CUSTOM_DATASET:
+        raise ScenarioError(
+            f"--dataset {dataset!r} and a custom data set (--data-npz/--data-function) conflict"
+        )
+    source = {"npz": str(npz)} if npz is not None else {"function": function}
+    return {"dataset": CUSTOM_DATASET, "custom_data": source}
+
+
 def select_methods(
     scenario: Scenario,
     labels: list[str] | None,
@@ -297,7 +316,23 @@ def simulate(
     dataset: Annotated[
         str | None,
         typer.Option(
-            help="digits, breast_cancer, wine, pneumoniamnist, breastmnist, mnist",
+            help="digits, breast_cancer, wine, pneumoniamnist, breastmnist, mnist (custom: "
+            "see --data-npz, --data-function)",
+            show_default=False,
+        ),
+    ] = None,
+    data_npz: Annotated[
+        Path | None,
+        typer.Option(
+            help="Custom data set: an .npz file with arrays x, y (optionally x_test, y_test)",
+            show_default=False,
+        ),
+    ] = None,
+    data_function: Annotated[
+        str | None,
+        typer.Option(
+            help="Custom data set: MODULE:FUNCTION (or FILE.py:FUNCTION) returning (x, y) or "
+            "((x_train, y_train), (x_test, y_test))",
             show_default=False,
         ),
     ] = None,
@@ -307,7 +342,7 @@ def simulate(
     partition: Annotated[
         str | None,
         typer.Option(
-            help="iid, shards, dirichlet, bernoulli_dirichlet, lognormal_quantity",
+            help="iid, shards, k_classes, dirichlet, bernoulli_dirichlet, lognormal_quantity",
             show_default=False,
         ),
     ] = None,
@@ -319,13 +354,21 @@ def simulate(
         str | None,
         typer.Option(
             help="Client noise protocol: none, linear, rho_tau, rho_range, bernoulli, "
-            "truncated_gaussian, uniform_all",
+            "truncated_gaussian, clipped_gaussian, uniform_all",
             show_default=False,
         ),
     ] = None,
     noise_param: Annotated[
         list[str] | None,
         typer.Option(help="Noise parameter KEY=VALUE (repeatable), e.g. rho=0.4"),
+    ] = None,
+    noisy_clients: Annotated[
+        int | None,
+        typer.Option(
+            help="Exactly this many noisy clients, drawn by the seed (rho_tau, rho_range, "
+            "bernoulli; replaces rho / p)",
+            show_default=False,
+        ),
     ] = None,
     flip: Annotated[
         str | None,
@@ -417,14 +460,14 @@ def simulate(
     ] = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
-    from service.simulation.results import comparison_table
+    from service.simulation.results import comparison_table, detection_lines
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, parse_key_values
 
     console = output_console()
     try:
         overrides: dict[str, Any] = {
-            "dataset": dataset,
+            **_custom_data_overrides(dataset, data_npz, data_function),
             "data_dir": None if datasets_dir is None else str(datasets_dir),
             "clients": clients,
             "partition.method": partition,
@@ -432,6 +475,7 @@ def simulate(
             or None,
             "noise.protocol": noise,
             "noise.params": parse_key_values(noise_param, option="--noise-param") or None,
+            "noise.noisy_clients": noisy_clients,
             "noise.flip": flip,
             "noise.class_map": _parse_class_map(class_map),
             "noise.threshold": noise_threshold,
@@ -464,7 +508,7 @@ def simulate(
         out_dir = out if out is not None else _default_out(f"simulation-{scenario.name}")
         _check_out(out_dir)
         console.print(
-            f"scenario [bold]{escape(scenario.name)}[/]: {scenario.dataset}, "
+            f"scenario [bold]{escape(scenario.name)}[/]: {escape(_dataset_text(scenario))}, "
             f"{scenario.clients} clients, "
             f"{scenario.partition.method} partition, {scenario.noise.protocol} noise "
             f"({scenario.noise.flip}), {scenario.training.rounds} rounds; methods "
@@ -478,6 +522,9 @@ def simulate(
         raise _fail(console, str(exc), 1) from None
     if outcome.runs:
         console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
+        for run in outcome.runs:
+            for line in detection_lines(run):
+                console.print(escape(line), highlight=False)
     if not keep_coordinator_data:
         import shutil
 
@@ -491,6 +538,13 @@ def simulate(
             f"failed (not scored; listed under 'failures' in results.json):\n{lines}",
             1,
         )
+
+
+def _dataset_text(scenario: Scenario) -> str:
+    custom = scenario.custom_data
+    if custom is None:
+        return str(scenario.dataset)
+    return f"custom data ({custom.npz if custom.npz is not None else custom.function})"
 
 
 def _print_where(console: Console, outcome: SimulationOutcome) -> None:
@@ -524,21 +578,6 @@ def _truth_line(run: RunResult) -> str:
         return "ground truth: no noisy client"
     rates = ", ".join(f"{c.name} ({c.realised_rate:.2f})" for c in noisy)
     return f"ground truth: {len(noisy)} of {len(run.clients)} clients are noisy: {rates}"
-
-
-def _detection_line(run: RunResult) -> str:
-    s = run.summary
-    final = s["final"]
-    flagged = final["flagged"]
-    auroc = final["auroc"]
-    return (
-        f"{run.label}'s primary detector ({s['primary_detector']}) flags "
-        f"{len(flagged)} client(s) at round {s['rounds'] - 1}: precision "
-        f"{final['precision']:.2f}, recall {final['recall']:.2f}, F1 {final['f1']:.2f}"
-        + (f", AUROC {auroc:.2f}" if auroc is not None else "")
-        + f"; matching ratio {s['after_warmup']['matching_ratio']:.2f} over the "
-        f"{s['after_warmup']['rounds']} rounds after the {s['warmup_rounds']}-round warm-up"
-    )
 
 
 #: Renders the coordinator's noisy-client report JSON as a table, with a true-noise column when
@@ -587,7 +626,7 @@ def run_demo(
         Code 2 for a bad setting, 1 when a federation failed.
     """
     from service.simulation.presets import get_preset
-    from service.simulation.results import comparison_table
+    from service.simulation.results import comparison_table, detection_lines
     from service.simulation.runner import SimulationError
     from service.simulation.scenario import ScenarioError, TrainingSpec, apply_overrides
 
@@ -617,7 +656,8 @@ def run_demo(
     if audited.report is not None:
         console.print(render_report(audited.report, truth))
     console.print(_truth_line(audited))
-    console.print(_detection_line(audited))
+    for line in detection_lines(audited):
+        console.print(escape(line), highlight=False)
     console.print(comparison_table(outcome.runs, title="accuracy and detection, both methods"))
     reference_rounds = TrainingSpec().rounds
     if scenario.training.rounds < reference_rounds:

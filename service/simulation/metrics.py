@@ -9,13 +9,23 @@
   the ground truth, the ISIC metric FedNoRo reports) and a curve summary (best value and mean of
   the last 10% of rounds).
 
-Conventions for empty denominators, chosen so that "nothing to find and nothing claimed" scores
-perfectly and no metric is ever NaN:
+Two conventions for empty denominators:
 
-- precision with nothing flagged/selected: 1.0 if there was nothing to find (no noisy client,
-  resp. no clean sample), else 0.0;
-- recall with nothing to find: 1.0;
-- F1 = 2PR / (P + R), and 0.0 when P + R = 0;
+- :func:`detection_scores` (what the simulator's results report): undefined figures are
+  ``None``. Without a truly noisy client (a clean federation) precision, recall and F1 are all
+  undefined: there is nothing to detect, and a flag there is a false alarm, which is counted as
+  such (``false_positives``) instead of being folded into a precision. With some noisy client,
+  precision is undefined in a round that flags nothing; recall and F1 = 2TP / (2TP + FP + FN)
+  are always defined, so such a round has recall and F1 0 (a miss, not an undefined figure).
+  Averages over rounds must skip the ``None`` rounds and say how many remain.
+- :func:`detection_metrics` and :func:`label_precision_recall` (kept for the scripts in
+  ``docs/eval`` that reproduce published tables): "nothing to find and nothing claimed" scores
+  perfectly and no value is ever ``None``: precision with nothing flagged/selected is 1.0 if
+  there was nothing to find (no noisy client, resp. no clean sample), else 0.0; recall with
+  nothing to find is 1.0; F1 = 2PR / (P + R), and 0.0 when P + R = 0. These values hide a
+  clean federation's false alarms (precision, recall and F1 1.0 in every round that flags
+  nothing) and count a round without flags as precision 0: do not average them as detection
+  quality.
 - AUROC and Spearman return ``None`` when undefined (one class only; a constant input).
 """
 
@@ -30,6 +40,7 @@ from scipy.stats import rankdata
 
 __all__ = [
     "CurveSummary",
+    "DetectionOutcome",
     "DetectionScores",
     "MetricInputError",
     "SelectionScores",
@@ -37,6 +48,7 @@ __all__ = [
     "auroc",
     "balanced_accuracy",
     "detection_metrics",
+    "detection_scores",
     "label_precision_recall",
     "spearman",
     "summarise_curve",
@@ -54,6 +66,22 @@ class DetectionScores(TypedDict):
     recall: float
     f1: float
     matching: float
+
+
+class DetectionOutcome(TypedDict):
+    """One round's noisy-client decision against the truth; ``None`` = undefined.
+
+    ``true_positives``, ``false_positives`` (clean clients flagged: false alarms) and
+    ``false_negatives`` (noisy clients not flagged) are counts.
+    """
+
+    precision: float | None
+    recall: float | None
+    f1: float | None
+    matching: float
+    true_positives: int
+    false_positives: int
+    false_negatives: int
 
 
 class SelectionScores(TypedDict):
@@ -103,7 +131,10 @@ def _precision_recall(
 
 
 def detection_metrics(true_noisy: npt.ArrayLike, flagged: npt.ArrayLike) -> DetectionScores:
-    """Precision, recall, F1 and matching ratio of a noisy-client decision.
+    """Precision, recall, F1 and matching ratio of a noisy-client decision, never ``None``.
+
+    The module docstring's second convention (1.0 with nothing to find and nothing flagged):
+    kept for ``docs/eval``; the simulator's results use :func:`detection_scores`.
 
     Parameters
     ----------
@@ -128,6 +159,44 @@ def detection_metrics(true_noisy: npt.ArrayLike, flagged: npt.ArrayLike) -> Dete
     f1 = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
     matching = 1.0 if np.array_equal(truth, claimed) else 0.0
     return DetectionScores(precision=precision, recall=recall, f1=f1, matching=matching)
+
+
+def detection_scores(true_noisy: npt.ArrayLike, flagged: npt.ArrayLike) -> DetectionOutcome:
+    """Precision, recall, F1 and matching of a noisy-client decision, ``None`` where undefined.
+
+    Parameters
+    ----------
+    true_noisy : array_like of bool, shape (K,)
+        Ground-truth noisy flag of each client.
+    flagged : array_like of bool, shape (K,)
+        The detector's decision.
+
+    Returns
+    -------
+    DetectionOutcome
+        precision = TP / (TP + FP), recall = TP / (TP + FN), F1 = 2TP / (2TP + FP + FN); all
+        three ``None`` when no client is noisy, precision ``None`` too when nothing is flagged;
+        ``matching`` 1.0 iff ``flagged`` equals ``true_noisy`` (always defined: in a clean
+        federation it is 1.0 exactly when nothing is flagged).
+    """
+    truth = _bool_vector("true_noisy", true_noisy)
+    claimed = _bool_vector("flagged", flagged)
+    _same_length("true_noisy", truth, "flagged", claimed)
+    if truth.size == 0:
+        raise MetricInputError("detection_scores needs at least one client")
+    tp = int(np.sum(truth & claimed))
+    fp = int(np.sum(~truth & claimed))
+    fn = int(np.sum(truth & ~claimed))
+    noisy = tp + fn > 0
+    return DetectionOutcome(
+        precision=tp / (tp + fp) if noisy and tp + fp > 0 else None,
+        recall=tp / (tp + fn) if noisy else None,
+        f1=2 * tp / (2 * tp + fp + fn) if noisy else None,
+        matching=1.0 if np.array_equal(truth, claimed) else 0.0,
+        true_positives=tp,
+        false_positives=fp,
+        false_negatives=fn,
+    )
 
 
 def _finite_vector(name: str, value: npt.ArrayLike) -> npt.NDArray[np.float64]:

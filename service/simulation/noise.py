@@ -15,8 +15,18 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
      ~ U(lo, hi).
    - ``bernoulli(p)`` (Fed-NCL, seed 001): each client clean with probability p, else rate 1.0.
    - ``truncated_gaussian(mu, sigma)`` (Fed-NCL): N(mu, sigma^2) redrawn until it lies in [0, 1]
-     (a truncated, not clipped, Gaussian; Fed-NCL's code neither truncates nor clips).
+     (a truncated, not clipped, Gaussian; Fed-NCL's code neither truncates nor clips). No value
+     sits exactly at 0 or 1 (a continuous draw hits them with probability 0).
+   - ``clipped_gaussian(mu, sigma, lo=0, hi=1)``: N(mu, sigma^2) drawn once per client and clipped
+     to [lo, hi]: a draw below ``lo`` becomes exactly ``lo``, one above ``hi`` exactly ``hi``, so
+     the mass of the tails accumulates at the bounds (with lo = 0, a share of the clients is
+     exactly clean) instead of being spread over the interval as truncation does.
    - ``uniform_all(eps)`` (RoFL, seed 002): every client has rate eps.
+
+   ``rho_tau``, ``rho_range`` and ``bernoulli`` also take ``noisy_clients=N`` instead of ``rho``
+   (resp. ``p``): exactly N noisy clients, drawn without replacement from the seed (the same draw
+   as floor(rho * K) = N would use); their rates as the protocol draws them (U(tau, 1),
+   U(lo, hi), 1.0). N must lie in [0, K].
 
    Every count floor(r * n) in this module is taken as floor(r * n + 1e-9), so that a product
    such as 0.29 * 100 = 28.999999999999996 counts as 29, not 28.
@@ -43,10 +53,13 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
      client's clean data (out-of-fold, so a sample's probability never comes from a model that saw
      it).
 
-Ground-truth noisy flags (EVALUATION.md): for the two-group protocols (``none``, ``rho_tau``,
-``rho_range``, ``bernoulli``, ``uniform_all``) a client is noisy iff its target rate is > 0; for the
-continuous ones (``linear``, ``truncated_gaussian``) iff its realised rate is >= ``threshold``
-(default 0.1).
+Ground-truth noisy flags come from the *realised* flips, never from the target rate alone: for
+the two-group protocols (``none``, ``rho_tau``, ``rho_range``, ``bernoulli``, ``uniform_all``) a
+client is noisy iff at least one of its labels changed (realised rate > 0); for the continuous ones
+(``linear``, ``truncated_gaussian``, ``clipped_gaussian``) iff its realised rate is > 0 and >=
+``threshold`` (default 0.1). A client with a positive target rate whose flips realise nothing (an
+asymmetric class map whose source classes the client does not hold, or floor(rate * n) = 0) is
+clean.
 """
 
 from __future__ import annotations
@@ -85,7 +98,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 TWO_GROUP_PROTOCOLS: Final = frozenset({"none", "rho_tau", "rho_range", "bernoulli", "uniform_all"})
-CONTINUOUS_PROTOCOLS: Final = frozenset({"linear", "truncated_gaussian"})
+CONTINUOUS_PROTOCOLS: Final = frozenset({"linear", "truncated_gaussian", "clipped_gaussian"})
 FLIP_TYPES: Final[tuple[str, ...]] = (
     "symmetric",
     "symmetric_any",
@@ -137,9 +150,25 @@ def _levels_linear(
     return lo_f + np.arange(k, dtype=np.float64) * (hi_f - lo_f) / k
 
 
+def _exact_subset(k: int, count: int, gen: np.random.Generator) -> IntArray:
+    """``count`` of the ``k`` clients, drawn without replacement, in index order."""
+    return np.sort(gen.permutation(k)[:count]).astype(np.int64)
+
+
+def _check_count(k: int, noisy_clients: Any, rate_name: str, rate_given: bool) -> int:
+    """Validate ``noisy_clients`` (an exact count of noisy clients) against ``k``."""
+    if rate_given:
+        raise NoiseError(f"give {rate_name} or noisy_clients, not both")
+    if isinstance(noisy_clients, bool) or not isinstance(noisy_clients, int | np.integer):
+        raise NoiseError(f"noisy_clients={noisy_clients!r} must be an int")
+    if not 0 <= int(noisy_clients) <= k:
+        raise NoiseError(f"noisy_clients={noisy_clients} must lie in [0, {k}] (the clients)")
+    return int(noisy_clients)
+
+
 def _noisy_subset(k: int, rho: float, gen: np.random.Generator, exact_count: bool) -> IntArray:
     if exact_count:
-        return np.sort(gen.permutation(k)[: _floor_count(rho * k)]).astype(np.int64)
+        return _exact_subset(k, _floor_count(rho * k), gen)
     return np.flatnonzero(gen.random(k) < rho).astype(np.int64)
 
 
@@ -147,32 +176,56 @@ def _levels_rho_tau(
     k: int,
     gen: np.random.Generator,
     *,
-    rho: float = 0.4,
+    rho: float | None = None,
     tau: float = 0.5,
     exact_count: bool = True,
+    noisy_clients: int | None = None,
 ) -> FloatArray:
-    rho_f, tau_f = _check_rate("rho", rho), _check_rate("tau", tau)
+    tau_f = _check_rate("tau", tau)
     if not isinstance(exact_count, bool):
         raise NoiseError(f"exact_count={exact_count!r} must be a bool")
-    noisy = _noisy_subset(k, rho_f, gen, exact_count)
+    if noisy_clients is not None:
+        count = _check_count(k, noisy_clients, "rho", rho is not None)
+        if not exact_count:
+            raise NoiseError("noisy_clients is an exact count: it cannot go with exact_count=false")
+        noisy = _exact_subset(k, count, gen)
+    else:
+        rho_f = _check_rate("rho", 0.4 if rho is None else rho)
+        noisy = _noisy_subset(k, rho_f, gen, exact_count)
     rates = np.zeros(k)
     rates[noisy] = tau_f + (1.0 - tau_f) * gen.random(noisy.size)
     return rates
 
 
 def _levels_rho_range(
-    k: int, gen: np.random.Generator, *, rho: float = 0.4, lo: float = 0.5, hi: float = 0.7
+    k: int,
+    gen: np.random.Generator,
+    *,
+    rho: float | None = None,
+    lo: float = 0.5,
+    hi: float = 0.7,
+    noisy_clients: int | None = None,
 ) -> FloatArray:
-    rho_f = _check_rate("rho", rho)
     lo_f, hi_f = _check_range(lo, hi)
-    noisy = _noisy_subset(k, rho_f, gen, exact_count=True)
+    if noisy_clients is not None:
+        noisy = _exact_subset(k, _check_count(k, noisy_clients, "rho", rho is not None), gen)
+    else:
+        rho_f = _check_rate("rho", 0.4 if rho is None else rho)
+        noisy = _noisy_subset(k, rho_f, gen, exact_count=True)
     rates = np.zeros(k)
     rates[noisy] = gen.uniform(lo_f, hi_f, size=noisy.size)
     return rates
 
 
-def _levels_bernoulli(k: int, gen: np.random.Generator, *, p: float = 0.7) -> FloatArray:
-    p_f = _check_rate("p", p)
+def _levels_bernoulli(
+    k: int, gen: np.random.Generator, *, p: float | None = None, noisy_clients: int | None = None
+) -> FloatArray:
+    if noisy_clients is not None:
+        noisy = _exact_subset(k, _check_count(k, noisy_clients, "p", p is not None), gen)
+        rates = np.zeros(k)
+        rates[noisy] = 1.0
+        return rates
+    p_f = _check_rate("p", 0.7 if p is None else p)
     clean = gen.random(k) < p_f
     return np.where(clean, 0.0, 1.0)
 
@@ -208,6 +261,29 @@ def _levels_truncated_gaussian(
     return rates
 
 
+def _levels_clipped_gaussian(
+    k: int,
+    gen: np.random.Generator,
+    *,
+    mu: float = 0.3,
+    sigma: float = 0.4,
+    lo: float = 0.0,
+    hi: float = 1.0,
+) -> FloatArray:
+    if isinstance(mu, bool) or not isinstance(mu, int | float) or not math.isfinite(mu):
+        raise NoiseError(f"mu={mu!r} must be a finite number")
+    if (
+        isinstance(sigma, bool)
+        or not isinstance(sigma, int | float)
+        or not math.isfinite(sigma)
+        or sigma <= 0
+    ):
+        raise NoiseError(f"sigma={sigma!r} must be a finite number > 0")
+    lo_f, hi_f = _check_range(lo, hi)
+    clipped: FloatArray = np.clip(gen.normal(mu, sigma, size=k), lo_f, hi_f)
+    return clipped
+
+
 def _levels_uniform_all(k: int, gen: np.random.Generator, *, eps: float = 0.2) -> FloatArray:
     return np.full(k, _check_rate("eps", eps))
 
@@ -215,10 +291,11 @@ def _levels_uniform_all(k: int, gen: np.random.Generator, *, eps: float = 0.2) -
 _PROTOCOLS: Final[dict[str, tuple[Callable[..., FloatArray], frozenset[str]]]] = {
     "none": (_levels_none, frozenset()),
     "linear": (_levels_linear, frozenset({"lo", "hi"})),
-    "rho_tau": (_levels_rho_tau, frozenset({"rho", "tau", "exact_count"})),
-    "rho_range": (_levels_rho_range, frozenset({"rho", "lo", "hi"})),
-    "bernoulli": (_levels_bernoulli, frozenset({"p"})),
+    "rho_tau": (_levels_rho_tau, frozenset({"rho", "tau", "exact_count", "noisy_clients"})),
+    "rho_range": (_levels_rho_range, frozenset({"rho", "lo", "hi", "noisy_clients"})),
+    "bernoulli": (_levels_bernoulli, frozenset({"p", "noisy_clients"})),
     "truncated_gaussian": (_levels_truncated_gaussian, frozenset({"mu", "sigma"})),
+    "clipped_gaussian": (_levels_clipped_gaussian, frozenset({"mu", "sigma", "lo", "hi"})),
     "uniform_all": (_levels_uniform_all, frozenset({"eps"})),
 }
 NOISE_PROTOCOLS: Final[tuple[str, ...]] = tuple(_PROTOCOLS)
@@ -239,7 +316,9 @@ def noise_levels(num_clients: int, protocol: str, rng: RngLike, **params: Any) -
         The protocol's parameters. Defaults are the papers' values: ``linear`` lo=0.0, hi=0.4
         (FedRN); ``rho_tau`` rho=0.4, tau=0.5, exact_count=True (FedCorr); ``rho_range`` rho=0.4,
         lo=0.5, hi=0.7 (FedNoRo); ``bernoulli`` p=0.7 and ``truncated_gaussian`` mu=0.3,
-        sigma=0.4 (Fed-NCL); ``uniform_all`` eps=0.2 (RoFL).
+        sigma=0.4 (Fed-NCL); ``clipped_gaussian`` mu=0.3, sigma=0.4, lo=0.0,
+        hi=1.0; ``uniform_all`` eps=0.2 (RoFL). ``noisy_clients=N`` replaces ``rho``
+        (``rho_tau``, ``rho_range``) or ``p`` (``bernoulli``) by an exact count of noisy clients.
 
     Returns
     -------
@@ -592,7 +671,8 @@ class NoiseReport:
     realised_rates : numpy.ndarray
         float64 (K,): fraction of each client's samples whose label changed.
     noisy_clients : numpy.ndarray
-        bool (K,): ground-truth noisy flag (rule in the module docstring).
+        bool (K,): ground-truth noisy flag, from the realised rates (rule in the module
+        docstring).
     client_flipped : tuple of numpy.ndarray
         Per client, the flipped mask aligned with that client's index array.
     protocol, flip : str
@@ -665,7 +745,8 @@ def inject_noise(
         Random source or seed. Clients are processed in index order; a client with rate 0 draws
         nothing.
     protocol : str
-        The protocol that produced ``levels``; it decides the ground-truth rule.
+        The protocol that produced ``levels``; it decides the ground-truth rule (a realised rate
+        > 0, and >= ``threshold`` for a continuous protocol).
     threshold : float
         Realised rate at and above which a client counts as noisy under a continuous protocol.
     class_map : mapping, optional
@@ -745,11 +826,12 @@ def inject_noise(
         noisy[idx] = client_noisy
         realised[k] = float(mask.sum()) / idx.size
         client_flipped.append(mask)
-    if protocol in TWO_GROUP_PROTOCOLS:
-        noisy_clients = rates > 0
-    else:
+    # The truth is what was realised (module docstring): a positive target rate that flipped
+    # nothing leaves the client clean.
+    noisy_clients = realised > 0
+    if protocol not in TWO_GROUP_PROTOCOLS:
         # Tolerance so that a realised 3/30 counts as >= 0.1 whatever the float rounding.
-        noisy_clients = realised >= thr - 1e-12
+        noisy_clients &= realised >= thr - 1e-12
     return NoiseReport(
         noisy_labels=noisy,
         flipped=noisy != y,

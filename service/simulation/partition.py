@@ -9,7 +9,15 @@ Methods and their sources:
 - ``iid``: a uniform random split into near-equal parts (sizes differ by at most one). FedCorr's
   IID sampler gives every client floor(N/K) samples and drops the remainder; we keep it.
 - ``shards`` (FedRN, seed 000; McMahan et al.): sort by label, cut into K*S near-equal shards, deal
-  S random shards to each client. Ties in the label sort are broken randomly.
+  S random shards to each client. Ties in the label sort are broken randomly. S is the number of
+  *shards*, not of classes: a client may get two shards of one class (fewer than S classes), and a
+  shard that straddles a class boundary adds a class (more than S). ``k_classes`` is the
+  partition with an exact number of classes per client.
+- ``k_classes``: every client holds exactly ``k`` distinct classes and every class is held by some
+  client (needs k <= C <= K * k). Clients, in a random order, each take the k classes with the
+  fewest holders so far (ties broken at random), so the holder counts of the classes differ by at
+  most one; each class's shuffled samples are then split into near-equal parts among its
+  holders (so a class needs at least as many samples as it has holders).
 - ``dirichlet`` (FedRN, seed 000): for each class c, proportions q_c ~ Dirichlet(beta * 1_K); class
   c's shuffled samples are cut at floor(cumsum(q_c) * n_c).
 - ``bernoulli_dirichlet`` (FedCorr, used by FLR and FedNoRo, seeds 003/004): class presence
@@ -46,6 +54,7 @@ __all__ = [
     "bernoulli_dirichlet",
     "dirichlet",
     "iid",
+    "k_classes",
     "lognormal_quantity",
     "partition",
     "shards",
@@ -192,6 +201,66 @@ def shards(
         np.sort(np.concatenate([pieces[j] for j in dealt[c * s : (c + 1) * s]])).astype(np.int64)
         for c in range(k)
     ]
+
+
+def k_classes(
+    labels: npt.ArrayLike, num_clients: int, rng: RngLike, *, k: int = 2
+) -> list[IntArray]:
+    """Exactly ``k`` classes per client, every class held (module docstring).
+
+    Parameters
+    ----------
+    labels : array_like of int, shape (N,)
+        Class label of every sample; the classes are the labels present.
+    num_clients : int
+        Number of clients K.
+    rng : numpy.random.Generator or int
+        Random source or seed.
+    k : int
+        Classes per client, 1 <= k <= C, with K * k >= C so that every class has a holder.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        K sorted index arrays; client i's samples cover exactly k classes.
+
+    Raises
+    ------
+    PartitionError
+        k out of range, too few clients to hold every class, or a class with fewer samples than
+        holders.
+    """
+    y = _check_labels(labels)
+    n_clients = _check_num_clients(num_clients, y.size)
+    classes = np.unique(y)
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise PartitionError(f"k={k!r} must be an int >= 1")
+    if k > classes.size:
+        raise PartitionError(f"k={k} exceeds the {classes.size} classes of the labels")
+    if n_clients * k < classes.size:
+        raise PartitionError(
+            f"{n_clients} clients with k={k} classes each hold at most {n_clients * k} of the "
+            f"{classes.size} classes; every class needs a holder"
+        )
+    gen = as_generator(rng)
+    holders: list[list[int]] = [[] for _ in range(classes.size)]
+    for client in gen.permutation(n_clients):
+        counts = np.asarray([len(h) for h in holders])
+        # Fewest holders first, ties in a random order.
+        order = np.lexsort((gen.random(classes.size), counts))
+        for j in order[:k]:
+            holders[int(j)].append(int(client))
+    owner = np.empty(y.size, dtype=np.int64)
+    for j, c in enumerate(classes):
+        members = gen.permutation(np.flatnonzero(y == c))
+        if members.size < len(holders[j]):
+            raise PartitionError(
+                f"class {int(c)} has {members.size} sample(s) but {len(holders[j])} holders; "
+                "with k_classes every holder needs one sample of each of its classes"
+            )
+        for client, part in zip(holders[j], np.array_split(members, len(holders[j])), strict=True):
+            owner[part] = client
+    return _to_lists(owner, n_clients)
 
 
 def dirichlet(
@@ -354,6 +423,7 @@ def lognormal_quantity(
 _METHODS: Final[dict[str, tuple[Callable[..., list[IntArray]], frozenset[str]]]] = {
     "iid": (iid, frozenset()),
     "shards": (shards, frozenset({"num_shards_per_client"})),
+    "k_classes": (k_classes, frozenset({"k"})),
     "dirichlet": (dirichlet, frozenset({"beta", "max_redraws"})),
     "bernoulli_dirichlet": (bernoulli_dirichlet, frozenset({"p", "alpha", "max_redraws"})),
     "lognormal_quantity": (lognormal_quantity, frozenset({"sigma"})),

@@ -6,11 +6,23 @@ client next to the ground truth, and the global model's accuracy on the clean te
 :func:`summarise_run` turns it into the metrics EVALUATION.md defines (all computed with
 ``service.simulation.metrics``):
 
-- Detection, per round after the federation's warm-up (``round >= warmup_rounds``, the resolved
-  value the coordinator stored) and at the last round: precision, recall, F1 and matching of the
-  primary detector's flags against the ground truth (an undetermined flag counts as "not
-  flagged"; the number of such rounds is reported); the matching ratio is the mean matching over
-  those rounds.
+- Detection, per round (``detection_per_round``), after the federation's warm-up
+  (``round >= warmup_rounds``, the resolved value the coordinator stored) and at the last round:
+  precision, recall, F1 and matching of the primary detector's flags against the ground truth
+  (an undetermined flag counts as "not flagged"; the number of such rounds is reported); the
+  matching ratio is the mean matching over those rounds. Undefined figures are ``None``
+  (``metrics.detection_scores``): precision, recall and F1 in a federation without a truly
+  noisy client, precision in a round that flags nothing. The means after the warm-up skip the
+  undefined rounds and say how many rounds each covers (``precision_rounds``, ...).
+- False alarms (``false_alarms``), the flags the primary detector put on clean sites in the
+  rounds after the warm-up: the first such round, each flagged clean site with the number of
+  rounds it was flagged in, the worst round (most clean sites flagged; the earliest on ties) and
+  the total number of (site, round) false flags. In a clean federation this is the whole story:
+  precision, recall and F1 are undefined there.
+- First detection (``first_detection``): per truly noisy site, the first round after the
+  warm-up in which the primary detector flags it (``None``: never), and the mean and max of
+  those rounds over the sites that were detected. Rounds are indexed from 0 everywhere, so the
+  first round after a warm-up of W rounds is round W.
 - AUROC of the primary detector's noisiness score. Which score (``auroc_source``): the
   verdict's graded score, higher = noisier -- ``fednoro`` its separation statistic (the
   class-standardised loss excess by default, given for every client whether or not the guard
@@ -27,9 +39,10 @@ client next to the ground truth, and the global model's accuracy on the clean te
 - Cost: coordinator seconds per round (the round's ``coordinator_seconds``), bytes up and down per
   client per round, SDK signal time relative to local training time.
 
-Ground truth: the noise protocol's rule (``NoiseReport.noisy_clients``): two-group protocols
-flag every client with a positive target rate, continuous ones a realised rate >= the scenario's
-threshold.
+Ground truth: the noise protocol's rule (``NoiseReport.noisy_clients``), always from the realised
+flips: a client is noisy iff some of its labels changed (realised rate > 0), and under a continuous
+protocol only if its realised rate also reaches the scenario's threshold. Every metric, report and
+plot here uses that one flag (``ClientRecord.true_noisy``) and the realised rates.
 
 Plots use matplotlib's object-oriented API on the Agg canvas (no pyplot state, no display).
 """
@@ -49,10 +62,11 @@ import numpy as np
 
 from service.simulation.metrics import (
     auroc,
-    detection_metrics,
+    detection_scores,
     spearman,
     summarise_curve,
 )
+from service.simulation.noise import CONTINUOUS_PROTOCOLS
 
 __all__ = [
     "DETECTOR_NAMES",
@@ -62,6 +76,9 @@ __all__ = [
     "RunResult",
     "comparison_rows",
     "comparison_table",
+    "detection_lines",
+    "false_alarm_report",
+    "first_detection_report",
     "mean_std",
     "plot_accuracy",
     "plot_per_class_loss",
@@ -222,7 +239,7 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
     rates = run.realised_rates
     flags = [c.primary_flag for c in record.clients]
     undetermined = any(f is None for f in flags)
-    detection = detection_metrics(truth, np.asarray([bool(f) for f in flags], dtype=bool))
+    detection = detection_scores(truth, np.asarray([bool(f) for f in flags], dtype=bool))
     scores, source = _primary_auroc_scores(record)
     result: dict[str, Any] = {
         "precision": detection["precision"],
@@ -230,6 +247,11 @@ def round_metrics(run: RunResult, record: RoundRecord) -> dict[str, Any]:
         "f1": detection["f1"],
         "matching": detection["matching"],
         "flagged": [c.name for c in record.clients if c.primary_flag],
+        "false_flags": [
+            c.name
+            for c, noisy in zip(record.clients, truth, strict=True)
+            if c.primary_flag and not noisy
+        ],
         "primary_undetermined": undetermined,
         "auroc": None if scores is None else auroc(truth, np.asarray(scores)),
         "auroc_source": source,
@@ -264,6 +286,69 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
+def _defined(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None]
+
+
+def _mean_and_count(values: Iterable[float | None]) -> tuple[float | None, int]:
+    """Mean of the defined values and how many there were (``None``, 0 when none)."""
+    kept = _defined(values)
+    return (float(np.mean(kept)) if kept else None), len(kept)
+
+
+def false_alarm_report(run: RunResult, rounds: Sequence[RoundRecord]) -> dict[str, Any]:
+    """The primary detector's flags on clean sites over ``rounds`` (module docstring).
+
+    Call :func:`round_metrics` on the rounds first (their ``false_flags``).
+    """
+    counts: dict[str, int] = {}
+    first: int | None = None
+    worst: dict[str, Any] | None = None
+    total = 0
+    with_flags = 0
+    for record in rounds:
+        names = list(record.metrics["false_flags"])
+        total += len(names)
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+        if not names:
+            continue
+        with_flags += 1
+        if first is None:
+            first = record.index
+        if worst is None or len(names) > len(worst["sites"]):
+            worst = {"round": record.index, "sites": names}
+    order = {c.name: c.index for c in run.clients}
+    return {
+        "rounds": len(rounds),
+        "first_round": rounds[0].index if rounds else None,
+        "last_round": rounds[-1].index if rounds else None,
+        "clean_sites": int(sum(1 for c in run.clients if not c.true_noisy)),
+        "first_false_flag_round": first,
+        "sites": {name: counts[name] for name in sorted(counts, key=lambda n: order.get(n, 0))},
+        "worst_round": worst,
+        "rounds_with_false_flags": with_flags,
+        "total_false_flags": total,
+    }
+
+
+def first_detection_report(run: RunResult, rounds: Sequence[RoundRecord]) -> dict[str, Any]:
+    """Per truly noisy site, the first of ``rounds`` whose primary flags include it."""
+    first: dict[str, int | None] = {c.name: None for c in run.clients if c.true_noisy}
+    for record in rounds:
+        for name in record.metrics["flagged"]:
+            if name in first and first[name] is None:
+                first[name] = record.index
+    found = [v for v in first.values() if v is not None]
+    return {
+        "rounds": first,
+        "noisy_sites": len(first),
+        "detected": len(found),
+        "mean": float(np.mean(found)) if found else None,
+        "max": max(found) if found else None,
+    }
+
+
 def summarise_run(run: RunResult) -> dict[str, Any]:
     """Fill every round's ``metrics`` and return the run's summary (also stored on ``run``)."""
     if not run.rounds:
@@ -278,6 +363,12 @@ def summarise_run(run: RunResult) -> dict[str, Any]:
     train = sum(c.train_seconds for c in client_rounds)
     signal = sum(c.signal_seconds for c in client_rounds)
     truth = run.true_noisy
+    # Undefined rounds (precision without a flag; recall and F1 without a noisy client) are
+    # left out of the means, and the means say how many rounds they cover.
+    precision, precision_rounds = _mean_and_count(r.metrics["precision"] for r in after)
+    recall, recall_rounds = _mean_and_count(r.metrics["recall"] for r in after)
+    f1, f1_rounds = _mean_and_count(r.metrics["f1"] for r in after)
+    auroc_mean, auroc_rounds = _mean_and_count(r.metrics["auroc"] for r in after)
     summary: dict[str, Any] = {
         "label": run.label,
         "seed": run.seed,
@@ -286,26 +377,59 @@ def summarise_run(run: RunResult) -> dict[str, Any]:
         "clients": len(run.clients),
         "true_noisy": int(truth.sum()),
         "ground_truth_rule": (
-            f"realised rate >= {run.noise_threshold}"
-            if run.noise_protocol in ("linear", "truncated_gaussian")
-            else "target rate > 0"
+            f"realised rate > 0 and >= {run.noise_threshold}"
+            if run.noise_protocol in CONTINUOUS_PROTOCOLS
+            else "realised rate > 0"
         ),
         "primary_detector": last.primary,
         "final": {
             key: last.metrics[key]
-            for key in ("precision", "recall", "f1", "matching", "auroc", "flagged")
+            for key in (
+                "precision",
+                "recall",
+                "f1",
+                "matching",
+                "auroc",
+                "flagged",
+                "false_flags",
+            )
         },
         "after_warmup": {
             "rounds": len(after),
-            "precision": _mean(r.metrics["precision"] for r in after),
-            "recall": _mean(r.metrics["recall"] for r in after),
-            "f1": _mean(r.metrics["f1"] for r in after),
+            "precision": precision,
+            "precision_rounds": precision_rounds,
+            "recall": recall,
+            "recall_rounds": recall_rounds,
+            "f1": f1,
+            "f1_rounds": f1_rounds,
             "matching_ratio": _mean(r.metrics["matching"] for r in after),
-            "auroc": _mean(r.metrics["auroc"] for r in after),
+            "auroc": auroc_mean,
+            "auroc_rounds": auroc_rounds,
             "rounds_primary_undetermined": sum(
                 1 for r in after if r.metrics["primary_undetermined"]
             ),
         },
+        "false_alarms": false_alarm_report(run, after),
+        "first_detection": first_detection_report(run, after),
+        "detection_per_round": [
+            {
+                "round": r.index,
+                "in_warmup": r.in_warmup,
+                **{
+                    key: r.metrics[key]
+                    for key in (
+                        "precision",
+                        "recall",
+                        "f1",
+                        "matching",
+                        "auroc",
+                        "flagged",
+                        "false_flags",
+                    )
+                },
+            }
+            for r in run.rounds
+        ],
         "auroc_source": last.metrics["auroc_source"],
         "spearman_final": dict(last.metrics["spearman"]),
         "label_precision_final": last.metrics["label_precision"],
@@ -391,6 +515,7 @@ def _round_row(run: RunResult, r: RoundRecord) -> dict[str, Any]:
         "label_precision": m.get("label_precision"),
         "label_recall": m.get("label_recall"),
         "flagged": m.get("flagged"),
+        "false_flags": m.get("false_flags"),
     }
 
 
@@ -492,7 +617,14 @@ def _summary_row(run: RunResult) -> dict[str, Any]:
         "final_matching": final["matching"],
         "final_auroc": final["auroc"],
         "matching_ratio": s["after_warmup"]["matching_ratio"],
+        "mean_precision_after_warmup": s["after_warmup"]["precision"],
+        "precision_rounds": s["after_warmup"]["precision_rounds"],
         "mean_f1_after_warmup": s["after_warmup"]["f1"],
+        "false_flags_after_warmup": s["false_alarms"]["total_false_flags"],
+        "first_false_flag_round": s["false_alarms"]["first_false_flag_round"],
+        "noisy_sites_detected": s["first_detection"]["detected"],
+        "first_detection_mean": s["first_detection"]["mean"],
+        "first_detection_max": s["first_detection"]["max"],
         "spearman_expertise": spear.get("expertise"),
         "spearman_fednoro": spear.get("fednoro_score"),
         "spearman_fedncl": spear.get("fedncl_score"),
@@ -524,11 +656,12 @@ def write_summary_csv(runs: Sequence[RunResult], path: Path) -> Path:
 # comparison table
 
 
-def mean_std(values: Iterable[float | None], fmt: str = ".3f") -> str:
-    """Mean ± population std of the values that are not None ("-" for none, one value alone)."""
+def mean_std(values: Iterable[float | None], fmt: str = ".3f", *, empty: str = "-") -> str:
+    """Mean ± population std of the values that are not None (``empty`` for none, one value
+    alone)."""
     kept = [float(v) for v in values if v is not None]
     if not kept:
-        return "-"
+        return empty
     if len(kept) == 1:
         return format(kept[0], fmt)
     return f"{format(float(np.mean(kept)), fmt)} ± {format(float(np.std(kept)), fmt)}"
@@ -545,6 +678,7 @@ COMPARISON_COLUMNS: Final[tuple[str, ...]] = (
     "F1",
     "matching",
     "AUROC",
+    "false flags",
     "rho(expert.)",
     "coord. s/rnd",
 )
@@ -553,8 +687,9 @@ COMPARISON_COLUMNS: Final[tuple[str, ...]] = (
 def comparison_rows(runs: Sequence[RunResult]) -> list[list[str]]:
     """One row per method label (mean ± std over seeds), in first-seen order.
 
-    Detection columns are the last round's precision, recall and F1 and the matching ratio over
-    the rounds after warm-up; AUROC is the last round's.
+    Detection columns are the last round's precision, recall and F1 ("n/a" where undefined:
+    nothing flagged, or no noisy client), the matching ratio over the rounds after warm-up, the
+    last round's AUROC and the number of (site, round) false flags after the warm-up.
     """
     labels: list[str] = []
     for run in runs:
@@ -570,16 +705,92 @@ def comparison_rows(runs: Sequence[RunResult]) -> list[list[str]]:
                 mean_std([s["accuracy"]["best"] for s in group]),
                 mean_std([s["accuracy"]["last10"] for s in group]),
                 mean_std([s["balanced_accuracy"]["last10"] for s in group]),
-                mean_std([s["final"]["precision"] for s in group], ".2f"),
-                mean_std([s["final"]["recall"] for s in group], ".2f"),
-                mean_std([s["final"]["f1"] for s in group], ".2f"),
+                mean_std([s["final"]["precision"] for s in group], ".2f", empty="n/a"),
+                mean_std([s["final"]["recall"] for s in group], ".2f", empty="n/a"),
+                mean_std([s["final"]["f1"] for s in group], ".2f", empty="n/a"),
                 mean_std([s["after_warmup"]["matching_ratio"] for s in group], ".2f"),
-                mean_std([s["final"]["auroc"] for s in group], ".2f"),
+                mean_std([s["final"]["auroc"] for s in group], ".2f", empty="n/a"),
+                mean_std([s["false_alarms"]["total_false_flags"] for s in group], ".1f"),
                 mean_std([s["spearman_final"].get("expertise") for s in group], ".2f"),
                 mean_std([s["coordinator_seconds_mean"] for s in group], ".2f"),
             ]
         )
     return rows
+
+
+def _figure_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def detection_lines(run: RunResult) -> list[str]:
+    """The printed detection summary of one run (call :func:`summarise_run` first).
+
+    Three lines: the detection figures after the warm-up and at the last round ("n/a" where
+    undefined, with the number of rounds each mean covers), the false alarms on clean sites
+    and, when some site is truly noisy, the first detections.
+    """
+    s = run.summary
+    after = s["after_warmup"]
+    final = s["final"]
+    alarms = s["false_alarms"]
+    first = s["first_detection"]
+    span = (
+        f"rounds {alarms['first_round']}-{alarms['last_round']}" if alarms["rounds"] else "no round"
+    )
+    head = f"{run.label} seed {run.seed} (primary detector {s['primary_detector']}): "
+    if s["true_noisy"] == 0:
+        figures = (
+            "no truly noisy site, so precision, recall and F1 are undefined (n/a); "
+            f"matching ratio {_figure_text(after['matching_ratio'])} over {span} after the "
+            f"{s['warmup_rounds']}-round warm-up"
+        )
+    else:
+        figures = (
+            f"after the {s['warmup_rounds']}-round warm-up ({span}): precision "
+            f"{_figure_text(after['precision'])} (mean over the "
+            f"{_counted(after['precision_rounds'], 'round')} that flag a site), recall "
+            f"{_figure_text(after['recall'])}, F1 {_figure_text(after['f1'])}, matching ratio "
+            f"{_figure_text(after['matching_ratio'])}; last round {s['rounds'] - 1}: precision "
+            f"{_figure_text(final['precision'])}, recall {_figure_text(final['recall'])}, F1 "
+            f"{_figure_text(final['f1'])}"
+        )
+    lines = [head + figures]
+    if alarms["total_false_flags"] == 0:
+        lines.append(
+            f"  false alarms: none on the {_counted(alarms['clean_sites'], 'clean site')} "
+            f"in {_counted(alarms['rounds'], 'round')} after the warm-up"
+        )
+    else:
+        worst = alarms["worst_round"]
+        sites = ", ".join(
+            f"{name} ({_counted(count, 'round')})" for name, count in alarms["sites"].items()
+        )
+        lines.append(
+            f"  false alarms: {alarms['total_false_flags']} (site, round) flag(s) on "
+            f"{len(alarms['sites'])} of {_counted(alarms['clean_sites'], 'clean site')} in "
+            f"{alarms['rounds_with_false_flags']} of {_counted(alarms['rounds'], 'round')} "
+            f"after the warm-up; first in round {alarms['first_false_flag_round']}, worst "
+            f"round {worst['round']} ({_counted(len(worst['sites']), 'site')}); {sites}"
+        )
+    if first["noisy_sites"]:
+        missed = [name for name, value in first["rounds"].items() if value is None]
+        text = (
+            f"  first detection: {first['detected']} of "
+            f"{_counted(first['noisy_sites'], 'noisy site')} flagged after the warm-up"
+        )
+        if first["detected"]:
+            text += (
+                f"; first flagged in round {first['mean']:.1f} on average, "
+                f"round {first['max']} at the latest"
+            )
+        if missed:
+            text += f"; never flagged: {', '.join(missed)}"
+        lines.append(text)
+    return lines
 
 
 def comparison_table(runs: Sequence[RunResult], *, title: str = "") -> Any:

@@ -59,7 +59,13 @@ from torch import nn
 from client_sdk import AdminClient, APIStatusError, CoordinatorSDKError, FederationClient
 from client_sdk.participant import Participant, load_state_bytes, state_to_bytes
 from client_sdk.recipes import LocalData, RecipeError
-from service.simulation.datasets import DatasetError, DataSplit, load_dataset
+from service.simulation.datasets import (
+    DatasetError,
+    DataSplit,
+    load_callable,
+    load_dataset,
+    load_npz,
+)
 from service.simulation.metrics import accuracy, balanced_accuracy
 from service.simulation.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from service.simulation.noise import NoiseError, NoiseReport, inject_noise, noise_levels
@@ -224,6 +230,29 @@ def _derive_int(sequence: np.random.SeedSequence) -> int:
     return int(sequence.generate_state(1, dtype=np.uint32)[0] & 0x7FFFFFFF)
 
 
+def _load_data(scenario: Scenario, seed: int) -> DataSplit:
+    """The scenario's data set: a built-in one, or the custom arrays (``custom_data``)."""
+    custom = scenario.custom_data
+    if custom is None:
+        return load_dataset(
+            scenario.dataset,
+            data_dir=scenario.data_dir,
+            test_fraction=scenario.test_fraction,
+            seed=seed,
+        )
+    options: dict[str, Any] = {
+        "test_fraction": scenario.test_fraction,
+        "seed": seed,
+        "num_classes": custom.num_classes,
+        "class_names": custom.class_names,
+        "standardize": custom.standardize,
+    }
+    if custom.npz is not None:
+        return load_npz(custom.npz, name=custom.name, **options)
+    assert custom.function is not None  # CustomDataSpec: exactly one source
+    return load_callable(custom.function, custom.params, name=custom.name, **options)
+
+
 def prepare_data(scenario: Scenario, seed: int) -> PreparedData:
     """Load, partition and noise the data and build the initial model, all from ``seed``.
 
@@ -234,12 +263,7 @@ def prepare_data(scenario: Scenario, seed: int) -> PreparedData:
         it (the message names the scenario field).
     """
     try:
-        split = load_dataset(
-            scenario.dataset,
-            data_dir=scenario.data_dir,
-            test_fraction=scenario.test_fraction,
-            seed=seed,
-        )
+        split = _load_data(scenario, seed)
     except DatasetError as exc:
         raise ScenarioError(f"dataset {scenario.dataset!r}: {exc}") from exc
     train = split.train

@@ -34,7 +34,9 @@ from service.simulation.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, no
 from service.simulation.partition import PARTITION_METHODS, PARTITION_PARAMS
 
 __all__ = [
+    "CUSTOM_DATASET",
     "METHOD_PRESETS",
+    "CustomDataSpec",
     "MethodSpec",
     "ModelSpec",
     "NoiseSpec",
@@ -60,6 +62,8 @@ METHOD_PRESETS: Final[tuple[str, ...]] = (
     "flr",
 )
 Scalar = bool | int | float | str
+#: ``dataset`` value of a scenario whose data come from ``custom_data`` (arrays).
+CUSTOM_DATASET: Final = "custom"
 
 
 class ScenarioError(ValueError):
@@ -68,6 +72,41 @@ class ScenarioError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CustomDataSpec(_Strict):
+    """A custom data set from arrays (``dataset: custom``; ``service.simulation.datasets``).
+
+    Exactly one source: ``npz`` (a file with arrays ``x``, ``y`` and optionally ``x_test``,
+    ``y_test``; a relative path is taken from the working directory, as ``data_dir``) or
+    ``function`` (``module:function`` or ``path/to/file.py:function``, called with ``params`` as
+    keyword arguments, returning ``(x, y)`` or ``((x_train, y_train), (x_test, y_test))``).
+    Without a given test split, a seeded stratified split holds out the scenario's
+    ``test_fraction``.
+    """
+
+    npz: str | None = Field(default=None, description="path of an .npz file with x and y")
+    function: str | None = Field(default=None, description="'module:function' returning arrays")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+    name: str | None = Field(default=None, description="name in the results")
+    num_classes: int | None = Field(default=None, ge=1, description="default: largest label + 1")
+    class_names: list[str] | None = None
+    standardize: bool = Field(default=True, description="scale like the built-in data sets")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CustomDataSpec:
+        if (self.npz is None) == (self.function is None):
+            raise ValueError("give exactly one of npz (a file) and function ('module:function')")
+        if self.function is not None:
+            module, sep, attribute = self.function.rpartition(":")
+            if not sep or not module or not attribute:
+                raise ValueError(
+                    f"function {self.function!r} must be 'module:function' or "
+                    "'path/to/file.py:function'"
+                )
+        elif self.params:
+            raise ValueError("params are passed to a function; an npz source takes none")
+        return self
 
 
 class PartitionSpec(_Strict):
@@ -106,9 +145,12 @@ class NoiseSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> NoiseSpec:
+        count = self.params.get("noisy_clients")
+        # An exact count is checked against the scenario's clients there (Scenario).
+        dummy_k = max(4, count) if isinstance(count, int) and not isinstance(count, bool) else 4
         try:
-            # Cheap: draws K=4 rates; validates names and values of the parameters.
-            noise_levels(4, self.protocol, 0, **self.params)
+            # Cheap: draws a few rates; validates names and values of the parameters.
+            noise_levels(dummy_k, self.protocol, 0, **self.params)
         except NoiseError as exc:
             raise ValueError(str(exc)) from None
         if self.flip == "asymmetric" and not self.class_map:
@@ -204,9 +246,12 @@ class Scenario(_Strict):
 
     name: str = "custom"
     description: str = ""
-    dataset: Literal[DATASET_NAMES] = "digits"  # type: ignore[valid-type]
+    dataset: Literal[(*DATASET_NAMES, CUSTOM_DATASET)] = "digits"  # type: ignore[valid-type]
     data_dir: str | None = Field(
         default=None, description="directory of the file-based data sets (default: shared/data)"
+    )
+    custom_data: CustomDataSpec | None = Field(
+        default=None, description="dataset 'custom': where the arrays come from"
     )
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     clients: int = Field(default=10, ge=1, le=10_000)
@@ -228,6 +273,27 @@ class Scenario(_Strict):
         if len(set(value)) != len(value):
             raise ValueError(f"seeds {value} repeat a value")
         return value
+
+    @model_validator(mode="after")
+    def _custom_data_with_custom_dataset(self) -> Scenario:
+        if self.dataset == CUSTOM_DATASET and self.custom_data is None:
+            raise ValueError(
+                "dataset 'custom' needs custom_data: {npz: FILE} or {function: 'module:function'}"
+            )
+        if self.dataset != CUSTOM_DATASET and self.custom_data is not None:
+            raise ValueError(
+                f"custom_data is only used with dataset 'custom', not {self.dataset!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _noisy_count_fits(self) -> Scenario:
+        count = self.noise.params.get("noisy_clients")
+        if isinstance(count, int) and count > self.clients:
+            raise ValueError(
+                f"noise.params.noisy_clients={count} exceeds the {self.clients} clients"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_labels(self) -> Scenario:
@@ -345,6 +411,9 @@ def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenari
     ``overrides`` maps paths such as ``"clients"``, ``"training.rounds"``,
     ``"partition.params"`` (a dict, merged) or ``"methods"`` (a list, replaced) to values; a
     ``None`` value means "not given" and is skipped. Selecting methods is done by the caller.
+    ``"noise.noisy_clients"`` sets ``noise.params.noisy_clients`` and drops ``rho`` and ``p``
+    (the rate-based selection it replaces); ``"custom_data"`` replaces the whole spec, and a
+    built-in ``"dataset"`` drops it.
 
     Raises
     ------
@@ -356,6 +425,18 @@ def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenari
     ordered = sorted(overrides.items(), key=lambda item: item[0] not in _RESET_ON_CHANGE)
     for path, value in ordered:
         if value is None:
+            continue
+        if path == "dataset" and value != CUSTOM_DATASET:
+            # A built-in data set replaces the custom arrays.
+            data["custom_data"] = None
+        if path == "custom_data":
+            # Another source replaces the whole spec (an npz and a function do not merge).
+            data["custom_data"] = value
+            continue
+        if path == "noise.noisy_clients":
+            # An exact count replaces the protocol's rate-based selection (rho, or p).
+            params = {k: v for k, v in data["noise"]["params"].items() if k not in ("rho", "p")}
+            data["noise"]["params"] = {**params, "noisy_clients": value}
             continue
         *parents, leaf = path.split(".")
         reset = _RESET_ON_CHANGE.get(path)

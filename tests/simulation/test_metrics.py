@@ -11,6 +11,7 @@ from service.simulation.metrics import (
     auroc,
     balanced_accuracy,
     detection_metrics,
+    detection_scores,
     label_precision_recall,
     spearman,
     summarise_curve,
@@ -71,6 +72,47 @@ class TestDetectionMetrics:
             detection_metrics([0, 2], [0, 1])
         with pytest.raises(MetricInputError, match="at least one"):
             detection_metrics([], [])
+
+
+class TestDetectionScores:
+    """The results' convention: undefined figures are None, never a flattering 1.0."""
+
+    def test_hand_computed(self):
+        # Same decision as TestDetectionMetrics: TP 2, FP 2, FN 1. precision 2/4, recall 2/3,
+        # F1 = 2TP / (2TP + FP + FN) = 4 / 7 (equal to 2PR / (P + R)).
+        scores = detection_scores(
+            [True, True, True, False, False, False], [False, True, True, False, True, True]
+        )
+        assert scores == {
+            "precision": 0.5,
+            "recall": pytest.approx(2 / 3),
+            "f1": pytest.approx(4 / 7),
+            "matching": 0.0,
+            "true_positives": 2,
+            "false_positives": 2,
+            "false_negatives": 1,
+        }
+
+    def test_clean_federation_is_undefined_not_perfect(self):
+        # Nothing noisy, nothing flagged: nothing to measure (None), but the flags match.
+        quiet = detection_scores([False, False], [False, False])
+        assert (quiet["precision"], quiet["recall"], quiet["f1"]) == (None, None, None)
+        assert (quiet["matching"], quiet["false_positives"]) == (1.0, 0)
+        # Nothing noisy, one flag: still undefined; the false alarm is counted, not hidden.
+        alarm = detection_scores([False, False, False], [False, True, False])
+        assert (alarm["precision"], alarm["recall"], alarm["f1"]) == (None, None, None)
+        assert (alarm["matching"], alarm["false_positives"]) == (0.0, 1)
+
+    def test_no_flag_with_noisy_clients(self):
+        # Noisy {0, 1}, nothing flagged: precision undefined (no flag), recall 0/2 = 0 and
+        # F1 = 0 / (0 + 0 + 2) = 0 (a miss is a defined failure).
+        scores = detection_scores([True, True, False], [False, False, False])
+        assert (scores["precision"], scores["recall"], scores["f1"]) == (None, 0.0, 0.0)
+        assert scores["false_negatives"] == 2
+
+    def test_bad_input(self):
+        with pytest.raises(MetricInputError, match="at least one"):
+            detection_scores([], [])
 
 
 class TestAuroc:

@@ -83,11 +83,78 @@ class TestNoiseLevels:
         with pytest.raises(NoiseError, match="sigma"):
             noise_levels(3, "truncated_gaussian", 0, mu=0.3, sigma=0.0)
 
+    def test_clipped_gaussian_puts_the_tails_exactly_on_the_bounds(self):
+        # Seed 0, N(0.3, 0.4^2), 8 draws: 0.3503, 0.2472, 0.5562, 0.3420, 0.0857, 0.4446,
+        # 0.8216, 0.6788 (the truncated Gaussian's draws below, all inside [0, 1] and so all
+        # accepted). Clipped to [0.1, 0.5]: the three draws above 0.5 become exactly 0.5, the
+        # one below 0.1 exactly 0.1, the rest stay.
+        clipped = noise_levels(8, "clipped_gaussian", 0, mu=0.3, sigma=0.4, lo=0.1, hi=0.5)
+        truncated = noise_levels(8, "truncated_gaussian", 0, mu=0.3, sigma=0.4)
+        np.testing.assert_allclose(
+            truncated,
+            [0.3503, 0.2472, 0.5562, 0.3420, 0.0857, 0.4446, 0.8216, 0.6788],
+            atol=5e-5,
+        )
+        assert clipped[[2, 6, 7]].tolist() == [0.5, 0.5, 0.5]
+        assert clipped[4] == 0.1
+        np.testing.assert_array_equal(clipped[[0, 1, 3, 5]], truncated[[0, 1, 3, 5]])
+
+    def test_clipped_gaussian_mass_at_the_bounds_where_truncation_has_none(self):
+        # 50 clients, seed 0, the defaults mu 0.3, sigma 0.4, [0, 1]: 6 rates exactly 0 (exactly
+        # clean) and 2 exactly 1; the truncated Gaussian puts no rate on either bound.
+        clipped = noise_levels(50, "clipped_gaussian", 0)
+        truncated = noise_levels(50, "truncated_gaussian", 0)
+        assert (int(np.sum(clipped == 0.0)), int(np.sum(clipped == 1.0))) == (6, 2)
+        assert (int(np.sum(truncated == 0.0)), int(np.sum(truncated == 1.0))) == (0, 0)
+        assert np.all((clipped >= 0) & (clipped <= 1))
+
+    def test_clipped_gaussian_errors(self):
+        with pytest.raises(NoiseError, match="sigma"):
+            noise_levels(3, "clipped_gaussian", 0, sigma=0.0)
+        with pytest.raises(NoiseError, match="lo=0.6 must not exceed hi=0.5"):
+            noise_levels(3, "clipped_gaussian", 0, lo=0.6, hi=0.5)
+        with pytest.raises(NoiseError, match="hi"):
+            noise_levels(3, "clipped_gaussian", 0, hi=1.5)
+
+    @pytest.mark.parametrize("protocol", ["rho_tau", "rho_range", "bernoulli"])
+    def test_exact_number_of_noisy_clients(self, protocol):
+        for count in (0, 3, 7):
+            rates = noise_levels(7, protocol, 11, noisy_clients=count)
+            assert int(np.sum(rates > 0)) == count
+
+    def test_exact_count_draws_the_same_clients_as_the_rate(self):
+        # floor(0.375 * 8) = 3: noisy_clients=3 is the same draw (same clients, same rates).
+        np.testing.assert_array_equal(
+            noise_levels(8, "rho_range", 0, noisy_clients=3),
+            noise_levels(8, "rho_range", 0, rho=0.375),
+        )
+        # seed 0 picks clients 2, 3 and 4
+        assert np.flatnonzero(noise_levels(8, "rho_range", 0, noisy_clients=3)).tolist() == [
+            2,
+            3,
+            4,
+        ]
+        assert noise_levels(5, "bernoulli", 0, noisy_clients=2).tolist() == [0, 0, 1, 0, 1]
+
+    def test_exact_count_errors(self):
+        with pytest.raises(NoiseError, match="give rho or noisy_clients, not both"):
+            noise_levels(5, "rho_range", 0, rho=0.4, noisy_clients=2)
+        with pytest.raises(NoiseError, match="give p or noisy_clients, not both"):
+            noise_levels(5, "bernoulli", 0, p=0.5, noisy_clients=2)
+        with pytest.raises(NoiseError, match=r"noisy_clients=6 must lie in \[0, 5\]"):
+            noise_levels(5, "rho_tau", 0, noisy_clients=6)
+        with pytest.raises(NoiseError, match="must be an int"):
+            noise_levels(5, "rho_tau", 0, noisy_clients=2.5)
+        with pytest.raises(NoiseError, match="exact_count=false"):
+            noise_levels(5, "rho_tau", 0, noisy_clients=2, exact_count=False)
+        with pytest.raises(NoiseError, match="no parameter"):
+            noise_levels(5, "linear", 0, noisy_clients=2)
+
     def test_uniform_all(self):
         assert noise_levels(3, "uniform_all", 0, eps=0.2).tolist() == [0.2, 0.2, 0.2]
 
     @pytest.mark.parametrize(
-        "protocol", ["rho_tau", "rho_range", "bernoulli", "truncated_gaussian"]
+        "protocol", ["rho_tau", "rho_range", "bernoulli", "truncated_gaussian", "clipped_gaussian"]
     )
     def test_seeded(self, protocol):
         a = noise_levels(30, protocol, np.random.default_rng(5))
@@ -114,6 +181,7 @@ class TestNoiseLevels:
             "rho_range",
             "bernoulli",
             "truncated_gaussian",
+            "clipped_gaussian",
             "uniform_all",
         }
 
@@ -376,16 +444,43 @@ class TestInjectNoise:
         )
         assert report.noisy_clients.tolist() == [False, False, True]
 
-    def test_target_above_zero_but_no_flip(self):
-        # Rate 0.05 on 10 samples flips floor(0.5) = 0 labels. Two-group rule: noisy (target > 0);
-        # continuous rule: clean (realised 0 < 0.1).
+    def test_target_above_zero_but_no_flip_is_clean(self):
+        # Rate 0.05 on 10 samples flips floor(0.5) = 0 labels: realised 0, so clean under
+        # every rule (the truth comes from the realised flips, not from the target rate).
         labels, parts = _three_clients()
         levels = [0.05, 0.0, 0.0]
         two = inject_noise(labels, parts, levels, 3, "symmetric", 0, protocol="rho_tau")
         cont = inject_noise(labels, parts, levels, 3, "symmetric", 0, protocol="linear")
-        assert two.noisy_clients.tolist() == [True, False, False]
+        assert two.noisy_clients.tolist() == [False, False, False]
         assert cont.noisy_clients.tolist() == [False, False, False]
         assert two.realised_rates[0] == 0.0
+        assert two.target_rates[0] == 0.05
+
+    def test_asymmetric_map_on_a_site_without_the_source_class_is_clean(self):
+        # Client 0 holds only classes 1 and 2; the map flips class 0 -> 1 only. Its target
+        # rate 0.5 realises nothing (no class-0 sample), so it is clean. Client 1 holds four
+        # class-0 samples: floor(0.5 * 4) = 2 of its 6 labels flip, realised 2/6, noisy.
+        labels = np.array([1, 2, 1, 2, 0, 0, 0, 0, 2, 2])
+        parts = [np.arange(0, 4), np.arange(4, 10)]
+        report = inject_noise(
+            labels, parts, [0.5, 0.5], 3, "asymmetric", 0, protocol="rho_range", class_map={0: 1}
+        )
+        assert report.realised_rates.tolist() == [0.0, pytest.approx(2 / 6)]
+        assert report.noisy_clients.tolist() == [False, True]
+        assert report.flipped.sum() == 2
+        # A threshold of 0 under a continuous protocol does not make a flip-less client noisy.
+        cont = inject_noise(
+            labels,
+            parts,
+            [0.5, 0.5],
+            3,
+            "asymmetric",
+            0,
+            protocol="linear",
+            threshold=0.0,
+            class_map={0: 1},
+        )
+        assert cont.noisy_clients.tolist() == [False, True]
 
     def test_samples_outside_every_client_keep_their_labels(self):
         labels = np.arange(12) % 2

@@ -12,6 +12,7 @@ from service.simulation.partition import (
     bernoulli_dirichlet,
     dirichlet,
     iid,
+    k_classes,
     lognormal_quantity,
     partition,
     shards,
@@ -38,6 +39,7 @@ def _labels(counts: list[int]) -> np.ndarray:
 _CASES = [
     ("iid", {}),
     ("shards", {"num_shards_per_client": 2}),
+    ("k_classes", {"k": 2}),
     ("dirichlet", {"beta": 0.5}),
     ("bernoulli_dirichlet", {"p": 0.9, "alpha": 2.0}),
     ("lognormal_quantity", {"sigma": 0.3}),
@@ -101,6 +103,54 @@ class TestShards:
             shards(_labels([3, 3]), 4, 0, num_shards_per_client=2)  # 8 shards > 6 samples
         with pytest.raises(PartitionError, match="num_shards_per_client"):
             shards(_labels([3, 3]), 2, 0, num_shards_per_client=0)
+
+
+class TestKClasses:
+    @pytest.mark.parametrize(("counts", "clients", "k"), [([6] * 5, 4, 2), ([9] * 10, 7, 3)])
+    def test_exactly_k_classes_per_client_and_every_class_held(self, counts, clients, k):
+        labels = _labels(counts)
+        parts = k_classes(labels, clients, 0, k=k)
+        _assert_valid(parts, labels.size, clients)
+        held = [set(labels[p].tolist()) for p in parts]
+        assert all(len(h) == k for h in held)
+        assert set().union(*held) == set(range(len(counts)))
+
+    def test_holders_balanced_and_samples_split_among_them(self):
+        # 5 classes of 6 samples, 4 clients x 2 classes = 8 holdings over 5 classes: holder
+        # counts 2, 2, 2, 1, 1 in some order (fewest-holders-first); a class with two holders
+        # gives each 3 of its 6 samples, one with a single holder gives it all 6.
+        labels = _labels([6] * 5)
+        parts = k_classes(labels, 4, 0, k=2)
+        holders = [[i for i, p in enumerate(parts) if np.any(labels[p] == c)] for c in range(5)]
+        assert sorted(len(h) for h in holders) == [1, 1, 2, 2, 2]
+        for c, who in enumerate(holders):
+            shares = sorted(int(np.sum(labels[parts[i]] == c)) for i in who)
+            assert shares == ([6] if len(who) == 1 else [3, 3])
+
+    def test_k_is_explicit_where_shards_are_not(self):
+        # 3 classes of 5, 3 clients, 2 shards each: shards are 9 pieces of sizes 2/2/2/2/2/2/1/1/1
+        # cut from the label-sorted order, so some shard straddles two classes and some client
+        # ends up with a class count other than 2; k_classes gives exactly 2 to everyone.
+        labels = _labels([5, 5, 5])
+        counts_shards = [
+            len(set(labels[p].tolist())) for p in shards(labels, 3, 0, num_shards_per_client=2)
+        ]
+        assert counts_shards != [2, 2, 2]
+        assert [len(set(labels[p].tolist())) for p in k_classes(labels, 3, 0, k=2)] == [2, 2, 2]
+
+    def test_errors(self):
+        labels = _labels([4, 4, 4])
+        with pytest.raises(PartitionError, match="k=4 exceeds the 3 classes"):
+            k_classes(labels, 2, 0, k=4)
+        with pytest.raises(PartitionError, match="every class needs a holder"):
+            k_classes(_labels([4] * 5), 2, 0, k=2)
+        with pytest.raises(PartitionError, match="must be an int >= 1"):
+            k_classes(labels, 2, 0, k=0)
+        # 6 clients x 3 classes: each class of 4 samples would need 6 holders
+        with pytest.raises(PartitionError, match="class 0 has 4 sample"):
+            k_classes(labels, 6, 0, k=3)
+        with pytest.raises(PartitionError, match="no parameter"):
+            partition(labels, 2, "k_classes", 0, num_shards_per_client=2)
 
 
 class TestDirichlet:

@@ -22,6 +22,7 @@ from service.simulation.results import (
     RunResult,
     comparison_rows,
     comparison_table,
+    detection_lines,
     round_metrics,
     summarise_run,
     write_outputs,
@@ -188,9 +189,9 @@ def test_round_metrics_by_hand():
 def test_guard_withheld_flags_keep_the_graded_score_for_auroc():
     run = make_run()
     m2 = round_metrics(run, run.rounds[2])
-    # Nobody flagged while c and d are noisy: precision 0 (nothing claimed, something to
-    # find), recall 0, F1 0.
-    assert (m2["precision"], m2["recall"], m2["f1"], m2["matching"]) == (0.0, 0.0, 0.0, 0.0)
+    # Nobody flagged while c and d are noisy: precision undefined (no flag), recall 0/2,
+    # F1 = 2TP / (2TP + FP + FN) = 0 / 2 = 0.
+    assert (m2["precision"], m2["recall"], m2["f1"], m2["matching"]) == (None, 0.0, 0.0, 0.0)
     # AUROC from the scores [-1.0, 2.0, 1.5, 0.5] (a, b clean; c, d noisy): of the 4
     # (noisy, clean) pairs, c > a and d > a, but b beats both: 2 / 4. The posterior
     # [0.1, 0.6, 0.9, 0.8] would give 1.0; it is not what the AUROC uses.
@@ -224,17 +225,50 @@ def test_summary_by_hand():
     assert s is run.summary
     assert s["warmup_rounds"] == 1
     assert s["true_noisy"] == 2
-    assert s["ground_truth_rule"] == "target rate > 0"
-    # After the warm-up: rounds 1 and 2. Means: precision (2/3 + 0) / 2, recall (1 + 0) / 2,
-    # F1 (0.8 + 0) / 2, matching (0 + 0) / 2, AUROC (1 + 0.5) / 2.
+    assert s["ground_truth_rule"] == "realised rate > 0"
+    # After the warm-up: rounds 1 and 2. Round 2 flags nothing, so its precision is undefined
+    # and left out: precision 2/3 over 1 round (not (2/3 + 0) / 2). Recall (1 + 0) / 2 and F1
+    # (0.8 + 0) / 2 over both rounds (round 2 missed c and d: 0, defined), matching
+    # (0 + 0) / 2, AUROC (1 + 0.5) / 2.
     after = s["after_warmup"]
     assert after["rounds"] == 2
-    assert after["precision"] == pytest.approx(1 / 3)
-    assert after["recall"] == 0.5
+    assert after["precision"] == pytest.approx(2 / 3)
+    assert after["precision_rounds"] == 1
+    assert (after["recall"], after["recall_rounds"]) == (0.5, 2)
     assert after["f1"] == pytest.approx(0.4)
+    assert after["f1_rounds"] == 2
     assert after["matching_ratio"] == 0.0
-    assert after["auroc"] == 0.75
+    assert (after["auroc"], after["auroc_rounds"]) == (0.75, 2)
     assert s["final"]["f1"] == 0.0
+    assert s["final"]["precision"] is None
+    # b (clean) was flagged in round 1 only; the warm-up round 0 is not counted.
+    assert s["false_alarms"] == {
+        "rounds": 2,
+        "first_round": 1,
+        "last_round": 2,
+        "clean_sites": 2,
+        "first_false_flag_round": 1,
+        "sites": {"b": 1},
+        "worst_round": {"round": 1, "sites": ["b"]},
+        "rounds_with_false_flags": 1,
+        "total_false_flags": 1,
+    }
+    # c was flagged in the warm-up round 0 too; only round 1 counts. Both first flagged in 1.
+    assert s["first_detection"] == {
+        "rounds": {"c": 1, "d": 1},
+        "noisy_sites": 2,
+        "detected": 2,
+        "mean": 1.0,
+        "max": 1,
+    }
+    per_round = s["detection_per_round"]
+    assert [r["round"] for r in per_round] == [0, 1, 2]
+    assert per_round[0]["in_warmup"] is True
+    assert per_round[1]["flagged"] == ["b", "c", "d"]
+    assert per_round[1]["false_flags"] == ["b"]
+    assert per_round[1]["precision"] == pytest.approx(2 / 3)
+    assert (per_round[2]["precision"], per_round[2]["recall"]) == (None, 0.0)
+    assert per_round[2]["auroc"] == 0.5
     assert s["final"]["auroc"] == 0.5
     # Accuracy [0.5, 0.7, 0.6]: best 0.7, last ceil(3/10) = 1 round: 0.6.
     assert s["accuracy"] == {"best": 0.7, "last10": 0.6}
@@ -253,7 +287,7 @@ def test_continuous_protocols_state_their_threshold():
     run = make_run()
     run.noise_protocol = "linear"
     run.noise_threshold = 0.2
-    assert summarise_run(run)["ground_truth_rule"] == "realised rate >= 0.2"
+    assert summarise_run(run)["ground_truth_rule"] == "realised rate > 0 and >= 0.2"
 
 
 def test_summary_of_a_run_without_rounds_is_an_error():
@@ -331,8 +365,11 @@ def test_comparison_rows_mean_and_std_over_seeds():
     assert rows[0][3] == "0.700 ± 0.100"
     assert rows[1][2] == "0.400"
     assert rows[1][3] == "0.400"
-    # Final precision is 0 in every run (guard withheld); matching ratio 0.
-    assert rows[0][5] == "0.00 ± 0.00"
+    # The last round flags nothing in every run (guard withheld): precision undefined, n/a;
+    # recall 0; one false flag (b in round 1) after the warm-up in every run.
+    assert rows[0][5] == "n/a"
+    assert rows[0][6] == "0.00 ± 0.00"
+    assert rows[0][10] == "1.0 ± 0.0"
     table = comparison_table(runs, title="t")
     assert table.row_count == 2
     assert [c.header for c in table.columns][:3] == ["method", "seeds", "acc best"]
@@ -422,3 +459,136 @@ def test_csv_rows_must_share_their_columns(tmp_path: Path):
     assert (tmp_path / "ok.csv").read_text() == "a,b\n1,\n2.5,1\n"
     with pytest.raises(ValueError, match="differ"):
         _write_rows(tmp_path / "bad.csv", [{"a": 1, "b": 2}, {"b": 2, "a": 1}])
+
+
+def clean_run(flag_rounds: dict[int, list[str]], rounds: int = 8) -> RunResult:
+    """A clean federation (a, b, c; no noisy site), one-round warm-up; ``flag_rounds`` maps a
+    round to the sites its primary detector flags."""
+    clients = [
+        ClientRecord(
+            index=i,
+            name=name,
+            client_id=f"id-{name}",
+            num_samples=10,
+            class_counts=[5, 0, 5],
+            target_rate=0.0,
+            realised_rate=0.0,
+            true_noisy=False,
+        )
+        for i, name in enumerate("abc")
+    ]
+    records = []
+    for index in range(rounds):
+        flagged = flag_rounds.get(index, [])
+        rows = [
+            client_round(name, flag=name in flagged, score=0.1 * i, gmm=0.1, expertise=1.0)
+            for i, name in enumerate("abc")
+        ]
+        records.append(make_round(index, rows, 0.9, 0.9, 0.1))
+    return RunResult(
+        scenario="unit",
+        label="fednoro",
+        seed=0,
+        federation_id="fed",
+        config={"warmup_rounds": 1, "method": "fednoro"},
+        clients=clients,
+        rounds=records,
+        noise_protocol="none",
+        noise_threshold=0.1,
+        num_classes=3,
+    )
+
+
+def test_clean_federation_reports_its_false_alarm_not_a_perfect_score():
+    # Rounds 0..7, warm-up 1; one false flag, on b in round 5. The flag in the warm-up round
+    # 0 (on c) is not counted. The last round flags nothing: before the fix it printed
+    # precision/recall/F1 1.00 and hid round 5.
+    run = clean_run({0: ["c"], 5: ["b"]})
+    s = summarise_run(run)
+    assert (s["final"]["precision"], s["final"]["recall"], s["final"]["f1"]) == (None, None, None)
+    after = s["after_warmup"]
+    assert (after["precision"], after["recall"], after["f1"]) == (None, None, None)
+    assert (after["precision_rounds"], after["recall_rounds"], after["f1_rounds"]) == (0, 0, 0)
+    # Matching: 6 of the 7 counted rounds (1..7) flag nothing.
+    assert after["matching_ratio"] == pytest.approx(6 / 7)
+    alarms = s["false_alarms"]
+    assert alarms["first_false_flag_round"] == 5
+    assert alarms["worst_round"] == {"round": 5, "sites": ["b"]}
+    assert alarms["sites"] == {"b": 1}
+    assert alarms["total_false_flags"] == 1
+    assert (alarms["rounds"], alarms["clean_sites"]) == (7, 3)
+    assert s["first_detection"] == {
+        "rounds": {},
+        "noisy_sites": 0,
+        "detected": 0,
+        "mean": None,
+        "max": None,
+    }
+    row = comparison_rows([run])[0]
+    assert row[5:8] == ["n/a", "n/a", "n/a"]
+    assert row[10] == "1.0"
+    lines = detection_lines(run)
+    assert "precision, recall and F1 are undefined (n/a)" in lines[0]
+    assert "1.00" not in " ".join(lines)
+    assert lines[1] == (
+        "  false alarms: 1 (site, round) flag(s) on 1 of 3 clean sites in 1 of 7 rounds after "
+        "the warm-up; first in round 5, worst round 5 (1 site); b (1 round)"
+    )
+    assert len(lines) == 2  # no first-detection line without a noisy site
+
+
+def test_false_alarm_worst_round_and_per_site_counts():
+    # b in rounds 2 and 6, a and c together in round 4, c again in round 6: first 2, worst 4
+    # (2 sites; round 6 ties with 2 sites and is later), b 2 rounds, a 1, c 2; 5 flags in all.
+    s = summarise_run(clean_run({2: ["b"], 4: ["a", "c"], 6: ["b", "c"]}))
+    alarms = s["false_alarms"]
+    assert alarms["first_false_flag_round"] == 2
+    assert alarms["worst_round"] == {"round": 4, "sites": ["a", "c"]}
+    assert alarms["sites"] == {"a": 1, "b": 2, "c": 2}
+    assert alarms["rounds_with_false_flags"] == 3
+    assert alarms["total_false_flags"] == 5
+
+
+def test_a_quiet_clean_federation_has_no_false_alarm():
+    run = clean_run({})
+    s = summarise_run(run)
+    assert s["false_alarms"]["first_false_flag_round"] is None
+    assert s["false_alarms"]["worst_round"] is None
+    assert s["false_alarms"]["total_false_flags"] == 0
+    assert s["after_warmup"]["matching_ratio"] == 1.0
+    assert detection_lines(run)[1] == (
+        "  false alarms: none on the 3 clean sites in 7 rounds after the warm-up"
+    )
+
+
+def test_first_detection_per_noisy_site():
+    run = make_run()
+    # d is never flagged after the warm-up; c first in round 2.
+    for record in run.rounds:
+        for client in record.clients:
+            client.primary_flag = record.index == 2 and client.name == "c"
+    s = summarise_run(run)
+    assert s["first_detection"] == {
+        "rounds": {"c": 2, "d": None},
+        "noisy_sites": 2,
+        "detected": 1,
+        "mean": 2.0,
+        "max": 2,
+    }
+    assert detection_lines(run)[2] == (
+        "  first detection: 1 of 2 noisy sites flagged after the warm-up; first flagged in "
+        "round 2.0 on average, round 2 at the latest; never flagged: d"
+    )
+
+
+def test_results_json_holds_the_new_reports(tmp_path: Path):
+    write_outputs([clean_run({5: ["b"]})], tmp_path, plots=False)
+    overview = json.loads((tmp_path / "results.json").read_text())
+    run = overview["runs"][0]
+    assert run["final"]["precision"] is None
+    assert run["false_alarms"]["first_false_flag_round"] == 5
+    assert run["detection_per_round"][5]["false_flags"] == ["b"]
+    with (tmp_path / "summary.csv").open() as handle:
+        row = next(csv.DictReader(handle))
+    assert (row["final_precision"], row["false_flags_after_warmup"]) == ("", "1")
+    assert row["first_false_flag_round"] == "5"

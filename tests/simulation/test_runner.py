@@ -79,6 +79,42 @@ def test_realised_noise_is_recorded_per_client():
             assert noise.realised_rates[k] == 0.0
 
 
+def test_exact_noisy_count_gives_exactly_that_many_truly_noisy_clients():
+    scenario = validate_scenario(
+        {**SCENARIO, "noise": {"protocol": "rho_range", "params": {"noisy_clients": 2}}}
+    )
+    for seed in (0, 1):
+        noise = prepare_data(scenario, seed).noise
+        assert int(noise.noisy_clients.sum()) == 2
+        assert int(np.sum(noise.target_rates > 0)) == 2
+
+
+def test_asymmetric_target_without_realised_flips_is_clean_in_the_truth():
+    # wine, 6 clients, every client noisy by target (uniform_all 0.5), but the map flips only
+    # class 0 -> 1. With k_classes(k=1) each client holds one class: the clients without
+    # class 0 realise no flip and are clean; the class-0 holders flip half their labels.
+    scenario = validate_scenario(
+        {
+            **SCENARIO,
+            "partition": {"method": "k_classes", "params": {"k": 1}},
+            "noise": {
+                "protocol": "uniform_all",
+                "params": {"eps": 0.5},
+                "flip": "asymmetric",
+                "class_map": {0: 1},
+            },
+        }
+    )
+    data = prepare_data(scenario, 0)
+    y = data.split.train.y
+    holds_zero = [bool(np.any(y[idx] == 0)) for idx in data.client_indices]
+    assert 0 < sum(holds_zero) < 6
+    assert data.noise.target_rates.tolist() == [0.5] * 6
+    assert data.noise.noisy_clients.tolist() == holds_zero
+    for k, zero in enumerate(holds_zero):
+        assert (data.noise.realised_rates[k] > 0) == zero
+
+
 def test_default_model_follows_the_data_kind():
     assert prepare_data(validate_scenario(SCENARIO), 0).model_name == "mlp"
     digits = prepare_data(validate_scenario({**SCENARIO, "dataset": "digits"}), 0)

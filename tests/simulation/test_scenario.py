@@ -184,6 +184,49 @@ def test_overrides_merge_params_and_reset_them_on_a_new_method():
         apply_overrides(base, {"clients": -1})
 
 
+def test_exact_number_of_noisy_clients_in_a_scenario_and_as_a_flag(tmp_path: Path):
+    path = tmp_path / "count.yaml"
+    path.write_text(
+        "clients: 10\n"
+        "noise:\n"
+        "  protocol: rho_range\n"
+        "  params: {noisy_clients: 3, lo: 0.5, hi: 0.7}\n"
+    )
+    assert load_scenario(path).noise.params == {"noisy_clients": 3, "lo": 0.5, "hi": 0.7}
+    # More noisy clients than the dummy draw of 4 is fine; more than the clients is not.
+    base = validate_scenario({"clients": 10, "noise": {"protocol": "rho_range"}})
+    assert apply_overrides(base, {"noise.params": {"noisy_clients": 8}}).noise.params == {
+        "noisy_clients": 8
+    }
+    with pytest.raises(ScenarioError, match="noisy_clients=12 exceeds the 10 clients"):
+        apply_overrides(base, {"noise.params": {"noisy_clients": 12}})
+    with pytest.raises(ScenarioError, match="give rho or noisy_clients, not both"):
+        validate_scenario(
+            {"noise": {"protocol": "rho_range", "params": {"rho": 0.4, "noisy_clients": 2}}}
+        )
+    # The flag (--noisy-clients) replaces the preset's rate-based selection (rho).
+    v1 = get_preset("V1")
+    assert v1.noise.params["rho"] == 0.4
+    counted = apply_overrides(v1, {"noise.noisy_clients": 3})
+    assert counted.noise.params == {"lo": 0.5, "hi": 0.7, "noisy_clients": 3}
+
+
+def test_clipped_gaussian_and_k_classes_are_scenario_options():
+    scenario = validate_scenario(
+        {
+            "partition": {"method": "k_classes", "params": {"k": 3}},
+            "noise": {"protocol": "clipped_gaussian", "params": {"mu": 0.2, "lo": 0.0, "hi": 0.6}},
+        }
+    )
+    assert scenario.partition.params == {"k": 3}
+    with pytest.raises(ScenarioError, match="has no parameter"):
+        validate_scenario({"partition": {"method": "k_classes", "params": {"beta": 1.0}}})
+    with pytest.raises(ScenarioError, match="lo=0.7 must not exceed hi=0.6"):
+        validate_scenario(
+            {"noise": {"protocol": "clipped_gaussian", "params": {"lo": 0.7, "hi": 0.6}}}
+        )
+
+
 def test_parse_key_values():
     parsed = parse_key_values(
         ["lr=0.5", "amp=true", "name=sgd", "seeds=[0, 1]", "note=a=b"], option="--hp"

@@ -53,6 +53,11 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
         assert record.metrics["auroc"] == 1.0
     assert fednoro.summary["after_warmup"]["matching_ratio"] == 1.0
     assert fednoro.summary["final"]["f1"] == 1.0
+    # So every planted client is first flagged in round 1, the first after the warm-up, and
+    # no clean client is ever flagged after it.
+    assert fednoro.summary["first_detection"]["rounds"] == dict.fromkeys(sorted(planted), 1)
+    assert fednoro.summary["false_alarms"]["total_false_flags"] == 0
+    assert len(fednoro.summary["detection_per_round"]) == 4
     # Once flagged, the noisy clients are told to train as noisy (FedNoRo's second stage).
     last_roles = {c.name: c.role for c in fednoro.rounds[-1].clients}
     assert {name for name, role in last_roles.items() if role == "noisy"} == planted
@@ -141,6 +146,10 @@ def test_cli_simulate_without_torchvision_names_the_extra(tmp_path: Path, monkey
         (["--flip", "asymmetric", "--class-map", "3-5"], "expected SOURCE:TARGET pairs"),
         (["--noise", "rho_range", "--noise-param", "rho=2"], "rho=2 must lie in [0, 1]"),
         (["--preset", "V1", "--momentum", "1.5"], "training.momentum: Input should be less than 1"),
+        (["--data-npz", "a.npz", "--data-function", "m:f"], "give --data-npz or --data-function"),
+        (["--dataset", "wine", "--data-npz", "a.npz"], "--dataset 'wine' and a custom data set"),
+        (["--data-npz", "gone.npz"], "npz file 'gone.npz' not found"),
+        (["--noise", "rho_range", "--noisy-clients", "12"], "noisy_clients=12 exceeds the 10"),
     ],
 )
 def test_cli_simulate_flag_errors(tmp_path: Path, args: list[str], expected: str):
@@ -176,7 +185,8 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     # The report table has the true-noise column; the ground truth and both methods follow.
     assert "true noise" in text
     assert "ground truth: 8 of 20 clients are noisy" in text
-    assert "fednoro's primary detector (fednoro)" in text
+    assert "fednoro seed 0 (primary detector fednoro)" in text
+    assert "false alarms:" in text
     assert "accuracy and detection, both methods" in text
     # A run shorter than the reference schedule says where the accuracy gap shows.
     assert "after 2 rounds both models are still learning" in " ".join(text.split())
@@ -243,3 +253,37 @@ def test_a_diverging_method_fails_alone_and_the_comparison_completes(tmp_path: P
         ).fetchone()
     assert status == "failed"
     assert reason.startswith("stopped by the admin: simulation: client-00 failed in round 0 (")
+
+
+@pytest.mark.slow
+def test_cli_simulate_a_custom_function_data_set_prints_the_detection_summary(tmp_path: Path):
+    # 3 classes of 40 blobs from a function named in the scenario file, 4 sites holding 2
+    # classes each, exactly one site with all labels flipped (pairflip), 2 rounds of fednoro.
+    scenario = tmp_path / "custom.yaml"
+    scenario.write_text(
+        "name: custom-e2e\n"
+        "dataset: custom\n"
+        "custom_data:\n"
+        "  function: tests.simulation.test_custom_data:blobs\n"
+        "  params: {n_per_class: 40, classes: 3, features: 4}\n"
+        "clients: 4\n"
+        "partition: {method: k_classes, params: {k: 2}}\n"
+        "noise: {protocol: rho_range, params: {noisy_clients: 1, lo: 1.0, hi: 1.0}, "
+        "flip: pairflip}\n"
+        "training: {rounds: 2, local_epochs: 1}\n"
+        "methods: [{method: fednoro}]\n"
+    )
+    out = tmp_path / "out"
+    args = ["simulate", "--scenario", str(scenario), "--out", str(out), "--no-progress"]
+    result = runner.invoke(app, [*args, "--no-plots"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "custom data (tests.simulation.test_custom_data:blobs)" in text
+    assert "fednoro seed 0 (primary detector fednoro)" in text
+    assert "false alarms:" in text
+    assert "first detection:" in text
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["true_noisy"] == 1
+    assert [r["round"] for r in run["detection_per_round"]] == [0, 1]
+    assert run["first_detection"]["noisy_sites"] == 1
+    assert set(run["false_alarms"]) >= {"first_false_flag_round", "worst_round", "sites"}
