@@ -174,9 +174,10 @@ class AuditConfig:
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
-evidence_max_flagged_fraction, evidence_max_heterogeneity
+evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
-        ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``): the
+        ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
+        ``min_class_count``): the
         calibrated evidence with a stated false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
@@ -247,6 +248,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity
     evidence_min_informativeness: float = 0.05
     evidence_max_flagged_fraction: float = 0.5
     evidence_max_heterogeneity: float = 0.9
+    evidence_min_class_count: int = 5
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -636,6 +638,7 @@ def _evidence_detector(config: AuditConfig) -> EvidenceDetector:
         min_informativeness=config.evidence_min_informativeness,
         max_flagged_fraction=config.evidence_max_flagged_fraction,
         max_heterogeneity=config.evidence_max_heterogeneity,
+        min_class_count=config.evidence_min_class_count,
     )
 
 

@@ -55,7 +55,7 @@ async def test_a_waiter_is_woken_when_the_round_closes_and_the_next_opens(
     assert not waiter.done()  # a waits for b
 
     started = time.monotonic()
-    assert (await submit(api, fed, "b", 0, tiny_state(3.0), 30)).status_code == 201
+    assert (await submit(api, fed, "b", 0, tiny_state(3.0), 10)).status_code == 201
     answer = await asyncio.wait_for(waiter, timeout=60)
 
     assert time.monotonic() - started < WOKEN_WITHIN_S
@@ -74,7 +74,7 @@ async def test_a_waiter_is_told_when_the_federation_finishes(
     await parked(app, fed)
 
     started = time.monotonic()
-    assert (await submit(api, fed, "b", 0, tiny_state(3.0), 30)).status_code == 201
+    assert (await submit(api, fed, "b", 0, tiny_state(3.0), 10)).status_code == 201
     answer = await asyncio.wait_for(waiter, timeout=60)
 
     assert time.monotonic() - started < WOKEN_WITHIN_S
