@@ -302,6 +302,18 @@ class AdminClient(_Base):
         response = self._request("GET", f"{API}/federations/{federation_id}/clients")
         return [ClientInfo.model_validate(c) for c in response.json()]
 
+    def set_anchor(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str, reason: str | None
+    ) -> ClientInfo:
+        """Mark a site as a trust anchor (its labels are curated; ``reason`` says why), or
+        remove the mark with ``reason=None``."""
+        path = f"{API}/federations/{federation_id}/clients/{client_id}/anchor"
+        if reason is None:
+            response = self._request("DELETE", path, retry_status=False)
+        else:
+            response = self._request("PUT", path, json={"reason": reason}, retry_status=False)
+        return ClientInfo.model_validate(response.json())
+
     def stop_federation(self, federation_id: uuid.UUID | str, reason: str) -> Federation:
         """Stop the federation for good; its status becomes ``failed`` with ``reason``, its open
         round fails, and every site is told why on its next call. 409 (``ConflictError``) when

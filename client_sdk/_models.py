@@ -71,6 +71,8 @@ class ClientInfo(_Model):
     status: str
     pinned_status: str | None = None
     pin_reason: str | None = None
+    anchor: bool = False
+    anchor_reason: str | None = None
     num_samples: int | None = None
     class_counts: list[int] | None = None
     joined_at: datetime | None = None

@@ -245,6 +245,26 @@ def client_add(
     _stdout().print(f"token: {created.token}")
 
 
+@client_app.command("anchor")
+def client_anchor(
+    federation_id: str,
+    client_id: str,
+    reason: Annotated[
+        str, typer.Option(help="Why this site's labels can be trusted (kept in the event trail)")
+    ] = "",
+    remove: Annotated[bool, typer.Option("--remove", help="Remove the anchor mark")] = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Mark a site as a trust anchor (curated labels) for the evidence detector, or --remove."""
+    if not remove and not reason:
+        raise typer.BadParameter("a trust anchor needs --reason (or --remove)")
+    with _admin(url, token) as admin:
+        client = _call(admin.set_anchor, federation_id, client_id, None if remove else reason)
+    state = "a trust anchor" if client.anchor else "not a trust anchor"
+    _stdout().print(escape(f"client {client.name} ({client.id}) is {state}"))
+
+
 @client_app.command("list")
 def client_list(
     federation_id: str, url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = ""

@@ -56,6 +56,8 @@ def client_read(client: Client) -> ClientRead:
         status=client.status,
         pinned_status=client.pinned_status,
         pin_reason=client.pin_reason,
+        anchor=client.anchor,
+        anchor_reason=client.anchor_reason,
         num_samples=client.num_samples,
         class_counts=client.class_counts,
         joined_at=client.joined_at,

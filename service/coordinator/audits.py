@@ -164,6 +164,7 @@ def audit_round(
         ),
         neighbor_candidates=candidates,
         flag_overrides=pinned_flags(round_clients),
+        anchors=[bool(c.anchor) for c in round_clients],
         status_history=[status_history(c, rnd.index, config) for c in round_clients],
     )
     aggregation = outcome.aggregation

@@ -434,6 +434,34 @@ def set_pin(
     return client
 
 
+def set_anchor(
+    session: Session,
+    federation: Federation,
+    client: Client,
+    *,
+    reason: str | None,
+    actor: str,
+) -> Client:
+    """Mark a client as a trust anchor (``reason`` given) or remove the mark (None), recorded in
+    the event trail. The evidence detector uses anchors from the next audited round on."""
+    client.anchor = reason is not None
+    client.anchor_reason = reason
+    repo.add_event(
+        session,
+        kind="client.anchored" if reason is not None else "client.unanchored",
+        actor=actor,
+        message=(
+            f"client {client.name!r} marked as a trust anchor by {actor}: {reason}"
+            if reason is not None
+            else f"client {client.name!r} is no longer a trust anchor ({actor})"
+        ),
+        federation_id=federation.id,
+        client_id=client.id,
+        data={"anchor": reason is not None, "reason": reason},
+    )
+    return client
+
+
 def recompute_round(
     services: Services,
     session: Session,

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     ForeignKey,
     Index,
     Integer,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -67,6 +69,9 @@ class Client(Base):
     pin_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     pinned_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
     pinned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # A trust anchor: a site whose labels an admin vouches for (service.audit.evidence).
+    anchor: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    anchor_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     num_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     class_counts: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     joined_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -64,6 +64,15 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         client_id = added.output.split("(")[1].split(")")[0]
         narrow = runner.invoke(app, ["client", "list", fid], env=terminal)
         assert client_id in narrow.output, narrow.output
+        no_reason = runner.invoke(app, ["client", "anchor", fid, client_id], env=env)
+        assert no_reason.exit_code != 0
+        anchored = runner.invoke(
+            app, ["client", "anchor", fid, client_id, "--reason", "curated labels"], env=env
+        )
+        assert anchored.exit_code == 0, anchored.output
+        assert "is a trust anchor" in anchored.output
+        unanchored = runner.invoke(app, ["client", "anchor", fid, client_id, "--remove"], env=env)
+        assert "is not a trust anchor" in unanchored.output
 
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output

@@ -14,6 +14,7 @@ from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
 from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404
 from service.api.schemas.federations import ClientRead
 from service.api.schemas.reports import (
+    AnchorRequest,
     ClientDiagnostics,
     ClientHistory,
     NoisyClientReport,
@@ -103,6 +104,40 @@ def unpin_client(
     federation = queries.federation_of(session, federation_id)
     client = queries.get_client(session, federation_id, client_id)
     reports.set_pin(session, federation, client, status=None, reason=None, actor=actor)
+    session.commit()
+    return convert.client_read(client)
+
+
+@router.put(
+    "/clients/{client_id}/anchor",
+    summary="Mark a site as a trust anchor (its labels are curated), with a reason",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def anchor_client(
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    body: AnchorRequest,
+    session: SessionDep,
+    actor: AdminDep,
+) -> ClientRead:
+    federation = queries.federation_of(session, federation_id)
+    client = queries.get_client(session, federation_id, client_id)
+    reports.set_anchor(session, federation, client, reason=body.reason, actor=actor)
+    session.commit()
+    return convert.client_read(client)
+
+
+@router.delete(
+    "/clients/{client_id}/anchor",
+    summary="Remove a site's trust-anchor mark",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def unanchor_client(
+    federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, actor: AdminDep
+) -> ClientRead:
+    federation = queries.federation_of(session, federation_id)
+    client = queries.get_client(session, federation_id, client_id)
+    reports.set_anchor(session, federation, client, reason=None, actor=actor)
     session.commit()
     return convert.client_read(client)
 

@@ -93,6 +93,8 @@ class ClientRead(BaseModel):
     status: str
     pinned_status: str | None
     pin_reason: str | None
+    anchor: bool = False
+    anchor_reason: str | None = None
     num_samples: int | None
     class_counts: list[int] | None
     joined_at: datetime | None

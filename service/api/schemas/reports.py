@@ -18,6 +18,14 @@ class PinRequest(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
 
 
+class AnchorRequest(BaseModel):
+    """Mark a site as a trust anchor: its labels are curated (why, for the event trail)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2000)
+
+
 class RecomputeRequest(BaseModel):
     """Re-run a past round's audit with other settings, or a what-if aggregation."""
 
