@@ -19,9 +19,10 @@ holds** (label skew: a site with 2 of 10 classes is judged on those 2).
 
     L[k, c] = mu_c + u_kc + e_kc,   u_kc ~ N(0, tau_c^2),   e_kc ~ N(0, sigma_c^2 / n[k, c]),
 
-``sigma_c`` being the per-sample spread of the loss on class c (the weighted median of the sites'
-``s[k, c]``, so that the noisy sites' inflated spreads do not hide them; without ``s``, see
-:func:`fit_class_null`) and ``tau_c`` the between-site spread that real sites have even with clean
+``sigma_c^2 / n[k, c]`` being the site's sampling variance: the pooled sample variance of the
+holders' per-sample losses, or the site's own where larger (:func:`_within_variance`; without
+``s``, 1 / n[k, c] times a scale fitted from the holders' spread, :func:`class_evidence`) and
+``tau_c`` the between-site spread that real sites have even with clean
 labels (other scanners, other patients). ``mu_c`` and ``tau_c`` are fitted **robustly**: ``mu_c``
 is the weighted median, and ``tau_c^2`` the smallest value at which the median absolute
 standardised residual reaches the normal's 0.6745 (the Paule-Mandel estimator, Paule and Mandel,
@@ -40,27 +41,35 @@ sqrt(n[k, c]) (dense noise: every class a little), and the smallest per-class p-
 number of classes (Bonferroni; noise in one class; only classes of which the site holds at
 least ``min_class_count`` samples, since the normal tail is wrong for the mean of a handful of
 samples of a very skewed loss), combined by Bonferroni again:
-``p_k = min(1, 2 * min(p_stouffer, m * min_c p_c))``. Both parts are valid whatever the dependence
-between classes, so ``p_k`` is conservative under the null.
+``p_k = min(1, 2 * min(p_stouffer, m * min_c p_c))``. The Bonferroni parts are valid whatever the
+dependence; Stouffer's is exact for independent classes only, and a site-level effect shared by
+its classes (a scanner that makes every class harder) makes it anti-conservative.
 
 **Flags.** Benjamini and Hochberg's step-up rule ("Controlling the false discovery rate", JRSS-B
-1995, section 3) at level ``q`` over the sites of the round. When no site is noisy it flags
-somebody in a round with probability at most ``q`` (the rule controls the family-wise error under
-the global null), so the expected number of rounds with a false alarm over R audited rounds is at
-most ``q * R`` (0.3 for the default ``q = 0.01`` and 30 rounds); with noisy sites present, at most
-a fraction ``q`` of the flags are expected to be wrong. The status rule across rounds
-(:func:`~service.audit.detection.next_status`) then needs several flagged rounds before the
-aggregation treats a site as noisy.
+1995, section 3) at level ``q`` over the sites of the round. With exact p-values, when no site is
+noisy it flags somebody in a round with probability at most ``q`` (the rule controls the
+family-wise error under the global null), so the expected number of rounds with a false alarm
+over R audited rounds is at most ``q * R`` (0.3 for the default ``q = 0.01`` and 30 rounds); with
+noisy sites present, at most a fraction ``q`` of the flags are expected to be wrong. The
+p-values are close to exact when the spreads are reported and the sites differ only by sampling
+(``tests/audit/test_evidence.py`` simulates it: at most 3 % of rounds with a flag, 5 to 50
+sites). They are **not** when ``tau_c`` must be estimated from a few holders or the spreads are
+missing: the robust scale of five values is itself uncertain and the tails of z grow (an
+independent check measured 8.7 % of rounds with a false flag for 5 sites with tau = 0.1, and
+8-13 % for 5-10 sites without spreads, at q = 0.01); a small-sample correction is still to come.
+The status rule across rounds (:func:`~service.audit.detection.next_status`) then needs several
+flagged rounds before the aggregation treats a site as noisy.
 
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated): the evidence is only
 as good as the consensus it is measured against. The audit abstains when
 
-* fewer than ``min_clients`` sites reported;
+* (``undetermined``, no verdicts) fewer than ``min_clients`` sites reported;
 * the global model does not beat the label prior on the median site's own data: the weighted
   median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
   label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``;
   the model has not learned yet, or it learned the labels' noise;
-* the sites disagree far beyond sampling error: Higgins and Thompson's I^2 ("Quantifying
+* the sites disagree far beyond sampling error (only with reported spreads; without them the
+  fitted scale absorbs the spread and I^2 is 0): Higgins and Thompson's I^2 ("Quantifying
   heterogeneity in a meta-analysis", Statistics in Medicine 2002, eq. 9, here tau^2 over tau^2
   plus the median sampling variance), weighted over the classes by their samples, above
   ``max_heterogeneity`` (0.9): two camps of equal size, or a spread of noise rates with no clean
@@ -75,12 +84,18 @@ as good as the consensus it is measured against. The audit abstains when
   site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
 
 **Trust anchors** (beyond the papers): sites an admin marks as curated. Anchors are never flagged.
-When the consensus verdict is inconclusive, or an anchor itself looks noisy against the consensus
-(its Stouffer z is positive and significant at ``q``), the anchors become the reference: each
+When the consensus verdict is inconclusive, or the anchors look noisy against the consensus (each
+anchor's Stouffer z positive and its site p-value passing BH at ``q`` among the anchors), the
+anchors become the reference: each
 class's centre is the anchors' precision-weighted mean loss, the noisy direction is away from the
 anchors (*lower* loss than the anchors when the anchors look noisy to the consensus: the global
 model learned inverted labels), and the sites significantly away from the anchors in that
-direction are flagged by the same rule. Limits: with fewer than three anchors holding a class,
+direction are flagged by the same rule (no minority rule: with the orientation settled by the
+anchors, a noisy majority can be flagged). The verdict stays inconclusive when some anchors look
+noisy and others do not, when the spreads were not sent, or when no anchor holds a class. The
+admin's word is the only thing that tells an inverted consensus from a noisy anchor (the labels
+are the mirror image of each other): **a mistaken anchor, noisy itself, turns the audit upside
+down** and flags the clean sites. Limits: with fewer than three anchors holding a class,
 the between-site spread ``tau_c`` is not estimable from clean sites and is taken as 0, so sites
 whose data differ from the anchors' (not only their labels) can look noisy; a class no anchor
 holds gives no evidence in anchor mode.
@@ -127,9 +142,12 @@ _TAU_BISECTIONS = 60
 def weighted_median(values: FloatArray, weights: FloatArray) -> float:
     """The lower weighted median: the smallest value whose cumulative weight reaches half.
 
-    Ties in the cumulative weight at exactly one half take the midpoint of the two values, so
-    that two equal weights give the ordinary median.
+    Values of zero weight are left out (at least one weight must be positive). Ties in the
+    cumulative weight at exactly one half take the midpoint of the two values, so that two equal
+    weights give the ordinary median.
     """
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
     order = np.argsort(values, kind="stable")
     v, w = values[order], weights[order]
     cum = np.cumsum(w)
@@ -413,7 +431,7 @@ class EvidenceDetector:
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
-        self.min_holders = check_int("min_holders", min_holders, min_value=2)
+        self.min_holders = check_int("min_holders", min_holders, min_value=3)
         self.min_informativeness = check_float(
             "min_informativeness", min_informativeness, min_value=-1.0, max_value=1.0
         )
@@ -502,7 +520,10 @@ class EvidenceDetector:
                 raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
         anchor = np.zeros(k, dtype=bool)
         if anchors is not None:
-            anchor = np.asarray(anchors, dtype=bool).reshape(-1)
+            raw = np.asarray(anchors).reshape(-1)
+            if raw.size and raw.dtype.kind != "b":
+                raise InvalidInputError("anchors: expected booleans")
+            anchor = raw.astype(bool)
             if anchor.shape != (k,):
                 raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
         if k < self.min_clients:
@@ -566,20 +587,40 @@ class EvidenceDetector:
                 "below it"
             )
         anchor_inverted = False
-        if anchor.any():
+        if anchor.any() and entropy > 0:
             anchor_p, anchor_z = site_p_values(
                 second.evidence.z[anchor], counts[anchor], 1.0, self.min_class_count
             )
-            anchor_inverted = bool((benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)).any())
-            if reason is not None or anchor_inverted:
-                direction = -1.0 if anchor_inverted else 1.0
-                chosen = self._pass(loss, counts, sd, None, anchor, direction, anchor)
-                mode = "anchored"
-                reason = None
+            # An anchor "looks noisy" to the consensus when its Stouffer z is positive and its
+            # p-value passes BH among the anchors.
+            looks_noisy = benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)
+            anchor_inverted = bool(looks_noisy.any())
+            if anchor_inverted and not looks_noisy.all():
+                reason = (
+                    f"the trust anchors disagree: {int(looks_noisy.sum())} of "
+                    f"{int(anchor.sum())} look noisy against the consensus, the others do not; "
+                    "check the anchors"
+                )
+            elif reason is not None or anchor_inverted:
+                anchored = self._pass(
+                    loss, counts, sd, None, anchor, -1.0 if anchor_inverted else 1.0, anchor
+                )
+                if sd is None:
+                    reason = (
+                        reason or "an anchor looks noisy against the consensus"
+                    ) + "; anchored mode needs the sites' per_class_loss_sd (not sent)"
+                elif not np.isfinite(anchored.evidence.mu).any():
+                    reason = (
+                        reason or "an anchor looks noisy against the consensus"
+                    ) + "; no anchor holds a class the others hold"
+                else:
+                    chosen, mode, reason = anchored, "anchored", None
+                    direction = -1.0 if anchor_inverted else 1.0
 
         status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
         flags = chosen.flags & (status == "ok")
         z = chosen.evidence.z
+        chosen_classes = (np.isfinite(z) & (counts >= self.min_class_count)).sum(axis=1)
         verdicts: list[ClientVerdict | None] = []
         for i in range(k):
             zi = direction * z[i]
@@ -588,7 +629,7 @@ class EvidenceDetector:
                 for c in np.argsort(-np.nan_to_num(zi, nan=-np.inf), kind="stable")
                 if np.isfinite(zi[c])
                 and counts[i, c] >= self.min_class_count
-                and ndtr(-zi[c]) * max(int(np.isfinite(zi).sum()), 1) <= self.q
+                and 2.0 * ndtr(-zi[c]) * max(int(chosen_classes[i]), 1) <= self.q
             ]
             verdicts.append(
                 ClientVerdict(

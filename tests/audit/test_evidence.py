@@ -266,3 +266,76 @@ def test_finds_a_single_noisy_site_among_fifty():
         flags = [v.flag for v in detector.fit(loss, counts, sd).verdicts]
         exact += flags == [k == 17 for k in range(50)]
     assert exact >= 95
+
+
+def test_weighted_median_leaves_out_zero_weights():
+    assert weighted_median(np.array([0.0, 1.0, 10.0]), np.array([1.0, 0.0, 1.0])) == 5.0
+
+
+class TestAnchorGuards:
+    @staticmethod
+    def inverted() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sites 0 and 1 far above six tight sites (as in the inverted-consensus test)."""
+        loss = np.array([[2.0, 2.0]] * 2 + [[0.2, 0.2]] * 6)
+        loss[2:] += np.linspace(0.0, 0.01, 6)[:, None]
+        return loss, np.full((8, 2), 100), np.full((8, 2), 0.5)
+
+    def test_anchors_that_disagree_give_no_verdict(self):
+        loss, counts, sd = self.inverted()
+        anchors = [True, False, True, False, False, False, False, False]  # one high, one low
+        result = EvidenceDetector().fit(loss, counts, sd, anchors=anchors)
+        assert result.status == "inconclusive"
+        assert "anchors disagree" in (result.reason or "")
+        assert not any(v.flag for v in result.verdicts)
+
+    def test_anchored_mode_needs_the_spreads(self):
+        loss, counts, _ = self.inverted()
+        result = EvidenceDetector().fit(loss, counts, None, anchors=[True] + [False] * 7)
+        assert result.status == "inconclusive"
+        assert "per_class_loss_sd" in (result.reason or "")
+        assert not any(v.flag for v in result.verdicts)
+
+    def test_an_anchor_without_a_shared_class_changes_nothing(self):
+        # An uninformative model (every loss ln 2) is inconclusive; an anchor that holds no
+        # sample does not turn that into a verdict.
+        loss = np.full((6, 2), math.log(2))
+        counts = np.full((6, 2), 50)
+        counts[0] = 0
+        loss[0] = np.nan
+        sd = np.full((6, 2), 0.1)
+        result = EvidenceDetector().fit(loss, counts, sd, anchors=[True] + [False] * 5)
+        assert result.status == "inconclusive"
+        assert "label prior" in (result.reason or "")
+
+    def test_one_class_is_inconclusive_even_with_an_anchor(self):
+        loss = np.full((6, 2), np.nan)
+        loss[:, 0] = 0.1 + 0.05 * np.arange(6)
+        counts = np.zeros((6, 2), dtype=int)
+        counts[:, 0] = 100
+        sd = np.full((6, 2), np.nan)
+        sd[:, 0] = 0.2
+        result = EvidenceDetector().fit(loss, counts, sd, anchors=[True] + [False] * 5)
+        assert result.status == "inconclusive"
+        assert "one class" in (result.reason or "")
+
+    def test_anchors_must_be_booleans(self):
+        loss, counts, sd = self.inverted()
+        with pytest.raises(InvalidInputError, match="booleans"):
+            EvidenceDetector().fit(loss, counts, sd, anchors=["False"] * 8)
+
+
+def test_a_class_held_once_does_not_flag_a_site_alone():
+    # Site 0 holds one sample of class 1, a hard one (5 nats against 0.2): z of about 9 on that
+    # class alone, but its 99 samples of class 0 are ordinary.
+    loss = np.full((8, 2), 0.2)
+    loss[:, 0] += np.linspace(-0.01, 0.01, 8)
+    loss[0, 1] = 5.0
+    counts = np.array([[99, 1]] + [[50, 50]] * 7)
+    sd = np.full((8, 2), 0.5)
+    sd[0, 1] = 0.0
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.verdicts[0].evidence["class_z"][1] > 5
+    assert result.verdicts[0].flag is False
+    assert result.verdicts[0].evidence["noisy_classes"] == []
+    with_single = EvidenceDetector(min_class_count=1).fit(loss, counts, sd)
+    assert with_single.verdicts[0].flag is True
