@@ -935,7 +935,7 @@ def run_audit(
     )
     if primary.status != "ok":
         aggregation = with_fallback_context(
-            aggregation, f"primary detector {primary.method!r} undetermined ({primary.reason})"
+            aggregation, f"primary detector {primary.method!r} {primary.status} ({primary.reason})"
         )
 
     centroid_result = _centroids(data, previous_centroids)

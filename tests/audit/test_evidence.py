@@ -11,7 +11,14 @@ import math
 import numpy as np
 import pytest
 
-from service.audit import AuditConfig, InvalidInputError, InvalidParameterError
+from service.audit import (
+    AuditConfig,
+    ClientRoundData,
+    DictStateReader,
+    InvalidInputError,
+    InvalidParameterError,
+    run_audit,
+)
 from service.audit.evidence import (
     EvidenceDetector,
     benjamini_hochberg,
@@ -339,3 +346,26 @@ def test_a_class_held_once_does_not_flag_a_site_alone():
     assert result.verdicts[0].evidence["noisy_classes"] == []
     with_single = EvidenceDetector(min_class_count=1).fit(loss, counts, sd)
     assert with_single.verdicts[0].flag is True
+
+
+def test_an_inconclusive_primary_falls_back_to_fedavg_and_says_why():
+    # Three sites far above three others: no consensus (I^2 > 0.9), so no flag and FedAvg.
+    loss, counts, sd = _federation(np.random.default_rng(4), 6, {0: 0.5, 1: 0.5, 2: 0.5})
+    state = DictStateReader({"w": np.zeros(2, dtype=np.float32)})
+    clients = [
+        ClientRoundData(
+            client_id=f"s{k}",
+            num_samples=int(counts[k].sum()),
+            class_counts=counts[k],
+            per_class_loss=loss[k],
+            per_class_loss_sd=sd[k],
+            state=DictStateReader({"w": np.full(2, float(k), dtype=np.float32)}),
+        )
+        for k in range(6)
+    ]
+    config = AuditConfig(detectors=("evidence",), primary_detector="evidence", aggregation="daagg")
+    outcome = run_audit(state, clients, config, round_index=3)
+    assert outcome.detections["evidence"].status == "inconclusive"
+    assert outcome.primary_flags == [False] * 6
+    assert outcome.aggregation.rule == "fedavg"
+    assert "primary detector 'evidence' inconclusive" in (outcome.aggregation.fallback_reason or "")
