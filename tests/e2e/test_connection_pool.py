@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -389,3 +390,31 @@ def test_the_sdk_backs_off_on_503_honouring_retry_after(tight_server: LiveServer
     assert current.status == "train"
     assert current.round is not None
     assert current.round.index == 0
+
+
+def test_a_model_download_streams_without_holding_a_connection(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    # A 32 MB model: far more than the socket buffers hold, so the server is still sending while
+    # the client reads slowly.
+    spec = federation_spec(f"pool-{uuid.uuid4().hex[:6]}")
+    fid = http.post("/api/v1/federations", json=spec, headers=ADMIN).json()["id"]
+    big = {**tiny_state(0.0), "big.weight": np.zeros(8_000_000, dtype=np.float32)}
+    response = http.put(
+        f"/api/v1/federations/{fid}/model",
+        content=state_bytes(big),
+        headers={**ADMIN, "Content-Type": "application/octet-stream"},
+    )
+    assert response.status_code == 201, response.text
+    model_id = http.get(f"/api/v1/federations/{fid}", headers=ADMIN).json()["current_model_id"]
+    with httpx.Client(base_url=server.url, timeout=60) as slow:
+        with slow.stream("GET", f"/api/v1/models/{model_id}", headers=ADMIN) as download:
+            assert download.status_code == 200
+            chunks = download.iter_bytes(65536)
+            received = len(next(chunks))
+            wait_for_idle_pool(server)
+            answer, took = timed(lambda: http.get(f"/api/v1/federations/{fid}", headers=ADMIN))
+            assert answer.status_code == 200, answer.text
+            assert took < PROMPT_S
+            received += sum(len(chunk) for chunk in chunks)
+    assert received == len(state_bytes(big))

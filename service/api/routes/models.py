@@ -43,6 +43,9 @@ def download_model(
         client = client_use_cases.authenticate_client(session, token)
     key, sha256, size = queries.downloadable_model(session, model_id, client=client)
     etag = f'"{sha256}"'
+    # The file is sent after the handler returns; give the connection back first, or every site
+    # downloading a large model holds one for the whole transfer.
+    session.close()
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})
     return FileResponse(
