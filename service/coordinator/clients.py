@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
 from service.coordinator.ratelimit import EventBudget
-from service.errors import AuthError, BadRequestError, NotFoundError
+from service.coordinator.updates import join_drift_errors
+from service.errors import AuthError, BadRequestError, InconsistentUpdateError, NotFoundError
 from service.store import repositories as repo
 from service.store.models import Client
 
@@ -124,6 +125,11 @@ def join(
 ) -> Client:
     """Record the client's data summary; joining again updates it (e.g. after a restart).
 
+    Once the federation runs, joining again may not move the declaration beyond the
+    federation's ``max_sample_drift`` (the bound an update's counts have): otherwise a site could
+    rejoin with an inflated count and pass the update check against it
+    (:class:`~service.errors.InconsistentUpdateError`, nothing changed).
+
     `client` may come from another (closed) session, authentication's: its row is read again
     here and the attached copy is returned.
     """
@@ -148,6 +154,26 @@ def join(
     if errors:
         raise BadRequestError("invalid join request: " + errors[0]["msg"], errors=errors)
     first = client.joined_at is None
+    if (
+        not first
+        and federation.status == "running"
+        and client.num_samples is not None
+        and client.class_counts is not None
+    ):
+        drift = float(federation.config.get("max_sample_drift", 0.0))
+        drift_errors = join_drift_errors(
+            num_samples, list(class_counts), client.num_samples, list(client.class_counts), drift
+        )
+        if drift_errors:
+            raise InconsistentUpdateError(
+                f"a running federation's site may not change its declared counts beyond the "
+                f"allowed drift ({drift:g} of the {client.num_samples} joined samples) by "
+                f"joining again; first: {drift_errors[0]['msg']}",
+                errors=[{**e, "loc": ["body", *e["loc"][1:]]} for e in drift_errors],
+                claimed={"num_samples": num_samples, "class_counts": list(class_counts)},
+                declared={"num_samples": client.num_samples, "class_counts": client.class_counts},
+                max_sample_drift=drift,
+            )
     client.num_samples = num_samples
     client.class_counts = list(class_counts)
     client.joined_at = client.joined_at or now

@@ -223,3 +223,32 @@ async def test_the_resolved_config_stores_both_defaults(api) -> None:
     fed = await make_federation(api)
     assert fed.data["config"]["max_sample_drift"] == 0.1
     assert fed.data["config"]["audit"]["max_client_weight_factor"] == 4.0
+
+
+async def test_joining_again_cannot_inflate_the_declaration_once_running(api) -> None:
+    # Rejoining used to replace the declared counts, so a site could rejoin with 10^12 samples
+    # and then pass the update check against its own new declaration.
+    fed = await make_federation(api, joins=JOINED_100)
+    join_url = f"/api/v1/federations/{fed.id}/join"
+    lie = await api.post(
+        join_url,
+        json={"num_samples": 10**12, "class_counts": [5 * 10**11] * 2},
+        headers=fed.headers("a"),
+    )
+    assert lie.status_code == 422, lie.text
+    assert lie.headers["content-type"] == "application/problem+json"
+    assert lie.json()["type"] == "/problems/update-inconsistent"
+    assert lie.json()["declared"] == {"num_samples": 100, "class_counts": [50, 50]}
+    clients = (await api.get(f"/api/v1/federations/{fed.id}/clients", headers=ADMIN)).json()
+    assert {c["name"]: c["num_samples"] for c in clients} == {"a": 100, "b": 100}
+    refused = [e for e in await events_of(api, fed) if e["kind"] == "update.rejected"]
+    assert len(refused) == 1
+    assert refused[0]["data"]["claimed"]["num_samples"] == 10**12
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["a"]
+    assert row["inconsistent_updates"] == 1
+    # Within the drift (a site restarted with 5 more samples) a rejoin is still accepted.
+    honest = await api.post(
+        join_url, json={"num_samples": 105, "class_counts": [55, 50]}, headers=fed.headers("a")
+    )
+    assert honest.status_code == 200, honest.text

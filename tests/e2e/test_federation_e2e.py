@@ -126,10 +126,13 @@ def test_coordinator_crash_mid_round_loses_nothing(tmp_path: Path) -> None:
     try:
         with AdminClient(server.url, server.admin_token) as admin:
             federation, tokens = create_federation(admin, names, rounds=2)
-        # everyone joins; a and b upload round 0, then the coordinator dies (SIGKILL)
-        for name in names:
+        # everyone joins (with the counts of the data each trains on below: a running federation
+        # refuses a rejoin that moves them beyond the drift); a and b upload round 0, then the
+        # coordinator dies (SIGKILL)
+        for seed, name in enumerate(names):
+            counts = torch.bincount(tiny_data(seed).labels, minlength=2).tolist()
             with FederationClient(server.url, tokens[name]) as client:
-                client.join(federation.id, num_samples=40, class_counts=[20, 20])
+                client.join(federation.id, num_samples=40, class_counts=counts)
         assert submit_round(server, federation.id, tokens["a"], 0) == 0
         assert submit_round(server, federation.id, tokens["b"], 1) == 0
         server.kill()

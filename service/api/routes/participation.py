@@ -32,7 +32,7 @@ from service.coordinator import clients as client_use_cases
 from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
 from service.coordinator.services import Services
-from service.errors import CoordinatorError
+from service.errors import CoordinatorError, InconsistentUpdateError
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
 
@@ -58,7 +58,9 @@ def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClien
 
 
 @router.post(
-    "/join", summary="Join the federation", responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404}
+    "/join",
+    summary="Join the federation",
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_422_UPDATE},
 )
 def join(
     federation_id: uuid.UUID,
@@ -68,13 +70,18 @@ def join(
     client: CurrentClient,
 ) -> JoinRead:
     client_use_cases.check_scope(client, federation_id)
-    client = client_use_cases.join(
-        session,
-        client,
-        num_samples=body.num_samples,
-        class_counts=body.class_counts,
-        now=services.clock(),
-    )
+    try:
+        client = client_use_cases.join(
+            session,
+            client,
+            num_samples=body.num_samples,
+            class_counts=body.class_counts,
+            now=services.clock(),
+        )
+    except InconsistentUpdateError as exc:
+        session.rollback()
+        updates.record_rejection(services, client, federation_id, None, exc)
+        raise
     session.commit()
     federation = federation_of(session, federation_id)
     return JoinRead(
