@@ -535,28 +535,10 @@ def _check_clients(clients: Sequence[ClientRoundData], label: str) -> _Checked:
                 f"{where}.class_counts: {row.size} classes, expected {counts[0].size}"
             )
         counts.append(row)
-        if client.per_class_loss is None:
-            losses.append(None)
-        else:
-            loss = as_float_array(
-                f"{where}.per_class_loss", client.per_class_loss, ndim=1, allow_nan=True
-            )
-            if loss.shape != row.shape:
-                raise InvalidInputError(
-                    f"{where}.per_class_loss: {loss.size} classes, expected {row.size}"
-                )
-            losses.append(loss)
-        if client.per_class_loss_sd is None:
-            spreads.append(None)
-        else:
-            spread = as_float_array(
-                f"{where}.per_class_loss_sd", client.per_class_loss_sd, ndim=1, allow_nan=True
-            )
-            if spread.shape != row.shape:
-                raise InvalidInputError(
-                    f"{where}.per_class_loss_sd: {spread.size} classes, expected {row.size}"
-                )
-            spreads.append(spread)
+        losses.append(_optional_row(f"{where}.per_class_loss", client.per_class_loss, row.size))
+        spreads.append(
+            _optional_row(f"{where}.per_class_loss_sd", client.per_class_loss_sd, row.size)
+        )
         train_loss.append(_optional_scalar(f"{where}.train_loss", client.train_loss, 0.0, None))
         accuracy.append(
             _optional_scalar(f"{where}.train_accuracy", client.train_accuracy, 0.0, 1.0)
@@ -579,6 +561,16 @@ def _check_clients(clients: Sequence[ClientRoundData], label: str) -> _Checked:
         centroids=centroids,
         states=states,
     )
+
+
+def _optional_row(name: str, value: Any, n_classes: int) -> FloatArray | None:
+    """A per-class float row (NaN allowed where the class is absent) of n_classes entries."""
+    if value is None:
+        return None
+    array = as_float_array(name, value, ndim=1, allow_nan=True)
+    if array.size != n_classes:
+        raise InvalidInputError(f"{name}: {array.size} classes, expected {n_classes}")
+    return array
 
 
 def _optional_scalar(name: str, value: Any, lo: float, hi: float | None) -> float | None:
