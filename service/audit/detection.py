@@ -152,7 +152,7 @@ class DetectionResult:
     status : {"ok", "undetermined", "inconclusive"}
         "undetermined" when the detector could not decide (then every verdict is None);
         "inconclusive" when it computed every site's evidence but abstains from flagging
-        (the consensus it measures against is suspect; every flag False, ``reason`` says why:
+        (the consensus it measures against is suspect; every flag None, ``reason`` says why:
         :mod:`service.audit.evidence`).
     reason : str or None
         Why the result is undetermined (human readable); None when ``status == "ok"``.

@@ -60,7 +60,8 @@ independent check measured 8.7 % of rounds with a false flag for 5 sites with ta
 The status rule across rounds (:func:`~service.audit.detection.next_status`) then needs several
 flagged rounds before the aggregation treats a site as noisy.
 
-**Abstention** (``status="inconclusive"``, nobody flagged, the reason stated): the evidence is only
+**Abstention** (``status="inconclusive"``, nobody flagged: every flag None, the scores and
+evidence kept, the reason stated): the evidence is only
 as good as the consensus it is measured against. The audit abstains when
 
 * (``undetermined``, no verdicts) fewer than ``min_clients`` sites reported;
@@ -493,7 +494,7 @@ class EvidenceDetector:
         -------
         DetectionResult
             Method ``"evidence"``; status ``"ok"``, ``"inconclusive"`` (every verdict present,
-            every flag False, the reason stated) or ``"undetermined"`` (no verdicts).
+            every flag None, the reason stated) or ``"undetermined"`` (no verdicts).
         """
         loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
         counts = as_int_array("class_counts", class_counts, ndim=2)
@@ -634,7 +635,9 @@ class EvidenceDetector:
             verdicts.append(
                 ClientVerdict(
                     score=float(chosen.z_high[i]),
-                    flag=bool(flags[i]),
+                    # An abstention is no verdict: None, not False, so that the status rule does
+                    # not count an inconclusive round as a clean one.
+                    flag=bool(flags[i]) if status == "ok" else None,
                     evidence={
                         "p_value": float(chosen.p_high[i]),
                         "q_value": float(chosen.q_values[i]),

@@ -176,7 +176,7 @@ class TestDetector:
         result = EvidenceDetector().fit(loss, counts, sd)
         # Three against three: no consensus (the robust fit takes the gap for heterogeneity).
         assert result.status == "inconclusive"
-        assert [v.flag for v in result.verdicts] == [False] * 6
+        assert [v.flag for v in result.verdicts] == [None] * 6  # an abstention is no verdict
         assert "disagree far beyond sampling error" in (result.reason or "")
 
     def test_flagging_max_flagged_fraction_of_the_sites_is_inconclusive(self):
@@ -366,6 +366,6 @@ def test_an_inconclusive_primary_falls_back_to_fedavg_and_says_why():
     config = AuditConfig(detectors=("evidence",), primary_detector="evidence", aggregation="daagg")
     outcome = run_audit(state, clients, config, round_index=3)
     assert outcome.detections["evidence"].status == "inconclusive"
-    assert outcome.primary_flags == [False] * 6
+    assert outcome.primary_flags == [None] * 6
     assert outcome.aggregation.rule == "fedavg"
     assert "primary detector 'evidence' inconclusive" in (outcome.aggregation.fallback_reason or "")
