@@ -161,12 +161,12 @@ def weighted_median(values: FloatArray, weights: FloatArray) -> float:
 
 @dataclass(frozen=True)
 class ClassNull:
-    """The fitted null of one class: centre, between-site variance, per-holder variances."""
+    """The fitted null of one class: centre, between-site variance, the centre's variance."""
 
     mu: float
     tau2: float
-    variance: FloatArray
-    """tau2 + sigma^2 / n + var(mu) for each holder, in the order given."""
+    var_mu: float
+    """Sampling variance of the weighted median: pi / 2 / sum of the inverse variances."""
 
 
 def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
@@ -178,8 +178,8 @@ def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
         The holders' mean losses, m >= 1.
     within : ndarray of shape (m,)
         Each holder's sampling variance sigma^2 / n (> 0). Without the SDK's spreads the caller
-        passes 1 / n, and the fitted ``tau2`` then plays the role of a common factor instead:
-        see :meth:`EvidenceDetector.fit`.
+        passes 1 / n and uses only the centre: :func:`class_evidence` then fits a common scale
+        instead of ``tau2``.
 
     Returns
     -------
@@ -205,8 +205,7 @@ def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
                 hi = mid
         tau2 = hi
         _, mu, w = residual_median(tau2)
-    var_mu = MEDIAN_EFFICIENCY / float(w.sum())
-    return ClassNull(mu=mu, tau2=tau2, variance=within + tau2 + var_mu)
+    return ClassNull(mu=mu, tau2=tau2, var_mu=MEDIAN_EFFICIENCY / float(w.sum()))
 
 
 @dataclass(frozen=True)
@@ -307,8 +306,7 @@ def class_evidence(
             if int(fit_rows.sum()) < min_holders:
                 continue
             fit = fit_class_null(per_class_loss[fit_rows, c], within[fit_rows, c])
-            mu, tau2 = fit.mu, fit.tau2
-            var_mu = float(fit.variance[0] - within[fit_rows, c][0] - tau2)
+            mu, tau2, var_mu = fit.mu, fit.tau2, fit.var_mu
             variance = within[rows, c] + tau2 + var_mu
         if sd is None and reference is None:
             # No reported spreads: 1 / n carries the shape of the variance only; its scale is the
