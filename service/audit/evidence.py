@@ -468,6 +468,88 @@ class EvidenceDetector:
         low, _ = benjamini_hochberg(np.where(never, 1.0, p_low), self.q)
         return _Pass(ev, p_high, z_high, flags, q_values, low)
 
+    def _consensus_reason(
+        self,
+        result: _Pass,
+        sizes: FloatArray,
+        entropy: float,
+        informativeness: float,
+        heterogeneity: float,
+    ) -> str | None:
+        """Why the consensus verdict abstains (module docstring, "Abstention"); None: it holds."""
+        k = sizes.size
+        n_flag = int(result.flags.sum())
+        share = float(sizes[result.flags].sum() / sizes.sum())
+        below = int((result.low & ~result.flags).sum())
+        if entropy <= 0:
+            return "every label belongs to one class: nothing to compare"
+        if informativeness < self.min_informativeness:
+            return (
+                f"the global model does not beat the label prior on the median site's data "
+                f"(1 - loss/H = {informativeness:.3f} < {self.min_informativeness}): it has not "
+                "learned yet, or it learned the noise"
+            )
+        if heterogeneity > self.max_heterogeneity:
+            return (
+                f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
+                f"{self.max_heterogeneity}): no consensus to measure against"
+            )
+        if n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
+            return (
+                f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
+                f"sites, {share:.0%} of the samples)"
+            )
+        if n_flag > 0 and below > 0:
+            return (
+                f"the evidence points both ways: {n_flag} site(s) significantly above the "
+                f"consensus and {below} other(s) significantly below it"
+            )
+        return None
+
+    def _anchored(
+        self,
+        loss: FloatArray,
+        counts: IntArray,
+        sd: FloatArray | None,
+        anchor: BoolArray,
+        consensus: _Pass,
+        reason: str | None,
+    ) -> tuple[_Pass | None, bool, str | None]:
+        """Anchor mode (module docstring, "Trust anchors"): the anchored pass when it replaces the
+        consensus (else None), whether the anchors look noisy to the consensus, and the reason
+        the verdict abstains (None: it does not)."""
+        anchor_p, anchor_z = site_p_values(
+            consensus.evidence.z[anchor], counts[anchor], 1.0, self.min_class_count
+        )
+        # An anchor "looks noisy" to the consensus when its Stouffer z is positive and its
+        # p-value passes BH among the anchors.
+        looks_noisy = benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)
+        inverted = bool(looks_noisy.any())
+        if inverted and not looks_noisy.all():
+            return (
+                None,
+                inverted,
+                f"the trust anchors disagree: {int(looks_noisy.sum())} of {int(anchor.sum())} "
+                "look noisy against the consensus, the others do not; check the anchors",
+            )
+        if reason is None and not inverted:
+            return None, inverted, None
+        anchored = self._pass(loss, counts, sd, None, anchor, -1.0 if inverted else 1.0, anchor)
+        why = reason or "an anchor looks noisy against the consensus"
+        if sd is None:
+            return None, inverted, why + "; anchored mode needs the sites' per_class_loss_sd"
+        if not np.isfinite(anchored.evidence.mu).any():
+            return None, inverted, why + "; no anchor holds a class the others hold"
+        return anchored, inverted, None
+
+    def _noisy_classes(self, z: FloatArray, counts: IntArray) -> list[int]:
+        """The site's classes that alone pass the site's per-class test at q, highest z first
+        (the classes and the factor of :func:`site_p_values`' Bonferroni part)."""
+        tested = np.isfinite(z) & (counts >= self.min_class_count)
+        m = max(int(tested.sum()), 1)
+        order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")
+        return [int(c) for c in order if tested[c] and 2.0 * ndtr(-z[c]) * m <= self.q]
+
     def fit(
         self,
         per_class_loss: Any,
@@ -558,78 +640,22 @@ class EvidenceDetector:
             if entered.any()
             else 0.0
         )
-        reason: str | None = None
-        n_flag = int(second.flags.sum())
-        share = float(sizes[second.flags].sum() / sizes.sum())
-        if entropy <= 0:
-            reason = "every label belongs to one class: nothing to compare"
-        elif informativeness < self.min_informativeness:
-            reason = (
-                f"the global model does not beat the label prior on the median site's data "
-                f"(1 - loss/H = {informativeness:.3f} < {self.min_informativeness}): it has not "
-                "learned yet, or it learned the noise"
-            )
-        elif heterogeneity > self.max_heterogeneity:
-            reason = (
-                f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
-                f"{self.max_heterogeneity}): no consensus to measure against"
-            )
-        elif n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
-            reason = (
-                f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
-                f"sites, {share:.0%} of the samples)"
-            )
-        elif n_flag > 0 and (second.low & ~second.flags).any():
-            reason = (
-                f"the evidence points both ways: {n_flag} site(s) significantly above the "
-                f"consensus and {int((second.low & ~second.flags).sum())} other(s) significantly "
-                "below it"
-            )
+        reason = self._consensus_reason(second, sizes, entropy, informativeness, heterogeneity)
         anchor_inverted = False
         if anchor.any() and entropy > 0:
-            anchor_p, anchor_z = site_p_values(
-                second.evidence.z[anchor], counts[anchor], 1.0, self.min_class_count
+            anchored, anchor_inverted, reason = self._anchored(
+                loss, counts, sd, anchor, second, reason
             )
-            # An anchor "looks noisy" to the consensus when its Stouffer z is positive and its
-            # p-value passes BH among the anchors.
-            looks_noisy = benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)
-            anchor_inverted = bool(looks_noisy.any())
-            if anchor_inverted and not looks_noisy.all():
-                reason = (
-                    f"the trust anchors disagree: {int(looks_noisy.sum())} of "
-                    f"{int(anchor.sum())} look noisy against the consensus, the others do not; "
-                    "check the anchors"
-                )
-            elif reason is not None or anchor_inverted:
-                anchored = self._pass(
-                    loss, counts, sd, None, anchor, -1.0 if anchor_inverted else 1.0, anchor
-                )
-                if sd is None:
-                    reason = (
-                        reason or "an anchor looks noisy against the consensus"
-                    ) + "; anchored mode needs the sites' per_class_loss_sd (not sent)"
-                elif not np.isfinite(anchored.evidence.mu).any():
-                    reason = (
-                        reason or "an anchor looks noisy against the consensus"
-                    ) + "; no anchor holds a class the others hold"
-                else:
-                    chosen, mode, reason = anchored, "anchored", None
-                    direction = -1.0 if anchor_inverted else 1.0
+            if anchored is not None:
+                chosen, mode = anchored, "anchored"
+                direction = -1.0 if anchor_inverted else 1.0
 
         status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
         flags = chosen.flags & (status == "ok")
         z = chosen.evidence.z
-        chosen_classes = (np.isfinite(z) & (counts >= self.min_class_count)).sum(axis=1)
         verdicts: list[ClientVerdict | None] = []
         for i in range(k):
             zi = direction * z[i]
-            noisy_classes = [
-                int(c)
-                for c in np.argsort(-np.nan_to_num(zi, nan=-np.inf), kind="stable")
-                if np.isfinite(zi[c])
-                and counts[i, c] >= self.min_class_count
-                and 2.0 * ndtr(-zi[c]) * max(int(chosen_classes[i]), 1) <= self.q
-            ]
             verdicts.append(
                 ClientVerdict(
                     score=float(chosen.z_high[i]),
@@ -641,7 +667,7 @@ class EvidenceDetector:
                         "q_value": float(chosen.q_values[i]),
                         "stouffer_z": float(chosen.z_high[i]),
                         "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
-                        "noisy_classes": noisy_classes,
+                        "noisy_classes": self._noisy_classes(zi, counts[i]),
                         "mean_loss": float(site_loss[i]),
                         "anchor": bool(anchor[i]),
                         "significant": bool(chosen.flags[i]),
