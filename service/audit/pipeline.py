@@ -177,8 +177,8 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
 evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
         ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
-        ``min_class_count``): the
-        calibrated evidence with a stated false-alarm rate, abstention and trust anchors.
+        ``min_class_count``): the calibrated evidence with a stated false-alarm rate,
+        abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
         the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.audit import AuditConfig, scale_rounds
+from service.audit import DETECTORS, AuditConfig, scale_rounds
 
 Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
 RECIPES = ("fedavg", "fedprox", "fednoro", "fedrn", "fedncl_correction", "rofl", "flr")
@@ -25,7 +25,6 @@ AGGREGATIONS = (
     "median",
     "reliability_weighted",
 )
-DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
 SIGNALS = ("per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids")
 
 # method -> (recipe, aggregation, primary detector)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.audit import AuditConfig, InvalidParameterError
+from service.audit import DETECTORS, AuditConfig, InvalidParameterError
 from service.coordinator import audits
 from service.coordinator.rounds import effective_status, get_round
 from service.coordinator.services import Services
@@ -25,8 +25,6 @@ from service.errors import BadRequestError, InconsistentUpdateError, NotFoundErr
 from service.store import repositories as repo
 from service.store.base import utcnow
 from service.store.models import AuditResult, Client, Federation
-
-DETECTOR_NAMES = ("fednoro", "fedncl", "expertise", "evidence")
 
 
 def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:
@@ -110,7 +108,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 "round": h.get("round"),
                 "in_warmup": bool(h.get("in_warmup")),
                 "primary": h.get("primary"),
-                **{d: h.get(d) for d in DETECTOR_NAMES if d in h},
+                **{d: h.get(d) for d in DETECTORS if d in h},
             }
             for h in (client.flag_history or [])
         ]
