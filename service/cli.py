@@ -380,6 +380,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     if truth is not None:
         table.add_column("true noise", justify="right")
     table.add_column("flagged", justify="right")
+    table.add_column("evidence z", justify="right")
     table.add_column("FedNoRo score", justify="right")
     table.add_column("Fed-NCL q", justify="right")
     table.add_column("expertise", justify="right")
@@ -402,6 +403,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             cells.append(number(truth.get(row["name"])))
         cells += [
             f"{row['times_flagged']}/{row['rounds_audited']}",
+            number(scores.get("evidence")),
             number(scores.get("fednoro")),
             number(scores.get("fedncl"), ".3g"),
             number(row.get("reliability")),

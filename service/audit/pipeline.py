@@ -161,11 +161,13 @@ class AuditConfig:
     Attributes
     ----------
     detectors : tuple of str or None
-        Detectors to run (``"fednoro"``, ``"fedncl"``, ``"expertise"``). None: every detector
-        whose inputs some client sent; the primary detector always appears in the outcome.
+        Detectors to run (``"fednoro"``, ``"fedncl"``, ``"expertise"``, ``"evidence"``). None:
+        every detector whose inputs some client sent; the primary detector always appears in the
+        outcome.
     primary_detector : str
-        ``"fednoro"`` or ``"fedncl"``: whose flags drive aggregation and roles (see
-        ``aggregation_flags``).
+        ``"evidence"`` (default: the calibrated per-site test of :mod:`service.audit.evidence`,
+        which abstains rather than accuse when the consensus is suspect), ``"fednoro"`` or
+        ``"fedncl"``: whose flags drive aggregation and roles (see ``aggregation_flags``).
     aggregation : str
         One of ``fedavg``, ``daagg``, ``fedncl_layerwise``, ``trimmed_mean``, ``median``,
         ``reliability_weighted`` (the last needs ``primary_detector="fednoro"``, the only
@@ -235,7 +237,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
     """
 
     detectors: tuple[str, ...] | None = None
-    primary_detector: str = "fednoro"
+    primary_detector: str = "evidence"
     aggregation: str = "fedavg"
     fednoro_random_states: tuple[int, ...] = tuple(range(9))
     fednoro_require_separation: bool = True

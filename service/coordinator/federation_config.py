@@ -29,13 +29,13 @@ SIGNALS = ("per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "c
 
 # method -> (recipe, aggregation, primary detector)
 PRESETS: dict[str, tuple[str, str, str]] = {
-    "fedavg": ("fedavg", "fedavg", "fednoro"),
-    "fedprox": ("fedprox", "fedavg", "fednoro"),
-    "fednoro": ("fednoro", "daagg", "fednoro"),
-    "fedrn": ("fedrn", "fedavg", "fednoro"),
+    "fedavg": ("fedavg", "fedavg", "evidence"),
+    "fedprox": ("fedprox", "fedavg", "evidence"),
+    "fednoro": ("fednoro", "daagg", "evidence"),
+    "fedrn": ("fedrn", "fedavg", "evidence"),
     "fedncl": ("fedncl_correction", "fedncl_layerwise", "fedncl"),
-    "rofl": ("rofl", "fedavg", "fednoro"),
-    "flr": ("flr", "fedavg", "fednoro"),
+    "rofl": ("rofl", "fedavg", "evidence"),
+    "flr": ("flr", "fedavg", "evidence"),
 }
 
 # Schedules in rounds as the papers give them: key -> (value, the paper's run length).

@@ -293,7 +293,12 @@ async def test_round_page_shows_that_rounds_separation_guard(api: httpx.AsyncCli
         api,
         clients=NAMES,
         rounds=3,
-        config={"method": "fednoro", "detectors": ["fednoro"], "warmup_rounds": 0},
+        config={
+            "method": "fednoro",
+            "primary_detector": "fednoro",
+            "detectors": ["fednoro"],
+            "warmup_rounds": 0,
+        },
         joins=JOINS,
     )
     await run_round(api, fed, 0)

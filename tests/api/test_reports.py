@@ -282,7 +282,12 @@ async def test_report_takes_each_clients_latest_audit_walking_back_in_pages(
 async def fednoro_round(api, losses: dict[str, float]):
     """A FedNoRo-only federation (no warm-up) whose round 0 closes with each client's loss on
     both classes (5 + 5 samples each)."""
-    config = {"method": "fedavg", "detectors": ["fednoro"], "warmup_rounds": 0}
+    config = {
+        "method": "fedavg",
+        "primary_detector": "fednoro",
+        "detectors": ["fednoro"],
+        "warmup_rounds": 0,
+    }
     fed = await make_federation(api, clients=NAMES, rounds=2, config=config)
     for name in NAMES:
         response = await submit(

@@ -73,7 +73,8 @@ class TestRunAudit:
         global_state, clients = make_federation()
         outcome = run_audit(global_state, clients, AuditConfig(), round_index=3)
         assert set(outcome.detections) == {"fednoro", "fedncl", "expertise", "evidence"}
-        assert outcome.primary == "fednoro"
+        # the calibrated evidence is the primary detector by default
+        assert outcome.primary == "evidence"
         assert outcome.primary_flags == [k in NOISY for k in range(10)]
         assert outcome.detections["fedncl"].status == "ok"
         # expertise: accuracies 0.5 / 0.9 -> 0 / 1
@@ -106,7 +107,11 @@ class TestRunAudit:
         outcome = run_audit(
             global_state,
             clients,
-            AuditConfig(aggregation=rule),
+            # reliability weighting reads FedNoRo's probabilities: FedNoRo must be primary
+            AuditConfig(
+                aggregation=rule,
+                primary_detector="fednoro" if rule == "reliability_weighted" else "evidence",
+            ),
             round_index=40,
             status_history=flagged_before(),
         )
@@ -126,7 +131,10 @@ class TestRunAudit:
     def test_reliability_weighting_reads_the_probability_not_the_graded_score(self):
         global_state, clients = make_federation()
         outcome = run_audit(
-            global_state, clients, AuditConfig(aggregation="reliability_weighted"), round_index=5
+            global_state,
+            clients,
+            AuditConfig(aggregation="reliability_weighted", primary_detector="fednoro"),
+            round_index=5,
         )
         fednoro = outcome.detections["fednoro"]
         scores = np.asarray(fednoro.scores, dtype=np.float64)
@@ -174,12 +182,12 @@ class TestRunAudit:
     def test_undetermined_primary_falls_back_to_fedavg(self):
         global_state, clients = make_federation(n_clients=3)
         outcome = run_audit(global_state, clients, AuditConfig(aggregation="daagg"), round_index=0)
-        assert outcome.detections["fednoro"].status == "undetermined"
+        assert outcome.detections["evidence"].status == "undetermined"
         assert outcome.primary_flags == [None, None, None]
         assert outcome.aggregation.rule == "fedavg"
         assert outcome.aggregation.requested_rule == "daagg"
         assert present(outcome.aggregation.fallback_reason).startswith(
-            "primary detector 'fednoro' undetermined (3 reporting client(s)"
+            "primary detector 'evidence' undetermined (3 sites reported"
         )
         json.dumps(outcome.to_json(), allow_nan=False)
 
@@ -245,14 +253,14 @@ class TestRunAudit:
             for c in clients
         ]
         outcome = run_audit(global_state, clients, AuditConfig(), round_index=0)
-        assert list(outcome.detections) == ["fednoro"]
-        assert outcome.detections["fednoro"].status == "undetermined"
+        assert list(outcome.detections) == ["evidence"]
+        assert outcome.detections["evidence"].status == "undetermined"
         assert outcome.centroids is None
         assert outcome.centroid_weights is None
         explicit = run_audit(
             global_state,
             clients,
-            AuditConfig(detectors=("fednoro", "fedncl", "expertise")),
+            AuditConfig(detectors=("fednoro", "fedncl", "expertise"), primary_detector="fednoro"),
             round_index=0,
         )
         assert present(explicit.detections["fedncl"].reason).startswith("no train_loss")
@@ -280,9 +288,13 @@ class TestRunAudit:
             AuditConfig(aggregation="daagg"),
             round_index=2,
         )
+        # FedNoRo's mixture has nothing to split; the evidence sees five equal sites and flags
+        # none of them, so DaAgg runs with an empty noisy set (every weight its FedAvg share)
         assert outcome.detections["fednoro"].status == "undetermined"
+        assert outcome.detections["evidence"].flags == [False] * 5
         assert outcome.detections["fedncl"].flags == [False] * 5
-        assert outcome.aggregation.rule == "fedavg"
+        assert outcome.aggregation.rule == "daagg"
+        np.testing.assert_allclose(outcome.aggregation.weights, [0.2] * 5)
         assert outcome.expertise == [1.0] * 5
         assert present(outcome.self_weights) == pytest.approx({f"c{k}": 1 / 3 for k in range(5)})
         np.testing.assert_allclose(outcome.aggregation.state["w"], np.ones(3))
@@ -430,6 +442,7 @@ class TestAuditConfig:
     def test_json_round_trip(self):
         config = AuditConfig(
             detectors=("fednoro", "expertise"),
+            primary_detector="fednoro",
             aggregation="reliability_weighted",
             fednoro_random_states=(5, 6),
             neighbor_chunk_size=128,
@@ -443,6 +456,7 @@ class TestAuditConfig:
     def test_coercion(self):
         config = AuditConfig(
             detectors=["fednoro"],  # type: ignore[arg-type]
+            primary_detector="fednoro",
             fednoro_random_states=[1, 2],  # type: ignore[arg-type]
             fedncl_beta=2,
         )
@@ -464,7 +478,7 @@ class TestAuditConfig:
             ({"detectors": ("fednoro", "fednoro")}, "unique"),
             ({"detectors": "fednoro"}, "sequence of names"),
             ({"detectors": ("fedrn",)}, r"detectors\[0\]"),
-            ({"detectors": ("fedncl",)}, "must include primary_detector 'fednoro'"),
+            ({"detectors": ("fedncl",)}, "must include primary_detector 'evidence'"),
             ({"primary_detector": "expertise"}, "primary_detector"),
             ({"aggregation": "krum"}, "aggregation"),
             (

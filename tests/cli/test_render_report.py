@@ -107,3 +107,14 @@ def test_inconsistent_claims_get_a_column_only_when_a_site_has_some():
     text = text_of(data)
     assert "inconsistent claims (last)" in text
     assert "3 (2026-11-25 09:12)" in text
+
+
+def test_evidence_column_is_the_sites_stouffer_z():
+    data = report("class_z")
+    data["clients"][0]["latest_scores"] = {"evidence": 4.25, "fednoro": -0.5, "fedncl": None}
+    text = text_of(data)
+    header = next(line for line in text.splitlines() if "evidence z" in line)
+    row = next(line for line in text.splitlines() if "site-a" in line)
+    # The evidence column comes before FedNoRo's, and holds the evidence score, not FedNoRo's.
+    assert header.index("evidence z") < header.index("FedNoRo score")
+    assert row.index("4.25") < row.index("-0.50")

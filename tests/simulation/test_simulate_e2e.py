@@ -2,8 +2,9 @@
 
 Digits, 8 IID clients, 3 of them with 80% of their labels flipped (rho_range(rho=0.375,
 lo=hi=0.8): exactly floor(0.375 * 8) = 3 noisy clients), FedNoRo against FedAvg on identical
-data for 4 rounds. The FedNoRo detector must find exactly the planted clients once the
-one-round warm-up is over (10 of 100 rounds scaled to 4 rounds, at least 1).
+data for 5 rounds. The primary detector (the calibrated evidence) must find exactly the
+planted clients once the global model beats the label prior, and flag no clean client, after
+the one-round warm-up (10 of 100 rounds scaled to 5 rounds, at least 1).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ SCENARIO = {
     "clients": 8,
     "partition": {"method": "iid"},
     "noise": {"protocol": "rho_range", "params": {"rho": 0.375, "lo": 0.8, "hi": 0.8}},
-    "training": {"rounds": 4, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
+    "training": {"rounds": 5, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
     "methods": [{"method": "fednoro"}, {"method": "fedavg"}],
     "seeds": [1],
 }
@@ -46,19 +47,21 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
     # 0.8 * 180 samples: every planted client really lost about 80% of its labels.
     assert all(c.realised_rate > 0.75 for c in fednoro.clients if c.true_noisy)
     assert fednoro.warmup_rounds == 1
-    # After the warm-up, the primary (FedNoRo) flags are exactly the planted clients, and
-    # its posterior ranks them above every clean client.
-    for record in fednoro.rounds[1:]:
+    # The primary detector is the calibrated evidence. In round 1, the first after the
+    # warm-up, the global model does not beat the label prior yet: it abstains (nobody flagged).
+    # From round 2 its flags are exactly the planted clients, and its score ranks them above
+    # every clean client.
+    assert fednoro.rounds[1].metrics["flagged"] == []
+    for record in fednoro.rounds[2:]:
         assert set(record.metrics["flagged"]) == planted, record.index
         assert record.metrics["auroc"] == 1.0
-    assert fednoro.summary["after_warmup"]["matching_ratio"] == 1.0
     assert fednoro.summary["final"]["f1"] == 1.0
-    # So every planted client is first flagged in round 1, the first after the warm-up, and
-    # no clean client is ever flagged after it.
-    assert fednoro.summary["first_detection"]["rounds"] == dict.fromkeys(sorted(planted), 1)
+    # So every planted client is first flagged in round 2, and no clean client is ever flagged.
+    assert fednoro.summary["first_detection"]["rounds"] == dict.fromkeys(sorted(planted), 2)
     assert fednoro.summary["false_alarms"]["total_false_flags"] == 0
-    assert len(fednoro.summary["detection_per_round"]) == 4
-    # Once flagged, the noisy clients are told to train as noisy (FedNoRo's second stage).
+    assert len(fednoro.summary["detection_per_round"]) == 5
+    # Once flagged in two rounds (the status rule, 2 of 3), the noisy clients are told to train
+    # as noisy (FedNoRo's second stage).
     last_roles = {c.name: c.role for c in fednoro.rounds[-1].clients}
     assert {name for name, role in last_roles.items() if role == "noisy"} == planted
     # Identical data and initial model for both methods: same clients, same truth, and the
@@ -73,7 +76,7 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
     assert fednoro.rounds[-1].accuracy > 0.5
     assert fedavg.rounds[-1].accuracy > 0.5
     assert all(r.coordinator_seconds is not None for r in fednoro.rounds)
-    assert len(events) == 8
+    assert len(events) == 10  # 5 rounds of each method
     assert {e.label for e in events} == {"fednoro", "fedavg"}
     # The coordinator's own report agrees with the flags.
     assert fednoro.report is not None
@@ -84,7 +87,7 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
     assert run_json["summary"]["final"]["flagged"] == sorted(planted)
     with (out / "clients.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 * 4 * 8
+    assert len(rows) == 2 * 5 * 8
     assert (outcome.data_dir / "fedaudit.db").is_file()
     assert json.loads((out / "scenario.json").read_text())["clients"] == 8
 
@@ -185,7 +188,7 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     # The report table has the true-noise column; the ground truth and both methods follow.
     assert "true noise" in text
     assert "ground truth: 8 of 20 clients are noisy" in text
-    assert "fednoro seed 0 (primary detector fednoro)" in text
+    assert "fednoro seed 0 (primary detector evidence)" in text
     assert "false alarms:" in text
     assert "accuracy and detection, both methods" in text
     # A run shorter than the reference schedule says where the accuracy gap shows.
@@ -279,7 +282,7 @@ def test_cli_simulate_a_custom_function_data_set_prints_the_detection_summary(tm
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "custom data (tests.simulation.test_custom_data:blobs)" in text
-    assert "fednoro seed 0 (primary detector fednoro)" in text
+    assert "fednoro seed 0 (primary detector evidence)" in text
     assert "false alarms:" in text
     assert "first detection:" in text
     run = json.loads((out / "results.json").read_text())["runs"][0]
