@@ -31,7 +31,7 @@ Only the ``fedavg`` federations are an exact counterfactual (their flags change 
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/fits_whatif.py /work/eval-runs/J/V2 /work/eval-runs/J/V4 ...
+    .venv/bin/python docs/eval/fits_whatif.py runs/eval/V2 runs/eval/V4 ...
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ vote is visible) and applies guard variants to the vote:
 - ``D4``: D >= 4 whatever the group sizes;
 - ``min2+D4``: D >= 4 and both groups have at least 2 clients;
 - ``calibrated``: D >= 2 and D above the 99th percentile of D for the same group sizes drawn
-  from one normal population (``null_separation_threshold``; the product default from commit
-  120dd67 to 2d1d550, D on the mean loss);
+  from one normal population (``null_separation_threshold``; the product default before the
+  class-standardised statistic, D on the mean loss);
 - ``cal_q0.9``: as ``calibrated`` with the 90th percentile;
 - ``cal_q0.8+persist``: the 80th percentile, and the same group must also have passed in the
   previous round;
@@ -25,7 +25,7 @@ vote is visible) and applies guard variants to the vote:
 - ``cal_z_mean``: as ``calibrated``, D on the count-weighted mean over a client's classes of its
   per-class z-score across clients ((L_kc - mean_c) / std_c, classes held by 3 or more clients);
 - ``cal_class_z``: as ``calibrated``, D on ``class_standardised_excess`` (per-class excess in
-  standard errors, Stouffer-combined; the product default since commit d1d18f1).
+  standard errors, Stouffer-combined; the product default).
 - ``cal_class_z_clip3``: as ``cal_class_z`` with each per-class z clipped to [-3, 3] before
   Stouffer's combination (bounds one class's influence; tried on the V4 FLR false flag, where
   one client holds nearly all of a class's loss and gets z = sqrt(K - 1)).
@@ -57,7 +57,7 @@ have produced.
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/guard_whatif.py /work/eval-runs/V1 /work/eval-runs/V4 ...
+    .venv/bin/python docs/eval/guard_whatif.py runs/eval/V1 runs/eval/V4 ...
 """
 
 from __future__ import annotations
