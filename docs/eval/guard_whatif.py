@@ -32,8 +32,8 @@ vote is visible) and applies guard variants to the vote:
 - ``cal_class_z+q0.9x2``: ``cal_class_z``, *or* the same vote as the previous round with D (on
   the class-standardised loss) above the 90th percentile in both rounds: a first flag from two
   rounds of weaker evidence, added to the one-round rule so that nothing it passes is lost
-  (the candidate for ten-client federations, ``docs/evaluation.md`` "Scenarios beyond V1-V6",
-  finding 8). Like every column here it ignores the status and the confirmed-group rule.
+  (the candidate for ten-client federations, ``docs/evaluation.md``, "Known
+  limits"). Like every column here it ignores the status and the confirmed-group rule.
 - ``cal_class_z_w3``: as ``cal_class_z``, with each client's statistic averaged over this round
   and the two before it (from round 1 on): evidence from several rounds on the vote of this one.
 - ``cal_class_z_closed``: as ``cal_class_z`` on the vote closed upwards along the statistic
