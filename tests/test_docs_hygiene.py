@@ -3,8 +3,8 @@
 Docs are read by users on their own machines, long after a commit was current: a figure carries
 the command that reproduces it, not the commit it ran on, and a path names a file in the
 repository (relative) or a placeholder, not someone's home or scratch directory. This scans
-README.md, CHANGELOG.md, mkdocs.yml and every text file under docs/ (the pages, and the scripts
-and scenario files they cite as reproduction commands).
+README.md, CHANGELOG.md, mkdocs.yml, benchmarks/README.md and every text file under docs/ (the
+pages, and the scripts and scenario files they cite as reproduction commands).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ ALLOWED: dict[str, str] = {}
 
 def _files() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "mkdocs.yml"]
+    files.append(ROOT / "benchmarks" / "README.md")
     files += sorted(
         p for p in (ROOT / "docs").rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
     )
