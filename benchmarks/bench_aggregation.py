@@ -24,7 +24,7 @@ too; otherwise the result says it was skipped. The files are read from the page 
 just written), as they are on a coordinator that has just received them.
 
     .venv/bin/python benchmarks/bench_aggregation.py --out runs/bench_aggregation.json
-    .venv/bin/python benchmarks/bench_aggregation.py --quick --out /tmp/agg.json
+    .venv/bin/python benchmarks/bench_aggregation.py --quick --out runs/agg.json
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ a shared machine); otherwise the result says it was skipped and gives the predic
 ``--exact-limit-gib 8`` measures it (about a minute more on a 2-core machine).
 
     .venv/bin/python benchmarks/bench_audit_scaling.py --out runs/bench_audit_scaling.json
-    .venv/bin/python benchmarks/bench_audit_scaling.py --quick --out /tmp/scaling.json
+    .venv/bin/python benchmarks/bench_audit_scaling.py --quick --out runs/scaling.json
 """
 
 from __future__ import annotations

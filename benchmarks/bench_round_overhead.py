@@ -28,7 +28,7 @@ caps the bytes uploaded per K; above it the state is scaled down (fewer channels
 tensors) and the result says so. ``--max-upload-gb 10`` runs K = 100 at full size.
 
     .venv/bin/python benchmarks/bench_round_overhead.py --out runs/bench_round_overhead.json
-    .venv/bin/python benchmarks/bench_round_overhead.py --quick --out /tmp/round.json
+    .venv/bin/python benchmarks/bench_round_overhead.py --quick --out runs/round.json
 """
 
 from __future__ import annotations

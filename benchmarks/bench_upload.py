@@ -19,7 +19,7 @@ is service / sink, the median of the ratios taken per repeat. The client-side sh
 state is timed on its own as well, to show how much of the gap is the SDK's hash.
 
     .venv/bin/python benchmarks/bench_upload.py --out runs/bench_upload.json
-    .venv/bin/python benchmarks/bench_upload.py --quick --out /tmp/upload.json
+    .venv/bin/python benchmarks/bench_upload.py --quick --out runs/upload.json
 """
 
 from __future__ import annotations

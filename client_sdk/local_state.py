@@ -1,12 +1,12 @@
 """Per-client state that survives a restart of the training script.
 
-Several recipes keep information on the client between rounds (ALGORITHMS.md section 5):
+Several recipes keep information on the client between rounds:
 
-- FLR (seed 003, section 3.2, Algorithm 1 lines 15-17) keeps per-sample running averages
+- FLR (section 3.2, Algorithm 1 lines 15-17) keeps per-sample running averages
   ``s_i`` and ``m_i`` of the global and local predictions, for every round the client takes part in.
-- FedRN (seed 000, section 4.2) selects samples with the client's *own previous local model*,
+- FedRN (section 4.2) selects samples with the client's *own previous local model*,
   which is the model it trained the last time it was selected.
-- Fed-NCL (seed 001, section V-C) label correction status.
+- Fed-NCL (section V-C) label correction status.
 
 A cross-silo participant is a long-running script that may be restarted (a crash, a reboot, a
 new release). :class:`LocalStateStore` keeps these values in memory and writes them under one

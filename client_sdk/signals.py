@@ -1,20 +1,20 @@
-"""Signals a client reports every round (ALGORITHMS.md section 1).
+"""Signals a client reports every round (docs/algorithms.md, "Signals").
 
 - ``num_samples`` and ``class_counts``: always sent (every weighting; FedNoRo's fill-in and prior).
 - ``per_class_loss``: mean cross-entropy per given label with **theta_G** (the model received this
   round, before local training), eval mode, no augmentation; ``None`` for a class with no sample
-  (FedNoRo detection, seed 004 section 4.1, eq. 3's input).
+  (FedNoRo detection, FedNoRo section 4.1, eq. 3's input).
 - ``per_class_loss_sd``: sent with ``per_class_loss``: the standard deviation (population, ddof 0)
   of the same per-sample losses, per given label; ``None`` for a class with no sample. It gives
   the audit's calibrated evidence its within-site standard error, sd / sqrt(n - 1)
   (``service/audit/evidence.py``).
-- ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k, seed 001
+- ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k,
   eq. 8).
 - ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
-  mode (FedRN expertise, seed 000 eq. 4).
+  mode (FedRN expertise, eq. 4).
 - ``probe_softmax``: softmax of theta_k on P Gaussian inputs drawn from the server's seed (FedRN
-  similarity, seed 000 eq. 5).
-- ``centroids``: RoFL local centroids (seed 002 eq. 11).
+  similarity, FedRN eq. 5).
+- ``centroids``: RoFL local centroids (RoFL eq. 11).
 
 Only the signals the server lists in ``required`` are computed. Evaluation passes are batched on the
 device under ``torch.inference_mode()`` in eval mode, in float32, and restore each model's mode.
@@ -106,7 +106,7 @@ def make_probe(seed: int, num_inputs: int, input_shape: Sequence[int]) -> torch.
 
 @dataclass
 class Signals:
-    """The signals of one client for one round (ALGORITHMS.md section 1).
+    """The signals of one client for one round (docs/algorithms.md, "Signals").
 
     Attributes
     ----------

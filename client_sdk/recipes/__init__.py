@@ -1,4 +1,4 @@
-"""Client training recipes (ALGORITHMS.md section 5) and their shared types.
+"""Client training recipes (docs/algorithms.md, "Recipes") and their shared types.
 
 ``get_recipe(name)`` returns the registered recipe; every recipe has ``name`` and
 ``train(model, global_model, data, ctx) -> TrainReport`` (see ``docs/design/recipes-api.md``).
@@ -6,13 +6,13 @@
 ==================== =============================================================
 name                 paper
 ==================== =============================================================
-``fedavg``           cross-entropy (seed 000, eq. 1)
+``fedavg``           cross-entropy (FedRN eq. 1)
 ``fedprox``          cross-entropy + (mu/2)||theta - theta_G||^2 (Li et al. 2020)
-``fednoro``          logit adjustment + distillation for noisy clients (seed 004)
-``fedrn``            GMM sample selection with k-reliable neighbors (seed 000)
-``fedncl_correction`` relabelling by the global model (seed 001, section V-C)
-``rofl``             small-loss samples, centroids, pseudo labels (seed 002)
-``flr``              label-mixture regularisation (seed 003)
+``fednoro``          logit adjustment + distillation for noisy clients (FedNoRo)
+``fedrn``            GMM sample selection with k-reliable neighbors (FedRN)
+``fedncl_correction`` relabelling by the global model (Fed-NCL section V-C)
+``rofl``             small-loss samples, centroids, pseudo labels (RoFL)
+``flr``              label-mixture regularisation (FLR)
 ==================== =============================================================
 """
 

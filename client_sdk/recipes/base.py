@@ -5,8 +5,8 @@ The seam with the Participant is fixed in ``docs/design/recipes-api.md``: the Pa
 ``client_sdk.signals.compute_signals``. This module holds those types, the local-training loop
 (optimizer from the hyper-parameters, seeded mini-batches over in-memory tensors, optional mixed
 precision on CUDA), feature capture at the classification head (RoFL, FedRN head fine-tuning) and
-the per-sample-loss Gaussian mixture used for FedRN sample selection (seed 000, section 4.2, eq. 6,
-with the fit settings of its authors' code: tol 1e-2, reg_covar 5e-4; ALGORITHMS.md section 5).
+the per-sample-loss Gaussian mixture used for FedRN sample selection (FedRN section 4.2, eq. 6,
+with the fit settings of its authors' code: tol 1e-2, reg_covar 5e-4).
 
 Determinism: every random choice comes from a ``torch.Generator`` seeded with ``ctx.seed`` (batch
 order) or from ``ctx.seed`` itself (GMM ``random_state``); layers that draw from the global RNG
@@ -717,7 +717,7 @@ def prepare_round(data: LocalData, ctx: RoundContext) -> RoundSetup:
 
 
 def cross_entropy_batch_loss(model: nn.Module, num_classes: int) -> BatchLossFn:
-    """Plain cross-entropy on the batch (FedAvg, seed 000 section 3)."""
+    """Plain cross-entropy on the batch (FedAvg as FedRN section 3 states it)."""
 
     def step(_idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
         logits = model(x)

@@ -1,4 +1,4 @@
-"""FedAvg local training: cross-entropy with SGD (seed 000, eq. 1; ALGORITHMS.md section 5).
+"""FedAvg local training: cross-entropy with SGD (FedRN eq. 1).
 
 The server averages the returned models weighted by n_k; on the client this is plain
 cross-entropy over every local sample for ``local_epochs`` epochs.

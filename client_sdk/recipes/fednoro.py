@@ -6,7 +6,7 @@ keep logit-adjusted cross-entropy; noisy clients minimise eq. 5,
 ``lambda * L_KL + (1 - lambda) * L_CE``, with the teacher ``y_G = softmax(f_G(x) / T)`` of eq. 4,
 T = 0.8, and lambda grown from 0 to lambda_max = 0.8 by a Gaussian ramp-up).
 
-Details the paper leaves out, as ALGORITHMS.md section 5 fixes them from the authors' code: the
+Details the paper leaves out, as the authors' code fixes them: the
 temperature divides the teacher logits only; the KL is KL(p_teacher || q) with q the student's
 logit-adjusted softmax (no temperature), summed over classes and averaged over the batch
 ("batchmean"), with no T^2 factor; the ramp is w(t) = w_max * exp(-5 (1 - lambda)^2) with
@@ -63,7 +63,7 @@ def log_class_prior(counts: torch.Tensor) -> torch.Tensor:
 def logit_adjusted_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, log_prior: torch.Tensor
 ) -> torch.Tensor:
-    """Mean cross-entropy of the adjusted logits ``logits + log_prior`` (seed 004, section 4.1).
+    """Mean cross-entropy of the adjusted logits ``logits + log_prior`` (FedNoRo section 4.1).
 
     Parameters
     ----------
@@ -83,7 +83,7 @@ def kd_loss(
     log_prior: torch.Tensor,
     temperature: float,
 ) -> torch.Tensor:
-    """``KL(p_teacher || q)`` with batch-mean reduction (seed 004, eq. 4-5).
+    """``KL(p_teacher || q)`` with batch-mean reduction (FedNoRo eq. 4-5).
 
     ``p_teacher = softmax(teacher_logits / T)`` (temperature on the teacher only) and
     ``log q = log_softmax(student_logits + log_prior)`` (logit-adjusted student). The sum over

@@ -11,7 +11,7 @@ Seed 000 (Kim et al., CIKM 2022):
 - eq. 8 and Algorithm 1 lines 13-15: theta_G is trained for E epochs on {x : p(clean|x) > 0.5}.
 
 "The client's model" is its own previous local model (the one it sent the last time it trained),
-as in the authors' code and ALGORITHMS.md section 5; theta_G when it has none yet. That model is
+as in the authors' code; theta_G when it has none yet. That model is
 kept in the LocalStateStore under ``fedrn/prev_model/`` so a restart does not lose it. Losses are
 computed in eval mode on un-augmented inputs; the GMM uses tol 1e-2 and reg_covar 5e-4 (authors'
 code) and ``random_state = ctx.seed`` (the authors leave it unseeded). Head fine-tuning keeps the
@@ -54,7 +54,7 @@ PREVIOUS_MODEL_PREFIX = "fedrn/prev_model/"
 def ensemble_clean_probability(
     probabilities: list[npt.NDArray[np.float64]], weights: list[float]
 ) -> npt.NDArray[np.float64]:
-    """Reliability-weighted clean probability (seed 000, eq. 7).
+    """Reliability-weighted clean probability (FedRN eq. 7).
 
     Parameters
     ----------

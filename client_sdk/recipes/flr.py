@@ -59,7 +59,7 @@ STATE_PREFIX = "flr/"
 def flr_regulariser(
     probabilities: torch.Tensor, targets: torch.Tensor, lam: float, clamp: float = 1e-4
 ) -> torch.Tensor:
-    """``lam * mean_i log(1 - <clamp(p_i), t_i>)`` (seed 003, eq. 1); ``t`` is a constant.
+    """``lam * mean_i log(1 - <clamp(p_i), t_i>)`` (FLR eq. 1); ``t`` is a constant.
 
     Parameters
     ----------

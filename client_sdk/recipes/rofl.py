@@ -26,7 +26,7 @@ weighs the centroid term B times more than the mean cross-entropy L_c, and on sc
 32, SGD lr 0.05, momentum 0.9) that diverged in the second round of one seed in three, while the
 mean did not.
 
-The loss is taken over the small-loss samples of the batch, as in ALGORITHMS.md section 5 and the
+The loss is taken over the small-loss samples of the batch, as in the
 code the literature uses (the supplementary: R(t) is reduced "to prevent local models from fitting
 to noise samples"). Unlike that code, the features are **not** detached in L_cen, so the centroid
 loss trains the feature extractor (the detached version makes it inert). Features are the input
@@ -169,7 +169,7 @@ def rofl_loss(
     *,
     centroid_reduction: str = "mean",
 ) -> RoFLLoss:
-    """L = L_c + lambda_cen L_cen + lambda_e L_e (seed 002, eq. 1, 5, 9).
+    """L = L_c + lambda_cen L_cen + lambda_e L_e (RoFL eq. 1, 5, 9).
 
     Parameters
     ----------

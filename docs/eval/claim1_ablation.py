@@ -32,8 +32,8 @@ Two detection protocols on each indicator:
   matrix (``perclass_norm``; the detector normalises itself) and on the K x 1 matrix of mean
   losses (``mean``), with the separation guard off (``product``, paper-exact), as ALGORITHMS.md
   2.1 writes it (``product+guard2``: Ashman's D >= 2) and calibrated (``product+guardcal``:
-  also D above the 99th percentile of D for one normal population, the default since commit
-  120dd67).
+  also D above the 99th percentile of D for one normal population, the default
+  from then on).
 
 Rounds scored: ``T1`` = the first round after the federation's warm-up (the global model has
 seen warm-up training only, which is where FedNoRo's Table 3 measures), ``after`` = the mean
@@ -43,8 +43,8 @@ and is left out).
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/claim1_ablation.py /work/eval-runs/V1 /work/eval-runs/V2 \
-        --fits 100 --json /work/eval-runs/claim1_ablation.json
+    .venv/bin/python docs/eval/claim1_ablation.py runs/eval/keep-V1 runs/eval/keep-V2 \
+        --fits 100 --json runs/eval/claim1_ablation.json
 
 It prints one Markdown table per scenario (mean +- std over seeds).
 """
@@ -215,8 +215,8 @@ def product_protocol(
 ) -> dict[str, float | None]:
     """``FedNoRoDetector`` on the K x C losses (``perclass_norm``) or the K x 1 mean losses."""
     # The tables in docs/evaluation.md were measured with the guard on the mean loss (the
-    # product default before commit d1d18f1), judging the majority's group only (the default
-    # before fednoro_separation_groups); pinned so the script reproduces them.
+    # product default before the class-standardised statistic), judging the majority's group
+    # only (the default before fednoro_separation_groups); pinned so the script reproduces them.
     detector = FedNoRoDetector(
         require_separation=guard,
         separation_quantile=quantile,

@@ -9,8 +9,8 @@ seeds) of each federation; right, q of every client per round in the first seed 
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/fedncl_scores.py /work/eval-runs/V5 --method fedavg \
-        --plot docs/eval/V5_fedncl_scores.png
+    .venv/bin/python docs/eval/fedncl_scores.py runs/eval/V5 --method fedavg \
+        --plot runs/eval/V5_fedncl_scores.png
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ majority's, with a null threshold corrected for the number of groups tested.
 FedNoRo's step 3 fits the two-component mixture 9 times (random_state 0..8) and keeps the
 majority noisy set (the reference code's rule). On few clients the fits can disagree: in V2
 seed 0 five fits vote for three of the four noisy clients and four for exactly the four, and
-only the four pass the guard (``docs/evaluation.md``, "Open issues" 1). Taking any fit's group
+only the four pass the guard (``docs/algorithms.md``, the separation guard). Taking any fit's group
 that passes at the usual 1 % gives more chances to pass by luck; these columns correct for
 that with Bonferroni's rule (m distinct groups, each tested at 1 % / m):
 
@@ -31,7 +31,7 @@ Only the ``fedavg`` federations are an exact counterfactual (their flags change 
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/fits_whatif.py /work/eval-runs/J/V2 /work/eval-runs/J/V4 ...
+    .venv/bin/python docs/eval/fits_whatif.py runs/eval/V2 runs/eval/V4 ...
 """
 
 from __future__ import annotations

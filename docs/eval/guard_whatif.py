@@ -14,8 +14,8 @@ vote is visible) and applies guard variants to the vote:
 - ``D4``: D >= 4 whatever the group sizes;
 - ``min2+D4``: D >= 4 and both groups have at least 2 clients;
 - ``calibrated``: D >= 2 and D above the 99th percentile of D for the same group sizes drawn
-  from one normal population (``null_separation_threshold``; the product default from commit
-  120dd67 to 2d1d550, D on the mean loss);
+  from one normal population (``null_separation_threshold``; the product default before the
+  class-standardised statistic, D on the mean loss);
 - ``cal_q0.9``: as ``calibrated`` with the 90th percentile;
 - ``cal_q0.8+persist``: the 80th percentile, and the same group must also have passed in the
   previous round;
@@ -25,15 +25,15 @@ vote is visible) and applies guard variants to the vote:
 - ``cal_z_mean``: as ``calibrated``, D on the count-weighted mean over a client's classes of its
   per-class z-score across clients ((L_kc - mean_c) / std_c, classes held by 3 or more clients);
 - ``cal_class_z``: as ``calibrated``, D on ``class_standardised_excess`` (per-class excess in
-  standard errors, Stouffer-combined; the product default since commit d1d18f1).
+  standard errors, Stouffer-combined; the product default).
 - ``cal_class_z_clip3``: as ``cal_class_z`` with each per-class z clipped to [-3, 3] before
   Stouffer's combination (bounds one class's influence; tried on the V4 FLR false flag, where
   one client holds nearly all of a class's loss and gets z = sqrt(K - 1)).
 - ``cal_class_z+q0.9x2``: ``cal_class_z``, *or* the same vote as the previous round with D (on
   the class-standardised loss) above the 90th percentile in both rounds: a first flag from two
   rounds of weaker evidence, added to the one-round rule so that nothing it passes is lost
-  (the candidate for ten-client federations, ``docs/evaluation.md`` "Scenarios beyond V1-V6",
-  finding 8). Like every column here it ignores the status and the confirmed-group rule.
+  (the candidate for ten-client federations, ``docs/evaluation.md``, "Known
+  limits"). Like every column here it ignores the status and the confirmed-group rule.
 - ``cal_class_z_w3``: as ``cal_class_z``, with each client's statistic averaged over this round
   and the two before it (from round 1 on): evidence from several rounds on the vote of this one.
 - ``cal_class_z_closed``: as ``cal_class_z`` on the vote closed upwards along the statistic
@@ -57,7 +57,7 @@ have produced.
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/guard_whatif.py /work/eval-runs/V1 /work/eval-runs/V4 ...
+    .venv/bin/python docs/eval/guard_whatif.py runs/eval/V1 runs/eval/V4 ...
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 1 % threshold of a scan over split sizes, for ``docs/evaluation.md`` "Open issues" 1.
+"""The 1 % threshold of a scan over split sizes, for the separation guard (``docs/algorithms.md``).
 
 FedNoRo's calibrated guard compares Ashman's D of the mixture's group of size n with the 99th
 percentile of D for the top-n split of one normal sample (``null_separation_threshold``). A guard

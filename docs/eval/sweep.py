@@ -9,7 +9,7 @@ expected answer when the drawn aggregation does not fit the method; 1 is a faile
 
 Usage (from the repository root; outputs under ``--out``)::
 
-    .venv/bin/python docs/eval/sweep.py --seed 1 --count 25 --out /tmp/sweep
+    .venv/bin/python docs/eval/sweep.py --seed 1 --count 25 --out runs/sweep
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/fedaudit-sweep"))
+    parser.add_argument("--out", type=Path, default=Path("runs/sweep"))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per scenario")
     args = parser.parse_args()
     rng = random.Random(args.seed)

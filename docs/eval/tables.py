@@ -17,7 +17,7 @@ prints, per method, mean ± std over seeds of:
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/tables.py /work/eval-runs/V1 [--flags]
+    .venv/bin/python docs/eval/tables.py runs/eval/V1 [--flags]
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Pure audit algorithms (no I/O): detection, reliability, neighbors, aggregation.
 
-Implements ALGORITHMS.md sections 2-4 over numpy arrays and streamed model states; see each
+Implements the detection, reliability and aggregation of FedNoRo, Fed-NCL, FedRN and RoFL
+(docs/algorithms.md) over numpy arrays and streamed model states; see each
 module for the paper sections (FedNoRo, Fed-NCL, FedRN, RoFL). Nothing here imports the web,
 database or configuration layers, and nothing reads settings: the coordinator passes every
 hyper-parameter explicitly (:class:`AuditConfig`).

@@ -1,6 +1,6 @@
 """Aggregation rules: new global state plus the per-client weights actually used.
 
-ALGORITHMS.md section 4:
+The papers' rules (docs/algorithms.md, "Aggregation"):
 
 * ``fedavg`` -- w_k = n_k / sum n (FedRN eq. 1, McMahan et al. 2017).
 * ``daagg`` -- FedNoRo distance-aware aggregation (Wu et al., IJCAI 2023, eq. 6-7).
@@ -623,7 +623,7 @@ def aggregate_fedncl_layerwise(
     tau : float, default=50.0
         Maximum penalty (>= 1).
     t_k : int, default=60
-        Rounds to reach the maximum penalty (T_k = T_corr in ALGORITHMS.md 4), >= 1.
+        Rounds to reach the maximum penalty (T_k = T_corr, Fed-NCL eq. 14), >= 1.
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) in any float tensor's weights, hence
         in their mean either (:func:`cap_weights`); None: no cap.

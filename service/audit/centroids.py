@@ -1,4 +1,4 @@
-"""RoFL global class-centroid aggregation (ALGORITHMS.md section 4, last rule).
+"""RoFL global class-centroid aggregation (RoFL eq. 11-12).
 
 Yang et al., "Robust Federated Learning with Noisy Labels", eq. 11-12: the server combines
 the clients' local class centroids f_k[c] into global ones,

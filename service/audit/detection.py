@@ -1,17 +1,18 @@
 """Noisy-client detectors, Fed-NCL persistence and the client status history rule.
 
-Implements ALGORITHMS.md section 2:
+The detectors of FedNoRo, Fed-NCL and FedRN (docs/algorithms.md, "Detectors"):
 
 * :class:`FedNoRoDetector` -- per-class loss vectors, min-max normalisation and a 2-component
-  Gaussian mixture (FedNoRo, Wu et al., IJCAI 2023, section 4.1 / eq. 2-3), plus the separation
-  guard of ALGORITHMS.md 2.1 step 5 (Ashman's D between the two groups, by default on the
+  Gaussian mixture (FedNoRo, Wu et al., IJCAI 2023, section 4.1 / eq. 2-3), plus a separation
+  guard beyond the paper (Ashman's D between the two groups, by default on the
   class-standardised loss excess :func:`class_standardised_excess`, or on the unnormalised
-  per-client mean loss as ALGORITHMS.md writes it).
+  per-client mean loss, the plain guard's statistic).
 * :class:`FedNCLDetector` -- reliability score q = e * h / n and the mean + beta * sigma rule
   (Fed-NCL, Tam et al., section V-A, eq. 7-10), with :func:`fedncl_divergence` /
   :func:`fedncl_divergences` for e (eq. 7) and :func:`correction_candidates` for eq. 17.
 * :func:`expertise` -- FedRN data expertise (Kim et al., CIKM 2022, eq. 4).
-* :func:`next_status` -- trusted / suspect / noisy from the flag history (ALGORITHMS.md 2.4).
+* :func:`next_status` -- trusted / suspect / noisy from the flag history (2 flags in 3 rounds;
+  docs/algorithms.md, "Status and warm-up").
 
 Every detector returns a :class:`DetectionResult`: per client a score, a flag and evidence, or
 "undetermined" with a reason. Degenerate statistics never raise; malformed arrays and invalid
@@ -79,7 +80,7 @@ ClientStatus = Literal["trusted", "suspect", "noisy"]
 """A client's status derived from its detection history."""
 
 _RANGE_EPS = 1e-12
-"""A min-max range at or below this carries no information (ALGORITHMS.md 2.1 step 2)."""
+"""A min-max range at or below this carries no information (FedNoRo eq. 3's normalisation)."""
 
 SEPARATION_STATISTICS = ("class_z", "mean_loss")
 """What the FedNoRo separation guard computes Ashman's D on (:class:`FedNoRoDetector`)."""
@@ -446,7 +447,7 @@ def _noisy_classes(row: FloatArray, fit: _GMMFit, columns: IntArray) -> list[int
 
 
 class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
-    """FedNoRo noisy-client detection from per-class losses (ALGORITHMS.md 2.1).
+    """FedNoRo noisy-client detection from per-class losses (FedNoRo section 4.1, eq. 2-3).
 
     Steps (``fit``):
 
@@ -463,10 +464,10 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
     5. Separation guard (``require_separation=True``): Ashman's D between the flagged and the
        other clients must be at least ``separation_threshold``; otherwise nobody is flagged
        (status "ok", the summary says why). D is undefined when the vote puts every client on
-       one side; with the guard on that also flags nobody. ALGORITHMS.md computes D on each
+       one side; with the guard on that also flags nobody. The plain guard computes D on each
        client's unnormalised mean loss over its own samples
        ``sum_c counts[k, c] * loss[k, c] / sum_c counts[k, c]``
-       (``separation_statistic="mean_loss"``). Beyond ALGORITHMS.md:
+       (``separation_statistic="mean_loss"``). Beyond the plain guard:
 
        - ``separation_quantile`` (default 0.99): D must also reach the 99th percentile of D for
          the same split sizes drawn from one normal population
@@ -485,15 +486,15 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
          two classes each), the calibrated guard on the mean loss kept the flags back in about
          a fifth of the rounds (F1 0.71-0.88) although the mixture's vote was right; on this
          statistic F1 was 0.93-1.00, with no false alarm added on V1, V2, V4 or V5
-         (``docs/evaluation.md``, "Open issues" 1).
+         (``docs/algorithms.md``, "What we changed: the separation guard").
        - ``confirmed`` (an argument of ``fit``): when the vote's noisy group lies entirely
          within the clients already confirmed noisy (their status before this round), the
          quantile is not applied and D >= ``separation_threshold`` suffices. The quantile
          guards against a chance *start*; a group that earlier passed it often enough to be
-         "noisy" keeps its flags on ALGORITHMS.md's own criterion. Without this, a group whose
+         "noisy" keeps its flags on the plain guard's criterion. Without this, a group whose
          D hovers near the quantile (ten clients: 5.2 for four of them) is flagged in one
          round and not in the next although the scores still separate it perfectly
-         (``docs/evaluation.md``, "Scenarios beyond V1-V6").
+         (``docs/algorithms.md``, "What we changed: the separation guard").
     6. Fewer than ``min_clients`` clients: "undetermined".
 
     Each verdict's ``probability`` is the averaged posterior of step 4 (0 for everybody when
@@ -503,8 +504,8 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
     federation has no two groups. The statistic ranks the clients on a continuous scale
     whether or not anybody is flagged. On scenario V6 (noise rates spread linearly over
     0-0.8, no two groups, nobody flagged), the statistic's Spearman correlation with the
-    noise rate was 0.87-0.93, against 0.05-0.23 for the posterior (``docs/evaluation.md``,
-    V6).
+    noise rate was 0.87-0.93, against 0.05-0.23 for the posterior (``docs/algorithms.md``,
+    "What we changed: score and probability").
 
     Parameters
     ----------
@@ -518,10 +519,10 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         Fewer reporting clients give an "undetermined" result.
     separation_quantile : float or None, default=0.99
         Also require D above this quantile of D for a split of one normal population with the
-        same group sizes; None keeps only ``separation_threshold`` (ALGORITHMS.md as written).
+        same group sizes; None keeps only ``separation_threshold`` (the plain guard).
     separation_statistic : {"class_z", "mean_loss"}, default="class_z"
         What D is computed on, and what each verdict's ``score`` is: the class-standardised
-        loss excess, or each client's mean loss (ALGORITHMS.md as written).
+        loss excess, or each client's mean loss (the plain guard).
     separation_groups : {"all_fits", "majority"}, default="all_fits"
         Which noisy sets the guard judges. ``"majority"``: the vote of step 4 only (the rule
         before this setting existed). ``"all_fits"`` (beyond the paper; with the guard on it
@@ -535,7 +536,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         The summary gives ``groups_tested`` (m), ``group_rank`` (0 = the majority's group)
         and ``separation_quantile_judged``.
         Reason: on few clients the fits can disagree, and the majority can be the wrong one
-        (``docs/evaluation.md``, "Open issues" 1: ten clients, five fits for three of the four
+        (``docs/algorithms.md``, the separation guard: ten clients, five fits for three of the four
         noisy clients, four fits for exactly the four).
 
     Attributes
@@ -1002,7 +1003,7 @@ def fedncl_divergence(
 
 
 class FedNCLDetector(BaseEstimator):  # type: ignore[misc]
-    """Fed-NCL reliability score and sigma rule (ALGORITHMS.md 2.2).
+    """Fed-NCL reliability score and sigma rule (Fed-NCL section V-A, eq. 7-10).
 
     ``q_k = e_k * h_k / n_k`` (eq. 9) with ``h_k = train_loss_k * n_k`` (``loss_mode="sum"``,
     eq. 8 as printed) or ``h_k = train_loss_k`` (``"mean"``, the reference code). A client is
@@ -1218,7 +1219,7 @@ def expertise(train_accuracy: Any) -> FloatArray:
 def expertise_detection(train_accuracy: Any) -> DetectionResult:
     """Wrap :func:`expertise` as a :class:`DetectionResult` (method ``"expertise"``).
 
-    Expertise is a reliability signal, not a detector (ALGORITHMS.md 2.3): every verdict has
+    Expertise is a reliability signal, not a detector (FedRN eq. 4): every verdict has
     ``flag=None``; ``score`` is the normalised expertise and the evidence holds the raw
     ``train_accuracy``. Undetermined only when there is no client.
     """

@@ -1,7 +1,7 @@
 """The audit of one round: detectors, reliability, neighbors, aggregation and centroids.
 
 :func:`run_audit` composes the pure algorithms of this package in the order the coordinator
-needs them at a round close (ALGORITHMS.md sections 2-4):
+needs them at a round close (docs/algorithms.md):
 
 1. every configured detector (FedNoRo per-class-loss GMM, Fed-NCL reliability score, FedRN
    expertise), each kept separately in the outcome;
@@ -98,7 +98,7 @@ chunk x K temporary holds about 262,000 entries (2 MB; the search keeps a handfu
 
 @dataclass(frozen=True, kw_only=True)
 class ClientRoundData:
-    """What one client reported for the round (ALGORITHMS.md section 1).
+    """What one client reported for the round (docs/algorithms.md, "Signals").
 
     Attributes
     ----------
@@ -156,7 +156,7 @@ class StatusHistory:
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """Every hyper-parameter of an audit; defaults from ALGORITHMS.md.
+    """Every hyper-parameter of an audit; defaults from the papers (docs/algorithms.md).
 
     Attributes
     ----------
@@ -204,7 +204,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
         T_corr (60 of the paper's 150 rounds; scale it with
         :func:`~service.audit.schedules.scale_rounds`).
     fedncl_t_k : int or None
-        Rounds for the penalty to reach tau; None = ``fedncl_t_corr`` (ALGORITHMS.md 4).
+        Rounds for the penalty to reach tau; None = ``fedncl_t_corr`` (Fed-NCL eq. 14).
     fedncl_alpha : float
         Persistence fraction for label-correction candidates (eq. 17).
     fedrn_k, fedrn_alpha, fedrn_similarity
@@ -226,7 +226,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
         ``status_m`` / ``status_w`` applied to the :class:`StatusHistory` given to
         :func:`run_audit` plus this round's flag), the same status that decides the clients'
         training roles, so one chance flag does not down-weight a client. ``"round"``: this
-        round's primary flags as they are (ALGORITHMS.md 2.4 as written). Either way an
+        round's primary flags as they are (as the papers write it). Either way an
         admin's pin wins. ``reliability_weighted`` reads the round's probabilities in both
         modes.
     max_client_weight_factor : float or None

@@ -1,4 +1,4 @@
-"""FedRN reliability scores and k-reliable neighbor sets (ALGORITHMS.md section 3).
+"""FedRN reliability scores and k-reliable neighbor sets (FedRN section 4.1, eq. 4-7).
 
 For a target client c and a candidate neighbor n (FedRN, Kim et al., CIKM 2022, section 4.1):
 

@@ -1,8 +1,8 @@
 """Scaling of the papers' round schedules to a federation's planned length.
 
-ALGORITHMS.md (preamble): a schedule value given in rounds for a paper's run length (FedNoRo
-100 rounds, FedRN 500, Fed-NCL 150, RoFL 1000, FLR 300) is scaled by planned / paper length,
-rounded, and at least 1.
+docs/algorithms.md, "Status and warm-up": a schedule value given in rounds for a paper's run length
+(FedNoRo 100 rounds, FedRN 500, Fed-NCL 150, RoFL 1000, FLR 300) is scaled by planned / paper
+length, rounded, and at least 1.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The streaming seam for model states.
 
 Aggregation and divergence code never holds K whole model states: it loops over tensor names and,
-for each name, reads that one tensor from each client, computes, and drops it (ALGORITHMS.md
-section 4, last paragraph). A :class:`StateReader` gives that one-tensor-at-a-time access; the
+for each name, reads that one tensor from each client, computes, and drops it (docs/algorithms.md,
+"Aggregation"). A :class:`StateReader` gives that one-tensor-at-a-time access; the
 coordinator backs it with ``safetensors.safe_open(path, "numpy")`` and tests use
 :class:`DictStateReader`.
 

@@ -3,8 +3,8 @@
 A *method* preset (``fedavg``, ``fedprox``, ``fednoro``, ``fedrn``, ``fedncl``, ``rofl``, ``flr``)
 chooses the client recipe, the aggregation rule and the primary detector; every field can be
 overridden. Round schedules quoted in the papers for the papers' run lengths are scaled to the
-planned number of rounds (ALGORITHMS.md, preamble) unless set explicitly, and the resolved values
-are what gets stored, so a report always says which values were used.
+planned number of rounds (docs/algorithms.md, "Status and warm-up") unless set explicitly, and
+the resolved values are what gets stored, so a report always says which values were used.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ PAPER_SCHEDULES: dict[str, dict[str, tuple[int, int]]] = {
 }
 
 # The federation-level warm-up (rounds before detector flags drive roles and aggregation).
-# Fed-NCL's paper has none; we use FedNoRo's 10 % because Fed-NCL's score q = e * h / n is
-# inverted while the global model is still untrained (the clean clients' local models move
-# further from it than the noisy ones'): on scenario V5 its AUROC was 0.00-0.43 in rounds 0-2 of
-# every federation and seed and 0.96-1.00 from round 3 on, and without a warm-up the first flags
-# fell on clean clients in every seed (docs/evaluation.md, V5). How long q stays inverted depends
-# on how fast the global model learns (up to round 7 of V5 with the simulator's current schedule,
-# inside its 10-round warm-up; docs/evaluation.md, "The shared schedule: 100 rounds"). The
+# Fed-NCL's paper has none; we use FedNoRo's 10 % because Fed-NCL's score q = e * h / n is inverted
+# while the global model is still untrained (the clean clients' local models move further from it
+# than the noisy ones'): on scenario V5 its AUROC was 0.00-0.43 in rounds 0-2 of every federation
+# and seed and 0.96-1.00 from round 3 on, and without a warm-up the first flags fell on clean
+# clients in every seed (docs/algorithms.md, "Status and warm-up"). How long q stays inverted
+# depends on how fast the global model learns (up to round 7 of V5 with the simulator's current
+# schedule, inside its 10-round warm-up; docs/evaluation.md, "Detection beyond the targets"). The
 # warm-up is a fraction of the run, not a test of the model, and was not lengthened to fit one
 # scenario. `warmup_rounds: 0` restores the paper's schedule.
 METHOD_WARMUP: dict[str, tuple[int, int] | None] = {
@@ -68,16 +68,15 @@ METHOD_WARMUP: dict[str, tuple[int, int] | None] = {
 }
 
 # Audit settings a method's paper decides differently from AuditConfig's defaults.
-# Fed-NCL penalises the clients its score flags in the round ("at each global training round,
-# the clients are divided into noisy clients and clean clients", section V-C; the penalty,
-# section V-B), so its federations aggregate on the round's flags. FedNoRo identifies its noisy
-# clients once, after the warm-up, and trains the second stage on that set, which the status
-# (noisy after 2 flags in 3 rounds, trusted after 3 clean rounds) follows more closely; it is
-# AuditConfig's default. Measured (docs/evaluation.md,
-# "Open issues" 2): with the status, Fed-NCL's mean + 1 sigma rule, which flags about two
-# clients of a clean federation in every round, kept one clean client of V4 (seed 2) penalised
-# for 24 of the 27 rounds after the warm-up, against the 9 rounds it was flagged in with the
-# round's flags.
+# Fed-NCL penalises the clients its score flags in the round ("at each global training round, the
+# clients are divided into noisy clients and clean clients", section V-C; the penalty, section V-B),
+# so its federations aggregate on the round's flags. FedNoRo identifies its noisy clients once,
+# after the warm-up, and trains the second stage on that set, which the status (noisy after 2 flags
+# in 3 rounds, trusted after 3 clean rounds) follows more closely; it is AuditConfig's default.
+# Measured (docs/algorithms.md, "Which sites the aggregation treats as noisy"): with the status,
+# Fed-NCL's mean + 1 sigma rule, which flags about two clients of a clean federation in every round,
+# kept one clean client of V4 (seed 2) penalised for 24 of the 27 rounds after the warm-up, against
+# the 9 rounds it was flagged in with the round's flags.
 METHOD_AUDIT: dict[str, dict[str, Any]] = {
     "fedncl": {"aggregation_flags": "round"},
 }

@@ -176,8 +176,8 @@ def report_warnings(audit: AuditResult) -> list[str]:
     fitted mostly by correctly labelled data. When the flagged clients are most of the
     clients *and* hold most of the round's samples, that is doubtful: a site with most of the
     data and mostly wrong labels, or a majority whose labels are inverted, pulls the model to
-    its labels, and then the clean sites look noisy (``docs/evaluation.md``, "Scenarios beyond
-    V1-V6", finding 3: flags inverted in every round this rule fired on except chance flags of
+    its labels, and then the clean sites look noisy (``docs/evaluation.md``, "Known
+    limits": flags inverted in every round this rule fired on except chance flags of
     a clean federation; a rule on the share of samples alone also fired where a truly noisy
     group happened to hold just over half of the data).
     """
@@ -207,7 +207,7 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
     -inf (as its paper and its authors' code do), so each site trains only the contrast between
     its own classes. With two classes per site (digits, 20 sites) that cost 18 points against
     FedAvg even without noise, while FedNoRo was ahead of FedAvg on Dirichlet splits where
-    sites hold most classes (``docs/evaluation.md``, "Scenarios beyond V1-V6", finding 7). The
+    sites hold most classes (``docs/evaluation.md``, "Known limits"). The
     line drawn here, the median site holding at most half of the classes, lies between those
     measured cases; it is a heuristic, and the warning says what to configure instead.
     """

@@ -1,7 +1,7 @@
 """Pure building blocks of the simulator: data sets, partitions, label noise, models, metrics.
 
-ALGORITHMS.md section 6 (partitions and noise) and EVALUATION.md (data sets, metrics). These
-modules import numpy, scipy, scikit-learn and torch only.
+the papers' partitions and noise protocols, and the data sets and metrics of docs/evaluation.md.
+These modules import numpy, scipy, scikit-learn and torch only.
 
 The names below are re-exported lazily (PEP 562): ``import service.simulation.metrics`` does not
 pay for importing torch, and ``from service.simulation import build_model`` imports only

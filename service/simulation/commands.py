@@ -1,4 +1,4 @@
-"""``fedaudit simulate`` and ``fedaudit demo`` (EVALUATION.md, "The simulator"; README).
+"""``fedaudit simulate`` and ``fedaudit demo`` (docs/operator-guide.md, "Simulating a federation").
 
 Both are plain typer command functions; ``service/cli.py`` registers them. This module imports
 only typer and the standard library at import time (the coordinator process imports the CLI

@@ -1,9 +1,10 @@
-"""Offline data sets for the simulator (EVALUATION.md, "Data sets available offline").
+"""Offline data sets for the simulator (docs/evaluation.md, "How the figures are made").
 
 Three scikit-learn bundles (``digits``, ``breast_cancer``, ``wine``) that ship inside the wheel, and
 three real image sets read from a directory (``pneumoniamnist``, ``breastmnist`` and the MNIST
-**test set** ``mnist``; see ``/work/shared/data/*/README.md``). Nothing is ever downloaded: every
-file is checked against the sha256 of the table in ``shared/data/README.md`` before it is parsed.
+**test set** ``mnist``; see ``shared/data/*/README.md`` beside the repository). Nothing is ever
+downloaded: every file is checked against the sha256 of the table in ``shared/data/README.md``
+before it is parsed.
 
 Custom data sets (scenario ``dataset: custom``) come from arrays: :func:`load_npz` reads an ``.npz``
 file, :func:`load_callable` calls a Python function named ``module:function`` (or

@@ -1,4 +1,4 @@
-"""Evaluation metrics of the simulator (EVALUATION.md, "Metrics").
+"""Evaluation metrics of the simulator (docs/evaluation.md, "How the figures are made").
 
 - Noisy-client detection against the ground truth: precision, recall, F1, matching ratio (the
   flagged set equals the noisy set exactly), and AUROC of a noisiness score.

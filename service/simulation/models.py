@@ -1,4 +1,4 @@
-"""Small models for the simulator (EVALUATION.md reference scenarios).
+"""Small models for the simulator (the reference scenarios of docs/evaluation.md).
 
 Every model ends in an ``nn.Linear`` classification head and that head is the **last** module
 registered, so the SDK's "features = input of the last Linear" hook (recipes-api.md) and FedRN's
@@ -13,7 +13,7 @@ head fine-tuning work on all of them.
 
   * **No BatchNorm** (default ``norm="none"``; ``norm="group"`` inserts GroupNorm after each
     conv). BatchNorm adds running statistics and an integer ``num_batches_tracked`` buffer that
-    aggregation must special-case (ALGORITHMS.md conventions), makes eval-mode losses depend on
+    aggregation must special-case (the aggregation's conventions), makes eval-mode losses depend on
     stale statistics (FedNoRo's per-class losses, FedRN's probe) and behaves badly with the tiny,
     label-skewed local batches of the scenarios. GroupNorm has no buffers but costs time, and with
     standardised inputs a two-conv network trains well without normalisation. So the state of

@@ -1,4 +1,4 @@
-"""Label-noise protocols for the simulator (ALGORITHMS.md section 6, "Client noise levels" and
+"""Label-noise protocols for the simulator (the papers' client noise levels and
 "Label flips").
 
 Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int seed):
@@ -6,14 +6,14 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
 1. :func:`noise_levels` draws each client's *target* noise rate:
 
    - ``none``: every rate 0.
-   - ``linear(lo, hi)`` (FedRN, seed 000): rate_u = lo + u * (hi - lo) / K for client u = 0..K-1,
+   - ``linear(lo, hi)`` (FedRN): rate_u = lo + u * (hi - lo) / K for client u = 0..K-1,
      so the last client gets just under ``hi`` (FedRN's "0.0-0.4" is 0.0 ... 0.396 with K = 100).
-   - ``rho_tau(rho, tau, exact_count=True)`` (FedCorr, seed 003): floor(rho * K) noisy clients
+   - ``rho_tau(rho, tau, exact_count=True)`` (FedCorr, as FLR uses it): floor(rho * K) noisy clients
      drawn without replacement (FedNoRo's exact fraction), or with ``exact_count=False`` each client
      noisy with probability rho independently (FedCorr's own rule); noisy rates ~ U(tau, 1).
-   - ``rho_range(rho, lo, hi)`` (FedNoRo, seed 004): exactly floor(rho * K) noisy clients, rates
+   - ``rho_range(rho, lo, hi)`` (FedNoRo): exactly floor(rho * K) noisy clients, rates
      ~ U(lo, hi).
-   - ``bernoulli(p)`` (Fed-NCL, seed 001): each client clean with probability p, else rate 1.0.
+   - ``bernoulli(p)`` (Fed-NCL): each client clean with probability p, else rate 1.0.
    - ``truncated_gaussian(mu, sigma)`` (Fed-NCL): N(mu, sigma^2) redrawn until it lies in [0, 1]
      (a truncated, not clipped, Gaussian; Fed-NCL's code neither truncates nor clips). No value
      sits exactly at 0 or 1 (a continuous draw hits them with probability 0).
@@ -21,7 +21,7 @@ Two steps, both reproducible from an explicit ``numpy.random.Generator`` (or int
      to [lo, hi]: a draw below ``lo`` becomes exactly ``lo``, one above ``hi`` exactly ``hi``, so
      the mass of the tails accumulates at the bounds (with lo = 0, a share of the clients is
      exactly clean) instead of being spread over the interval as truncation does.
-   - ``uniform_all(eps)`` (RoFL, seed 002): every client has rate eps.
+   - ``uniform_all(eps)`` (RoFL): every client has rate eps.
 
    ``rho_tau``, ``rho_range`` and ``bernoulli`` also take ``noisy_clients=N`` instead of ``rho``
    (resp. ``p``): exactly N noisy clients, drawn without replacement from the seed (the same draw

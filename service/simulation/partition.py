@@ -1,4 +1,4 @@
-"""Client partitions of a labelled data set (ALGORITHMS.md section 6, "Partitions").
+"""Client partitions of a labelled data set (the partitions of the five papers).
 
 Every function returns one sorted int64 index array per client. The arrays are disjoint and cover
 every sample, and every client gets at least one sample. All randomness comes from the
@@ -8,7 +8,7 @@ Methods and their sources:
 
 - ``iid``: a uniform random split into near-equal parts (sizes differ by at most one). FedCorr's
   IID sampler gives every client floor(N/K) samples and drops the remainder; we keep it.
-- ``shards`` (FedRN, seed 000; McMahan et al.): sort by label, cut into K*S near-equal shards, deal
+- ``shards`` (FedRN; McMahan et al.): sort by label, cut into K*S near-equal shards, deal
   S random shards to each client. Ties in the label sort are broken randomly. S is the number of
   *shards*, not of classes: a client may get two shards of one class (fewer than S classes), and a
   shard that straddles a class boundary adds a class (more than S). ``k_classes`` is the
@@ -18,15 +18,15 @@ Methods and their sources:
   fewest holders so far (ties broken at random), so the holder counts of the classes differ by at
   most one; each class's shuffled samples are then split into near-equal parts among its
   holders (so a class needs at least as many samples as it has holders).
-- ``dirichlet`` (FedRN, seed 000): for each class c, proportions q_c ~ Dirichlet(beta * 1_K); class
+- ``dirichlet`` (FedRN): for each class c, proportions q_c ~ Dirichlet(beta * 1_K); class
   c's shuffled samples are cut at floor(cumsum(q_c) * n_c).
 - ``bernoulli_dirichlet`` (FedCorr, used by FLR and FedNoRo, seeds 003/004): class presence
   Phi[k, c] ~ Bernoulli(p); rows with no class are redrawn; each class's samples are assigned one by
   one to its holders by a categorical draw with Dirichlet(alpha * 1) proportions.
-- ``lognormal_quantity`` (Fed-NCL, seed 001): client sizes proportional to lognormal(0, sigma)
+- ``lognormal_quantity`` (Fed-NCL): client sizes proportional to lognormal(0, sigma)
   draws (rounded by largest remainder), then an IID assignment of those counts.
 
-Guarantees the reference code lacks (REFERENCE_NOTES.md section 6):
+Guarantees the reference code lacks (the authors' public code):
 
 - ``bernoulli_dirichlet``: a class that no client holds after the Bernoulli draw is given to one
   uniformly drawn client, so every class has a holder.

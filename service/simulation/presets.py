@@ -1,33 +1,33 @@
-"""Reference scenarios V1-V6 (EVALUATION.md, "Reference scenarios") and the demo.
+"""Reference scenarios V1-V6 (docs/evaluation.md, "The reference scenarios V1-V6") and the demo.
 
-The data, clients, partition and noise of each scenario are EVALUATION.md's table. The training
+The data, clients, partition and noise of each scenario are docs/evaluation.md's table. The training
 schedule is one shared choice, not tuned per scenario:
 
-- ``local_epochs = 5``: the local epochs of FedNoRo, FedRN and RoFL (REFERENCE_NOTES.md: local_ep
+- ``local_epochs = 5``: the local epochs of FedNoRo, FedRN and RoFL (the authors' code: local_ep
   5 in all three);
 - SGD with ``momentum = 0.5``: the momentum of the SGD reference codes of FedRN, RoFL and
-  FedCorr (REFERENCE_NOTES.md; Fed-NCL's uses 0.9, FedNoRo's Adam). FedRN's Figure 4 (training
+  FedCorr (the authors' code; Fed-NCL's uses 0.9, FedNoRo's Adam). FedRN's Figure 4 (training
   accuracy falls with the noise rate) and the small-loss selection of FedRN and RoFL rest on the
   early-learning effect: within a round the local model fits the clean labels before the noisy
   ones. Until the evaluation found it, the schedule used momentum 0.9, five times the effective
   step (lr / (1 - momentum): 0.5 against 0.1); on V6 FedRN's selection then kept the wrong
   labels of most clients above a noise rate of 0.55 (label precision 0.12-0.46) and expertise
-  stopped falling with the rate, which momentum 0.5 restored (``docs/evaluation.md``, "The
-  shared schedule");
+  stopped falling with the rate, which momentum 0.5 restored (the scenario files in
+  ``docs/eval/schedule/``);
 - ``lr = 0.05``, ``batch_size = 32``: the models are the small normalisation-free CNN/MLP of
   ``service.simulation.models`` on a few dozen to a few hundred samples per client; with the
   coordinator's default lr 0.01 the V1 federation needs about three times as many rounds to
   reach the same accuracy (measured with momentum 0.9: 0.50 vs 0.90 test accuracy after 8
   rounds), which would not fit "minutes on a 2-core CPU";
-- ``rounds = 100``: FedNoRo's run length (REFERENCE_NOTES.md: rounds 100, warm-up 10), the
-  shortest of the five papers' (Fed-NCL 150, FLR 300, FedRN 500, RoFL 1000); the coordinator
-  scales the other papers' warm-ups and ramps to it (ALGORITHMS.md preamble), and FedNoRo's need
-  no scaling. Until the evaluation found it, the schedule ran 30 rounds, to keep the reference
-  runs short. That is too short for the papers' accuracy claims. On V1 (seed 0) FedAvg peaked
-  at round 55 (0.956) and fell to 0.931 by round 100, while FedAvg on clean labels kept rising
-  to 0.967: the rise-then-fall the papers attribute to the global model memorising the wrong
-  labels after an early-learning phase. Within 30 rounds the noise cost FedAvg less than 1.5
-  points with either momentum (``docs/evaluation.md``, "The shared schedule: 100 rounds").
+- ``rounds = 100``: FedNoRo's run length (FedNoRo's code: rounds 100, warm-up 10), the shortest of
+  the five papers' (Fed-NCL 150, FLR 300, FedRN 500, RoFL 1000); the coordinator scales the other
+  papers' warm-ups and ramps to it (docs/algorithms.md, "Status and warm-up"), and FedNoRo's need no
+  scaling. Until the evaluation found it, the schedule ran 30 rounds, to keep the reference runs
+  short. That is too short for the papers' accuracy claims. On V1 (seed 0) FedAvg peaked at round 55
+  (0.956) and fell to 0.931 by round 100, while FedAvg on clean labels kept rising to 0.967: the
+  rise-then-fall the papers attribute to the global model memorising the wrong labels after an
+  early-learning phase. Within 30 rounds the noise cost FedAvg less than 1.5 points with either
+  momentum (``docs/evaluation.md``, "Accuracy against FedAvg").
 
 Methods: each scenario compares the method it checks with FedAvg on identical data and noise
 (V6 runs FedRN only: it checks correlations, not accuracy).

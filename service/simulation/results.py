@@ -1,9 +1,9 @@
 """Results of simulated federations: records, metrics, JSON, CSV, plots, comparison table.
 
-EVALUATION.md, "The simulator" and "Metrics". A :class:`RunResult` is one method configuration
+docs/evaluation.md, "How the figures are made". A :class:`RunResult` is one method configuration
 run with one seed; it holds, per round, what the coordinator's stored audit said about every
 client next to the ground truth, and the global model's accuracy on the clean test split.
-:func:`summarise_run` turns it into the metrics EVALUATION.md defines (all computed with
+:func:`summarise_run` turns it into the metrics docs/evaluation.md uses (all computed with
 ``service.simulation.metrics``):
 
 - Detection, per round (``detection_per_round``), after the federation's warm-up

@@ -1,11 +1,11 @@
 """The simulator: whole federations on one machine through the real HTTP API.
 
-EVALUATION.md, "The simulator". One real coordinator process (``CoordinatorProcess``: migrated
-SQLite in a data directory, uvicorn on a loopback port) and real SDK participants
-(``client_sdk.Participant``) driven from this process:
+docs/operator-guide.md, "Simulating a federation". One real coordinator process
+(``CoordinatorProcess``: migrated SQLite in a data directory, uvicorn on a loopback port) and real
+SDK participants (``client_sdk.Participant``) driven from this process:
 
 1. :func:`prepare_data` loads the data set, partitions it and injects label noise
-   (ALGORITHMS.md section 6), and builds the initial model, all from the run's seed:
+   (the papers' protocols), and builds the initial model, all from the run's seed:
    ``numpy.random.SeedSequence(seed)`` is split into independent streams for the partition, the
    noise and the model initialisation, and the federation's seed (batch order, probes) is
    derived from it too. Every method configuration of a seed gets the *same* prepared data:
@@ -337,7 +337,7 @@ def per_class_losses(
     model: nn.Module, state: bytes, data: PreparedData
 ) -> list[list[float | None]]:
     """Each client's mean cross-entropy per (noisy) label class under ``state``, eval mode;
-    ``None`` for a class the client does not hold (ALGORITHMS.md section 1, ``per_class_loss``)."""
+    ``None`` for a class the client does not hold (``per_class_loss``, FedNoRo eq. 3's input)."""
     load_state_bytes(model, state)
     model.eval()
     num_classes = data.split.train.num_classes

@@ -1,7 +1,9 @@
-"""Simulation scenarios: what ``fedaudit simulate`` runs (EVALUATION.md, "The simulator").
+"""Simulation scenarios: what ``fedaudit simulate`` runs.
+
+docs/operator-guide.md, "Simulating a federation", describes them for users.
 
 A :class:`Scenario` fixes the data set, the number of clients, the partition and the client noise
-protocol (ALGORITHMS.md section 6), the model, the training schedule and one or more *method
+protocol (the papers' protocols), the model, the training schedule and one or more *method
 configurations* (a coordinator method preset plus overrides, run on identical data and noise).
 It is a pydantic model with ``extra="forbid"`` at every level, so a typo in a scenario file is an
 error that names the offending key instead of a silently ignored setting.
