@@ -90,7 +90,14 @@ def serve(
         )
     try:
         if workers > 1:
-            create_app(settings, run_reaper=False)  # fail fast on the migration check
+            parent = create_app(settings, run_reaper=False)  # fail fast on the migration check
+            if settings.startup_sweep:
+                # once, here: a worker that uvicorn restarts must not sweep its siblings' uploads
+                from service.coordinator.housekeeping import sweep_leftovers
+
+                sweep_leftovers(parent.state.services)
+                os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
+            parent.state.services.close()
             uvicorn.run(
                 "service.main:create_app",
                 factory=True,

@@ -90,6 +90,23 @@ class Settings(BaseSettings):
         ),
     )
 
+    startup_sweep: bool = Field(
+        default=True,
+        description=(
+            "At start-up, remove the staged .part files and unreferenced blobs a crash left "
+            "(service.coordinator.housekeeping)."
+        ),
+    )
+    startup_sweep_grace_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "The start-up sweep removes only files last written more than this many seconds "
+            "ago; 0: all (a process owns its data directory). Set it above the longest upload "
+            "when replicas share a data directory."
+        ),
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:

@@ -17,6 +17,7 @@ from service.api import problems
 from service.api.problems import ProblemDetails
 from service.api.routes import admin, federations, health, models, participation, reports
 from service.config import Settings, get_settings
+from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
 from service.store.migrate import check_at_head
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.startup_sweep:
+            sweep_leftovers(services)
         reaper = DeadlineReaper(services) if run_reaper else None
         if reaper is not None:
             reaper.start()
