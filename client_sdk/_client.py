@@ -314,6 +314,42 @@ class AdminClient(_Base):
             response = self._request("PUT", path, json={"reason": reason}, retry_status=False)
         return ClientInfo.model_validate(response.json())
 
+    def rotate_client_token(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str
+    ) -> ClientCreated:
+        """A new token for the site (in ``.token``, shown once); its old token stops working at
+        once. Also gives a revoked site a working token again."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/clients/{client_id}/token",
+            retry_status=False,
+        )
+        return ClientCreated.model_validate(response.json())
+
+    def revoke_client_token(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str, reason: str
+    ) -> ClientInfo:
+        """The site's token stops working until it is rotated (``reason`` goes to the event
+        trail)."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/clients/{client_id}/token/revoke",
+            json={"reason": reason},
+            retry_status=False,
+        )
+        return ClientInfo.model_validate(response.json())
+
+    def rotate_admin_token(self) -> str:
+        """A new admin token (returned once). The token this client was made with, and every
+        dashboard session, stop working at once: make a new AdminClient with the new token."""
+        response = self._request("POST", f"{API}/admin/token", retry_status=False)
+        return str(response.json()["token"])
+
+    def end_admin_sessions(self) -> int:
+        """End every dashboard session ("log out everywhere"); returns how many were live."""
+        response = self._request("DELETE", f"{API}/admin/sessions", retry_status=False)
+        return int(response.json()["ended"])
+
     def stop_federation(self, federation_id: uuid.UUID | str, reason: str) -> Federation:
         """Stop the federation for good; its status becomes ``failed`` with ``reason``, its open
         round fails, and every site is told why on its next call. 409 (``ConflictError``) when

@@ -30,7 +30,12 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 federation_app = typer.Typer(help="Federations (admin, over HTTP).", no_args_is_help=True)
 client_app = typer.Typer(help="Clients of a federation (admin, over HTTP).", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="The admin's credentials (on the coordinator host, against its database).",
+    no_args_is_help=True,
+)
 app.add_typer(db_app, name="db")
+app.add_typer(admin_app, name="admin")
 app.add_typer(federation_app, name="federation")
 app.add_typer(client_app, name="client")
 
@@ -90,7 +95,14 @@ def serve(
         )
     try:
         if workers > 1:
-            create_app(settings, run_reaper=False)  # fail fast on the migration check
+            parent = create_app(settings, run_reaper=False)  # fail fast on the migration check
+            if settings.startup_sweep:
+                # once, here: a worker that uvicorn restarts must not sweep its siblings' uploads
+                from service.coordinator.housekeeping import sweep_leftovers
+
+                sweep_leftovers(parent.state.services)
+                os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
+            parent.state.services.close()
             uvicorn.run(
                 "service.main:create_app",
                 factory=True,
@@ -263,6 +275,79 @@ def client_anchor(
         client = _call(admin.set_anchor, federation_id, client_id, None if remove else reason)
     state = "a trust anchor" if client.anchor else "not a trust anchor"
     _stdout().print(escape(f"client {client.name} ({client.id}) is {state}"))
+
+
+@client_app.command("rotate-token")
+def client_rotate_token(
+    federation_id: str,
+    client_id: str,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Give a site a new token (printed once); its old token stops working at once."""
+    with _admin(url, token) as admin:
+        client = _call(admin.rotate_client_token, federation_id, client_id)
+    err.print(escape(f"new token of client {client.name} ({client.id}), shown once:"))
+    _stdout().print(client.token, soft_wrap=True)
+
+
+@client_app.command("revoke-token")
+def client_revoke_token(
+    federation_id: str,
+    client_id: str,
+    reason: Annotated[str, typer.Option(help="Why (kept in the event trail)")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Revoke a site's token: it is refused until `client rotate-token` gives it a new one."""
+    with _admin(url, token) as admin:
+        client = _call(admin.revoke_client_token, federation_id, client_id, reason)
+    _stdout().print(escape(f"the token of client {client.name} ({client.id}) is revoked"))
+
+
+@admin_app.command("rotate-token")
+def admin_rotate_token() -> None:
+    """Set a new admin token in the database (printed once). From then on it is the admin
+    token on every replica, with no restart; FEDAUDIT_ADMIN_TOKEN and the previous tokens are
+    refused, and every dashboard session ends."""
+    from service.config import get_settings
+    from service.coordinator import admin_auth
+    from service.store.base import utcnow
+    from service.store.migrate import check_at_head
+    from service.store.session import make_engine, make_sessionmaker
+
+    engine = make_engine(get_settings().resolved_database_url)
+    try:
+        check_at_head(engine)
+        with make_sessionmaker(engine).begin() as session:
+            new = admin_auth.rotate_admin_token(session, now=utcnow(), actor="cli")
+    except Exception as exc:  # noqa: BLE001 - one line for the operator
+        _fail(str(exc))
+    finally:
+        engine.dispose()
+    err.print("the new admin token, shown once (only its hash is stored):")
+    _stdout().print(new, soft_wrap=True)
+
+
+@admin_app.command("logout-everywhere")
+def admin_logout_everywhere() -> None:
+    """End every dashboard session."""
+    from service.config import get_settings
+    from service.coordinator import admin_auth
+    from service.store.base import utcnow
+    from service.store.migrate import check_at_head
+    from service.store.session import make_engine, make_sessionmaker
+
+    engine = make_engine(get_settings().resolved_database_url)
+    try:
+        check_at_head(engine)
+        with make_sessionmaker(engine).begin() as session:
+            ended = admin_auth.end_all_sessions(session, now=utcnow())
+    except Exception as exc:  # noqa: BLE001 - one line for the operator
+        _fail(str(exc))
+    finally:
+        engine.dispose()
+    _stdout().print(f"{ended} dashboard session(s) ended")
 
 
 @client_app.command("list")

@@ -90,6 +90,51 @@ class Settings(BaseSettings):
         ),
     )
 
+    auth_failure_limit: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "Wrong tokens (bearer or dashboard login) a client address may send within "
+            "auth_failure_window_s; then it is answered 429 with Retry-After until the window "
+            "ends (per process)."
+        ),
+    )
+    auth_failure_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The window of auth_failure_limit, from an address's first wrong token.",
+    )
+    force_secure_cookies: bool = Field(
+        default=False,
+        description=(
+            "Mark the dashboard cookie Secure whatever the request's scheme (otherwise only on "
+            "https, which behind a TLS proxy depends on trusting its forwarded headers)."
+        ),
+    )
+    api_docs: bool | None = Field(
+        default=None,
+        description=(
+            "Serve /docs and /redoc (their pages load Swagger UI and ReDoc from a CDN). Default: "
+            "on in development, off in production."
+        ),
+    )
+    startup_sweep: bool = Field(
+        default=True,
+        description=(
+            "At start-up, remove the staged .part files and unreferenced blobs a crash left "
+            "(service.coordinator.housekeeping)."
+        ),
+    )
+    startup_sweep_grace_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "The start-up sweep removes only files last written more than this many seconds "
+            "ago; 0: all (a process owns its data directory). Set it above the longest upload "
+            "when replicas share a data directory."
+        ),
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:
@@ -115,6 +160,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'fedaudit.db').resolve()}"
+
+    @property
+    def api_docs_enabled(self) -> bool:
+        return self.api_docs if self.api_docs is not None else self.environment == "development"
 
     @property
     def blob_dir(self) -> Path:

@@ -15,8 +15,17 @@ from fastapi.routing import APIRoute
 from service import __version__
 from service.api import problems
 from service.api.problems import ProblemDetails
-from service.api.routes import admin, federations, health, models, participation, reports
+from service.api.routes import (
+    admin,
+    credentials,
+    federations,
+    health,
+    models,
+    participation,
+    reports,
+)
 from service.config import Settings, get_settings
+from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
 from service.store.migrate import check_at_head
@@ -54,6 +63,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.startup_sweep:
+            sweep_leftovers(services)
         reaper = DeadlineReaper(services) if run_reaper else None
         if reaper is not None:
             reaper.start()
@@ -73,6 +84,9 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         ),
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        # The pages load Swagger UI and ReDoc from a CDN: off in production unless asked for.
+        docs_url="/docs" if settings.api_docs_enabled else None,
+        redoc_url="/redoc" if settings.api_docs_enabled else None,
     )
     app.state.services = services
     problems.install(app)
@@ -86,7 +100,13 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.include_router(health.router)
     app.include_router(admin.router)
     # participation first: its /rounds/current must win over the admin /rounds/{index}
-    for router in (participation.router, federations.router, reports.router, models.router):
+    for router in (
+        participation.router,
+        federations.router,
+        reports.router,
+        models.router,
+        credentials.router,
+    ):
         app.include_router(router, prefix=API_PREFIX)
 
     def openapi() -> dict[str, Any]:
@@ -109,6 +129,12 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
                     response = operation.get("responses", {}).get("422")
                     if response is not None:
                         response["content"] = {"application/problem+json": problem}
+            # Every route that takes a token can refuse it for a throttled address.
+            throttled = problems.PROBLEM_429[429]
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    if "401" in operation.get("responses", {}):
+                        operation["responses"].setdefault("429", copy.deepcopy(throttled))
             # Every route that reads the database can find the connection pool exhausted.
             busy = problems.PROBLEM_503[503]
             for path, operations in schema.get("paths", {}).items():

@@ -11,9 +11,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from service.config import Settings
+from service.coordinator import admin_auth
 from service.coordinator import clients as client_use_cases
 from service.coordinator.services import Services
-from service.errors import AuthError
+from service.errors import AuthError, RateLimitedError
 from service.store.models import Client
 
 bearer = HTTPBearer(auto_error=False, description="Admin token or a client token")
@@ -52,8 +53,43 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
-def require_admin(services: ServicesDep, credentials: Credentials) -> str:
-    client_use_cases.authenticate_admin(_token(credentials), services.settings.admin_secret())
+def client_address(request: Request) -> str:
+    """The caller's address (behind a proxy, what uvicorn's trusted forwarded headers say)."""
+    return request.client.host if request.client else "unknown"
+
+
+def check_throttle(request: Request, services: Services, token: str | None) -> None:
+    """Refuse (429) a token from an address that gave too many wrong ones lately."""
+    if not token:
+        return
+    address = client_address(request)
+    retry_after = services.auth_throttle.retry_after(address, services.clock())
+    if retry_after is not None:
+        raise RateLimitedError(
+            f"too many wrong tokens from {address}: every token is refused for {retry_after} s",
+            retry_after_s=retry_after,
+        )
+
+
+def note_wrong_token(request: Request, services: Services, token: str | None) -> None:
+    if token:
+        services.auth_throttle.failed(client_address(request), services.clock())
+
+
+def is_admin(services: Services, token: str | None) -> bool:
+    """Whether `token` is the admin token in force (a short unit of work of its own)."""
+    if not token:
+        return False
+    with services.sessions() as session:
+        return admin_auth.is_admin_token(session, token, services.settings.admin_secret())
+
+
+def require_admin(request: Request, services: ServicesDep, credentials: Credentials) -> str:
+    token = _token(credentials)
+    check_throttle(request, services, token)
+    if not is_admin(services, token):
+        note_wrong_token(request, services, token)
+        raise AuthError("a valid admin bearer token is required")
     return "admin"
 
 
@@ -68,10 +104,12 @@ def current_client(request: Request, services: ServicesDep, credentials: Credent
     and a handler that changes the client re-reads it in its own session.
     """
     token = _token(credentials)
+    check_throttle(request, services, token)
     try:
         with services.sessions() as session:
             return client_use_cases.authenticate_client(session, token)
     except AuthError as exc:
+        note_wrong_token(request, services, token)
         _record_refusal(request, services, exc)
         raise
 

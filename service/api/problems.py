@@ -85,6 +85,8 @@ def _slug(status: int) -> str:
 async def _coordinator_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CoordinatorError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.status == 429 and "retry_after_s" in exc.extensions:
+        headers = {"Retry-After": str(exc.extensions["retry_after_s"])}
     return problem_response(
         request,
         status=exc.status,
@@ -188,6 +190,21 @@ PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input
 PROBLEM_503: dict[int | str, dict[str, Any]] = {
     503: {
         **problem(503, "Busy: no database connection free in time; retry after Retry-After"),
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before retrying",
+                "schema": {"type": "integer"},
+            }
+        },
+    }
+}
+PROBLEM_429: dict[int | str, dict[str, Any]] = {
+    429: {
+        **problem(
+            429,
+            "Too many wrong tokens from this client address (any token is refused until the "
+            "window ends); retry after Retry-After",
+        ),
         "headers": {
             "Retry-After": {
                 "description": "Seconds to wait before retrying",

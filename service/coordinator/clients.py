@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import uuid
 from datetime import datetime
@@ -22,44 +20,14 @@ from service.store.models import Client
 log = logging.getLogger(__name__)
 
 
-def authenticate_admin(token: str | None, admin_token: str) -> None:
-    if not token or not hmac.compare_digest(token.encode(), admin_token.encode()):
-        raise AuthError("a valid admin bearer token is required")
-
-
-ADMIN_SESSION_TTL_S = 12 * 3600
-
-
-def _admin_session_mac(admin_token: str, expires: int) -> str:
-    message = f"fedaudit-admin-session:{expires}".encode()
-    return hmac.new(admin_token.encode(), message, hashlib.sha256).hexdigest()
-
-
-def admin_session(admin_token: str, *, now: float) -> str:
-    """A dashboard session value: its expiry and an HMAC of it under the admin token.
-
-    The raw token never leaves the login request, and changing the admin token invalidates
-    every session (the MAC no longer matches); nothing is stored server-side.
-    """
-    expires = int(now) + ADMIN_SESSION_TTL_S
-    return f"{expires}.{_admin_session_mac(admin_token, expires)}"
-
-
-def check_admin_session(value: str | None, admin_token: str, *, now: float) -> bool:
-    """Whether a session value was made under this admin token and has not expired."""
-    expires, _, mac = (value or "").partition(".")
-    if not (expires.isascii() and expires.isdigit() and mac):
-        return False
-    expected = _admin_session_mac(admin_token, int(expires))
-    return hmac.compare_digest(mac.encode(), expected.encode()) and int(expires) > now
-
-
 def authenticate_client(session: Session, token: str | None) -> Client:
     if not token or not token.startswith(CLIENT_TOKEN_PREFIX):
         raise AuthError("a valid client bearer token is required")
     client = repo.get_client_by_token_hash(session, hash_token(token))
     if client is None:
         raise AuthError("a valid client bearer token is required")
+    if client.token_revoked_at is not None:
+        raise AuthError("this client token was revoked by the admin")
     return client
 
 

@@ -324,7 +324,7 @@ def report_csv(report: dict[str, Any]) -> str:
         writer.writerow(
             [
                 row["client_id"],
-                row["name"],
+                csv_text(row["name"]),
                 row["status"],
                 row["pinned_status"] or "",
                 row["num_samples"] if row["num_samples"] is not None else "",
@@ -334,9 +334,11 @@ def report_csv(report: dict[str, Any]) -> str:
                 _csv_number(scores.get("fednoro")),
                 _csv_number(scores.get("fedncl")),
                 _csv_number(row["reliability"]),
-                " ".join(row["noisy_classes"]),
+                csv_text(" ".join(row["noisy_classes"])),
                 _csv_number(row["last_weight"]),
-                " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or []),
+                csv_text(
+                    " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or [])
+                ),
                 row["inconsistent_updates"],
                 ""
                 if row["last_inconsistent_at"] is None
@@ -344,6 +346,16 @@ def report_csv(report: dict[str, Any]) -> str:
             ]
         )
     return buffer.getvalue()
+
+
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell a spreadsheet will not run as a formula: one that starts with = + - @, a tab
+    or a carriage return gets a leading apostrophe (OWASP's CSV injection advice). Numbers are
+    written by `_csv_number` and left as they are, so negative scores stay numbers."""
+    return "'" + value if value.startswith(FORMULA_PREFIXES) else value
 
 
 def _csv_number(value: Any) -> str:

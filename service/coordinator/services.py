@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
-from service.coordinator.ratelimit import EventBudget
+from service.coordinator.ratelimit import EventBudget, FailureThrottle
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
 
@@ -32,10 +32,15 @@ class Services:
     """Wakes long-polls when a federation's rounds or status change (see `notify`)."""
     auth_events: EventBudget = field(init=False)
     """Budget of auth.rejected events per federation and minute (from the settings)."""
+    auth_throttle: FailureThrottle = field(init=False)
+    """Wrong tokens per client address (429 past the limit, from the settings)."""
     _commit_hook: CommitHook = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.auth_events = EventBudget(self.settings.auth_rejected_events_per_minute, 60.0)
+        self.auth_throttle = FailureThrottle(
+            self.settings.auth_failure_limit, self.settings.auth_failure_window_s
+        )
         self._commit_hook = CommitHook(self.sessions, self.notifier)
 
     def close(self) -> None:

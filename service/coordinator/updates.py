@@ -4,7 +4,8 @@ Order: idempotent replay, round state, selection, duplicate, declared sha256, te
 (names, shapes, dtypes equal the global model's), finite values, signals, and num_samples /
 class_counts against the site's join (within the federation's ``max_sample_drift``). Only then
 is the blob stored and the row inserted, in a transaction that first locks the round against a
-concurrent close. A rejected request changes nothing but the event trail, which records why.
+concurrent close; a blob whose transaction does not commit is removed again. A rejected request
+changes nothing but the event trail, which records why.
 """
 
 from __future__ import annotations
@@ -451,7 +452,8 @@ def _submit(
         float(federation.config["max_sample_drift"]),
     )
 
-    created_blob = False
+    # The blob belongs to this transaction: the store removes it again if the transaction ends
+    # without a commit, whatever the exception (service.store.blobs).
     try:
         with services.sessions.begin() as session:
             if not repo.touch_open_round(session, rnd.id):
@@ -463,7 +465,7 @@ def _submit(
                 raise DuplicateUpdateError(
                     f"an update for round {round_index} was already accepted from this client"
                 )
-            created_blob = services.blobs.put_file(staged.path, staged.sha256, session=session)
+            services.blobs.put_file(staged.path, staged.sha256, session=session)
             update = ModelUpdate(
                 federation_id=federation_id,
                 round_id=rnd.id,
@@ -491,14 +493,10 @@ def _submit(
                 client_id=client.id,
                 data={"update_id": str(update.id), "sha256": staged.sha256, "size": staged.size},
             )
-    except (CoordinatorError, IntegrityError) as exc:
-        if created_blob:
-            _drop_unreferenced_blob(services, staged.sha256)
-        if isinstance(exc, IntegrityError):
-            raise DuplicateUpdateError(
-                f"an update for round {round_index} was already accepted from this client"
-            ) from None
-        raise
+    except IntegrityError:
+        raise DuplicateUpdateError(
+            f"an update for round {round_index} was already accepted from this client"
+        ) from None
     return SubmitResult(update, created=True)
 
 
@@ -517,13 +515,6 @@ def _check_round(session: Session, rnd: Round, client: Client) -> None:
         raise DuplicateUpdateError(
             f"an update for round {rnd.index} was already accepted from this client"
         )
-
-
-def _drop_unreferenced_blob(services: Services, key: str) -> None:
-    with services.sessions() as session:
-        referenced = repo.blob_is_referenced(session, key)
-    if not referenced:
-        services.blobs.delete(key)
 
 
 def schedule_close_if_complete(services: Services, round_id: uuid.UUID) -> None:

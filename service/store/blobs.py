@@ -4,25 +4,69 @@ A blob's key is the sha256 of its bytes. Writes are atomic: the bytes go to a te
 the store's own directory, are fsynced, then renamed into place, so a crash never leaves a
 half-written blob under a real key. Two backends: a directory (default) and the database (for
 several replicas without a shared file system; readers get a local cached copy).
+
+Nothing is left behind. A blob put with the caller's ``session`` belongs to that transaction:
+when the transaction ends without a commit (any exception, a failed commit, a session closed
+mid-way) the file is removed again, unless another transaction of this process has put the same
+key and not ended yet, or a committed row references it. A crash between the rename and the
+commit can still leave a file without a row; :meth:`DirectoryBlobStore.sweep` (run at start-up)
+removes those, and the staged ``.part`` files a crash leaves.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
-from sqlalchemy import delete, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import delete, event, select
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from service.store.models import Blob
+from service.store.models import Blob, ModelUpdate, ModelVersion
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024
+QUERY_BATCH = 500
+_SESSION_KEY = "fedaudit.blobs_put"
+"""``session.info`` entry: the (store, key) pairs put in the session's current transaction."""
+
+References = Callable[[Session, Collection[str]], set[str]]
+"""Which of these keys a committed row still needs."""
+
+
+def referenced_by_rows(session: Session, keys: Collection[str]) -> set[str]:
+    """The keys that a model update or a model version points at."""
+    found: set[str] = set()
+    wanted = list(keys)
+    for start in range(0, len(wanted), QUERY_BATCH):
+        batch = wanted[start : start + QUERY_BATCH]
+        found.update(
+            session.scalars(select(ModelUpdate.blob_key).where(ModelUpdate.blob_key.in_(batch)))
+        )
+        found.update(
+            session.scalars(select(ModelVersion.blob_key).where(ModelVersion.blob_key.in_(batch)))
+        )
+    return found
+
+
+def stored_in_database(session: Session, keys: Collection[str]) -> set[str]:
+    """The keys that have a row in the ``blob`` table (what a cache entry copies)."""
+    found: set[str] = set()
+    wanted = list(keys)
+    for start in range(0, len(wanted), QUERY_BATCH):
+        batch = wanted[start : start + QUERY_BATCH]
+        found.update(session.scalars(select(Blob.key).where(Blob.key.in_(batch))))
+    return found
 
 
 def sha256_file(path: Path) -> str:
@@ -67,9 +111,10 @@ class BlobStore(Protocol):
     def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
         """Move the fsynced file at `path` into the store under `key`; True if it was new.
 
-        `session`: the caller's open transaction, which a database-backed store joins (so the
-        blob commits or rolls back with the rows that reference it, and SQLite's single writer
-        is not asked for a second, nested write transaction). Ignored by the directory store.
+        `session`: the caller's open transaction. The blob belongs to it: a database-backed
+        store writes its row there (so SQLite's single writer is not asked for a second, nested
+        write transaction), and a blob whose transaction ends without a commit is removed
+        again unless a committed row or another open transaction of this process needs it.
         """
         ...
 
@@ -85,14 +130,53 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
+        """Remove what a crash or a failed transaction left, last written before `older_than`."""
+        ...
+
+
+@dataclass
+class SweepReport:
+    """What a sweep removed."""
+
+    part_files: list[Path] = field(default_factory=list)
+    orphan_blobs: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.part_files or self.orphan_blobs)
+
+
+def sweep_part_files(directory: Path, *, older_than: float) -> list[Path]:
+    """Remove the ``*.part`` files in `directory` last written before `older_than` (epoch s)."""
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for path in directory.glob("*.part"):
+        try:
+            if path.is_file() and path.stat().st_mtime < older_than:
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:
+            continue  # gone meanwhile
+    return removed
+
 
 class DirectoryBlobStore:
-    """Blobs as files ``<root>/<key[:2]>/<key>``."""
+    """Blobs as files ``<root>/<key[:2]>/<key>``.
 
-    def __init__(self, root: Path) -> None:
+    `references`: which keys committed rows need (default: model updates and model versions);
+    a blob that no row needs is garbage, removed when the transaction that put it rolls back
+    and by :meth:`sweep`.
+    """
+
+    def __init__(self, root: Path, *, references: References = referenced_by_rows) -> None:
         self.root = root
+        self.references = references
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / ".tmp").mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._in_flight: Counter[str] = Counter()
+        """Keys put by transactions of this process that have not ended yet."""
 
     def _path(self, key: str) -> Path:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
@@ -101,18 +185,47 @@ class DirectoryBlobStore:
 
     def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
         target = self._path(key)
-        if target.exists():
-            path.unlink(missing_ok=True)
-            return False
         target.parent.mkdir(parents=True, exist_ok=True)
-        if path.stat().st_dev != self.root.stat().st_dev:
+        if not target.exists() and path.stat().st_dev != self.root.stat().st_dev:
             # A rename across file systems is not atomic: copy next to the target first.
             staged, _, _ = write_temp_file(self.root / ".tmp", path.read_bytes())
             path.unlink()
             path = staged
-        os.replace(path, target)
-        _fsync_dir(target.parent)
-        return True
+        with self._lock:
+            if session is not None:
+                self._in_flight[key] += 1
+                session.info.setdefault(_SESSION_KEY, []).append((self, key))
+            if target.exists():
+                path.unlink(missing_ok=True)
+                os.utime(target)  # in use again: not "old" for a sweep with a grace period
+                return False
+            os.replace(path, target)
+            _fsync_dir(target.parent)
+            return True
+
+    def _transaction_ended(self, key: str, bind: Any, *, committed: bool) -> None:
+        """A transaction that put `key` ended; without a commit, remove what no one needs."""
+        with self._lock:
+            self._in_flight[key] -= 1
+            if self._in_flight[key] > 0:
+                return  # another transaction of this process still counts on the file
+            del self._in_flight[key]
+            if committed or not self._path(key).exists():
+                return
+            try:
+                with Session(bind=bind) as session:
+                    needed = key in self.references(session, [key])
+            except Exception:
+                log.warning(
+                    "could not check whether blob %s is still referenced after a rollback; "
+                    "the start-up sweep will remove it if not",
+                    key,
+                    exc_info=True,
+                )
+                return
+            if not needed:
+                self._path(key).unlink(missing_ok=True)
+                log.info("blob %s removed: the transaction that stored it did not commit", key)
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
@@ -132,22 +245,78 @@ class DirectoryBlobStore:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def keys(self) -> Iterator[tuple[str, Path]]:
+        """Every stored blob's key and file."""
+        for directory in sorted(self.root.iterdir()):
+            if len(directory.name) != 2 or not directory.is_dir():
+                continue
+            for path in sorted(directory.iterdir()):
+                name = path.name
+                if len(name) == 64 and name.startswith(directory.name) and path.is_file():
+                    yield name, path
+
+    def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
+        """Remove staged ``.part`` files and blobs that no committed row needs, both last
+        written before `older_than` (epoch seconds); blobs that a transaction of this process
+        is still putting are kept."""
+        report = SweepReport(part_files=sweep_part_files(self.root / ".tmp", older_than=older_than))
+        candidates: dict[str, Path] = {}
+        for key, path in self.keys():
+            try:
+                if path.stat().st_mtime < older_than:
+                    candidates[key] = path
+            except FileNotFoundError:
+                continue
+        if not candidates:
+            return report
+        with sessions() as session:
+            needed = self.references(session, list(candidates))
+        with self._lock:
+            for key, path in candidates.items():
+                if key in needed or self._in_flight[key] > 0:
+                    continue
+                try:
+                    if path.stat().st_mtime >= older_than:
+                        continue  # put again since the query (put_file touches it)
+                except FileNotFoundError:
+                    continue
+                path.unlink(missing_ok=True)
+                report.orphan_blobs.append(key)
+            self._in_flight = +self._in_flight  # drop the zero counts the lookups added
+        return report
+
+
+@event.listens_for(Session, "after_commit")
+def _blobs_committed(session: Session) -> None:
+    for store, key in session.info.pop(_SESSION_KEY, ()):
+        store._transaction_ended(key, session.get_bind(), committed=True)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _blobs_transaction_ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is not None or _SESSION_KEY not in session.info:
+        return  # a nested transaction, or nothing put: the outermost one decides
+    for store, key in session.info.pop(_SESSION_KEY):
+        store._transaction_ended(key, session.get_bind(), committed=False)
+
 
 class DatabaseBlobStore:
     """Blobs as rows of the ``blob`` table; reads go through a local cache directory."""
 
     def __init__(self, sessions: sessionmaker[Session], cache_dir: Path) -> None:
         self.sessions = sessions
-        self.cache = DirectoryBlobStore(cache_dir)
+        self.cache = DirectoryBlobStore(cache_dir, references=stored_in_database)
 
     def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
         if session is not None:
             created = self._insert(session, path, key)
-        else:
-            with self.sessions.begin() as own:
-                created = self._insert(own, path, key)
+            if created:  # the cached copy goes if the row rolls back
+                self.cache.put_file(path, key, session=session)
+            return created
+        with self.sessions.begin() as own:
+            created = self._insert(own, path, key)
         if created:
-            self.cache.put_file(path, key)  # a cache entry outliving a rollback is harmless
+            self.cache.put_file(path, key)
         return created
 
     @staticmethod
@@ -192,6 +361,11 @@ class DatabaseBlobStore:
         with self.sessions.begin() as session:
             session.execute(delete(Blob).where(Blob.key == key))
         self.cache.delete(key)
+
+    def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
+        """The cache's leftovers: staged files, and copies of blobs without a row. (A blob row
+        commits with the rows that reference it, so none is left without them.)"""
+        return self.cache.sweep(sessions, older_than=older_than)
 
 
 @contextmanager

@@ -74,6 +74,8 @@ class Client(Base):
     anchor_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     num_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     class_counts: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # Set when an admin revokes the site's token; a rotation gives a new token and clears it.
+    token_revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     joined_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     flag_history: Mapped[list[Any]] = mapped_column(JSON, default=list)
@@ -195,3 +197,34 @@ class Blob(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AdminSession(Base):
+    """A dashboard session: the browser holds a random value, the row its sha256.
+
+    Valid while not revoked, not expired, and opened with the admin token in force now
+    (``credential_hash``), so changing the admin token ends every session.
+    """
+
+    __tablename__ = "admin_session"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    credential_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_from: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class AdminToken(Base):
+    """An admin token set with ``fedaudit admin rotate-token`` (its sha256; the newest row not
+    revoked is the admin token, and it replaces ``FEDAUDIT_ADMIN_TOKEN``)."""
+
+    __tablename__ = "admin_token"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

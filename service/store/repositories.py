@@ -304,12 +304,6 @@ def latest_updates(
     return {row.client_id: row for row in session.scalars(query)}
 
 
-def blob_is_referenced(session: Session, key: str) -> bool:
-    in_updates = select(ModelUpdate.id).where(ModelUpdate.blob_key == key).limit(1)
-    in_models = select(ModelVersion.id).where(ModelVersion.blob_key == key).limit(1)
-    return session.scalar(in_updates) is not None or session.scalar(in_models) is not None
-
-
 # --- audit results ---------------------------------------------------------------------------
 
 

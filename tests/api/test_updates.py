@@ -186,6 +186,7 @@ async def test_wrong_token_and_wrong_federation(api) -> None:
 
 async def test_a_flood_of_bad_tokens_writes_a_bounded_number_of_events(settings) -> None:
     settings.auth_rejected_events_per_minute = 3
+    settings.auth_failure_limit = 100  # the event budget, not the per-address throttle
     app = create_app(settings, run_reaper=False)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://t"

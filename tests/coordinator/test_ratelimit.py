@@ -1,4 +1,5 @@
-"""EventBudget: at most `limit` events per key and window, the rest counted, never lost."""
+"""EventBudget: at most `limit` events per key and window, the rest counted, never lost.
+FailureThrottle: wrong tokens per address, refused past the limit until the window ends."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.coordinator.ratelimit import Admission, EventBudget
+from service.coordinator.ratelimit import Admission, EventBudget, FailureThrottle
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -64,3 +65,26 @@ def test_concurrent_callers_never_exceed_the_limit():
 def test_bad_parameters(limit: int, window: float):
     with pytest.raises(ValueError, match="limit|window_s"):
         EventBudget(limit=limit, window_s=window)
+
+
+def test_failure_throttle_refuses_past_the_limit_until_the_window_ends() -> None:
+    throttle = FailureThrottle(limit=3, window_s=60.0)
+    start = datetime(2026, 11, 26, tzinfo=UTC)
+    for i in range(3):
+        assert throttle.retry_after("10.0.0.1", start) is None
+        throttle.failed("10.0.0.1", start + timedelta(seconds=i))
+    assert throttle.retry_after("10.0.0.1", start + timedelta(seconds=10)) == 50
+    assert throttle.retry_after("10.0.0.1", start + timedelta(seconds=59.5)) == 1
+    assert throttle.retry_after("10.0.0.2", start) is None  # per key
+    assert throttle.retry_after("10.0.0.1", start + timedelta(seconds=60)) is None
+    throttle.failed("10.0.0.1", start + timedelta(seconds=60))  # a new window, count 1
+    assert throttle.retry_after("10.0.0.1", start + timedelta(seconds=61)) is None
+
+
+def test_failure_throttle_memory_is_bounded() -> None:
+    throttle = FailureThrottle(limit=1, window_s=60.0, max_keys=100)
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    for i in range(1000):
+        throttle.failed(f"10.0.{i // 256}.{i % 256}", now)
+    assert len(throttle._keys) <= 100
+    assert throttle.retry_after("10.0.3.231", now) is not None  # the newest is kept

@@ -19,7 +19,7 @@ CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
 header{background:#343a40;color:#fff;padding:.6rem 1.2rem;display:flex;align-items:center;gap:1rem}
 header a{color:#fff;text-decoration:none;font-weight:600}
-header form{margin-left:auto}
+header form:first-of-type{margin-left:auto}
 main{padding:1rem 1.2rem;max-width:1400px}
 section{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:.8rem 1rem;margin:1rem 0}
 h1{font-size:1.4rem;margin:.2rem 0 .6rem}h2{font-size:1.1rem;margin:.2rem 0 .6rem}
@@ -41,6 +41,8 @@ dt{color:#868e96}dd{margin:0}
 def layout(title: str, body: str, *, logged_in: bool = True) -> str:
     logout = (
         '<form method="post" action="/admin/logout"><button type="submit">Log out</button></form>'
+        '<form method="post" action="/admin/logout-everywhere">'
+        '<button type="submit">Log out everywhere</button></form>'
         if logged_in
         else ""
     )
@@ -80,7 +82,7 @@ def login_page(error: str | None = None) -> str:
     message = f'<p class="error">{esc(error)}</p>' if error else ""
     body = (
         "<section><h1>Log in</h1><p>Paste the coordinator's admin token "
-        "(<code>FEDAUDIT_ADMIN_TOKEN</code>). The browser keeps a signed session cookie, not the "
+        "(<code>FEDAUDIT_ADMIN_TOKEN</code>). The browser keeps a session cookie, not the "
         f"token.</p>{message}"
         '<form method="post" action="/admin/login">'
         '<label>Admin token <input type="password" name="token" autocomplete="current-password" '

@@ -1,17 +1,19 @@
 """Admin dashboard: server-rendered HTML pages under /admin (kept out of the OpenAPI schema).
 
 Auth: the admin bearer token (as the API), or the session cookie that `POST /admin/login`
-sets after checking the token — an HMAC of an expiry under the admin token, so the token is
-never stored in the browser and changing it ends every session. HttpOnly, SameSite=Strict,
-Secure on https. Without either, a page request is redirected (303) to /admin/login; a request
-that sends an Authorization header or asks for JSON (Accept) gets a 401 problem+json instead.
-The two forms (login, logout) also refuse a cross-site Origin header (CSRF).
+sets after checking the token: a random value whose hash is a server-side session row
+(`service.coordinator.admin_auth`), so the token is never stored in the browser, logging out
+ends the session for good, and changing the admin token ends every session. HttpOnly,
+SameSite=Strict, Secure on https or always with `force_secure_cookies`. Without either, a page
+request is redirected (303) to /admin/login; a request that sends an Authorization header or
+asks for JSON (Accept) gets a 401 problem+json instead. Wrong tokens at the login form count
+towards the per-address throttle as wrong bearer tokens do (429 past it). The forms (login,
+logout, log out everywhere) also refuse a cross-site Origin header (CSRF).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -20,9 +22,17 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.dashboard import pages
-from service.api.deps import Credentials, ServicesDep, SessionDep, require_admin
-from service.coordinator import clients as client_use_cases
-from service.coordinator import queries, reports
+from service.api.deps import (
+    Credentials,
+    ServicesDep,
+    SessionDep,
+    check_throttle,
+    client_address,
+    note_wrong_token,
+    require_admin,
+)
+from service.coordinator import admin_auth, queries, reports
+from service.coordinator.services import Services
 from service.errors import AuthError, ForbiddenError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -51,12 +61,15 @@ def _redirect(url: str) -> RedirectResponse:
 
 
 def _authenticated(request: Request, services: ServicesDep, credentials: Credentials) -> bool:
-    try:
-        require_admin(services, credentials)
+    if credentials is not None:
+        require_admin(request, services, credentials)  # a wrong bearer token: 401, not a redirect
         return True
-    except AuthError:
-        return client_use_cases.check_admin_session(
-            request.cookies.get(COOKIE), services.settings.admin_secret(), now=time.time()
+    with services.sessions() as session:
+        return admin_auth.check_session(
+            session,
+            request.cookies.get(COOKIE),
+            services.settings.admin_secret(),
+            now=services.clock(),
         )
 
 
@@ -67,8 +80,11 @@ def _wants_json(request: Request) -> bool:
 
 def refusal(request: Request, services: ServicesDep, credentials: Credentials) -> Response | None:
     """None when the request may see admin pages; otherwise the answer to send."""
-    if _authenticated(request, services, credentials):
-        return None
+    try:
+        if _authenticated(request, services, credentials):
+            return None
+    except AuthError:
+        pass
     if "authorization" in request.headers or _wants_json(request):
         raise AuthError("a valid admin bearer token or dashboard session is required")
     return _redirect("/admin/login")
@@ -77,11 +93,11 @@ def refusal(request: Request, services: ServicesDep, credentials: Credentials) -
 Refusal = Annotated[Response | None, Depends(refusal)]
 
 
-def _cookie_attributes(request: Request) -> dict[str, Any]:
+def _cookie_attributes(request: Request, services: Services) -> dict[str, Any]:
     """What set_cookie and delete_cookie must agree on, or the browser keeps the cookie."""
     return {
         "path": "/admin",
-        "secure": request.url.scheme == "https",
+        "secure": services.settings.force_secure_cookies or request.url.scheme == "https",
         "httponly": True,
         "samesite": "strict",
     }
@@ -104,29 +120,54 @@ def login_form() -> HTMLResponse:
 @router.post("/login", summary="Check the admin token and start a dashboard session")
 def login(request: Request, services: ServicesDep, token: Annotated[str, Form()] = "") -> Response:
     _check_origin(request)
-    secret = services.settings.admin_secret()
-    try:
-        client_use_cases.authenticate_admin(token, secret)
-    except AuthError:
-        log.warning(
-            "dashboard login refused from %s", request.client.host if request.client else "?"
-        )
+    check_throttle(request, services, token or "(empty)")
+    with services.sessions.begin() as session:
+        secret = services.settings.admin_secret()
+        if not admin_auth.is_admin_token(session, token, secret):
+            value = None
+        else:
+            value = admin_auth.start_session(
+                session,
+                admin_auth.current_admin_hash(session, secret),
+                now=services.clock(),
+                address=client_address(request),
+            )
+    if value is None:
+        note_wrong_token(request, services, token or "(empty)")
+        log.warning("dashboard login refused from %s", client_address(request))
         return _html(pages.login_page("That is not the admin token."), status=401)
     response = _redirect("/admin")
     response.set_cookie(
         COOKIE,
-        client_use_cases.admin_session(secret, now=time.time()),
-        max_age=client_use_cases.ADMIN_SESSION_TTL_S,
-        **_cookie_attributes(request),
+        value,
+        max_age=int(admin_auth.ADMIN_SESSION_TTL.total_seconds()),
+        **_cookie_attributes(request, services),
     )
     return response
 
 
-@router.post("/logout", summary="End the dashboard session")
-def logout(request: Request) -> Response:
+@router.post("/logout", summary="End this dashboard session")
+def logout(request: Request, services: ServicesDep) -> Response:
     _check_origin(request)
+    with services.sessions.begin() as session:
+        admin_auth.end_session(session, request.cookies.get(COOKIE), now=services.clock())
     response = _redirect("/admin/login")
-    response.delete_cookie(COOKIE, **_cookie_attributes(request))
+    response.delete_cookie(COOKIE, **_cookie_attributes(request, services))
+    return response
+
+
+@router.post("/logout-everywhere", summary="End every dashboard session")
+def logout_everywhere(
+    request: Request, services: ServicesDep, credentials: Credentials, refused: Refusal
+) -> Response:
+    _check_origin(request)
+    if refused is not None:
+        return refused
+    with services.sessions.begin() as session:
+        ended = admin_auth.end_all_sessions(session, now=services.clock())
+    log.warning("dashboard: every session ended (%d) from %s", ended, client_address(request))
+    response = _redirect("/admin/login")
+    response.delete_cookie(COOKIE, **_cookie_attributes(request, services))
     return response
 
 

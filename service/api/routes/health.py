@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
 from service import __version__
@@ -32,10 +32,10 @@ def readyz(services: ServicesDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-def metrics_auth(services: ServicesDep, credentials: Credentials) -> None:
+def metrics_auth(request: Request, services: ServicesDep, credentials: Credentials) -> None:
     """The admin token, only when `metrics_require_admin` is set (scrapers usually send none)."""
     if services.settings.metrics_require_admin:
-        require_admin(services, credentials)
+        require_admin(request, services, credentials)
 
 
 def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:

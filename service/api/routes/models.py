@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
 
-from service.api.deps import Credentials, ServicesDep, SessionDep
+from service.api.deps import (
+    Credentials,
+    ServicesDep,
+    SessionDep,
+    check_throttle,
+    is_admin,
+    note_wrong_token,
+)
 from service.api.problems import PROBLEM_401, PROBLEM_403, PROBLEM_404
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries
@@ -30,17 +37,21 @@ router = APIRouter(prefix="/models", tags=["models"])
 )
 def download_model(
     model_id: uuid.UUID,
+    request: Request,
     session: SessionDep,
     services: ServicesDep,
     credentials: Credentials,
     if_none_match: str | None = Header(None),
 ) -> Response:
     token = credentials.credentials if credentials is not None else None
+    check_throttle(request, services, token)
     client = None
-    try:
-        client_use_cases.authenticate_admin(token, services.settings.admin_secret())
-    except AuthError:
-        client = client_use_cases.authenticate_client(session, token)
+    if not is_admin(services, token):
+        try:
+            client = client_use_cases.authenticate_client(session, token)
+        except AuthError:
+            note_wrong_token(request, services, token)
+            raise
     key, sha256, size = queries.downloadable_model(session, model_id, client=client)
     etag = f'"{sha256}"'
     # The file is sent after the handler returns; give the connection back first, or every site
