@@ -108,6 +108,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
                 "round": h.get("round"),
                 "in_warmup": bool(h.get("in_warmup")),
                 "primary": h.get("primary"),
+                "verdict": h.get("verdict"),
                 **{d: h.get(d) for d in DETECTORS if d in h},
             }
             for h in (client.flag_history or [])

@@ -278,6 +278,35 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
         raise
 
 
+def _primary_status(result: dict[str, Any]) -> str | None:
+    """The status of the round's primary detector (ok, inconclusive, undetermined)."""
+    detection = (result.get("detections") or {}).get(result.get("primary")) or {}
+    status = detection.get("status")
+    return status if isinstance(status, str) else None
+
+
+def _record_abstention(
+    session: Session, federation_id: uuid.UUID, rnd: Round, result: dict[str, Any]
+) -> None:
+    """An event ``audit.inconclusive`` / ``audit.undetermined`` when the primary detector gave no
+    verdict in a round after the warm-up (``/metrics`` counts them, the event trail says why)."""
+    primary = result.get("primary")
+    status = _primary_status(result)
+    if result.get("in_warmup") or status not in ("inconclusive", "undetermined"):
+        return
+    detection = (result.get("detections") or {}).get(primary) or {}
+    reason = detection.get("reason") or "no reason recorded"
+    repo.add_event(
+        session,
+        kind=f"audit.{status}",
+        actor="system",
+        message=f"round {rnd.index}: the primary detector {primary} is {status}: {reason}",
+        federation_id=federation_id,
+        round_id=rnd.id,
+        data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
+    )
+
+
 def _close_claimed(
     services: Services, session: Session, round_id: uuid.UUID, *, reason: str, started: float
 ) -> None:
@@ -321,6 +350,7 @@ def _close_claimed(
         clients,
         outcome.flags_by_client,
         bool(outcome.result["in_warmup"]),
+        verdict=_primary_status(outcome.result),
     )
     repo.add_event(
         session,
@@ -343,6 +373,7 @@ def _close_claimed(
             "fallback": outcome.fallback_reason,
         },
     )
+    _record_abstention(session, federation.id, rnd, outcome.result)
     if rnd.index + 1 >= federation.rounds:
         federation.status = "finished"
         repo.add_event(
@@ -372,18 +403,24 @@ def _update_statuses(
     clients: dict[uuid.UUID, Client],
     flags: dict[str, dict[str, bool | None]],
     in_warmup: bool,
+    *,
+    verdict: str | None = None,
 ) -> None:
     """Append this round's flags to each client's history and apply the status rule.
 
     Flags raised during the warm-up are kept in the history (marked) but do not count
-    towards a status: the global model is not trained enough for them to mean much.
+    towards a status: the global model is not trained enough for them to mean much. Each
+    entry also records the primary detector's status (``verdict``: ok, inconclusive,
+    undetermined), so that the dashboard tells an abstention from a missing flag.
     """
     m = int(federation.config["audit"]["status_m"])
     w = int(federation.config["audit"]["status_w"])
     for client_id_text, client_flags in flags.items():
         client = clients[uuid.UUID(client_id_text)]
         history = list(client.flag_history or [])
-        history.append({"round": rnd.index, "in_warmup": in_warmup, **client_flags})
+        history.append(
+            {"round": rnd.index, "in_warmup": in_warmup, "verdict": verdict, **client_flags}
+        )
         client.flag_history = history
         if in_warmup:
             continue

@@ -129,6 +129,8 @@ def _flag_kind(entry: Mapping[str, Any] | None) -> str:
     if entry.get("in_warmup"):
         return "warmup"
     primary = entry.get("primary")
+    if primary is None and entry.get("verdict") == "inconclusive":
+        return "inconclusive"
     return "flagged" if primary is True else "clear" if primary is False else "undetermined"
 
 

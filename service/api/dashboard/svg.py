@@ -21,6 +21,7 @@ FLAG_CELLS = {
     "flagged": ("#c92a2a", "flagged noisy"),
     "clear": ("#2b8a3e", "not flagged"),
     "undetermined": ("#adb5bd", "undetermined"),
+    "inconclusive": ("#ffe066", "inconclusive (the audit abstained)"),
     "warmup": ("#d0ebff", "warm-up (not counted)"),
     "absent": ("#ffffff", "no update"),
 }

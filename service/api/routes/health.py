@@ -76,6 +76,17 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
             [({}, rejected)],
         ),
         MetricFamily(
+            "fedaudit_audits_abstained_total",
+            "Rounds after the warm-up whose primary detector gave no verdict: inconclusive "
+            "(the consensus is suspect, nobody flagged) or undetermined (too few sites or "
+            "signals); events audit.inconclusive / audit.undetermined.",
+            "counter",
+            [
+                ({"status": status}, counts["events"].get(f"audit.{status}", 0))
+                for status in ("inconclusive", "undetermined")
+            ],
+        ),
+        MetricFamily(
             "fedaudit_events_total",
             "Events in the audit trail by kind (rejected requests are events).",
             "counter",

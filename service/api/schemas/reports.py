@@ -56,7 +56,15 @@ class ReportFlagRound(BaseModel):
 
     round: int | None
     in_warmup: bool
-    primary: bool | None = Field(description="The primary detector's flag (null: undetermined)")
+    primary: bool | None = Field(description="The primary detector's flag (null: no verdict)")
+    verdict: Literal["ok", "inconclusive", "undetermined"] | None = Field(
+        default=None,
+        description=(
+            "The primary detector's status that round: ok; inconclusive (the audit abstained: "
+            "the consensus was suspect, nobody flagged); undetermined (too few sites or "
+            "signals). Null for rounds closed before it was recorded."
+        ),
+    )
 
 
 class ReportClient(BaseModel):
