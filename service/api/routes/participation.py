@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import CurrentClient, ServicesDep, SessionDep
@@ -33,6 +33,7 @@ from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
 from service.coordinator.services import Services
 from service.errors import CoordinatorError, InconsistentUpdateError
+from service.inputs import INT32_MAX
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
 
@@ -50,7 +51,7 @@ SAFETY_RECHECK_S = 15.0
 def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> TaskSpec:
     client_use_cases.check_scope(client, federation_id)
     federation = federation_of(session, federation_id)
-    return TaskSpec(
+    return TaskSpec.model_construct(
         num_classes=federation.num_classes,
         input_shape=federation.input_shape,
         class_names=federation.class_names,
@@ -176,12 +177,20 @@ async def get_current_round(
 )
 async def submit_update(
     federation_id: uuid.UUID,
-    round_index: int,
     request: Request,
     response: Response,
     services: ServicesDep,
     client: CurrentClient,
-    idempotency_key: str = Header(..., alias="Idempotency-Key"),
+    round_index: int = Path(ge=0, le=INT32_MAX),
+    idempotency_key: str = Header(
+        ...,
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="1-200 visible ASCII characters; a retry with the same key and the same "
+        "update gets the stored result",
+    ),
 ) -> UpdateRead:
     try:
         client_use_cases.check_scope(client, federation_id)

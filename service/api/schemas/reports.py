@@ -9,13 +9,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.audit import ClientStatus
+from service.inputs import TEXT_RULES, BoundedJson, Text
 
 
 class PinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: ClientStatus
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
 
 class AnchorRequest(BaseModel):
@@ -23,7 +24,7 @@ class AnchorRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
 
 class RecomputeRequest(BaseModel):
@@ -31,12 +32,12 @@ class RecomputeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    audit: dict[str, Any] = Field(
+    audit: BoundedJson = Field(
         default_factory=dict,
         description="Audit settings to change, e.g. {'aggregation': 'median'} or "
         "{'fednoro_require_separation': false}",
     )
-    exclude_clients: list[uuid.UUID] = Field(default_factory=list)
+    exclude_clients: list[uuid.UUID] = Field(default_factory=list, max_length=100_000)
 
 
 class NeighborWeight(BaseModel):
