@@ -47,7 +47,26 @@ class PlanSpec(BaseModel):
 
 
 class FederationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "chest-xray",
+                    "task": {
+                        "num_classes": 2,
+                        "input_shape": [1, 28, 28],
+                        "class_names": ["normal", "pneumonia"],
+                    },
+                    "plan": {"rounds": 50, "min_clients": 3, "round_deadline_s": 1800},
+                    "config": {
+                        "method": "fednoro",
+                        "hyperparameters": {"lr": 0.01, "local_epochs": 2},
+                    },
+                }
+            ]
+        },
+    )
 
     name: Name = Field(min_length=1, max_length=200, description=NAME_RULES)
     task: TaskSpec
@@ -89,7 +108,9 @@ class ModelRead(BaseModel):
 
 
 class FederationStop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "the study ended"}]}
+    )
 
     reason: Text = Field(
         min_length=1,
@@ -100,7 +121,9 @@ class FederationStop(BaseModel):
 
 
 class ClientCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "hospital-a"}]}
+    )
 
     name: Name = Field(min_length=1, max_length=200, description=NAME_RULES)
 

@@ -13,7 +13,10 @@ from service.inputs import TEXT_RULES, BoundedJson, Text
 
 
 class PinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"status": "noisy", "reason": "labels re-read by hand"}]},
+    )
 
     status: ClientStatus
     reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
@@ -22,7 +25,9 @@ class PinRequest(BaseModel):
 class AnchorRequest(BaseModel):
     """Mark a site as a trust anchor: its labels are curated (why, for the event trail)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "labels curated twice"}]}
+    )
 
     reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
@@ -30,7 +35,10 @@ class AnchorRequest(BaseModel):
 class RecomputeRequest(BaseModel):
     """Re-run a past round's audit with other settings, or a what-if aggregation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"audit": {"aggregation": "median"}}]},
+    )
 
     audit: BoundedJson = Field(
         default_factory=dict,

@@ -56,7 +56,10 @@ class RoundPage(BaseModel):
 
 
 class JoinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"num_samples": 10, "class_counts": [5, 5]}]},
+    )
 
     num_samples: PositiveInt32
     class_counts: list[Int32] = Field(min_length=1, max_length=100_000)
