@@ -105,9 +105,9 @@ TEXT_RULES = "No NUL or other control characters but tab, line feed and carriage
 
 _NOT_IN_NAMES = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 NAME_PATTERN = rf"^[^{_NOT_IN_NAMES}]*[^\s{_NOT_IN_NAMES}][^{_NOT_IN_NAMES}]*$"
-"""The name rules as a regular expression, for the OpenAPI document (the check is `name_problem`)."""
+"""The name rules as a regular expression, for the OpenAPI document (the check: `name_problem`)."""
 TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]*$"
-"""The text rules as a regular expression, for the OpenAPI document (the check is `text_problem`)."""
+"""The text rules as a regular expression, for the OpenAPI document (the check: `text_problem`)."""
 
 Name = Annotated[
     str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(_check_name)
