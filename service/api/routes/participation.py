@@ -61,7 +61,21 @@ def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClien
 @router.post(
     "/join",
     summary="Join the federation",
-    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_422_UPDATE},
+    responses={
+        200: {
+            "links": {
+                "GetCurrentRound": {
+                    "operationId": "participation-get_current_round",
+                    "parameters": {"federation_id": "$response.body#/federation_id"},
+                    "description": "Ask what to do now",
+                }
+            }
+        },
+        **PROBLEM_400,
+        **PROBLEM_401,
+        **PROBLEM_404,
+        **PROBLEM_422_UPDATE,
+    },
 )
 def join(
     federation_id: uuid.UUID,
@@ -111,10 +125,28 @@ def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
     )
 
 
+# OpenAPI links: the workflow a site follows, from one answer to the next request.
+CURRENT_ROUND_LINKS = {
+    "SubmitUpdate": {
+        "operationId": "participation-submit_update",
+        "parameters": {
+            "federation_id": "$request.path.federation_id",
+            "round_index": "$response.body#/round/index",
+        },
+        "description": "Submit the update of the round to train",
+    },
+    "DownloadGlobalModel": {
+        "operationId": "models-download_model",
+        "parameters": {"model_id": "$response.body#/instructions/global_model_id"},
+        "description": "Download the global model to start from",
+    },
+}
+
+
 @router.get(
     "/rounds/current",
     summary="What to do now: train (with instructions), wait, or finished",
-    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
+    responses={200: {"links": CURRENT_ROUND_LINKS}, **PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
 )
 async def get_current_round(
     federation_id: uuid.UUID,
