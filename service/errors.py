@@ -14,6 +14,7 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
     │   ├── IdempotencyKeyReusedError 409 idempotency-key-reused
     │   └── FederationStateError     409 federation-state
     ├── PayloadTooLargeError         413 payload-too-large
+    ├── InvalidSpecError             422 validation-error
     ├── UpdateRejectedError          422 update-rejected
     │   └── InconsistentUpdateError  422 update-inconsistent
     ├── InvalidModelError            422 invalid-model
@@ -93,6 +94,15 @@ class PayloadTooLargeError(CoordinatorError):
     status = 413
     title = "Payload too large"
     type_slug = "payload-too-large"
+
+
+class InvalidSpecError(CoordinatorError):
+    """A request body that its schema let through but a deeper rule refuses (a recipe's
+    hyper-parameters): the same problem type as a schema violation, ``errors`` naming each field."""
+
+    status = 422
+    title = "Request validation failed"
+    type_slug = "validation-error"
 
 
 class UpdateRejectedError(CoordinatorError):

@@ -135,6 +135,13 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
                 for operation in operations.values():
                     if "401" in operation.get("responses", {}):
                         operation["responses"].setdefault("429", copy.deepcopy(throttled))
+            # A body that cannot be decoded (not UTF-8, not JSON, nested too deep for the
+            # parser) is answered 400 before the body's schema is checked.
+            unreadable = problems.PROBLEM_400[400]
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    if "requestBody" in operation:
+                        operation["responses"].setdefault("400", copy.deepcopy(unreadable))
             # Every route that reads the database can find the connection pool exhausted.
             busy = problems.PROBLEM_503[503]
             for path, operations in schema.get("paths", {}).items():

@@ -29,12 +29,14 @@ def federation_read(
         name=federation.name,
         status=federation.status,
         status_reason=federation.status_reason,
-        task=TaskSpec(
+        # Stored values are shown as they are (model_construct): a federation created before a
+        # rule tightened must still be readable.
+        task=TaskSpec.model_construct(
             num_classes=federation.num_classes,
             input_shape=federation.input_shape,
             class_names=federation.class_names,
         ),
-        plan=PlanSpec(
+        plan=PlanSpec.model_construct(
             rounds=federation.rounds,
             min_clients=federation.min_clients,
             max_clients=federation.max_clients,

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.audit import DETECTORS, AuditConfig, scale_rounds
+from service.coordinator.hyperparameters import hyperparameter_errors
+from service.inputs import INT32_MAX, BoundedJson
 
 Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
 RECIPES = ("fedavg", "fedprox", "fednoro", "fedrn", "fedncl_correction", "rofl", "flr")
@@ -102,6 +104,17 @@ COMMON_HYPERPARAMETERS: dict[str, Any] = {
 }
 
 
+class InvalidHyperparametersError(ValueError):
+    """The hyper-parameters do not fit the recipe; `errors` locate each problem inside them."""
+
+    def __init__(self, recipe: str, errors: list[dict[str, Any]]) -> None:
+        first = errors[0]
+        where = ".".join(str(part) for part in first["loc"])
+        super().__init__(f"hyperparameters.{where}: {first['msg']} (recipe {recipe})")
+        self.recipe = recipe
+        self.errors = errors
+
+
 class FederationConfigInput(BaseModel):
     """What an operator may set; everything else comes from the method preset."""
 
@@ -112,9 +125,18 @@ class FederationConfigInput(BaseModel):
     aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     primary_detector: Literal[DETECTORS] | None = None  # type: ignore[valid-type]
     detectors: list[Literal[DETECTORS]] | None = None  # type: ignore[valid-type]
-    warmup_rounds: int | None = Field(default=None, ge=0)
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    audit: dict[str, Any] = Field(default_factory=dict)
+    warmup_rounds: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    hyperparameters: BoundedJson = Field(
+        default_factory=dict,
+        description=(
+            "The recipe's hyper-parameters (over its defaults): every recipe reads optimizer "
+            "(sgd, adam), lr (> 0), momentum ([0, 1]), weight_decay (>= 0), local_epochs "
+            "(1-10000), batch_size, max_grad_norm (> 0 or null), and its own keys (see "
+            "service/coordinator/hyperparameters.py); another key, a wrong type or a value out "
+            "of range is refused (422, the field named)"
+        ),
+    )
+    audit: BoundedJson = Field(default_factory=dict)
     probe_size: int = Field(default=8, ge=1, le=1024)
     max_sample_drift: float = Field(
         default=DEFAULT_MAX_SAMPLE_DRIFT,
@@ -143,6 +165,9 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
     for key, (value, paper_rounds) in PAPER_SCHEDULES.get(recipe, {}).items():
         hyperparameters[key] = scale_rounds(value, paper_rounds, rounds)
     hyperparameters.update(data.hyperparameters)
+    errors = hyperparameter_errors(recipe, hyperparameters)
+    if errors:
+        raise InvalidHyperparametersError(recipe, errors)
 
     if data.warmup_rounds is not None:
         warmup = data.warmup_rounds

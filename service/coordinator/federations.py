@@ -11,7 +11,11 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.coordinator.federation_config import FederationConfigInput, resolve_config
+from service.coordinator.federation_config import (
+    FederationConfigInput,
+    InvalidHyperparametersError,
+    resolve_config,
+)
 from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.coordinator.tensors import (
@@ -24,6 +28,7 @@ from service.errors import (
     ConflictError,
     FederationStateError,
     InvalidModelError,
+    InvalidSpecError,
     NotFoundError,
 )
 from service.store import repositories as repo
@@ -73,6 +78,14 @@ def create_federation(
         raise ConflictError(f"a federation named {name!r} already exists")
     try:
         resolved = resolve_config(config, rounds=rounds)
+    except InvalidHyperparametersError as exc:
+        raise InvalidSpecError(
+            str(exc),
+            errors=[
+                {**error, "loc": ["body", "config", "hyperparameters", *error["loc"]]}
+                for error in exc.errors
+            ],
+        ) from None
     except ValueError as exc:
         raise BadRequestError(
             f"invalid audit configuration: {exc}",

@@ -40,6 +40,7 @@ from service.errors import (
     RoundClosedError,
     UpdateRejectedError,
 )
+from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
 from service.store import repositories as repo
 from service.store.models import Client, Federation, ModelUpdate, Round
 
@@ -92,12 +93,21 @@ def _check_per_class(
 
 
 def parse_metadata(raw: str | bytes) -> dict[str, Any]:
+    too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise UpdateRejectedError(
+            f"metadata is {too_deep}", errors=[_error(["metadata"], too_deep)]
+        ) from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
         raise UpdateRejectedError(
             f"metadata is not valid JSON: {exc}", errors=[_error(["metadata"], str(exc))]
         ) from None
+    if json_depth_exceeds(data):
+        raise UpdateRejectedError(
+            f"metadata is {too_deep}", errors=[_error(["metadata"], too_deep)]
+        )
     if not isinstance(data, dict):
         raise UpdateRejectedError(
             "metadata must be a JSON object", errors=[_error(["metadata"], "not an object")]
@@ -116,8 +126,10 @@ def validate_signals(
     errors: list[dict[str, Any]] = []
     num_classes = federation.num_classes
     n = metadata.get("num_samples")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
-        errors.append(_error(["metadata", "num_samples"], "must be a positive integer"))
+    if not (isinstance(n, int) and not isinstance(n, bool) and 0 < n <= INT32_MAX):
+        errors.append(
+            _error(["metadata", "num_samples"], f"must be an integer from 1 to {INT32_MAX}")
+        )
         n = None
     signals = metadata.get("signals")
     if not isinstance(signals, dict):
@@ -142,13 +154,15 @@ def validate_signals(
     counts_ok = (
         isinstance(counts, list)
         and len(counts) == num_classes
-        and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
+        and all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= INT32_MAX for c in counts
+        )
     )
     if not counts_ok:
         errors.append(
             _error(
                 ["metadata", "signals", "class_counts"],
-                f"must be {num_classes} non-negative integers",
+                f"must be {num_classes} integers from 0 to {INT32_MAX}",
             )
         )
     elif n is not None and sum(counts) != n:
@@ -221,10 +235,12 @@ def validate_signals(
         metrics = {}
     else:
         for key, value in metrics.items():
-            if not (isinstance(key, str) and len(key) <= 64) or not (
-                value is None or _finite(value)
-            ):
-                errors.append(_error(["metadata", "metrics", str(key)[:64]], "finite number"))
+            if not (1 <= len(key) <= 64) or name_problem(key) is not None:
+                errors.append(
+                    _error(["metadata", "metrics"], "names must be 1-64 printable characters")
+                )
+            elif not (value is None or _finite(value)):
+                errors.append(_error(["metadata", "metrics", key], "finite number"))
     for key in sorted(set(metadata) - {"num_samples", "sha256", "signals", "metrics"}):
         errors.append(_error(["metadata", key], "unknown field"))
     if errors:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -343,6 +344,22 @@ def audits_newest_first(
 # --- events ----------------------------------------------------------------------------------
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(value: Any) -> Any:
+    """`value` with NUL and unpaired surrogates replaced by U+FFFD, in strings and in the keys
+    and items of JSON containers: an event quotes what a refused request carried (a path, a
+    metadata key), and neither database can store those characters in text."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
+
+
 def add_event(
     session: Session,
     *,
@@ -356,12 +373,12 @@ def add_event(
 ) -> Event:
     event = Event(
         kind=kind,
-        actor=actor,
-        message=message,
+        actor=storable(actor),
+        message=storable(message),
         federation_id=federation_id,
         round_id=round_id,
         client_id=client_id,
-        data=data or {},
+        data=storable(data or {}),
         created_at=utcnow(),
     )
     session.add(event)

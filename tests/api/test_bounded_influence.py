@@ -34,14 +34,14 @@ async def test_a_size_claim_out_of_proportion_is_refused_then_an_honest_one_acce
 ) -> None:
     fed = await make_federation(api, joins=JOINED_100)
     before = blob_files(settings)
-    # 10^12 samples, class counts consistent with it (5 x 10^11 each).
-    lie = await submit(api, fed, "a", 0, tiny_state(1.0), 10**12, key="lie")
+    # 10^9 samples (within the column's range), class counts consistent with it (5 x 10^8 each).
+    lie = await submit(api, fed, "a", 0, tiny_state(1.0), 10**9, key="lie")
     assert lie.status_code == 422, lie.text
     assert lie.headers["content-type"] == "application/problem+json"
     body = lie.json()
     assert body["type"] == "/problems/update-inconsistent"
     assert body["status"] == 422
-    assert body["claimed"] == {"num_samples": 10**12, "class_counts": [5 * 10**11] * 2}
+    assert body["claimed"] == {"num_samples": 10**9, "class_counts": [5 * 10**8] * 2}
     assert body["declared"] == {"num_samples": 100, "class_counts": [50, 50]}
     assert body["max_sample_drift"] == 0.1
     assert [e["loc"] for e in body["errors"]] == [
@@ -53,7 +53,7 @@ async def test_a_size_claim_out_of_proportion_is_refused_then_an_honest_one_acce
     assert len(rejected) == 1
     assert rejected[0]["client_id"] == fed.client_ids["a"]
     assert rejected[0]["data"]["type"] == "update-inconsistent"
-    assert rejected[0]["data"]["claimed"]["num_samples"] == 10**12
+    assert rejected[0]["data"]["claimed"]["num_samples"] == 10**9
     assert rejected[0]["data"]["declared"]["num_samples"] == 100
     clients = (await api.get(f"/api/v1/federations/{fed.id}/clients", headers=ADMIN)).json()
     assert {c["name"]: c["num_samples"] for c in clients} == {"a": 100, "b": 100}
@@ -128,7 +128,7 @@ async def test_an_invalid_drift_is_refused_at_creation(api, drift) -> None:
 async def test_the_report_counts_each_sites_inconsistent_claims(api) -> None:
     fed = await make_federation(api, joins=JOINED_100)
     for key in ("lie-1", "lie-2"):
-        response = await submit(api, fed, "a", 0, tiny_state(1.0), 10**12, key=key)
+        response = await submit(api, fed, "a", 0, tiny_state(1.0), 10**9, key=key)
         assert response.status_code == 422
     # another kind of rejection (bad sha256) is not counted as an inconsistent claim
     other = await submit(api, fed, "b", 0, tiny_state(1.0), 100, declared_sha="0" * 64)
@@ -232,7 +232,7 @@ async def test_joining_again_cannot_inflate_the_declaration_once_running(api) ->
     join_url = f"/api/v1/federations/{fed.id}/join"
     lie = await api.post(
         join_url,
-        json={"num_samples": 10**12, "class_counts": [5 * 10**11] * 2},
+        json={"num_samples": 10**9, "class_counts": [5 * 10**8] * 2},
         headers=fed.headers("a"),
     )
     assert lie.status_code == 422, lie.text
@@ -243,7 +243,7 @@ async def test_joining_again_cannot_inflate_the_declaration_once_running(api) ->
     assert {c["name"]: c["num_samples"] for c in clients} == {"a": 100, "b": 100}
     refused = [e for e in await events_of(api, fed) if e["kind"] == "update.rejected"]
     assert len(refused) == 1
-    assert refused[0]["data"]["claimed"]["num_samples"] == 10**12
+    assert refused[0]["data"]["claimed"]["num_samples"] == 10**9
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     row = {r["name"]: r for r in report["clients"]}["a"]
     assert row["inconsistent_updates"] == 1

@@ -20,3 +20,33 @@ def test_every_error_response_is_a_problem() -> None:
                 if status.startswith(("4", "5")):
                     content = response.get("content", {})
                     assert "application/problem+json" in content, (method, path, status)
+
+
+def test_every_operation_with_a_body_documents_the_400_for_an_unreadable_one() -> None:
+    spec = build_spec()
+    with_body = [
+        (method, path, operation)
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        if "requestBody" in operation
+    ]
+    # create, stop, add client, join, pin, anchor, revoke a site's token, recompute, 2 uploads
+    assert len(with_body) == 10
+    for method, path, operation in with_body:
+        assert "400" in operation["responses"], (method, path)
+
+
+def test_the_model_list_documents_its_404() -> None:
+    responses = build_spec()["paths"]["/api/v1/federations/{federation_id}/models"]["get"]
+    assert "404" in responses["responses"]
+
+
+def test_integer_parameters_are_bounded_in_the_spec() -> None:
+    spec = build_spec()
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            for parameter in operation.get("parameters", []):
+                schema = parameter["schema"]
+                schema = next((s for s in schema.get("anyOf", [schema]) if s.get("type")), schema)
+                if schema.get("type") == "integer":
+                    assert "maximum" in schema, (method, path, parameter["name"])

@@ -1,5 +1,5 @@
 """End to end (uvicorn on a loopback port, the SDK's HTTP client): a site that joined with 100
-samples and claims 10^12 is refused with a problem the SDK surfaces, the refusal is an event and
+samples and claims 10^9 is refused with a problem the SDK surfaces, the refusal is an event and
 shows in the report, and its honest update is then accepted."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_a_site_lying_about_its_size_is_refused_over_http(tmp_path: Path) -> Non
                 assert liar.get_current_round(federation.id, wait_s=5).status == "train"
                 with pytest.raises(UnprocessableEntityError) as refused:
                     liar.submit_update(
-                        federation.id, 0, state=state, num_samples=10**12, signals=signals(10**12)
+                        federation.id, 0, state=state, num_samples=10**9, signals=signals(10**9)
                     )
                 problem = refused.value.problem
                 assert problem is not None

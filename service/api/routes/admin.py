@@ -34,6 +34,7 @@ from service.api.deps import (
 from service.coordinator import admin_auth, queries, reports
 from service.coordinator.services import Services
 from service.errors import AuthError, ForbiddenError, NotFoundError
+from service.inputs import INT32_MAX
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,9 @@ def round_detail(federation_id: str, index: str, refused: Refusal, session: Sess
         return refused
     try:
         federation = queries.federation_of(session, _federation_id(federation_id))
-        if not (index.isascii() and index.isdigit()):
-            raise NotFoundError(f"round {index} does not exist")
+        in_range = index.isascii() and index.isdigit() and len(index) <= 10
+        if not (in_range and int(index) <= INT32_MAX):
+            raise NotFoundError(f"round {index[:20]} does not exist")
         view = reports.round_view(session, federation, int(index))
     except NotFoundError as exc:
         return _html(pages.not_found_page(exc.detail), status=404)

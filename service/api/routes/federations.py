@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
 from service.api import convert
@@ -34,8 +34,12 @@ from service.coordinator import federations as use_cases
 from service.coordinator import queries, rounds
 from service.coordinator.services import Services
 from service.coordinator.updates import StagedUpload
+from service.inputs import INT32_MAX, INT64_MAX
 
 router = APIRouter(prefix="/federations", tags=["federations"])
+
+EVENT_KIND_PATTERN = r"^[a-z0-9_.-]+$"
+"""Event kinds are lower-case dotted names (``update.rejected``)."""
 
 
 @router.post(
@@ -69,7 +73,7 @@ def create_federation(
 def list_federations(
     session: SessionDep,
     _: AdminDep,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(100, ge=1, le=1000),
 ) -> FederationPage:
     items, total = queries.list_federations(session, offset=offset, limit=limit)
@@ -136,7 +140,9 @@ async def upload_initial_model(
 
 
 @router.get(
-    "/{federation_id}/models", summary="List the global model versions", responses={**PROBLEM_401}
+    "/{federation_id}/models",
+    summary="List the global model versions",
+    responses={**PROBLEM_401, **PROBLEM_404},
 )
 def list_models(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> list[ModelRead]:
     queries.federation_of(session, federation_id)
@@ -199,7 +205,7 @@ def list_rounds(
     federation_id: uuid.UUID,
     session: SessionDep,
     _: AdminDep,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(1000, ge=1, le=10000),
 ) -> RoundPage:
     queries.federation_of(session, federation_id)
@@ -213,7 +219,10 @@ def list_rounds(
     responses={**PROBLEM_401, **PROBLEM_404},
 )
 def get_round(
-    federation_id: uuid.UUID, index: int, session: SessionDep, _: AdminDep
+    federation_id: uuid.UUID,
+    session: SessionDep,
+    _: AdminDep,
+    index: int = Path(ge=0, le=INT32_MAX),
 ) -> RoundDetail:
     queries.federation_of(session, federation_id)
     rnd = rounds.get_round(session, federation_id, index)
@@ -228,9 +237,9 @@ def list_events(
     federation_id: uuid.UUID,
     session: SessionDep,
     _: AdminDep,
-    kind: str | None = None,
+    kind: str | None = Query(None, min_length=1, max_length=60, pattern=EVENT_KIND_PATTERN),
     client_id: uuid.UUID | None = None,
-    after_id: int = Query(0, ge=0),
+    after_id: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(1000, ge=1, le=10000),
 ) -> EventPage:
     queries.federation_of(session, federation_id)

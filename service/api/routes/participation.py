@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from service.api.deps import CurrentClient, ServicesDep, SessionDep
@@ -33,6 +33,7 @@ from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
 from service.coordinator.services import Services
 from service.errors import CoordinatorError, InconsistentUpdateError
+from service.inputs import INT32_MAX
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
 
@@ -50,7 +51,7 @@ SAFETY_RECHECK_S = 15.0
 def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> TaskSpec:
     client_use_cases.check_scope(client, federation_id)
     federation = federation_of(session, federation_id)
-    return TaskSpec(
+    return TaskSpec.model_construct(
         num_classes=federation.num_classes,
         input_shape=federation.input_shape,
         class_names=federation.class_names,
@@ -60,7 +61,21 @@ def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClien
 @router.post(
     "/join",
     summary="Join the federation",
-    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_422_UPDATE},
+    responses={
+        200: {
+            "links": {
+                "GetCurrentRound": {
+                    "operationId": "participation-get_current_round",
+                    "parameters": {"federation_id": "$response.body#/federation_id"},
+                    "description": "Ask what to do now",
+                }
+            }
+        },
+        **PROBLEM_400,
+        **PROBLEM_401,
+        **PROBLEM_404,
+        **PROBLEM_422_UPDATE,
+    },
 )
 def join(
     federation_id: uuid.UUID,
@@ -110,10 +125,28 @@ def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
     )
 
 
+# OpenAPI links: the workflow a site follows, from one answer to the next request.
+CURRENT_ROUND_LINKS = {
+    "SubmitUpdate": {
+        "operationId": "participation-submit_update",
+        "parameters": {
+            "federation_id": "$request.path.federation_id",
+            "round_index": "$response.body#/round/index",
+        },
+        "description": "Submit the update of the round to train",
+    },
+    "DownloadGlobalModel": {
+        "operationId": "models-download_model",
+        "parameters": {"model_id": "$response.body#/instructions/global_model_id"},
+        "description": "Download the global model to start from",
+    },
+}
+
+
 @router.get(
     "/rounds/current",
     summary="What to do now: train (with instructions), wait, or finished",
-    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
+    responses={200: {"links": CURRENT_ROUND_LINKS}, **PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
 )
 async def get_current_round(
     federation_id: uuid.UUID,
@@ -176,12 +209,20 @@ async def get_current_round(
 )
 async def submit_update(
     federation_id: uuid.UUID,
-    round_index: int,
     request: Request,
     response: Response,
     services: ServicesDep,
     client: CurrentClient,
-    idempotency_key: str = Header(..., alias="Idempotency-Key"),
+    round_index: int = Path(ge=0, le=INT32_MAX),
+    idempotency_key: str = Header(
+        ...,
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="1-200 visible ASCII characters; a retry with the same key and the same "
+        "update gets the stored result",
+    ),
 ) -> UpdateRead:
     try:
         client_use_cases.check_scope(client, federation_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
@@ -25,6 +25,7 @@ from service.api.schemas.reports import (
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries, reports
 from service.coordinator.services import Services
+from service.inputs import INT32_MAX
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["reports"])
 
@@ -165,10 +166,10 @@ def _recompute(
 )
 async def recompute_round(
     federation_id: uuid.UUID,
-    index: int,
     body: RecomputeRequest,
     services: ServicesDep,
     _: AdminDep,
+    index: int = Path(ge=0, le=INT32_MAX),
 ) -> dict[str, Any]:
     return await run_in_threadpool(_recompute, services, federation_id, index, body)
 

@@ -2,36 +2,73 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.coordinator.federation_config import FederationConfigInput
+from service.inputs import INT32_MAX, NAME_RULES, TEXT_RULES, Name, PositiveInt32, Text
+
+MAX_INPUT_ELEMENTS = INT32_MAX
+"""The most elements one input sample may have (the product of input_shape)."""
 
 
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_classes: int = Field(ge=2, le=100_000)
-    input_shape: list[int] = Field(min_length=1, max_length=8)
-    class_names: list[str] | None = None
+    input_shape: list[PositiveInt32] = Field(
+        min_length=1,
+        max_length=8,
+        description=f"Positive dimensions whose product is at most {MAX_INPUT_ELEMENTS}",
+    )
+    class_names: list[Annotated[Name, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, max_length=100_000, description=f"One per class. {NAME_RULES}"
+    )
+
+    @field_validator("input_shape")
+    @classmethod
+    def _sample_size(cls, shape: list[int]) -> list[int]:
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise ValueError(f"has more than {MAX_INPUT_ELEMENTS} elements per sample")
+        return shape
 
 
 class PlanSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rounds: int = Field(ge=1, le=100_000)
-    min_clients: int = Field(default=1, ge=1)
-    max_clients: int | None = Field(default=None, ge=1)
+    min_clients: int = Field(default=1, ge=1, le=INT32_MAX)
+    max_clients: int | None = Field(default=None, ge=1, le=INT32_MAX)
     round_deadline_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
 
 
 class FederationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "chest-xray",
+                    "task": {
+                        "num_classes": 2,
+                        "input_shape": [1, 28, 28],
+                        "class_names": ["normal", "pneumonia"],
+                    },
+                    "plan": {"rounds": 50, "min_clients": 3, "round_deadline_s": 1800},
+                    "config": {
+                        "method": "fednoro",
+                        "hyperparameters": {"lr": 0.01, "local_epochs": 2},
+                    },
+                }
+            ]
+        },
+    )
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200, description=NAME_RULES)
     task: TaskSpec
     plan: PlanSpec
     config: FederationConfigInput = Field(default_factory=FederationConfigInput)
@@ -71,19 +108,24 @@ class ModelRead(BaseModel):
 
 
 class FederationStop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "the study ended"}]}
+    )
 
-    reason: str = Field(
+    reason: Text = Field(
         min_length=1,
         max_length=500,
-        description="Why: recorded in the event trail and told to every site that asks for work",
+        description="Why: recorded in the event trail and told to every site that asks for work. "
+        + TEXT_RULES,
     )
 
 
 class ClientCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "hospital-a"}]}
+    )
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200, description=NAME_RULES)
 
 
 class ClientRead(BaseModel):

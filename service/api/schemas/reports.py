@@ -9,34 +9,43 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.audit import ClientStatus
+from service.inputs import TEXT_RULES, BoundedJson, Text
 
 
 class PinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"status": "noisy", "reason": "labels re-read by hand"}]},
+    )
 
     status: ClientStatus
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
 
 class AnchorRequest(BaseModel):
     """Mark a site as a trust anchor: its labels are curated (why, for the event trail)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "labels curated twice"}]}
+    )
 
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
 
 class RecomputeRequest(BaseModel):
     """Re-run a past round's audit with other settings, or a what-if aggregation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"audit": {"aggregation": "median"}}]},
+    )
 
-    audit: dict[str, Any] = Field(
+    audit: BoundedJson = Field(
         default_factory=dict,
         description="Audit settings to change, e.g. {'aggregation': 'median'} or "
         "{'fednoro_require_separation': false}",
     )
-    exclude_clients: list[uuid.UUID] = Field(default_factory=list)
+    exclude_clients: list[uuid.UUID] = Field(default_factory=list, max_length=100_000)
 
 
 class NeighborWeight(BaseModel):

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.inputs import Int32, PositiveInt32
+
 
 class RoundRead(BaseModel):
     id: uuid.UUID
@@ -54,14 +56,13 @@ class RoundPage(BaseModel):
 
 
 class JoinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"num_samples": 10, "class_counts": [5, 5]}]},
+    )
 
-    num_samples: int = Field(gt=0)
-    class_counts: list[int] = Field(min_length=1)
-
-    def model_post_init(self, _context: Any) -> None:
-        if any(c < 0 for c in self.class_counts):
-            raise ValueError("class_counts must be non-negative")
+    num_samples: PositiveInt32
+    class_counts: list[Int32] = Field(min_length=1, max_length=100_000)
 
 
 class JoinRead(BaseModel):
