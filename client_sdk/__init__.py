@@ -8,6 +8,8 @@ Usage::
     Participant(client, FEDERATION_ID, model, dataset, state_dir="fedaudit-state").run()
 """
 
+from typing import TYPE_CHECKING, Any
+
 from client_sdk._client import AdminClient, FederationClient
 from client_sdk._exceptions import (
     APIConnectionError,
@@ -27,7 +29,22 @@ from client_sdk._exceptions import (
     UnprocessableEntityError,
 )
 from client_sdk._models import CurrentRound, Instructions, ProblemDetails, UpdateReceipt
-from client_sdk.participant import Participant, RoundSummary, default_device
+
+if TYPE_CHECKING:
+    from client_sdk.participant import Participant, RoundSummary, default_device
+
+# The training side (torch) is imported when first used, so that an operator's script that only
+# reads reports (``from client_sdk import AdminClient``) does not load a deep-learning stack.
+_LAZY = {"Participant", "RoundSummary", "default_device"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from client_sdk import participant
+
+        return getattr(participant, name)
+    raise AttributeError(f"module 'client_sdk' has no attribute {name!r}")
+
 
 __all__ = [
     "APIConnectionError",
