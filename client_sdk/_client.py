@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -48,6 +49,22 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
+def _tls_context(
+    ca_file: str | os.PathLike[str] | None,
+    client_cert: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None,
+) -> ssl.SSLContext | bool:
+    """The TLS verification for an https coordinator: the system's trust store (True), or a
+    context that trusts ``ca_file`` (a coordinator with its own CA) and presents ``client_cert``
+    (certificate, key) when the coordinator requires mutual TLS."""
+    if ca_file is None and client_cert is None:
+        return True
+    context = ssl.create_default_context(cafile=None if ca_file is None else os.fspath(ca_file))
+    if client_cert is not None:
+        certificate, key = client_cert
+        context.load_cert_chain(os.fspath(certificate), os.fspath(key))
+    return context
+
+
 class _Base:
     def __init__(
         self,
@@ -61,6 +78,8 @@ class _Base:
         http_client: httpx.Client | None = None,
         token_env: str = "FEDAUDIT_TOKEN",
         sleep: Callable[[float], None] = time.sleep,
+        ca_file: str | os.PathLike[str] | None = None,
+        client_cert: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
     ) -> None:
         base_url = base_url or os.environ.get("FEDAUDIT_URL")
         token = api_token or os.environ.get(token_env)
@@ -70,8 +89,12 @@ class _Base:
             raise ValueError(f"api_token is required (or set {token_env})")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if http_client is not None and (ca_file is not None or client_cert is not None):
+            raise ValueError("ca_file and client_cert configure the SDK's own http client only")
         self._owns_client = http_client is None
-        self._http = http_client or httpx.Client(base_url=base_url or "", timeout=timeout)
+        self._http = http_client or httpx.Client(
+            base_url=base_url or "", timeout=timeout, verify=_tls_context(ca_file, client_cert)
+        )
         self._headers = {"Authorization": f"Bearer {token}"}
         self.max_retries = max_retries
         self._backoff_base_s = backoff_base_s

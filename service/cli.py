@@ -14,7 +14,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -54,7 +54,7 @@ TokenOption = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     # The message is text, not markup: "fedaudit[vision]" or "spec[1].json" print as written.
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
@@ -75,6 +75,22 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (FEDAUDIT_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (FEDAUDIT_PORT)")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificate: serve https (FEDAUDIT_TLS_CERTFILE)", metavar="FILE"),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(help="PEM private key of --tls-cert (FEDAUDIT_TLS_KEYFILE)", metavar="FILE"),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM CA bundle: require client certificates it signed, mutual TLS "
+            "(FEDAUDIT_TLS_CLIENT_CA)",
+            metavar="FILE",
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator (the database must be migrated: `fedaudit db upgrade`)."""
     import uvicorn
@@ -85,6 +101,11 @@ def serve(
 
     settings = get_settings()
     _configure_logging(settings.log_level, settings.log_format)
+    tls = _tls_options(
+        tls_cert or settings.tls_certfile,
+        tls_key or settings.tls_keyfile,
+        tls_client_ca or settings.tls_client_ca,
+    )
     if settings.admin_token is None:
         token = settings.admin_secret()
         # worker processes read their settings from the environment: give them the same token
@@ -109,6 +130,7 @@ def serve(
                 host=host or settings.host,
                 port=port if port is not None else settings.port,
                 workers=workers,
+                **tls,
             )
         else:
             uvicorn.run(
@@ -116,9 +138,41 @@ def serve(
                 host=host or settings.host,
                 port=port if port is not None else settings.port,
                 log_level=settings.log_level.lower(),
+                **tls,
             )
     except MigrationsNotAtHeadError as exc:
         _fail(str(exc))
+
+
+def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:
+    """uvicorn's TLS arguments, or a clear error for an incomplete or unreadable configuration.
+
+    Each file is loaded here, before the server binds, so that a wrong path or a key that does
+    not match its certificate stops ``serve`` with the reason instead of a traceback.
+    """
+    import ssl
+
+    if cert is None and key is None:
+        if client_ca is not None:
+            _fail("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is on top of https)")
+        return {}
+    if cert is None or key is None:
+        _fail("--tls-cert and --tls-key go together (FEDAUDIT_TLS_CERTFILE, FEDAUDIT_TLS_KEYFILE)")
+    for label, path in (("certificate", cert), ("key", key), ("client CA", client_ca)):
+        if path is not None and not path.is_file():
+            _fail(f"TLS {label} {path}: no such file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(cert), str(key))
+        if client_ca is not None:
+            context.load_verify_locations(str(client_ca))
+    except (ssl.SSLError, ValueError) as exc:
+        _fail(f"TLS: cannot load the certificate, key or client CA: {exc}")
+    options: dict[str, Any] = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    if client_ca is not None:
+        options["ssl_ca_certs"] = str(client_ca)
+        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return options
 
 
 @db_app.command("upgrade")

@@ -125,6 +125,21 @@ class Settings(BaseSettings):
             "(service.coordinator.housekeeping)."
         ),
     )
+    tls_certfile: Path | None = Field(
+        default=None,
+        description=(
+            "PEM certificate (chain) for serving https directly, without a TLS proxy; needs "
+            "tls_keyfile."
+        ),
+    )
+    tls_keyfile: Path | None = Field(default=None, description="PEM private key of tls_certfile.")
+    tls_client_ca: Path | None = Field(
+        default=None,
+        description=(
+            "PEM CA bundle: with it the server requires a client certificate signed by one of "
+            "these CAs (mutual TLS), on top of the bearer tokens."
+        ),
+    )
     startup_sweep_grace_s: float = Field(
         default=0.0,
         ge=0,
