@@ -34,6 +34,28 @@ admin_app = typer.Typer(
     help="The admin's credentials (on the coordinator host, against its database).",
     no_args_is_help=True,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from service import __version__
+
+        typer.echo(f"fedaudit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Audit label quality in a running federated-learning federation."""
+
+
 app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(federation_app, name="federation")
@@ -433,6 +455,8 @@ def report(
     token: TokenOption = "",
 ) -> None:
     """Print a federation's noisy-client report."""
+    if csv_output and json_output:
+        _fail("--csv and --json exclude each other: choose one")
     with _admin(url, token) as admin:
         if csv_output:
             sys.stdout.write(
