@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -16,6 +18,8 @@ from service.coordinator import clients as client_use_cases
 from service.coordinator.services import Services
 from service.errors import AuthError, RateLimitedError
 from service.store.models import Client
+
+logger = logging.getLogger(__name__)
 
 bearer = HTTPBearer(auto_error=False, description="Admin token or a client token")
 
@@ -106,6 +110,7 @@ def current_client(request: Request, services: ServicesDep, credentials: Credent
     token = _token(credentials)
     check_throttle(request, services, token)
     try:
+        client_use_cases.check_token_shape(token)
         with services.sessions() as session:
             return client_use_cases.authenticate_client(session, token)
     except AuthError as exc:
@@ -115,21 +120,35 @@ def current_client(request: Request, services: ServicesDep, credentials: Credent
 
 
 def _record_refusal(request: Request, services: Services, exc: AuthError) -> None:
-    """A refused client request is part of the audit trail of the federation it named."""
+    """A refused client request is part of the audit trail of the federation it named.
+
+    Best effort: when no database connection is free the refusal is logged, not recorded, and
+    the request is still answered 401 (a refusal must not wait for, or fail on, the database).
+    """
     raw = request.path_params.get("federation_id")
     try:
         federation_id = uuid.UUID(str(raw)) if raw is not None else None
     except ValueError:
         federation_id = None
-    with services.sessions.begin() as session:
-        client_use_cases.record_auth_failure(
-            session,
-            federation_id,
-            method=request.method,
-            path=request.url.path,
-            reason=exc.detail,
-            budget=services.auth_events,
-            now=services.clock(),
+    if federation_id is None:
+        return  # only refusals that name a federation are recorded
+    try:
+        with services.sessions.begin() as session:
+            client_use_cases.record_auth_failure(
+                session,
+                federation_id,
+                method=request.method,
+                path=request.url.path,
+                reason=exc.detail,
+                budget=services.auth_events,
+                now=services.clock(),
+            )
+    except PoolTimeoutError:
+        logger.warning(
+            "refused %s %s (%s) not recorded: no database connection free",
+            request.method,
+            request.url.path,
+            exc.detail,
         )
 
 

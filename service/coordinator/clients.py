@@ -20,9 +20,16 @@ from service.store.models import Client
 log = logging.getLogger(__name__)
 
 
-def authenticate_client(session: Session, token: str | None) -> Client:
+def check_token_shape(token: str | None) -> str:
+    """The token when it can be a client token; AuthError without touching the database (a
+    request with no token, or an admin's, is refused even when no connection is free)."""
     if not token or not token.startswith(CLIENT_TOKEN_PREFIX):
         raise AuthError("a valid client bearer token is required")
+    return token
+
+
+def authenticate_client(session: Session, token: str | None) -> Client:
+    token = check_token_shape(token)
     client = repo.get_client_by_token_hash(session, hash_token(token))
     if client is None:
         raise AuthError("a valid client bearer token is required")

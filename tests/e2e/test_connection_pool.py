@@ -354,7 +354,12 @@ def test_an_exhausted_pool_answers_503_with_retry_after(tight_server: LiveServer
                     headers={**auth(tokens["a"]), "Idempotency-Key": "a-0"},
                 )
             )
-            assert_busy(http.get(f"/api/v1/federations/{fid}/rounds/current"))  # no token
+            # no token: refused at once, without a connection (and not recorded: none is free)
+            refused = http.get(f"/api/v1/federations/{fid}/rounds/current")
+            assert refused.status_code == 401, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            no_federation = http.get("/api/v1/federations/not-a-uuid/rounds/current")
+            assert no_federation.status_code == 401
             assert http.get("/healthz").status_code == 200
         finally:
             held.close()
