@@ -120,6 +120,7 @@ from service.audit._validation import (
     check_int,
 )
 from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.small_federation import worse_than_prior
 
 __all__ = [
     "ClassNull",
@@ -414,6 +415,10 @@ class EvidenceDetector:
     max_heterogeneity : float, default=0.9
         The sites' disagreement beyond sampling error (I^2, sample-weighted over the classes)
         above which the consensus is inconclusive.
+    small_min_informativeness : float, default=0.5
+        With 2 to ``min_clients - 1`` sites (and spreads), the narrower rule of
+        :mod:`service.audit.small_federation` judges the round; this is the median ``1 - L/H``
+        the sites it does not flag must reach.
     """
 
     method = "evidence"
@@ -427,6 +432,7 @@ class EvidenceDetector:
         max_flagged_fraction: float = 0.5,
         max_heterogeneity: float = 0.9,
         min_class_count: int = 5,
+        small_min_informativeness: float = 0.5,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -442,6 +448,9 @@ class EvidenceDetector:
             min_inclusive=False,
         )
         self.min_class_count = check_int("min_class_count", min_class_count, min_value=1)
+        self.small_min_informativeness = check_float(
+            "small_min_informativeness", small_min_informativeness, min_value=-1.0, max_value=1.0
+        )
         self.max_heterogeneity = check_float(
             "max_heterogeneity", max_heterogeneity, min_value=0.0, max_value=1.0
         )
@@ -608,10 +617,26 @@ class EvidenceDetector:
             if anchor.shape != (k,):
                 raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
         if k < self.min_clients:
+            if k >= 2 and sd is not None:
+                # Too few sites to fit the between-site spread: the narrower question of
+                # service.audit.small_federation, which needs none.
+                return worse_than_prior(
+                    np.where(held, loss, np.nan),
+                    counts,
+                    sd,
+                    q=self.q,
+                    max_flagged_fraction=self.max_flagged_fraction,
+                    min_other_informativeness=self.small_min_informativeness,
+                    adjust=benjamini_hochberg,
+                    never=anchor,
+                )
             return DetectionResult(
                 method=self.method,
                 status="undetermined",
-                reason=f"{k} sites reported; the evidence needs at least {self.min_clients}",
+                reason=(
+                    f"{k} sites reported; the evidence needs at least {self.min_clients}"
+                    + ("" if k < 2 else " (or 2 with per_class_loss_sd)")
+                ),
                 verdicts=[None] * k,
                 summary={"verdict": "undetermined", "q": self.q},
             )

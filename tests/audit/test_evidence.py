@@ -164,12 +164,14 @@ class TestDetector:
         assert result.verdicts[0].flag is False
         assert result.verdicts[0].evidence["class_z"][1:] == [None, None, None]
 
-    def test_too_few_sites_is_undetermined(self):
-        loss, counts, sd = _federation(np.random.default_rng(3), 4, {0: 0.9})
-        result = EvidenceDetector().fit(loss, counts, sd)
+    def test_too_few_sites_without_spreads_is_undetermined(self):
+        loss, counts, _ = _federation(np.random.default_rng(3), 4, {0: 0.9})
+        result = EvidenceDetector().fit(loss, counts, None)
         assert result.status == "undetermined"
         assert result.verdicts == [None] * 4
-        assert "at least 5" in (result.reason or "")
+        assert "at least 5 (or 2 with per_class_loss_sd)" in (result.reason or "")
+        single = EvidenceDetector().fit(loss[:1], counts[:1], None)
+        assert single.status == "undetermined"
 
     def test_a_noisy_majority_is_never_flagged(self):
         loss, counts, sd = _federation(np.random.default_rng(4), 6, {0: 0.5, 1: 0.5, 2: 0.5})

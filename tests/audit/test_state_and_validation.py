@@ -154,6 +154,7 @@ def test_public_api_matches_all():
         "pipeline",
         "reliability",
         "schedules",
+        "small_federation",
         "state",
     }
     assert public - submodules == exported

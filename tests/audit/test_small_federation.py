@@ -1,0 +1,97 @@
+"""Two to four sites: the calibrated evidence's narrower rule, "worse than the label prior"."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.audit.evidence import EvidenceDetector
+
+LN2 = math.log(2.0)
+
+
+def three_sites(noisy_loss: float = 1.5, noisy_sd: float = 0.5):
+    """Two balanced classes, 5 + 5 samples per site; a and b clean, c at `noisy_loss`."""
+    loss = np.array([[0.2, 0.2], [0.25, 0.25], [noisy_loss, noisy_loss]])
+    counts = np.full((3, 2), 5)
+    sd = np.array([[0.1, 0.1], [0.1, 0.1], [noisy_sd, noisy_sd]])
+    return loss, counts, sd
+
+
+def test_a_site_worse_than_the_prior_is_flagged_with_a_hand_checked_z():
+    loss, counts, sd = three_sites()
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "ok"
+    assert [v.flag for v in result.verdicts] == [False, False, True]
+    # c: L = 1.5, per-sample variance (5 * 0.25 + 5 * 0.25) / 10 = 0.25, se = sqrt(0.25 / 10)
+    # = 0.158114; H = ln 2 = 0.693147; z = (1.5 - 0.693147) / 0.158114 = 5.1029.
+    assert result.verdicts[2].score == pytest.approx(5.1029, abs=1e-3)
+    # a: L = 0.2, variance 0.01, se 0.031623, z = (0.2 - 0.693147) / 0.031623 = -15.595.
+    assert result.verdicts[0].score == pytest.approx(-15.595, abs=1e-2)
+    assert result.verdicts[2].evidence["prior_loss"] == pytest.approx(LN2)
+    # both classes are above their prior loss -log(0.5) = ln 2, equal excess: in class order
+    assert result.verdicts[2].evidence["noisy_classes"] == [0, 1]
+    assert result.verdicts[0].evidence["noisy_classes"] == []
+    assert result.summary["mode"].startswith("small federation")
+
+
+def test_clean_small_federation_flags_nobody():
+    loss, counts, sd = three_sites(noisy_loss=0.3, noisy_sd=0.2)
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "ok"
+    assert [v.flag for v in result.verdicts] == [False, False, False]
+
+
+def test_a_site_just_below_the_prior_is_not_flagged():
+    # mild noise: above the clean sites but under H; the rule does not see it (documented)
+    loss, counts, sd = three_sites(noisy_loss=0.6, noisy_sd=0.3)
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert [v.flag for v in result.verdicts] == [False, False, False]
+
+
+def test_two_of_three_worse_than_the_prior_is_inconclusive():
+    loss, counts, sd = three_sites()
+    loss[1] = [1.6, 1.6]
+    sd[1] = [0.5, 0.5]
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "inconclusive"
+    assert [v.flag for v in result.verdicts] == [None, None, None]
+    assert "not a clear minority" in (result.reason or "")
+
+
+def test_a_model_that_beats_the_prior_nowhere_is_inconclusive():
+    loss, counts, sd = three_sites()
+    loss[:2] = 0.65  # barely under ln 2 on the other sites: 1 - L/H = 0.06 < 0.5
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "inconclusive"
+    assert "other sites either" in (result.reason or "")
+
+
+def test_an_anchor_is_never_flagged_and_order_does_not_matter():
+    loss, counts, sd = three_sites()
+    anchored = EvidenceDetector().fit(loss, counts, sd, anchors=[False, False, True])
+    assert [v.flag for v in anchored.verdicts] == [False, False, False]
+    order = [2, 0, 1]
+    permuted = EvidenceDetector().fit(loss[order], counts[order], sd[order])
+    assert [v.flag for v in permuted.verdicts] == [True, False, False]
+
+
+def test_false_alarm_rate_of_clean_small_federations_by_simulation():
+    # 2-4 clean sites, 10 classes, skewed per-sample losses (gamma, mean 0.4) and 20-200 samples
+    # per class: the loss sits far under H = ln 10, and no round of 500 flags anybody.
+    rng = np.random.default_rng(0)
+    flagged = 0
+    for _ in range(500):
+        k = int(rng.integers(2, 5))
+        counts = rng.integers(20, 200, size=(k, 10))
+        loss = np.zeros((k, 10))
+        sd = np.zeros((k, 10))
+        for i in range(k):
+            for c in range(10):
+                x = rng.gamma(0.5, 0.8 * (1 + 0.5 * rng.random()), size=counts[i, c])
+                loss[i, c], sd[i, c] = x.mean(), x.std()
+        result = EvidenceDetector().fit(loss, counts, sd)
+        flagged += any(v is not None and v.flag for v in result.verdicts)
+    assert flagged == 0
