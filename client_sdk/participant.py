@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -26,13 +26,19 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from client_sdk._client import FederationClient
-from client_sdk._exceptions import ConflictError, FederationFailedError
+from client_sdk._exceptions import (
+    APIConnectionError,
+    ConflictError,
+    FederationFailedError,
+    InternalServerError,
+)
 from client_sdk._models import CurrentRound, Instructions
 from client_sdk.local_state import LocalStateStore
 from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainReport, get_recipe
 from client_sdk.signals import compute_signals
 
 log = logging.getLogger("client_sdk.participant")
+_T = TypeVar("_T")
 
 
 def default_device() -> torch.device:
@@ -90,6 +96,15 @@ class Participant:
         Long-poll time when asking for instructions.
     on_round : callable, optional
         Called with a `RoundSummary` after each accepted round.
+    outage_s : float or None
+        How long :meth:`run` keeps trying while the coordinator cannot be reached (connection
+        refused or timed out, 5xx after the client's own retries): None (default) forever, so
+        that a coordinator restart does not end a site's training; a number of seconds, after
+        which the last error is raised.
+    outage_backoff_max_s : float
+        The longest wait between two tries during an outage (the waits double from 1 s).
+    sleep : callable
+        How to wait (tests pass their own).
     """
 
     def __init__(
@@ -104,7 +119,17 @@ class Participant:
         state_dir: Path | str | None = None,
         poll_wait_s: float = 10.0,
         on_round: Callable[[RoundSummary], None] | None = None,
+        outage_s: float | None = None,
+        outage_backoff_max_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if outage_s is not None and outage_s < 0:
+            raise ValueError("outage_s must be >= 0 (or None: keep trying)")
+        if outage_backoff_max_s <= 0:
+            raise ValueError("outage_backoff_max_s must be > 0")
+        self.outage_s = outage_s
+        self.outage_backoff_max_s = outage_backoff_max_s
+        self._sleep = sleep
         self.client = client
         self.federation_id = str(federation_id)
         self.device = torch.device(device) if device is not None else default_device()
@@ -134,24 +159,57 @@ class Participant:
         log.info("joined federation %s as %s", self.federation_id, joined.name)
 
     def run(self, *, max_rounds: int | None = None) -> list[RoundSummary]:
-        """Train until the federation finishes (or `max_rounds` rounds were done here)."""
-        self.join()
+        """Train until the federation finishes (or `max_rounds` rounds were done here).
+
+        An outage of the coordinator (see ``outage_s``) is waited out: the step that failed
+        (join, asking for instructions, a round) is tried again. A round whose upload failed is
+        asked for again and trained again if it is still open; an upload that did arrive is
+        recognised by its idempotency key.
+        """
+        self._through_outage(self.join)
         while max_rounds is None or len(self.rounds_done) < max_rounds:
-            current = self.client.get_current_round(self.federation_id, wait_s=self.poll_wait_s)
-            if current.status == "finished":
-                self._load_final(current)
-                log.info("federation %s finished", self.federation_id)
+            if not self._through_outage(self._step):
                 break
-            if current.status == "wait":
-                if self.poll_wait_s == 0:  # no long-poll: honour the server's hint
-                    time.sleep(min(current.retry_after_s or 1.0, 5.0))
-                continue
-            summary = self.train_round(current)
-            if summary.accepted:
-                self.rounds_done.append(summary)
-                if self.on_round is not None:
-                    self.on_round(summary)
         return self.rounds_done
+
+    def _step(self) -> bool:
+        """One poll and, when told to train, one round; False once the federation finished."""
+        current = self.client.get_current_round(self.federation_id, wait_s=self.poll_wait_s)
+        if current.status == "finished":
+            self._load_final(current)
+            log.info("federation %s finished", self.federation_id)
+            return False
+        if current.status == "wait":
+            if self.poll_wait_s == 0:  # no long-poll: honour the server's hint
+                self._sleep(min(current.retry_after_s or 1.0, 5.0))
+            return True
+        summary = self.train_round(current)
+        if summary.accepted:
+            self.rounds_done.append(summary)
+            if self.on_round is not None:
+                self.on_round(summary)
+        return True
+
+    def _through_outage(self, step: Callable[[], _T]) -> _T:
+        """``step()``, tried again while the coordinator is unreachable (``outage_s``)."""
+        started: float | None = None
+        wait = 1.0
+        while True:
+            try:
+                return step()
+            except (APIConnectionError, InternalServerError) as exc:
+                now = time.monotonic()
+                started = now if started is None else started
+                if self.outage_s is not None and now - started >= self.outage_s:
+                    raise
+                log.warning(
+                    "coordinator unreachable for %.0f s (%s); trying again in %.0f s",
+                    now - started,
+                    exc,
+                    wait,
+                )
+                self._sleep(wait)
+                wait = min(2.0 * wait, self.outage_backoff_max_s)
 
     def _fetch(self, model_id: str, sha256: str) -> tuple[bytes, int]:
         """Model bytes by id, downloaded at most once per content (ETag); (bytes, downloaded)."""

@@ -157,3 +157,65 @@ def test_coordinator_crash_mid_round_loses_nothing(tmp_path: Path) -> None:
             assert kinds.count("round.closed") == 1
     finally:
         server.stop()
+
+
+def test_sites_wait_out_a_coordinator_outage(tmp_path: Path) -> None:
+    # Two sites run the Participant loop; after round 0 the coordinator is killed and stays down
+    # for several seconds (longer than the client's own retries), then comes back on the same
+    # port. Both sites keep trying and finish the federation.
+    names = ["a", "b"]
+    server = CoordinatorProcess(tmp_path / "coord", reaper_interval_s=0.2)
+    server.start()
+    outcomes: dict[str, list] = {}
+    errors: list[BaseException] = []
+    waits: list[float] = []
+    try:
+        with AdminClient(server.url, server.admin_token) as admin:
+            federation, tokens = create_federation(admin, names, rounds=3)
+
+        def site(seed: int, name: str) -> None:
+            def sleep(seconds: float) -> None:
+                waits.append(seconds)
+                threading.Event().wait(seconds)
+
+            try:
+                with FederationClient(server.url, tokens[name], max_retries=1) as client:
+                    participant = Participant(
+                        client,
+                        federation.id,
+                        tiny_model(seed),
+                        tiny_data(seed),
+                        device="cpu",
+                        poll_wait_s=1.0,
+                        outage_backoff_max_s=2.0,
+                        sleep=sleep,
+                    )
+                    outcomes[name] = participant.run()
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=site, args=(i, n)) for i, n in enumerate(names)]
+        for thread in threads:
+            thread.start()
+        with AdminClient(server.url, server.admin_token) as admin:
+            for _ in range(600):
+                rounds = admin.list_rounds(federation.id)
+                if rounds and rounds[0].state == "closed":
+                    break
+                threading.Event().wait(0.1)
+            else:
+                raise AssertionError("round 0 did not close")
+        server.kill()
+        threading.Event().wait(6.0)  # down for 6 s: the sites' own retries give up earlier
+        server.start()
+        for thread in threads:
+            thread.join(timeout=180)
+        assert not errors, errors
+        assert sorted(outcomes) == names
+        for name in names:
+            assert [s.round_index for s in outcomes[name]] == [0, 1, 2]
+        assert waits, "the sites never had to wait: the outage was not observed"
+        with AdminClient(server.url, server.admin_token) as admin:
+            assert admin.get_federation(federation.id).status == "finished"
+    finally:
+        server.stop()
