@@ -1,4 +1,9 @@
-"""Dependency aliases shared by the routes (the only API module touching sessions)."""
+"""Dependency aliases shared by the routes.
+
+`SessionDep` is the request's read session (the only session the API layer makes): a route
+reads through it and never writes, commits or rolls back; a route that writes calls a use case
+in `service.coordinator`, which runs and commits its own transaction.
+"""
 
 from __future__ import annotations
 
@@ -40,13 +45,9 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 def get_session(services: ServicesDep) -> Iterator[Session]:
-    """One session per request; handlers that write commit explicitly before answering."""
+    """One read session per request, closed (its transaction rolled back) when it ends."""
     with services.sessions() as session:
-        try:
-            yield session
-        except BaseException:
-            session.rollback()
-            raise
+        yield session
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -82,10 +83,7 @@ def note_wrong_token(request: Request, services: Services, token: str | None) ->
 
 def is_admin(services: Services, token: str | None) -> bool:
     """Whether `token` is the admin token in force (a short unit of work of its own)."""
-    if not token:
-        return False
-    with services.sessions() as session:
-        return admin_auth.is_admin_token(session, token, services.settings.admin_secret())
+    return admin_auth.is_admin(services, token)
 
 
 def require_admin(request: Request, services: ServicesDep, credentials: Credentials) -> str:
@@ -110,9 +108,7 @@ def current_client(request: Request, services: ServicesDep, credentials: Credent
     token = _token(credentials)
     check_throttle(request, services, token)
     try:
-        client_use_cases.check_token_shape(token)
-        with services.sessions() as session:
-            return client_use_cases.authenticate_client(session, token)
+        return client_use_cases.authenticate(services, token)
     except AuthError as exc:
         note_wrong_token(request, services, token)
         _record_refusal(request, services, exc)
@@ -133,16 +129,13 @@ def _record_refusal(request: Request, services: Services, exc: AuthError) -> Non
     if federation_id is None:
         return  # only refusals that name a federation are recorded
     try:
-        with services.sessions.begin() as session:
-            client_use_cases.record_auth_failure(
-                session,
-                federation_id,
-                method=request.method,
-                path=request.url.path,
-                reason=exc.detail,
-                budget=services.auth_events,
-                now=services.clock(),
-            )
+        client_use_cases.record_refusal(
+            services,
+            federation_id,
+            method=request.method,
+            path=request.url.path,
+            reason=exc.detail,
+        )
     except PoolTimeoutError:
         logger.warning(
             "refused %s %s (%s) not recorded: no database connection free",

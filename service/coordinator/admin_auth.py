@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
+from service.coordinator.services import Services
 from service.errors import AuthError, NotFoundError
 from service.store import repositories as repo
 from service.store.models import AdminSession, AdminToken, Client
@@ -190,3 +191,74 @@ def revoke_client_token(
         )
         session.flush()
     return client
+
+
+# --- use cases: one session or transaction each -----------------------------------------------
+
+
+def is_admin(services: Services, token: str | None) -> bool:
+    """Whether `token` is the admin token in force (a short session of its own)."""
+    if not token:
+        return False
+    with services.sessions() as session:
+        return is_admin_token(session, token, services.settings.admin_secret())
+
+
+def session_is_live(services: Services, value: str | None) -> bool:
+    """Whether a dashboard cookie value opens the dashboard now (`check_session`)."""
+    with services.sessions() as session:
+        return check_session(session, value, services.settings.admin_secret(), now=services.clock())
+
+
+def log_in(services: Services, token: str, *, address: str | None) -> str | None:
+    """A new dashboard session's cookie value when `token` is the admin token, else None."""
+    with services.sessions.begin() as session:
+        secret = services.settings.admin_secret()
+        if not is_admin_token(session, token, secret):
+            return None
+        return start_session(
+            session, current_admin_hash(session, secret), now=services.clock(), address=address
+        )
+
+
+def log_out(services: Services, value: str | None) -> bool:
+    """End the dashboard session of this cookie value (`end_session`) and commit."""
+    with services.sessions.begin() as session:
+        return end_session(session, value, now=services.clock())
+
+
+def log_out_everywhere(services: Services) -> int:
+    """End every dashboard session (`end_all_sessions`) and commit; return how many."""
+    with services.sessions.begin() as session:
+        return end_all_sessions(session, now=services.clock())
+
+
+def new_admin_token(services: Services, *, actor: str) -> str:
+    """Rotate the admin token (`rotate_admin_token`) and commit; the token is returned once."""
+    with services.sessions.begin() as session:
+        return rotate_admin_token(session, now=services.clock(), actor=actor)
+
+
+def new_client_token(
+    services: Services, federation_id: uuid.UUID, client_id: uuid.UUID, *, actor: str
+) -> tuple[Client, str]:
+    """Rotate a site's token (`rotate_client_token`) and commit; the token is returned once."""
+    with services.sessions.begin() as session:
+        return rotate_client_token(
+            session, federation_id, client_id, now=services.clock(), actor=actor
+        )
+
+
+def revoke_site_token(
+    services: Services,
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
+) -> Client:
+    """Revoke a site's token (`revoke_client_token`) and commit."""
+    with services.sessions.begin() as session:
+        return revoke_client_token(
+            session, federation_id, client_id, now=services.clock(), actor=actor, reason=reason
+        )

@@ -1,4 +1,9 @@
-"""Use cases of a client: authenticate, join, read its own diagnostics."""
+"""Use cases of a client: authenticate, join, read its own diagnostics.
+
+The functions that take `Services` are the use cases the routes call, each in a short session
+or transaction of its own (committed here); those that take a `Session` are their steps and
+leave the commit to their caller.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ from sqlalchemy.orm import Session
 from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
 from service.coordinator.ratelimit import EventBudget
-from service.coordinator.updates import join_drift_errors
+from service.coordinator.services import Services
+from service.coordinator.updates import join_drift_errors, record_rejection
 from service.errors import AuthError, BadRequestError, InconsistentUpdateError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import Client
+from service.store.models import Client, Federation
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +172,65 @@ def join(
     session.flush()
     rounds.maybe_start(session, federation, now, force=False)
     return client
+
+
+# --- use cases: one session or transaction each -----------------------------------------------
+
+
+def authenticate(services: Services, token: str | None) -> Client:
+    """The client of a bearer token, read in a short session of its own: the connection goes
+    back to the pool at once, and the returned row is detached (its columns are loaded)."""
+    token = check_token_shape(token)
+    with services.sessions() as session:
+        return authenticate_client(session, token)
+
+
+def record_refusal(
+    services: Services, federation_id: uuid.UUID | None, *, method: str, path: str, reason: str
+) -> None:
+    """Record a refused token (`record_auth_failure`) in a transaction of its own.
+
+    Raises `sqlalchemy.exc.TimeoutError` when no connection is free; the caller decides
+    whether a refusal that cannot be recorded matters.
+    """
+    with services.sessions.begin() as session:
+        record_auth_failure(
+            session,
+            federation_id,
+            method=method,
+            path=path,
+            reason=reason,
+            budget=services.auth_events,
+            now=services.clock(),
+        )
+
+
+def join_federation(
+    services: Services,
+    client: Client,
+    federation_id: uuid.UUID,
+    *,
+    num_samples: int,
+    class_counts: list[int],
+) -> tuple[Client, Federation]:
+    """Join (`join`) and commit; returns the client and its federation as stored.
+
+    A declaration that moves too far from the previous one changes nothing; the refusal is
+    recorded as an ``update.rejected`` event (its own transaction) and raised again.
+    """
+    try:
+        with services.sessions.begin() as session:
+            joined = join(
+                session,
+                client,
+                num_samples=num_samples,
+                class_counts=class_counts,
+                now=services.clock(),
+            )
+            federation = repo.get_federation(session, federation_id)
+            if federation is None:
+                raise NotFoundError(f"federation {federation_id} does not exist")
+    except InconsistentUpdateError as exc:
+        record_rejection(services, client, federation_id, None, exc)
+        raise
+    return joined, federation

@@ -1,4 +1,10 @@
-"""Use cases of the operator: federations, the initial model, clients."""
+"""Use cases of the operator: federations, the initial model, clients.
+
+The functions that take `Services` are the use cases the routes call: each runs one unit of
+work (``with services.sessions.begin()``) and commits it. The functions that take a `Session`
+are their steps: they flush and leave the commit to their caller, so they compose (tests and
+the use cases above build a federation in one transaction with them).
+"""
 
 from __future__ import annotations
 
@@ -248,3 +254,82 @@ def federation_summaries(
     counts = repo.federation_counts(session, [f.id for f in federations])
     shown = ("clients", "joined_clients", "rounds_started")
     return {fid: {key: c[key] for key in shown} for fid, c in counts.items()}
+
+
+# --- use cases: one transaction each, committed here -----------------------------------------
+
+
+def register_federation(
+    services: Services,
+    *,
+    name: str,
+    num_classes: int,
+    input_shape: list[int],
+    class_names: list[str] | None,
+    rounds: int,
+    min_clients: int,
+    max_clients: int | None,
+    round_deadline_s: float,
+    config: FederationConfigInput,
+    seed: int | None,
+    actor: str,
+) -> Federation:
+    """Create a federation (`create_federation`) and commit it."""
+    with services.sessions.begin() as session:
+        return create_federation(
+            session,
+            name=name,
+            num_classes=num_classes,
+            input_shape=input_shape,
+            class_names=class_names,
+            rounds=rounds,
+            min_clients=min_clients,
+            max_clients=max_clients,
+            round_deadline_s=round_deadline_s,
+            config=config,
+            seed=seed,
+            actor=actor,
+        )
+
+
+def store_initial_model(
+    services: Services,
+    federation_id: uuid.UUID,
+    *,
+    staged: Path,
+    sha256: str,
+    size: int,
+    actor: str,
+) -> ModelVersion:
+    """Check and store the uploaded initial model (`upload_initial_model`), then commit.
+
+    The staged file is removed whatever happens; the blob is tied to the transaction, so a
+    refused model leaves no blob behind.
+    """
+    try:
+        with services.sessions.begin() as session:
+            return upload_initial_model(
+                services,
+                session,
+                federation_id,
+                staged=staged,
+                sha256=sha256,
+                size=size,
+                actor=actor,
+            )
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def stop(services: Services, federation_id: uuid.UUID, *, reason: str, actor: str) -> Federation:
+    """Stop a federation for good (`stop_federation`) and commit."""
+    with services.sessions.begin() as session:
+        return stop_federation(session, federation_id, reason=reason, actor=actor)
+
+
+def register_client(
+    services: Services, federation_id: uuid.UUID, *, name: str, actor: str
+) -> tuple[Client, str]:
+    """Add a client (`add_client`) and commit; its token is returned once."""
+    with services.sessions.begin() as session:
+        return add_client(session, federation_id, name=name, actor=actor)

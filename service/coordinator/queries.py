@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.coordinator.services import Services
 from service.errors import ForbiddenError, NotFoundError
 from service.store import repositories as repo
 from service.store.models import Client, Event, Federation, ModelUpdate, ModelVersion, Round
@@ -110,6 +111,15 @@ def downloadable_model(
                 f"model {model_id} is another client's local model and was not assigned to you"
             )
     return update.blob_key, update.sha256, update.size_bytes
+
+
+def model_to_download(
+    services: Services, model_id: uuid.UUID, *, client: Client | None
+) -> tuple[str, str, int]:
+    """`downloadable_model` in a short session of its own (the connection is back in the pool
+    before the file is sent)."""
+    with services.sessions() as session:
+        return downloadable_model(session, model_id, client=client)
 
 
 def federation_of(session: Session, federation_id: uuid.UUID) -> Federation:

@@ -1,6 +1,9 @@
 """Noisy-client reports, client histories, pins, re-runs and what-if aggregations.
 
-Everything here reads the stored audit results and updates; nothing but a pin changes state.
+Everything here reads the stored audit results and updates; nothing but a pin or an anchor
+changes state. The functions that take `Services` are the use cases the routes call, each in a
+session or transaction of its own (committed here); those that take a `Session` are their steps
+and leave the commit to their caller.
 Re-runs and what-ifs recompute an audit or an aggregation of a past round from its stored
 updates (the same code path as the round close) and return the result without storing it.
 """
@@ -17,7 +20,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import DETECTORS, AuditConfig, InvalidParameterError
-from service.coordinator import audits
+from service.coordinator import audits, queries
 from service.coordinator.rounds import effective_status, get_round
 from service.coordinator.services import Services
 from service.coordinator.tensors import SafetensorsReader
@@ -539,3 +542,64 @@ def recompute_round(
         "audit": outcome.result,
         "distance_to_actual_model": {"total": total**0.5, "per_tensor": distances},
     }
+
+
+# --- use cases: one session or transaction each -----------------------------------------------
+
+
+def _federation_and_client(
+    session: Session, federation_id: uuid.UUID, client_id: uuid.UUID
+) -> tuple[Federation, Client]:
+    federation = queries.federation_of(session, federation_id)
+    return federation, queries.get_client(session, federation_id, client_id)
+
+
+def pin(
+    services: Services,
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    *,
+    status: str | None,
+    reason: str | None,
+    actor: str,
+) -> Client:
+    """Pin a client's status, or unpin it with status None (`set_pin`), and commit."""
+    with services.sessions.begin() as session:
+        federation, client = _federation_and_client(session, federation_id, client_id)
+        return set_pin(session, federation, client, status=status, reason=reason, actor=actor)
+
+
+def anchor(
+    services: Services,
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    *,
+    reason: str | None,
+    actor: str,
+) -> Client:
+    """Mark a client as a trust anchor, or remove the mark with reason None (`set_anchor`), and
+    commit."""
+    with services.sessions.begin() as session:
+        federation, client = _federation_and_client(session, federation_id, client_id)
+        return set_anchor(session, federation, client, reason=reason, actor=actor)
+
+
+def recompute(
+    services: Services,
+    federation_id: uuid.UUID,
+    index: int,
+    *,
+    audit_overrides: dict[str, Any] | None = None,
+    exclude_clients: list[uuid.UUID] | None = None,
+) -> dict[str, Any]:
+    """`recompute_round` in a session of its own; nothing is stored."""
+    with services.sessions() as session:
+        federation = queries.federation_of(session, federation_id)
+        return recompute_round(
+            services,
+            session,
+            federation,
+            index,
+            audit_overrides=audit_overrides,
+            exclude_clients=exclude_clients,
+        )

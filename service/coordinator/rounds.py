@@ -200,7 +200,24 @@ def maybe_start(session: Session, federation: Federation, now: datetime, *, forc
     return True
 
 
+def start_now(services: Services, federation_id: uuid.UUID) -> Federation:
+    """The admin's "start": open round 0 now with the clients that have joined, and commit."""
+    with services.sessions.begin() as session:
+        federation = repo.get_federation(session, federation_id)
+        if federation is None:
+            raise NotFoundError(f"federation {federation_id} does not exist")
+        maybe_start(session, federation, services.clock(), force=True)
+        return federation
+
+
 # --- what a client sees ------------------------------------------------------------------------
+
+
+def current_for(services: Services, client_id: uuid.UUID) -> Train | Wait | Finished:
+    """What the client should do now, read in a short session of its own (a long-poll calls
+    this again after each change signal and holds no connection in between)."""
+    with services.sessions() as session:
+        return current_for_client_id(session, client_id)
 
 
 def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wait | Finished:

@@ -65,13 +65,7 @@ def _authenticated(request: Request, services: ServicesDep, credentials: Credent
     if credentials is not None:
         require_admin(request, services, credentials)  # a wrong bearer token: 401, not a redirect
         return True
-    with services.sessions() as session:
-        return admin_auth.check_session(
-            session,
-            request.cookies.get(COOKIE),
-            services.settings.admin_secret(),
-            now=services.clock(),
-        )
+    return admin_auth.session_is_live(services, request.cookies.get(COOKIE))
 
 
 def _wants_json(request: Request) -> bool:
@@ -122,17 +116,7 @@ def login_form() -> HTMLResponse:
 def login(request: Request, services: ServicesDep, token: Annotated[str, Form()] = "") -> Response:
     _check_origin(request)
     check_throttle(request, services, token or "(empty)")
-    with services.sessions.begin() as session:
-        secret = services.settings.admin_secret()
-        if not admin_auth.is_admin_token(session, token, secret):
-            value = None
-        else:
-            value = admin_auth.start_session(
-                session,
-                admin_auth.current_admin_hash(session, secret),
-                now=services.clock(),
-                address=client_address(request),
-            )
+    value = admin_auth.log_in(services, token, address=client_address(request))
     if value is None:
         note_wrong_token(request, services, token or "(empty)")
         log.warning("dashboard login refused from %s", client_address(request))
@@ -150,8 +134,7 @@ def login(request: Request, services: ServicesDep, token: Annotated[str, Form()]
 @router.post("/logout", summary="End this dashboard session")
 def logout(request: Request, services: ServicesDep) -> Response:
     _check_origin(request)
-    with services.sessions.begin() as session:
-        admin_auth.end_session(session, request.cookies.get(COOKIE), now=services.clock())
+    admin_auth.log_out(services, request.cookies.get(COOKIE))
     response = _redirect("/admin/login")
     response.delete_cookie(COOKIE, **_cookie_attributes(request, services))
     return response
@@ -164,8 +147,7 @@ def logout_everywhere(
     _check_origin(request)
     if refused is not None:
         return refused
-    with services.sessions.begin() as session:
-        ended = admin_auth.end_all_sessions(session, now=services.clock())
+    ended = admin_auth.log_out_everywhere(services)
     log.warning("dashboard: every session ended (%d) from %s", ended, client_address(request))
     response = _redirect("/admin/login")
     response.delete_cookie(COOKIE, **_cookie_attributes(request, services))

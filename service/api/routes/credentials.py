@@ -1,4 +1,7 @@
-"""Credentials: rotate the admin token, end dashboard sessions, rotate and revoke site tokens."""
+"""Credentials: rotate the admin token, end dashboard sessions, rotate and revoke site tokens.
+
+Each route calls one use case of `service.coordinator.admin_auth`, which commits.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import uuid
 from fastapi import APIRouter, status
 
 from service.api import convert
-from service.api.deps import AdminDep, ServicesDep, SessionDep
+from service.api.deps import AdminDep, ServicesDep
 from service.api.problems import PROBLEM_401, PROBLEM_404, PROBLEM_422
 from service.api.schemas.credentials import AdminTokenRotated, RevokeRequest, SessionsEnded
 from service.api.schemas.federations import ClientCreated, ClientRead
@@ -22,11 +25,8 @@ router = APIRouter(tags=["credentials"])
     summary="Rotate the admin token (returned once; the old one and all sessions end)",
     responses={**PROBLEM_401},
 )
-def rotate_admin_token(
-    session: SessionDep, services: ServicesDep, actor: AdminDep
-) -> AdminTokenRotated:
-    token = admin_auth.rotate_admin_token(session, now=services.clock(), actor=actor)
-    session.commit()
+def rotate_admin_token(services: ServicesDep, actor: AdminDep) -> AdminTokenRotated:
+    token = admin_auth.new_admin_token(services, actor=actor)
     return AdminTokenRotated(token=token)
 
 
@@ -35,9 +35,8 @@ def rotate_admin_token(
     summary="End every dashboard session (log out everywhere)",
     responses={**PROBLEM_401},
 )
-def end_admin_sessions(session: SessionDep, services: ServicesDep, _: AdminDep) -> SessionsEnded:
-    ended = admin_auth.end_all_sessions(session, now=services.clock())
-    session.commit()
+def end_admin_sessions(services: ServicesDep, _: AdminDep) -> SessionsEnded:
+    ended = admin_auth.log_out_everywhere(services)
     return SessionsEnded(ended=ended)
 
 
@@ -50,14 +49,10 @@ def end_admin_sessions(session: SessionDep, services: ServicesDep, _: AdminDep) 
 def rotate_client_token(
     federation_id: uuid.UUID,
     client_id: uuid.UUID,
-    session: SessionDep,
     services: ServicesDep,
     actor: AdminDep,
 ) -> ClientCreated:
-    client, token = admin_auth.rotate_client_token(
-        session, federation_id, client_id, now=services.clock(), actor=actor
-    )
-    session.commit()
+    client, token = admin_auth.new_client_token(services, federation_id, client_id, actor=actor)
     return ClientCreated(**convert.client_read(client).model_dump(), token=token)
 
 
@@ -70,12 +65,10 @@ def revoke_client_token(
     federation_id: uuid.UUID,
     client_id: uuid.UUID,
     body: RevokeRequest,
-    session: SessionDep,
     services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    client = admin_auth.revoke_client_token(
-        session, federation_id, client_id, now=services.clock(), actor=actor, reason=body.reason
+    client = admin_auth.revoke_site_token(
+        services, federation_id, client_id, actor=actor, reason=body.reason
     )
-    session.commit()
     return convert.client_read(client)

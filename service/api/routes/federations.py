@@ -1,4 +1,9 @@
-"""Admin endpoints: federations, the initial model, clients, rounds, events."""
+"""Admin endpoints: federations, the initial model, clients, rounds, events.
+
+A route that writes calls one use case (`service.coordinator.federations`, `rounds`), which
+runs and commits its own transaction; the route then reads what it answers through the
+request's read session.
+"""
 
 from __future__ import annotations
 
@@ -49,10 +54,10 @@ EVENT_KIND_PATTERN = r"^[a-z0-9_.-]+$"
     responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_409, **PROBLEM_422},
 )
 def create_federation(
-    body: FederationCreate, session: SessionDep, actor: AdminDep
+    body: FederationCreate, session: SessionDep, services: ServicesDep, actor: AdminDep
 ) -> FederationRead:
-    federation = use_cases.create_federation(
-        session,
+    federation = use_cases.register_federation(
+        services,
         name=body.name,
         num_classes=body.task.num_classes,
         input_shape=body.task.input_shape,
@@ -65,7 +70,6 @@ def create_federation(
         seed=body.seed,
         actor=actor,
     )
-    session.commit()
     return convert.federation_read(session, federation)
 
 
@@ -93,20 +97,15 @@ def get_federation(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -
 def _store_initial_model(
     services: Services, federation_id: uuid.UUID, staged: StagedUpload, actor: str
 ) -> ModelRead:
-    try:
-        with services.sessions.begin() as session:
-            version = use_cases.upload_initial_model(
-                services,
-                session,
-                federation_id,
-                staged=staged.path,
-                sha256=staged.sha256,
-                size=staged.size,
-                actor=actor,
-            )
-            return convert.model_read(version)
-    finally:
-        staged.path.unlink(missing_ok=True)
+    version = use_cases.store_initial_model(
+        services,
+        federation_id,
+        staged=staged.path,
+        sha256=staged.sha256,
+        size=staged.size,
+        actor=actor,
+    )
+    return convert.model_read(version)
 
 
 @router.put(
@@ -157,9 +156,7 @@ def list_models(federation_id: uuid.UUID, session: SessionDep, _: AdminDep) -> l
 def start_federation(
     federation_id: uuid.UUID, session: SessionDep, services: ServicesDep, _: AdminDep
 ) -> FederationRead:
-    federation = queries.federation_of(session, federation_id)
-    rounds.maybe_start(session, federation, services.clock(), force=True)
-    session.commit()
+    federation = rounds.start_now(services, federation_id)
     return convert.federation_read(session, federation)
 
 
@@ -169,10 +166,13 @@ def start_federation(
     responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_422},
 )
 def stop_federation(
-    federation_id: uuid.UUID, body: FederationStop, session: SessionDep, actor: AdminDep
+    federation_id: uuid.UUID,
+    body: FederationStop,
+    session: SessionDep,
+    services: ServicesDep,
+    actor: AdminDep,
 ) -> FederationRead:
-    federation = use_cases.stop_federation(session, federation_id, reason=body.reason, actor=actor)
-    session.commit()
+    federation = use_cases.stop(services, federation_id, reason=body.reason, actor=actor)
     return convert.federation_read(session, federation)
 
 
@@ -183,10 +183,9 @@ def stop_federation(
     responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_422},
 )
 def add_client(
-    federation_id: uuid.UUID, body: ClientCreate, session: SessionDep, actor: AdminDep
+    federation_id: uuid.UUID, body: ClientCreate, services: ServicesDep, actor: AdminDep
 ) -> ClientCreated:
-    client, token = use_cases.add_client(session, federation_id, name=body.name, actor=actor)
-    session.commit()
+    client, token = use_cases.register_client(services, federation_id, name=body.name, actor=actor)
     return ClientCreated(**convert.client_read(client).model_dump(), token=token)
 
 

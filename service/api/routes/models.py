@@ -10,7 +10,6 @@ from fastapi.responses import FileResponse
 from service.api.deps import (
     Credentials,
     ServicesDep,
-    SessionDep,
     check_throttle,
     is_admin,
     note_wrong_token,
@@ -38,7 +37,6 @@ router = APIRouter(prefix="/models", tags=["models"])
 def download_model(
     model_id: uuid.UUID,
     request: Request,
-    session: SessionDep,
     services: ServicesDep,
     credentials: Credentials,
     if_none_match: str | None = Header(None),
@@ -48,15 +46,14 @@ def download_model(
     client = None
     if not is_admin(services, token):
         try:
-            client = client_use_cases.authenticate_client(session, token)
+            client = client_use_cases.authenticate(services, token)
         except AuthError:
             note_wrong_token(request, services, token)
             raise
-    key, sha256, size = queries.downloadable_model(session, model_id, client=client)
+    # Read in a short session of its own: the file is sent after the handler returns, and a
+    # site downloading a large model must hold no connection for the whole transfer.
+    key, sha256, size = queries.model_to_download(services, model_id, client=client)
     etag = f'"{sha256}"'
-    # The file is sent after the handler returns; give the connection back first, or every site
-    # downloading a large model holds one for the whole transfer.
-    session.close()
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})
     return FileResponse(

@@ -1,4 +1,9 @@
-"""Client endpoints: join, the current round (long-poll), submit an update."""
+"""Client endpoints: join, the current round (long-poll), submit an update.
+
+Each route calls use cases of `service.coordinator` (`clients`, `rounds`, `updates`) that open
+and commit their own short transactions: the long-poll holds no connection while it waits, and
+an upload none while its body streams to disk.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from service.coordinator import clients as client_use_cases
 from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
 from service.coordinator.services import Services
-from service.errors import CoordinatorError, InconsistentUpdateError
+from service.errors import CoordinatorError
 from service.inputs import INT32_MAX
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["participation"])
@@ -80,25 +85,17 @@ def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClien
 def join(
     federation_id: uuid.UUID,
     body: JoinRequest,
-    session: SessionDep,
     services: ServicesDep,
     client: CurrentClient,
 ) -> JoinRead:
     client_use_cases.check_scope(client, federation_id)
-    try:
-        client = client_use_cases.join(
-            session,
-            client,
-            num_samples=body.num_samples,
-            class_counts=body.class_counts,
-            now=services.clock(),
-        )
-    except InconsistentUpdateError as exc:
-        session.rollback()
-        updates.record_rejection(services, client, federation_id, None, exc)
-        raise
-    session.commit()
-    federation = federation_of(session, federation_id)
+    client, federation = client_use_cases.join_federation(
+        services,
+        client,
+        federation_id,
+        num_samples=body.num_samples,
+        class_counts=body.class_counts,
+    )
     return JoinRead(
         client_id=client.id,
         federation_id=federation.id,
@@ -110,8 +107,7 @@ def join(
 
 
 def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
-    with services.sessions() as session:
-        state = rounds.current_for_client_id(session, client_id)
+    state = rounds.current_for(services, client_id)
     if isinstance(state, rounds.Finished):
         return CurrentRound(status="finished", final_model_id=state.final_model_id)
     if isinstance(state, rounds.Wait):

@@ -1,4 +1,8 @@
-"""Noisy-client reports (JSON and CSV), client histories, pins, recomputations, diagnostics."""
+"""Noisy-client reports (JSON and CSV), client histories, pins, recomputations, diagnostics.
+
+Reads go through the request's read session; a pin or an anchor is one use case of
+`service.coordinator.reports`, which commits it.
+"""
 
 from __future__ import annotations
 
@@ -82,15 +86,12 @@ def pin_client(
     federation_id: uuid.UUID,
     client_id: uuid.UUID,
     body: PinRequest,
-    session: SessionDep,
+    services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    federation = queries.federation_of(session, federation_id)
-    client = queries.get_client(session, federation_id, client_id)
-    reports.set_pin(
-        session, federation, client, status=body.status, reason=body.reason, actor=actor
+    client = reports.pin(
+        services, federation_id, client_id, status=body.status, reason=body.reason, actor=actor
     )
-    session.commit()
     return convert.client_read(client)
 
 
@@ -100,12 +101,9 @@ def pin_client(
     responses={**PROBLEM_401, **PROBLEM_404},
 )
 def unpin_client(
-    federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, actor: AdminDep
+    federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
-    federation = queries.federation_of(session, federation_id)
-    client = queries.get_client(session, federation_id, client_id)
-    reports.set_pin(session, federation, client, status=None, reason=None, actor=actor)
-    session.commit()
+    client = reports.pin(services, federation_id, client_id, status=None, reason=None, actor=actor)
     return convert.client_read(client)
 
 
@@ -118,13 +116,10 @@ def anchor_client(
     federation_id: uuid.UUID,
     client_id: uuid.UUID,
     body: AnchorRequest,
-    session: SessionDep,
+    services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    federation = queries.federation_of(session, federation_id)
-    client = queries.get_client(session, federation_id, client_id)
-    reports.set_anchor(session, federation, client, reason=body.reason, actor=actor)
-    session.commit()
+    client = reports.anchor(services, federation_id, client_id, reason=body.reason, actor=actor)
     return convert.client_read(client)
 
 
@@ -134,28 +129,22 @@ def anchor_client(
     responses={**PROBLEM_401, **PROBLEM_404},
 )
 def unanchor_client(
-    federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, actor: AdminDep
+    federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
-    federation = queries.federation_of(session, federation_id)
-    client = queries.get_client(session, federation_id, client_id)
-    reports.set_anchor(session, federation, client, reason=None, actor=actor)
-    session.commit()
+    client = reports.anchor(services, federation_id, client_id, reason=None, actor=actor)
     return convert.client_read(client)
 
 
 def _recompute(
     services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest
 ) -> dict[str, Any]:
-    with services.sessions() as session:
-        federation = queries.federation_of(session, federation_id)
-        return reports.recompute_round(
-            services,
-            session,
-            federation,
-            index,
-            audit_overrides=body.audit,
-            exclude_clients=list(body.exclude_clients),
-        )
+    return reports.recompute(
+        services,
+        federation_id,
+        index,
+        audit_overrides=body.audit,
+        exclude_clients=list(body.exclude_clients),
+    )
 
 
 @router.post(
