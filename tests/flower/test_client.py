@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-pytest.importorskip("flwr", reason="the flower extra is not installed (pip install .[flower])")
+pytest.importorskip(
+    "flwr", reason="flwr is not installed here (the flower extra); scripts/test-flower runs these"
+)
 
 import torch  # noqa: E402
 from flwr.app import ConfigRecord  # noqa: E402

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("flwr", reason="the flower extra is not installed (pip install .[flower])")
+pytest.importorskip(
+    "flwr", reason="flwr is not installed here (the flower extra); scripts/test-flower runs these"
+)
 pytest.importorskip(
     "ray", reason="Flower's simulation backend is not installed (pip install 'flwr[simulation]')"
 )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 flwr = pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install .[flower])"
+    "flwr", reason="flwr is not installed here (the flower extra); scripts/test-flower runs these"
 )
 
 from flwr.app import (  # noqa: E402
@@ -80,6 +80,12 @@ def federation() -> list[Message]:
     return [*clean, reply(NOISY_NODE, 7.0, 2.0)]
 
 
+def w(arrays: ArrayRecord | None) -> np.ndarray:
+    """The aggregated tensor "w" as float64."""
+    assert arrays is not None
+    return np.asarray(arrays["w"].numpy(), dtype=np.float64)
+
+
 def strategy(tmp_path, **kwargs) -> FedAuditStrategy:
     s = FedAuditStrategy(FedAvg(), report_path=tmp_path / "audit.json", **kwargs)
     s.set_global_arrays(ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))}))
@@ -98,7 +104,7 @@ def test_the_noisy_site_is_flagged_then_down_weighted_by_daagg(tmp_path):
     assert metrics["fedaudit.status"] == [0, 0, 0, 0, 0, 1]  # suspect
     assert metrics["fedaudit.weights"] == pytest.approx([1 / 6] * 6)
     # (5 * 1 + 7) / 6 = 2
-    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(w(arrays), [2.0, 2.0], rtol=1e-6)
     # FedAvg's own metrics are kept
     assert metrics["train_loss"] == pytest.approx(0.5)
     assert s.statuses[str(NOISY_NODE)] == "suspect"
@@ -113,7 +119,7 @@ def test_the_noisy_site_is_flagged_then_down_weighted_by_daagg(tmp_path):
     # (5 * 1 + 7 / e) / (5 + 1 / e) = 1.41121...; FedAvg would give 2
     expected = (5 + 7 * math.exp(-1)) / total
     assert expected == pytest.approx(1.41121, abs=1e-5)
-    np.testing.assert_allclose(arrays["w"].numpy(), [expected, expected], rtol=1e-6)
+    np.testing.assert_allclose(w(arrays), [expected, expected], rtol=1e-6)
     assert arrays["w"].numpy().dtype == np.float32
 
     report = json.loads((tmp_path / "audit.json").read_text())
@@ -140,7 +146,7 @@ def test_round_flags_down_weight_at_the_first_flag(tmp_path):
     arrays, metrics = s.aggregate_train(1, federation())
     total = 5 + math.exp(-1)
     assert metrics["fedaudit.weights"][-1] == pytest.approx(math.exp(-1) / total)
-    np.testing.assert_allclose(arrays["w"].numpy(), [(5 + 7 * math.exp(-1)) / total] * 2, rtol=1e-6)
+    np.testing.assert_allclose(w(arrays), [(5 + 7 * math.exp(-1)) / total] * 2, rtol=1e-6)
 
 
 def test_undetermined_audit_keeps_the_wrapped_strategys_aggregate(tmp_path):
@@ -151,7 +157,7 @@ def test_undetermined_audit_keeps_the_wrapped_strategys_aggregate(tmp_path):
     fedavg_arrays, _ = FedAvg().aggregate_train(1, replies)
     # FedAvg's (1 + 1 + 4) / 3 = 2, returned as FedAvg computed it
     np.testing.assert_array_equal(arrays["w"].numpy(), fedavg_arrays["w"].numpy())
-    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0])
+    np.testing.assert_allclose(w(arrays), [2.0, 2.0])
     assert metrics["fedaudit.decided"] == 0
     assert metrics["fedaudit.applied"] == 0
     assert metrics["fedaudit.flags"] == [-1, -1, -1]
@@ -169,7 +175,7 @@ def test_a_reply_without_signals_is_not_audited(tmp_path):
     replies = [*federation()[:5], reply(NOISY_NODE, 7.0, None, signals=False)]
     s = strategy(tmp_path)
     arrays, metrics = s.aggregate_train(1, replies)
-    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0])  # FedAvg
+    np.testing.assert_allclose(w(arrays), [2.0, 2.0])  # FedAvg
     assert metrics["fedaudit.decided"] == 0
     assert metrics is not None
     assert "fedaudit.flags" not in metrics
@@ -182,7 +188,7 @@ def test_a_reply_without_signals_is_not_audited(tmp_path):
 def test_without_a_global_model_the_round_is_not_audited():
     s = FedAuditStrategy()
     arrays, metrics = s.aggregate_train(1, federation())
-    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0])
+    np.testing.assert_allclose(w(arrays), [2.0, 2.0])
     assert metrics["fedaudit.decided"] == 0
     assert "configure_train was not called" in s.rounds[0]["reason"]
 
