@@ -99,9 +99,6 @@ class FedAuditStrategy(Strategy):
         Key of the signals' ``ConfigRecord`` in each reply (:data:`~fedaudit_flower.SIGNALS_KEY`).
     arrayrecord_key : str, optional
         Key of the model's ``ArrayRecord`` in each reply; None: the reply's only ``ArrayRecord``.
-    weighted_by_key : str
-        ``MetricRecord`` entry read as a site's sample count when its signals carry none
-        (FedAvg's default, ``"num-examples"``).
 
     Attributes
     ----------
@@ -117,7 +114,6 @@ class FedAuditStrategy(Strategy):
         report_path: str | os.PathLike[str] | None = None,
         signals_key: str = SIGNALS_KEY,
         arrayrecord_key: str | None = None,
-        weighted_by_key: str = "num-examples",
     ) -> None:
         self.strategy: Strategy = FedAvg() if strategy is None else strategy
         self.audit_config = DEFAULT_AUDIT_CONFIG if audit_config is None else audit_config
@@ -126,7 +122,6 @@ class FedAuditStrategy(Strategy):
         self.report_path = None if report_path is None else Path(report_path)
         self.signals_key = signals_key
         self.arrayrecord_key = arrayrecord_key
-        self.weighted_by_key = weighted_by_key
         self.rounds: list[dict[str, Any]] = []
         self._history: dict[str, StatusHistory] = {}
         self._global: ArrayRecord | None = None
