@@ -40,7 +40,9 @@ CLEAN_LOSS = [0.30, 0.32, 0.28, 0.31, 0.29]
 NOISY_NODE = 105
 
 
-def reply(node_id: int, w: float, loss: float | None, *, signals: bool = True) -> Message:
+def reply(
+    node_id: int, w: float, loss: float | None, *, signals: bool = True, spreads: bool = True
+) -> Message:
     """A training reply as the ServerApp receives it: model, metrics, fedaudit signals."""
     content = RecordDict(
         {
@@ -54,7 +56,7 @@ def reply(node_id: int, w: float, loss: float | None, *, signals: bool = True) -
                 num_samples=100,
                 class_counts=[50, 50],
                 per_class_loss=None if loss is None else [loss, loss],
-                per_class_loss_sd=None if loss is None else [0.5, 0.5],
+                per_class_loss_sd=None if loss is None or not spreads else [0.5, 0.5],
             )
         )
     metadata = Metadata(
@@ -150,8 +152,13 @@ def test_round_flags_down_weight_at_the_first_flag(tmp_path):
 
 
 def test_undetermined_audit_keeps_the_wrapped_strategys_aggregate(tmp_path):
-    # Three sites: the evidence needs five (evidence_min_clients) and stays undetermined.
-    replies = [reply(100, 1.0, 0.3), reply(101, 1.0, 0.3), reply(102, 4.0, 2.0)]
+    # Three sites: the calibrated evidence needs five (evidence_min_clients); fewer sites get
+    # the "worse than the label prior" test, which needs the per-class spreads. Without them
+    # the audit stays undetermined.
+    replies = [
+        reply(100 + k, w, loss, spreads=False)
+        for k, (w, loss) in enumerate([(1.0, 0.3), (1.0, 0.3), (4.0, 2.0)])
+    ]
     s = strategy(tmp_path)
     arrays, metrics = s.aggregate_train(1, replies)
     fedavg_arrays, _ = FedAvg().aggregate_train(1, replies)
@@ -224,3 +231,19 @@ def test_the_signals_record_round_trips_none_as_nan():
     assert record["probe_softmax_shape"] == [2, 3]
     assert math.isnan(float(record["per_class_loss"][1]))
     assert decode_signals(record) == signals
+
+
+def test_three_sites_with_spreads_get_the_small_federation_verdict(tmp_path):
+    # Two to four sites: the evidence asks whether the global model does worse than the label
+    # prior (H = ln 2 = 0.693 here) on a site's labels. Node 102 loses 2.0 nats, z = (2.0 -
+    # ln 2) / (0.5 / sqrt(100)) = 26; the other two lose 0.3, far below H.
+    replies = [reply(100, 1.0, 0.3), reply(101, 1.0, 0.3), reply(102, 4.0, 2.0)]
+    s = strategy(tmp_path, audit_config=AuditConfig(aggregation="daagg", aggregation_flags="round"))
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["fedaudit.decided"] == 1
+    assert metrics["fedaudit.flags"] == [0, 0, 1]
+    # DaAgg: w proportional to 1, 1, 1/e;
+    # (1 + 1 + 4 / e) / (2 + 1 / e) = 3.47152 / 2.36788 = 1.46609 (FedAvg: 2)
+    expected = (2 + 4 * math.exp(-1)) / (2 + math.exp(-1))
+    assert expected == pytest.approx(1.46609, abs=1e-5)
+    np.testing.assert_allclose(w(arrays), [expected, expected], rtol=1e-6)
