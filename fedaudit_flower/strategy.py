@@ -1,0 +1,353 @@
+"""A Flower strategy that audits every training round with fedaudit, in process.
+
+:class:`FedAuditStrategy` wraps a message-API strategy (``flwr.serverapp.strategy``, FedAvg by
+default). Sampling, configuration and evaluation are the wrapped strategy's. After each
+training round, :meth:`FedAuditStrategy.aggregate_train`:
+
+1. lets the wrapped strategy aggregate the replies as it always does;
+2. reads every reply's model (its ``ArrayRecord``) and fedaudit signals (the ``ConfigRecord``
+   under :data:`~fedaudit_flower.SIGNALS_KEY`, written by the ClientApp helper
+   :func:`~fedaudit_flower.signals_record`), and runs :func:`service.audit.run_audit` on them
+   against the global model sent this round, with each site's status history;
+3. when the primary detector decided (status ``ok``), returns the audit's aggregate (its rule and
+   weights: with the default :data:`DEFAULT_AUDIT_CONFIG`, DaAgg down-weights the sites whose
+   status is "noisy"); when it did not (``undetermined``, ``inconclusive``, or the audit could not
+   run: a reply without signals, no global model seen), it keeps the wrapped strategy's
+   aggregate and says why;
+4. updates each site's status (trusted, suspect, noisy: the rule of
+   :func:`service.audit.next_status` over its determined flags), adds the audit to the round's
+   ``MetricRecord`` (keys ``fedaudit.*``, below) and rewrites the JSON report file.
+
+Sites are Flower nodes: a site's id in the audit is its node id as a decimal string.
+
+Metrics added to the round's ``MetricRecord`` (lists aligned with ``fedaudit.node_ids``, sites
+in increasing node id):
+
+==========================  ===================================================================
+``fedaudit.decided``        1 when the primary detector decided, else 0
+``fedaudit.applied``        1 when the audit's aggregate replaced the wrapped strategy's
+``fedaudit.num_flagged``    sites the primary detector flagged this round
+``fedaudit.num_noisy``      sites whose status is "noisy" after the round
+``fedaudit.node_ids``       the audited sites
+``fedaudit.flags``          1 flagged, 0 not flagged, -1 undetermined
+``fedaudit.status``         after the round: 0 trusted, 1 suspect, 2 noisy
+``fedaudit.weights``        the audit's aggregation weights (applied only when ``applied``)
+``fedaudit.scores``         the primary detector's scores (higher = noisier; NaN: none)
+==========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Strategy
+
+from fedaudit_flower._records import SIGNALS_KEY, SignalsFormatError, decode_signals
+from service.audit import (
+    AuditConfig,
+    AuditOutcome,
+    ClientRoundData,
+    DictStateReader,
+    InvalidInputError,
+    StatusHistory,
+    next_status,
+    run_audit,
+)
+
+__all__ = ["DEFAULT_AUDIT_CONFIG", "REPORT_FORMAT", "STATUS_CODES", "FedAuditStrategy"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_AUDIT_CONFIG = AuditConfig(aggregation="daagg")
+"""The calibrated evidence detector, FedNoRo's distance-aware aggregation (DaAgg) over the sites
+whose status is "noisy" (flagged in 2 of their last 3 decided rounds), the weight cap at 4 / K."""
+
+REPORT_FORMAT = "fedaudit.flower-report/1"
+"""Value of the report file's ``format`` entry."""
+
+STATUS_CODES = {"trusted": 0, "suspect": 1, "noisy": 2}
+"""How ``fedaudit.status`` encodes a status in the (numeric) ``MetricRecord``."""
+
+
+class _NotAudited(Exception):
+    """The audit cannot run on this round's replies (the message says why)."""
+
+
+class FedAuditStrategy(Strategy):
+    """Wrap a Flower strategy and audit every training round with fedaudit.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy, optional
+        The strategy to wrap (``FedAvg()`` when omitted). It samples, configures and evaluates,
+        and its aggregate is kept whenever the audit does not decide.
+    audit_config : service.audit.AuditConfig, optional
+        The audit's detectors, aggregation rule and status rule (:data:`DEFAULT_AUDIT_CONFIG`).
+    report_path : str or pathlib.Path, optional
+        JSON file rewritten (atomically) after every training round; None: no file.
+    signals_key : str
+        Key of the signals' ``ConfigRecord`` in each reply (:data:`~fedaudit_flower.SIGNALS_KEY`).
+    arrayrecord_key : str, optional
+        Key of the model's ``ArrayRecord`` in each reply; None: the reply's only ``ArrayRecord``.
+
+    Attributes
+    ----------
+    rounds : list of dict
+        One entry per training round, as in the report file's ``rounds``.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy | None = None,
+        *,
+        audit_config: AuditConfig | None = None,
+        report_path: str | os.PathLike[str] | None = None,
+        signals_key: str = SIGNALS_KEY,
+        arrayrecord_key: str | None = None,
+    ) -> None:
+        self.strategy: Strategy = FedAvg() if strategy is None else strategy
+        self.audit_config = DEFAULT_AUDIT_CONFIG if audit_config is None else audit_config
+        if not isinstance(self.audit_config, AuditConfig):
+            raise TypeError("audit_config: expected a service.audit.AuditConfig")
+        self.report_path = None if report_path is None else Path(report_path)
+        self.signals_key = signals_key
+        self.arrayrecord_key = arrayrecord_key
+        self.rounds: list[dict[str, Any]] = []
+        self._history: dict[str, StatusHistory] = {}
+        self._global: ArrayRecord | None = None
+
+    # -- the wrapped strategy's work -----------------------------------------------------------
+
+    def summary(self) -> None:
+        """Log the wrapped strategy's summary and the audit's rule."""
+        self.strategy.summary()
+        _log.info(
+            "fedaudit: primary detector %r, aggregation %r when it decides",
+            self.audit_config.primary_detector,
+            self.audit_config.aggregation,
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Remember the global model sent this round (the audit's theta_G), then delegate."""
+        self.set_global_arrays(arrays)
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def set_global_arrays(self, arrays: ArrayRecord) -> None:
+        """Set the global model the next :meth:`aggregate_train` audits against.
+
+        :meth:`configure_train` calls it; call it yourself only when replies reach
+        :meth:`aggregate_train` without going through this strategy's ``configure_train``.
+        """
+        self._global = arrays
+
+    @property
+    def statuses(self) -> dict[str, str]:
+        """Each audited site's status (node id as a string -> trusted / suspect / noisy)."""
+        return {cid: h.status for cid, h in self._history.items()}
+
+    # -- the audit -----------------------------------------------------------------------------
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate with the wrapped strategy, audit, and use the audit's aggregate if decided.
+
+        Returns
+        -------
+        tuple of (ArrayRecord or None, MetricRecord or None)
+            The audit's aggregate when its primary detector decided, else the wrapped
+            strategy's; the wrapped strategy's metrics plus the ``fedaudit.*`` entries.
+        """
+        replies = list(replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        metrics = MetricRecord() if metrics is None else MetricRecord(dict(metrics.items()))
+        valid = sorted(
+            (m for m in replies if not m.has_error() and m.has_content()),
+            key=lambda m: m.metadata.src_node_id,
+        )
+        entry: dict[str, Any] = {"round": server_round, "sites": len(valid)}
+        try:
+            clients = [self._client(m) for m in valid]
+            if not clients:
+                raise _NotAudited("no reply without an error")
+            if self._global is None:
+                raise _NotAudited("no global model: configure_train was not called")
+            history = [self._history.get(c.client_id, StatusHistory()) for c in clients]
+            outcome = run_audit(
+                DictStateReader({k: v.numpy() for k, v in self._global.items()}),
+                clients,
+                self.audit_config,
+                round_index=server_round - 1,
+                status_history=history,
+            )
+        except (_NotAudited, InvalidInputError, SignalsFormatError) as exc:
+            why = f"not audited: {exc}"
+            _log.warning(
+                "fedaudit round %d: %s; the wrapped strategy's aggregate is kept",
+                server_round,
+                why,
+            )
+            entry.update(audited=False, decided=False, applied="wrapped", reason=why)
+            metrics["fedaudit.decided"] = 0
+            metrics["fedaudit.applied"] = 0
+            self._finish(entry)
+            return arrays, metrics
+
+        primary = outcome.detections[outcome.primary]
+        decided = primary.status == "ok"
+        sites = self._update_history(clients, history, outcome)
+        reason: str | None = None
+        if decided:
+            arrays = ArrayRecord(
+                {name: Array(np.asarray(t)) for name, t in outcome.aggregation.state.items()}
+            )
+        else:
+            reason = (
+                f"primary detector {primary.method!r} {primary.status} ({primary.reason}): "
+                "the wrapped strategy's aggregate is kept"
+            )
+            _log.info("fedaudit round %d: %s", server_round, reason)
+        entry.update(
+            audited=True,
+            decided=decided,
+            applied="audit" if decided else "wrapped",
+            reason=reason,
+            detector_status=primary.status,
+            rule=outcome.aggregation.rule,
+            clients=sites,
+            audit=outcome.to_json(),
+        )
+        flags = outcome.primary_flags
+        metrics["fedaudit.decided"] = int(decided)
+        metrics["fedaudit.applied"] = int(decided)
+        metrics["fedaudit.num_flagged"] = sum(1 for f in flags if f)
+        metrics["fedaudit.num_noisy"] = sum(1 for s in sites if s["status"] == "noisy")
+        metrics["fedaudit.node_ids"] = [int(m.metadata.src_node_id) for m in valid]
+        metrics["fedaudit.flags"] = [-1 if f is None else int(f) for f in flags]
+        metrics["fedaudit.status"] = [STATUS_CODES[s["status"]] for s in sites]
+        metrics["fedaudit.weights"] = [float(w) for w in outcome.aggregation.weights]
+        metrics["fedaudit.scores"] = [math.nan if s is None else float(s) for s in primary.scores]
+        self._finish(entry)
+        return arrays, metrics
+
+    def _client(self, message: Message) -> ClientRoundData:
+        content = message.content
+        node = str(message.metadata.src_node_id)
+        if self.signals_key not in content.config_records:
+            raise _NotAudited(f"node {node} sent no {self.signals_key!r} ConfigRecord")
+        try:
+            signals = decode_signals(content.config_records[self.signals_key])
+        except SignalsFormatError as exc:
+            raise SignalsFormatError(f"node {node}: {exc}") from None
+        if self.arrayrecord_key is not None:
+            if self.arrayrecord_key not in content.array_records:
+                raise _NotAudited(f"node {node} sent no ArrayRecord {self.arrayrecord_key!r}")
+            record = content.array_records[self.arrayrecord_key]
+        elif len(content.array_records) == 1:
+            record = next(iter(content.array_records.values()))
+        else:
+            raise _NotAudited(
+                f"node {node} sent {len(content.array_records)} ArrayRecords; set arrayrecord_key"
+            )
+        return ClientRoundData(
+            client_id=node,
+            num_samples=signals.num_samples,
+            class_counts=signals.class_counts,
+            per_class_loss=signals.per_class_loss,
+            per_class_loss_sd=signals.per_class_loss_sd,
+            train_loss=signals.train_loss,
+            train_accuracy=signals.train_accuracy,
+            probe_softmax=signals.probe_softmax,
+            centroids=signals.centroids,
+            state=DictStateReader({k: v.numpy() for k, v in record.items()}),
+        )
+
+    def _update_history(
+        self,
+        clients: list[ClientRoundData],
+        history: list[StatusHistory],
+        outcome: AuditOutcome,
+    ) -> list[dict[str, Any]]:
+        """Apply the status rule to this round's determined flags; return the per-site rows."""
+        config = self.audit_config
+        primary = outcome.detections[outcome.primary]
+        rows = []
+        for i, (client, before) in enumerate(zip(clients, history, strict=True)):
+            flag = outcome.primary_flags[i]
+            after = before
+            if flag is not None:
+                window = (*before.flags, flag)[-config.status_w :]
+                status = next_status(
+                    before.status, list(window), m=config.status_m, w=config.status_w
+                )
+                after = StatusHistory(status=status, flags=window)
+            self._history[client.client_id] = after
+            verdict = primary.verdicts[i]
+            rows.append(
+                {
+                    "node_id": int(client.client_id),
+                    "num_samples": int(client.num_samples),
+                    "flag": flag,
+                    "status_before": before.status,
+                    "status": after.status,
+                    "weight": float(outcome.aggregation.weights[i]),
+                    "verdict": None if verdict is None else verdict.to_json(),
+                }
+            )
+        return rows
+
+    def _finish(self, entry: dict[str, Any]) -> None:
+        self.rounds.append(entry)
+        if self.report_path is not None:
+            write_json_atomically(self.report_path, self.report())
+
+    def report(self) -> dict[str, Any]:
+        """Return the report: the audit configuration, every round, and each site's status."""
+        return {
+            "format": REPORT_FORMAT,
+            "wrapped_strategy": type(self.strategy).__name__,
+            "audit_config": self.audit_config.to_json(),
+            "rounds": self.rounds,
+            "statuses": {
+                cid: {"status": h.status, "recent_flags": list(h.flags)}
+                for cid, h in sorted(self._history.items(), key=lambda kv: int(kv[0]))
+            },
+        }
+
+
+def write_json_atomically(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` through a temporary file and a rename (no half file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2, allow_nan=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
