@@ -9,12 +9,14 @@ ALGORITHMS.md section 4:
 * ``trimmed_mean`` and ``median`` -- coordinate-wise robust baselines (Fed-NCL section VI).
 * ``reliability_weighted`` -- beyond the papers: w_k proportional to n_k (1 - p_k).
 
-Streaming: every rule loops tensor by tensor over a
-:class:`~service.audit.state.StateReader` per client, so at most K copies of one tensor (and
-the output) are in memory, never K whole states. Float tensors are combined in float64 and
-cast back to their dtype; every other tensor (e.g. ``num_batches_tracked``) is copied from the
-client with the largest weight (ties: lowest index). DaAgg needs two passes (distances, then
-the weighted sum); the other rules read each update once.
+Streaming: every rule reads the updates through :func:`~service.audit.blocks.stream_pass`, in
+parameter blocks (zero-copy from the coordinator's memory maps, pages released as the pass moves
+on), so the process never holds K whole states nor K copies of one tensor. Float tensors are
+combined in float32 blocks (float64 for float64 tensors) with float64 totals across blocks;
+:mod:`service.audit.blocks` says where float64 is kept and why. Every other tensor (e.g.
+``num_batches_tracked``) is copied from the client with the largest weight (ties: lowest index).
+DaAgg and the layer-wise rule need two passes (distances, then the weighted sum); the other rules
+read each update once.
 
 Bounded influence: every rule takes ``max_client_weight_factor`` f (default 4, None = off) and no
 client's normalised weight exceeds ``cap = min(1, f / K)`` for K participating clients (so up to
@@ -33,7 +35,7 @@ Malformed states or arguments raise :class:`~service.audit._validation.InvalidIn
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -50,15 +52,8 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.state import (
-    StateReader,
-    check_state_names,
-    flat64,
-    is_float_tensor,
-    iter_client_tensors,
-    read_global_tensor,
-    read_tensor,
-)
+from service.audit.blocks import coordinatewise, stream_pass
+from service.audit.state import StateReader
 
 __all__ = [
     "AGGREGATION_RULES",
@@ -194,24 +189,10 @@ def _normalise(raw: FloatArray, name: str) -> FloatArray:
 def _weighted_state(
     global_state: StateReader, updates: Sequence[StateReader], weights: FloatArray
 ) -> dict[str, AnyArray]:
-    """sum_k w_k theta_k per float tensor, reading one client tensor at a time."""
-    names = check_state_names(global_state, updates)
-    chosen = int(np.argmax(weights))
-    state: dict[str, AnyArray] = {}
-    for name in names:
-        reference = read_global_tensor(global_state, name)
-        if is_float_tensor(reference):
-            acc = np.zeros(reference.shape, dtype=np.float64)
-            for k, update in enumerate(updates):
-                tensor = read_tensor(update, name, reference, f"updates[{k}]")
-                acc += weights[k] * tensor.astype(np.float64, copy=False)
-            state[name] = acc.astype(reference.dtype)
-        else:
-            for k, update in enumerate(updates):
-                tensor = read_tensor(update, name, reference, f"updates[{k}]")
-                if k == chosen:
-                    state[name] = np.array(tensor, copy=True)
-    return state
+    """sum_k w_k theta_k per float tensor, in one blocked pass over the updates."""
+    result = stream_pass(global_state, updates, weights=weights, chosen=int(np.argmax(weights)))
+    assert result.state is not None
+    return result.state
 
 
 def _fedavg_weights(n: FloatArray) -> FloatArray:
@@ -442,17 +423,6 @@ def aggregate_fedavg(
 _DAAGG_VARIANTS = ("paper", "reference")
 
 
-SLICE_ENTRIES = 1 << 22
-"""Float64 work arrays of the per-coordinate rules hold at most this many entries (32 MB):
-a tensor is processed in slices of ``SLICE_ENTRIES // K`` coordinates."""
-
-
-def _slices(size: int, n_rows: int) -> Iterator[slice]:
-    step = max(1, SLICE_ENTRIES // max(n_rows, 1))
-    for start in range(0, size, step):
-        yield slice(start, min(start + step, size))
-
-
 def _pairwise_distances(
     global_state: StateReader,
     updates: Sequence[StateReader],
@@ -460,30 +430,16 @@ def _pairwise_distances(
     clean_idx: Sequence[int],
     variant: str,
 ) -> FloatArray:
-    """Distances between each noisy and each clean client over float tensors, streamed.
-
-    Per tensor, the K client copies are read once and compared slice by slice, so the float64
-    work array never exceeds ``SLICE_ENTRIES`` entries whatever the model size.
-    """
-    clean = np.asarray(clean_idx, dtype=np.int64)
-    squared_total = np.zeros((len(noisy_idx), clean.size))
-    norm_total = np.zeros_like(squared_total)
-    for _name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            continue
-        flats = [t.reshape(-1) for t in tensors]
-        squared = np.zeros_like(squared_total)
-        for part in _slices(reference.size, clean.size + 1):
-            clean_stack = np.stack([flats[j][part].astype(np.float64) for j in clean])
-            for row, i in enumerate(noisy_idx):
-                diff = clean_stack - flats[i][part].astype(np.float64)
-                squared[row] += np.einsum("cd,cd->c", diff, diff)
-        squared_total += squared
-        norm_total += np.sqrt(squared)
+    """Distances between each noisy and each clean client over float tensors, in one blocked
+    pass: per block the Gram cross term of the differences to the global model (one matrix
+    product) instead of one subtraction per pair."""
+    squared = stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
+    assert squared is not None
     if variant == "paper":
-        result: FloatArray = np.sqrt(squared_total)
+        result: FloatArray = np.sqrt(squared.sum(axis=0))
         return result
-    return norm_total
+    per_tensor: FloatArray = np.sqrt(squared).sum(axis=0)
+    return per_tensor
 
 
 def aggregate_daagg(
@@ -664,23 +620,20 @@ def aggregate_fedncl_layerwise(
     penalty = np.where(flags, penalty_noisy, 1.0)
     base = n / penalty
     chosen = int(np.argmax(base))
-    state: dict[str, AnyArray] = {}
     layer_weights: dict[str, list[float]] = {}
     uncapped: list[FloatArray] = []
-    for name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            state[name] = np.array(tensors[chosen], copy=True)
-            continue
-        g = flat64(reference)
-        dist = np.array([1.0 + float(np.sum((flat64(t) - g) ** 2)) for t in tensors])
-        raw = _normalise(base / dist, "num_samples")
+    squared = stream_pass(global_state, updates, distances=True)
+    assert squared.squared is not None
+    per_tensor: dict[str, FloatArray] = {}
+    for name, row in zip(squared.float_names, squared.squared, strict=True):
+        raw = _normalise(base / (1.0 + row), "num_samples")
         uncapped.append(raw)
         weights, _ = _cap(raw, factor)
-        acc = np.zeros(reference.shape, dtype=np.float64)
-        for j, tensor in enumerate(tensors):
-            acc += weights[j] * tensor.astype(np.float64, copy=False)
-        state[name] = acc.astype(reference.dtype)
+        per_tensor[name] = weights
         layer_weights[name] = weights.tolist()
+    weighted = stream_pass(global_state, updates, layer_weights=per_tensor, chosen=chosen)
+    assert weighted.state is not None
+    state = weighted.state
     if layer_weights:
         mean_weights: FloatArray = np.mean(np.array(list(layer_weights.values())), axis=0)
         cap = _layer_cap_record(np.array(uncapped), np.array(list(layer_weights.values())), factor)
@@ -721,35 +674,6 @@ def _layer_cap_record(
         ],
     }
     return record
-
-
-def _coordinatewise(
-    global_state: StateReader,
-    updates: Sequence[StateReader],
-    trim: int | None,
-) -> dict[str, AnyArray]:
-    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate.
-
-    Each tensor is handled in slices of coordinates, so besides the K client copies of that
-    tensor only a K x slice float64 array (at most ``SLICE_ENTRIES`` entries) is alive.
-    """
-    state: dict[str, AnyArray] = {}
-    for name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            # Uniform weights: the largest-weight tie goes to the lowest index.
-            state[name] = np.array(tensors[0], copy=True)
-            continue
-        flats = [t.reshape(-1) for t in tensors]
-        combined = np.empty(reference.size, dtype=np.float64)
-        for part in _slices(reference.size, len(flats)):
-            stack = np.stack([f[part].astype(np.float64) for f in flats])
-            if trim is None:
-                combined[part] = np.median(stack, axis=0)
-            else:
-                stack.sort(axis=0)
-                combined[part] = stack[trim : stack.shape[0] - trim].mean(axis=0)
-        state[name] = combined.reshape(reference.shape).astype(reference.dtype)
-    return state
 
 
 def aggregate_trimmed_mean(
@@ -799,7 +723,7 @@ def aggregate_trimmed_mean(
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     trim = math.floor(fraction * k)
-    state = _coordinatewise(global_state, updates, trim)
+    state = coordinatewise(global_state, updates, trim)
     details = {
         "trim_fraction": fraction,
         "trimmed_per_side": trim,
@@ -853,7 +777,7 @@ def aggregate_median(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
-    state = _coordinatewise(global_state, updates, None)
+    state = coordinatewise(global_state, updates, None)
     details = {"weights_note": "weights are 1/K: the median is not a weighted average"}
     return _result(
         state,

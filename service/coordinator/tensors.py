@@ -8,6 +8,7 @@ No pickle is involved anywhere: safetensors holds only names, dtypes, shapes and
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from collections.abc import Mapping, Sequence
@@ -138,19 +139,72 @@ def non_finite_tensors(path: Path, manifest: Manifest) -> list[str]:
     return bad
 
 
+RELEASE_BYTES = 1 << 20
+"""A reader hands finished pages of a tensor back to the kernel once this many are pending."""
+
+
 class SafetensorsReader:
-    """A model state read lazily from a safetensors file, one tensor at a time."""
+    """A model state read lazily from a safetensors file, one tensor at a time.
+
+    ``get`` returns a copy (safetensors' own reader). ``view`` returns a read-only zero-copy
+    view of a memory map of the file, and ``release`` drops the mapped pages a streaming pass
+    has finished with (``madvise(MADV_DONTNEED)``: the pages leave this process's resident set
+    and stay in the page cache), so a round close over K updates does not keep K files
+    resident (:class:`service.audit.blocks.MappedStateReader`).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._handle: Any = safe_open(str(path), framework="numpy")
         self._keys: list[str] = sorted(self._handle.keys())  # type: ignore[no-untyped-call]
+        self._map: mmap.mmap | None = None
+        self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
+        self._released: dict[str, int] = {}
 
     def keys(self) -> Sequence[str]:
         return self._keys
 
     def get(self, name: str) -> np.ndarray:
         return np.asarray(self._handle.get_tensor(name))
+
+    def _mapped(self) -> mmap.mmap:
+        if self._map is None:
+            with self.path.open("rb") as handle:
+                (header_len,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(header_len))
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            header.pop("__metadata__", None)
+            for name, entry in header.items():
+                start = 8 + header_len + int(entry["data_offsets"][0])
+                dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]]).newbyteorder("<")
+                self._layout[name] = (dtype, tuple(entry["shape"]), start)
+        return self._map
+
+    def view(self, name: str) -> np.ndarray:
+        mapped = self._mapped()
+        try:
+            dtype, shape, start = self._layout[name]
+        except KeyError:
+            raise KeyError(f"the state has no tensor {name!r}") from None
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(mapped, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def release(self, name: str, start: int, stop: int) -> None:
+        """Drop the whole pages of ``name``'s entries ``[.., stop)`` not yet released, once at
+        least ``RELEASE_BYTES`` are pending or the tensor is finished."""
+        if self._map is None or name not in self._layout:
+            return
+        dtype, shape, offset = self._layout[name]
+        size = int(np.prod(shape, dtype=np.int64))
+        done = self._released.get(name, offset)
+        end = offset + stop * dtype.itemsize
+        if end - done < RELEASE_BYTES and stop < size:
+            return
+        first = -(-done // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = end // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+        self._released[name] = end
 
 
 def write_state(tensors: Mapping[str, np.ndarray], directory: Path) -> tuple[Path, str, int]:
