@@ -172,6 +172,7 @@ def stream_pass(
     chosen: int = 0,
     distances: bool = False,
     pairs: tuple[Sequence[int], Sequence[int]] | None = None,
+    label: str = "updates",
 ) -> StreamResult:
     """Read every update once, block by block, and compute what is asked for.
 
@@ -191,6 +192,8 @@ def stream_pass(
         Compute ``squared`` (per tensor and client, to the global model).
     pairs : (noisy indices, clean indices), optional
         Compute ``pair_squared`` between these two groups.
+    label : str, default="updates"
+        How error messages name the updates (``label[k]``).
 
     Returns
     -------
@@ -216,7 +219,7 @@ def stream_pass(
         reference = read_global_tensor(global_state, name)
         views = [_view(update, name) for update in updates]
         for j, view in enumerate(views):
-            _check_meta(view, reference, name, f"updates[{j}]")
+            _check_meta(view, reference, name, f"{label}[{j}]")
         if not is_float_tensor(reference):
             if state is not None:
                 state[name] = np.array(views[chosen], copy=True)
