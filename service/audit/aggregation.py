@@ -52,7 +52,7 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.blocks import coordinatewise, stream_pass
+from service.audit.blocks import RoundPass, coordinatewise, stream_pass
 from service.audit.state import StateReader
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "aggregate_trimmed_mean",
     "cap_weights",
     "client_weight_cap",
+    "planned_fedavg_weights",
 ]
 
 AGGREGATION_RULES = (
@@ -187,9 +188,15 @@ def _normalise(raw: FloatArray, name: str) -> FloatArray:
 
 
 def _weighted_state(
-    global_state: StateReader, updates: Sequence[StateReader], weights: FloatArray
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray,
+    shared: RoundPass | None = None,
 ) -> dict[str, AnyArray]:
-    """sum_k w_k theta_k per float tensor, in one blocked pass over the updates."""
+    """sum_k w_k theta_k per float tensor, in one blocked pass over the updates (or from the
+    round's shared pass when it computed these weights)."""
+    if shared is not None:
+        return shared.weighted(weights, int(np.argmax(weights)))
     result = stream_pass(global_state, updates, weights=weights, chosen=int(np.argmax(weights)))
     assert result.state is not None
     return result.state
@@ -197,6 +204,26 @@ def _weighted_state(
 
 def _fedavg_weights(n: FloatArray) -> FloatArray:
     return _normalise(n, "num_samples")
+
+
+def planned_fedavg_weights(num_samples: Any, max_client_weight_factor: float | None) -> FloatArray:
+    """The capped FedAvg weights :func:`aggregate_fedavg` will use (for a shared pass)."""
+    n = _num_samples(num_samples, len(np.atleast_1d(num_samples)))
+    weights, _ = _cap(_fedavg_weights(n), _check_factor(max_client_weight_factor))
+    return weights
+
+
+def _check_shared(
+    shared: RoundPass | None, global_state: StateReader, updates: Sequence[StateReader]
+) -> None:
+    if shared is None:
+        return
+    if (
+        shared.global_state is not global_state
+        or len(shared.updates) != len(updates)
+        or any(a is not b for a, b in zip(shared.updates, updates, strict=True))
+    ):
+        raise InvalidParameterError("shared: a pass over other states than these")
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,9 +388,10 @@ def _fallback(
     details: dict[str, Any] | None = None,
     *,
     factor: float | None,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     weights, cap = _cap(_fedavg_weights(n), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(
         state,
         weights,
@@ -386,6 +414,7 @@ def aggregate_fedavg(
     num_samples: Any,
     *,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """FedAvg: w_k = n_k / sum n, capped at min(1, f / K) per client.
 
@@ -399,6 +428,10 @@ def aggregate_fedavg(
         n_k, positive.
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -415,8 +448,9 @@ def aggregate_fedavg(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     weights, cap = _cap(_fedavg_weights(_num_samples(num_samples, k)), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(state, weights, "fedavg", "fedavg", weight_cap=cap)
 
 
@@ -429,11 +463,16 @@ def _pairwise_distances(
     noisy_idx: Sequence[int],
     clean_idx: Sequence[int],
     variant: str,
+    shared: RoundPass | None = None,
 ) -> FloatArray:
     """Distances between each noisy and each clean client over float tensors, in one blocked
     pass: per block the Gram cross term of the differences to the global model (one matrix
-    product) instead of one subtraction per pair."""
-    squared = stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
+    product) instead of one subtraction per pair (or from the shared pass's Gram matrices)."""
+    squared = (
+        shared.pair_squared(noisy_idx, clean_idx)
+        if shared is not None
+        else stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
+    )
     assert squared is not None
     if variant == "paper":
         result: FloatArray = np.sqrt(squared.sum(axis=0))
@@ -450,6 +489,7 @@ def aggregate_daagg(
     *,
     variant: str = "paper",
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """FedNoRo distance-aware aggregation (DaAgg, eq. 6-7).
 
@@ -473,6 +513,10 @@ def aggregate_daagg(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) after the distance weighting
         (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -493,6 +537,7 @@ def aggregate_daagg(
     check_choice("variant", variant, _DAAGG_VARIANTS)
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
@@ -503,6 +548,7 @@ def aggregate_daagg(
             "daagg",
             "no noisy flags (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     noisy_idx = [int(i) for i in np.flatnonzero(flags)]
     clean_idx = [int(i) for i in np.flatnonzero(~flags)]
@@ -514,11 +560,12 @@ def aggregate_daagg(
             "daagg",
             "every client is flagged noisy: no clean client",
             factor=factor,
+            shared=shared,
         )
     distances = np.zeros(k)
     details: dict[str, Any] = {"variant": variant, "noisy": flags.tolist()}
     if noisy_idx:
-        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant)
+        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant, shared)
         distances[noisy_idx] = pairwise.min(axis=1)
         nearest = [clean_idx[int(j)] for j in pairwise.argmin(axis=1)]
         details["nearest_clean"] = dict(zip([str(i) for i in noisy_idx], nearest, strict=True))
@@ -535,11 +582,12 @@ def aggregate_daagg(
             "max distance is 0 (noisy models equal clean ones), D = d / max d undefined",
             details,
             factor=factor,
+            shared=shared,
         )
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
     weights, cap = _cap(_normalise(n * np.exp(-normalised), "num_samples"), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
 
 
@@ -553,6 +601,7 @@ def aggregate_fedncl_layerwise(
     tau: float = 50.0,
     t_k: int = 60,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Fed-NCL robust layer-wise aggregation with the noisy-client penalty (eq. 12-16).
 
@@ -583,6 +632,10 @@ def aggregate_fedncl_layerwise(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) in any float tensor's weights, hence
         in their mean either (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -604,6 +657,7 @@ def aggregate_fedncl_layerwise(
     t_k_i = check_int("t_k", t_k, min_value=1)
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
@@ -614,6 +668,7 @@ def aggregate_fedncl_layerwise(
             "fedncl_layerwise",
             "no noisy flags (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     big_t = rnd + 1
     penalty_noisy = min(max(tau_f * big_t / t_k_i, 1.0), tau_f)
@@ -622,18 +677,25 @@ def aggregate_fedncl_layerwise(
     chosen = int(np.argmax(base))
     layer_weights: dict[str, list[float]] = {}
     uncapped: list[FloatArray] = []
-    squared = stream_pass(global_state, updates, distances=True)
-    assert squared.squared is not None
+    if shared is not None:
+        float_names, squared = shared.squared()
+    else:
+        first = stream_pass(global_state, updates, distances=True)
+        assert first.squared is not None
+        float_names, squared = first.float_names, first.squared
     per_tensor: dict[str, FloatArray] = {}
-    for name, row in zip(squared.float_names, squared.squared, strict=True):
+    for name, row in zip(float_names, squared, strict=True):
         raw = _normalise(base / (1.0 + row), "num_samples")
         uncapped.append(raw)
         weights, _ = _cap(raw, factor)
         per_tensor[name] = weights
         layer_weights[name] = weights.tolist()
-    weighted = stream_pass(global_state, updates, layer_weights=per_tensor, chosen=chosen)
-    assert weighted.state is not None
-    state = weighted.state
+    if shared is not None:
+        state = shared.layer_weighted(per_tensor, chosen)
+    else:
+        weighted = stream_pass(global_state, updates, layer_weights=per_tensor, chosen=chosen)
+        assert weighted.state is not None
+        state = weighted.state
     if layer_weights:
         mean_weights: FloatArray = np.mean(np.array(list(layer_weights.values())), axis=0)
         cap = _layer_cap_record(np.array(uncapped), np.array(list(layer_weights.values())), factor)
@@ -796,6 +858,7 @@ def aggregate_reliability_weighted(
     noisy_probability: Any,
     *,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Weights proportional to n_k (1 - p_k), p_k = the primary detector's noisy probability.
 
@@ -812,6 +875,10 @@ def aggregate_reliability_weighted(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); a client with
         p_k = 1 keeps weight 0; None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -828,6 +895,7 @@ def aggregate_reliability_weighted(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     requested = "reliability_weighted"
     if noisy_probability is None:
@@ -838,6 +906,7 @@ def aggregate_reliability_weighted(
             requested,
             "no noisy probability (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     p = as_float_array("noisy_probability", noisy_probability, ndim=1, min_value=0.0)
     if p.size != k:
@@ -853,9 +922,10 @@ def aggregate_reliability_weighted(
             requested,
             "every client has noisy probability 1",
             factor=factor,
+            shared=shared,
         )
     weights, cap = _cap(_normalise(raw, "noisy_probability"), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(
         state,
         weights,
@@ -887,6 +957,7 @@ def aggregate(
     params: Mapping[str, Any] | None = None,
     round_index: int = 0,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Apply the aggregation rule called ``rule``.
 
@@ -912,6 +983,10 @@ def aggregate(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`; moot for
         ``trimmed_mean`` and ``median``, whose weights are 1/K); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): the weighted rules reuse what it computed
+        instead of reading the updates again.
 
     Returns
     -------
@@ -935,10 +1010,18 @@ def aggregate(
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     if rule == "fedavg":
-        return aggregate_fedavg(global_state, updates, n, max_client_weight_factor=factor)
+        return aggregate_fedavg(
+            global_state, updates, n, max_client_weight_factor=factor, shared=shared
+        )
     if rule == "daagg":
         return aggregate_daagg(
-            global_state, updates, n, noisy, max_client_weight_factor=factor, **options
+            global_state,
+            updates,
+            n,
+            noisy,
+            max_client_weight_factor=factor,
+            shared=shared,
+            **options,
         )
     if rule == "fedncl_layerwise":
         return aggregate_fedncl_layerwise(
@@ -948,6 +1031,7 @@ def aggregate(
             noisy,
             round_index=round_index,
             max_client_weight_factor=factor,
+            shared=shared,
             **options,
         )
     if rule == "trimmed_mean":
@@ -957,7 +1041,12 @@ def aggregate(
     if rule == "median":
         return aggregate_median(global_state, updates, max_client_weight_factor=factor)
     return aggregate_reliability_weighted(
-        global_state, updates, n, noisy_probability, max_client_weight_factor=factor
+        global_state,
+        updates,
+        n,
+        noisy_probability,
+        max_client_weight_factor=factor,
+        shared=shared,
     )
 
 

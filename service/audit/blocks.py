@@ -41,10 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 from scipy.linalg.blas import daxpy, saxpy
+from threadpoolctl import threadpool_limits
 
 from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import InvalidInputError
@@ -60,6 +61,7 @@ __all__ = [
     "AXPY_BLOCK",
     "STACK_BYTES",
     "MappedStateReader",
+    "RoundPass",
     "StreamResult",
     "coordinatewise",
     "stream_pass",
@@ -104,17 +106,25 @@ class StreamResult:
         ``||theta_k[l] - theta_G[l]||^2`` per float tensor l and client k.
     pair_squared : ndarray of shape (n_float_tensors, n_noisy, n_clean) or None
         Squared distances between each noisy and each clean client, per float tensor.
+    gram : ndarray of shape (n_float_tensors, K, K) or None
+        Per float tensor the Gram matrix of the differences theta_k - theta_G.
     """
 
     state: dict[str, AnyArray] | None
     float_names: list[str]
     squared: FloatArray | None
     pair_squared: FloatArray | None
+    gram: FloatArray | None = None
 
 
-def _view(reader: StateReader, name: str) -> AnyArray:
-    if isinstance(reader, MappedStateReader):
-        return np.asarray(reader.view(name))
+def _mapped(readers: Sequence[StateReader]) -> list[bool]:
+    """Which readers are memory-mapped (checked once per pass: a Protocol isinstance is slow)."""
+    return [isinstance(reader, MappedStateReader) for reader in readers]
+
+
+def _view(reader: StateReader, name: str, mapped: bool) -> AnyArray:
+    if mapped:
+        return np.asarray(cast(MappedStateReader, reader).view(name))
     return np.asarray(reader.get(name))
 
 
@@ -141,9 +151,13 @@ def _raise_non_finite(views: Sequence[AnyArray], name: str) -> None:
 
 
 def _release(updates: Sequence[StateReader], name: str, start: int, stop: int) -> None:
+    """Tell the memory-mapped readers (see :func:`_mapped_only`) what the pass has finished."""
     for update in updates:
-        if isinstance(update, MappedStateReader):
-            update.release(name, start, stop)
+        cast(MappedStateReader, update).release(name, start, stop)
+
+
+def _mapped_only(updates: Sequence[StateReader]) -> list[StateReader]:
+    return [u for u, mapped in zip(updates, _mapped(updates), strict=True) if mapped]
 
 
 def _accumulation_dtype(dtype: np.dtype[Any]) -> type[np.floating[Any]]:
@@ -172,6 +186,7 @@ def stream_pass(
     chosen: int = 0,
     distances: bool = False,
     pairs: tuple[Sequence[int], Sequence[int]] | None = None,
+    gram: bool = False,
     label: str = "updates",
 ) -> StreamResult:
     """Read every update once, block by block, and compute what is asked for.
@@ -192,6 +207,9 @@ def stream_pass(
         Compute ``squared`` (per tensor and client, to the global model).
     pairs : (noisy indices, clean indices), optional
         Compute ``pair_squared`` between these two groups.
+    gram : bool, default=False
+        Compute ``gram``: per tensor the K x K Gram matrix of the differences to the global
+        model, from which any noisy/clean split's distances follow (:class:`RoundPass`).
     label : str, default="updates"
         How error messages name the updates (``label[k]``).
 
@@ -199,10 +217,31 @@ def stream_pass(
     -------
     StreamResult
     """
+    # One BLAS thread: the blocks are small, and on a busy 2-core machine BLAS threads waiting
+    # for a core made the axpy / GEMV calls 10x slower than the data's read (measured).
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _stream_pass(
+            global_state, updates, weights, layer_weights, chosen, distances, pairs, gram, label
+        )
+
+
+def _stream_pass(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray | None,
+    layer_weights: Mapping[str, FloatArray] | None,
+    chosen: int,
+    distances: bool,
+    pairs: tuple[Sequence[int], Sequence[int]] | None,
+    gram: bool,
+    label: str,
+) -> StreamResult:
     names = check_state_names(global_state, updates)
+    mapped = _mapped(updates)
+    releasable = _mapped_only(updates)
     k = len(updates)
     weighted = weights is not None or layer_weights is not None
-    stacked = distances or pairs is not None
+    stacked = distances or gram or pairs is not None
     order = np.arange(k)
     n_noisy = 0
     if pairs is not None:
@@ -214,16 +253,17 @@ def stream_pass(
     float_names: list[str] = []
     squared_rows: list[FloatArray] = []
     pair_rows: list[FloatArray] = []
+    gram_rows: list[FloatArray] = []
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     for name in names:
         reference = read_global_tensor(global_state, name)
-        views = [_view(update, name) for update in updates]
+        views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
         for j, view in enumerate(views):
             _check_meta(view, reference, name, f"{label}[{j}]")
         if not is_float_tensor(reference):
             if state is not None:
                 state[name] = np.array(views[chosen], copy=True)
-            _release(updates, name, 0, int(reference.size))
+            _release(releasable, name, 0, int(reference.size))
             continue
         float_names.append(name)
         tensor = _Tensor(name, reference, [v.reshape(-1) for v in views])
@@ -233,24 +273,28 @@ def stream_pass(
             if w is None:
                 raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
         if stacked:
-            out, sq, cross = _stacked_tensor(updates, tensor, w, order, n_noisy, width, pairs)
-            if distances:
-                squared_rows.append(sq)
+            out, sq, cross, full = _stacked_tensor(
+                releasable, tensor, w, order, n_noisy, width, pairs, gram
+            )
+            squared_rows.append(sq)
             if cross is not None:
                 pair_rows.append(cross)
+            if full is not None:
+                gram_rows.append(full)
         else:
-            out = _weighted_tensor(updates, tensor, np.asarray(w))
+            out = _weighted_tensor(releasable, tensor, np.asarray(w))
         if state is not None and out is not None:
             state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
     return StreamResult(
         state=state,
         float_names=float_names,
-        squared=np.array(squared_rows).reshape(len(squared_rows), k) if distances else None,
+        squared=np.array(squared_rows).reshape(len(squared_rows), k) if stacked else None,
         pair_squared=(
             np.array(pair_rows).reshape(len(pair_rows), n_noisy, len(pairs[1]))
             if pairs is not None
             else None
         ),
+        gram=np.array(gram_rows).reshape(len(gram_rows), k, k) if gram else None,
     )
 
 
@@ -275,7 +319,7 @@ def _weighted_tensor(
             if scratch is not None:
                 block = scratch[: stop - start]
                 np.copyto(block, flat[start:stop], casting="same_kind")
-            axpy(block, acc, a=w[j])
+            axpy(block, acc, a=float(w[j]))
         if not np.isfinite(acc).all():
             _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
         _release(updates, tensor.name, start, stop)
@@ -301,7 +345,8 @@ def _stacked_tensor(
     n_noisy: int,
     width: int,
     pairs: tuple[Sequence[int], Sequence[int]] | None,
-) -> tuple[AnyArray | None, FloatArray, FloatArray | None]:
+    gram: bool = False,
+) -> tuple[AnyArray | None, FloatArray, FloatArray | None, FloatArray | None]:
     """Per block: X = theta_k - theta_G stacked (K x b, clients in ``order``), then the squared
     norms (one row dot each), the noisy x clean Gram term and the weighted sum (one GEMV:
     sum_k w_k theta_k = w @ X + (sum w) theta_G) from that one in-cache copy."""
@@ -311,6 +356,7 @@ def _stacked_tensor(
     buffer = np.empty(k * min(width, tensor.size), dtype=dtype)
     squared = np.zeros(k)
     cross = np.zeros((n_noisy, n_clean)) if pairs is not None else None
+    full = np.zeros((k, k)) if gram else None
     out = np.empty(tensor.size, dtype=dtype) if weights is not None else None
     w = None if weights is None else np.asarray(weights)[order].astype(dtype)
     w_total = None if w is None else dtype(w.sum())
@@ -325,12 +371,14 @@ def _stacked_tensor(
             _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
         squared[order] += block_sq
         if cross is not None and n_noisy and n_clean:
-            gram = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
+            products = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
             cross += (
                 block_sq[:n_noisy, None].astype(np.float64)
                 + block_sq[n_noisy : n_noisy + n_clean][None, :]
-                - 2.0 * gram.astype(np.float64)
+                - 2.0 * products.astype(np.float64)
             )
+        if full is not None:
+            full += x @ x.T  # clients in their own order when gram is asked (no pairs)
         if out is not None and w is not None and w_total is not None:
             acc = out[start:stop]
             np.dot(w, x, out=acc)
@@ -338,7 +386,7 @@ def _stacked_tensor(
         _release(updates, tensor.name, start, stop)
     if cross is not None:
         np.maximum(cross, 0.0, out=cross)
-    return out, squared, cross
+    return out, squared, cross, full
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,6 +437,8 @@ def coordinatewise(
     tensors are sorted in float64 (the float32 block would round them).
     """
     names = check_state_names(global_state, updates)
+    mapped = _mapped(updates)
+    releasable = _mapped_only(updates)
     state: dict[str, AnyArray] = {}
     own_pool = pool is None
     executor = ThreadPoolExecutor(max_workers=2) if pool is None else pool
@@ -401,7 +451,7 @@ def coordinatewise(
                 ]
                 state[name] = _exact_coordinatewise(reference, tensors, trim)
                 continue
-            views = [_view(u, name) for u in updates]
+            views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
             for j, view in enumerate(views):
                 _check_meta(view, reference, name, f"updates[{j}]")
             flats = [v.reshape(-1) for v in views]
@@ -411,7 +461,7 @@ def coordinatewise(
             except InvalidInputError as exc:
                 raise InvalidInputError(str(exc).replace("tensor ''", f"tensor {name!r}")) from None
             state[name] = out.reshape(reference.shape).astype(reference.dtype)
-            _release(updates, name, 0, int(reference.size))
+            _release(releasable, name, 0, int(reference.size))
     finally:
         if own_pool:
             executor.shutdown()
@@ -448,3 +498,114 @@ def _exact_coordinatewise(
         combined = stack[trim : stack.shape[0] - trim].mean(axis=0)
     result: AnyArray = combined.reshape(reference.shape).astype(reference.dtype)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# One pass shared by the round's consumers
+# --------------------------------------------------------------------------------------------
+
+
+class RoundPass:
+    """The reads of one round close, shared by the Fed-NCL divergence and the aggregation.
+
+    What the round will need is declared up front (``gram`` for DaAgg, ``weights`` for a rule
+    whose weights do not depend on the detectors, such as FedAvg). When the divergences are
+    asked for (:meth:`squared`, the Fed-NCL detector, which runs before the aggregation), one
+    :func:`stream_pass` computes them together with everything declared and keeps the small
+    results (per tensor: K squared distances, a K x K Gram matrix) and the weighted state. A
+    request that pass cannot serve (other weights, no Gram matrix declared), or any request
+    when the divergences were never asked for, runs the pass that request alone needs, as it
+    would without sharing. ``passes`` counts the passes made.
+
+    Parameters
+    ----------
+    global_state, updates
+        As for :func:`stream_pass`.
+    gram : bool, default=False
+        Compute the Gram matrices in the first pass (DaAgg's distances for any noisy set).
+    weights : ndarray of shape (K,), optional
+        Weights of the weighted state to compute in the first pass.
+    chosen : int, default=0
+        Client whose non-float tensors the weighted state copies.
+    """
+
+    def __init__(
+        self,
+        global_state: StateReader,
+        updates: Sequence[StateReader],
+        *,
+        gram: bool = False,
+        weights: FloatArray | None = None,
+        chosen: int = 0,
+    ) -> None:
+        self.global_state = global_state
+        self.updates = list(updates)
+        self._gram = gram
+        self._weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+        self._chosen = chosen
+        self._first: StreamResult | None = None
+        self.passes = 0
+
+    def _run_first(self) -> StreamResult:
+        if self._first is None:
+            self._first = stream_pass(
+                self.global_state,
+                self.updates,
+                distances=True,
+                gram=self._gram,
+                weights=self._weights,
+                chosen=self._chosen,
+            )
+            self.passes += 1
+        return self._first
+
+    def squared(self) -> tuple[list[str], FloatArray]:
+        """Float tensor names and ``||theta_k[l] - theta_G[l]||^2`` (tensors x clients)."""
+        first = self._run_first()
+        assert first.squared is not None
+        return first.float_names, first.squared
+
+    def pair_squared(self, noisy: Sequence[int], clean: Sequence[int]) -> FloatArray:
+        """Squared distances between each noisy and each clean client, per float tensor."""
+        if not self._gram or self._first is None:
+            self.passes += 1
+            result = stream_pass(self.global_state, self.updates, pairs=(noisy, clean))
+            assert result.pair_squared is not None
+            return result.pair_squared
+        first = self._run_first()
+        assert first.gram is not None
+        g = first.gram
+        n_idx = np.asarray(noisy, dtype=np.int64)
+        c_idx = np.asarray(clean, dtype=np.int64)
+        diag = np.diagonal(g, axis1=1, axis2=2)
+        squared = diag[:, n_idx, None] + diag[:, None, c_idx] - 2.0 * g[:, n_idx][:, :, c_idx]
+        result_pairs: FloatArray = np.maximum(squared, 0.0)
+        return result_pairs
+
+    def weighted(self, weights: FloatArray, chosen: int) -> dict[str, AnyArray]:
+        """The weighted state: from the first pass when it had these weights, else a pass."""
+        if (
+            self._first is not None
+            and self._weights is not None
+            and chosen == self._chosen
+            and np.array_equal(np.asarray(weights, dtype=np.float64), self._weights)
+        ):
+            first = self._run_first()
+            assert first.state is not None
+            return first.state
+        self.passes += 1
+        result = stream_pass(self.global_state, self.updates, weights=weights, chosen=chosen)
+        assert result.state is not None
+        return result.state
+
+    def layer_weighted(
+        self, layer_weights: Mapping[str, FloatArray], chosen: int
+    ) -> dict[str, AnyArray]:
+        """The state weighted per float tensor (the layer-wise rule): always a pass of its own
+        (its weights depend on the whole first pass)."""
+        self.passes += 1
+        result = stream_pass(
+            self.global_state, self.updates, layer_weights=layer_weights, chosen=chosen
+        )
+        assert result.state is not None
+        return result.state

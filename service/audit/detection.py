@@ -47,7 +47,7 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.blocks import stream_pass
+from service.audit.blocks import RoundPass, stream_pass
 from service.audit.state import StateReader
 
 __all__ = [
@@ -934,6 +934,7 @@ def fedncl_divergences(
     global_state: StateReader,
     client_states: Sequence[StateReader],
     variant: str = "paper",
+    shared: RoundPass | None = None,
 ) -> FloatArray:
     """Fed-NCL model divergence e_k of every client from the global model (eq. 7).
 
@@ -952,6 +953,9 @@ def fedncl_divergences(
         vector). ``"reference"``: sum over float tensors of (L2 norm of the difference + 1), as
         the authors' code does (there over every state entry; here over float tensors only,
         integer counters carry no divergence).
+    shared : RoundPass, optional
+        The round's shared pass over these same states: the squared distances come from it
+        (computed there together with what the aggregation needs).
 
     Returns
     -------
@@ -968,10 +972,14 @@ def fedncl_divergences(
     """
     check_choice("variant", variant, _DIVERGENCE_VARIANTS)
     # One blocked pass (service.audit.blocks): float32 differences per block, float64 totals.
-    squared = stream_pass(
-        global_state, client_states, distances=True, label="client_states"
-    ).squared
-    assert squared is not None
+    if shared is not None:
+        if shared.global_state is not global_state or len(shared.updates) != len(client_states):
+            raise InvalidParameterError("shared: a pass over other states than these")
+        _, squared = shared.squared()
+    else:
+        first = stream_pass(global_state, client_states, distances=True, label="client_states")
+        assert first.squared is not None
+        squared = first.squared
     if variant == "paper":
         result: FloatArray = squared.sum(axis=0)
     else:
