@@ -21,7 +21,8 @@ repeat:
   loaded before the clock starts (what Flower costs when the updates are already in memory).
 
 Memory: ``--memory`` runs FedAvg and the audit once each in a fresh Python process per K and
-reports its peak RSS (``ru_maxrss``, mapped file pages included) over the size of one state.
+reports its peak RSS (``VmHWM``, mapped file pages included) over the size of one state, and
+the same above a fresh process that only imported the modules (``baseline``).
 
     .venv/bin/python benchmarks/bench_aggregation.py --out runs/bench_aggregation.json
     .venv/bin/python benchmarks/bench_aggregation.py --quick --out /tmp/agg.json
@@ -275,7 +276,7 @@ def run_config(k: int, width: int, repeats: int, workdir: Path | None) -> dict[s
 
 
 MEMORY_CHILD = """
-import json, resource, sys
+import sys
 sys.path.insert(0, {bench!r})
 from pathlib import Path
 import numpy as np
@@ -288,7 +289,17 @@ if {what!r} == "fedavg":
 else:
     reports, config = b.audit_inputs(g, paths)
     b.run_audit_once(g, paths, reports, config)
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+print(peak_rss())
+"""
+
+# ru_maxrss survives exec (a child forked from this large process would report our peak):
+# VmHWM belongs to the new process's own memory map.
+PEAK_RSS = """
+def peak_rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 """
 
 
@@ -301,9 +312,8 @@ def memory(ks: list[int], width: int, workdir: Path | None) -> dict[str, Any]:
             out["state_bytes"] = one_state
             entry: dict[str, Any] = {}
             for what in ("baseline", "fedavg", "audit"):
-                code = (
-                    "import json, resource, numpy, service.audit, service.coordinator.tensors;"
-                    "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))"
+                code = PEAK_RSS + (
+                    "import numpy, service.audit, service.coordinator.tensors\nprint(peak_rss())"
                     if what == "baseline"
                     else MEMORY_CHILD.format(
                         bench=str(Path(__file__).parent), directory=tmp, k=k, what=what
