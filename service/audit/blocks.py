@@ -366,19 +366,20 @@ def _stacked_tensor(
         g = tensor.global_flat[start:stop]
         for row, j in enumerate(order):
             np.subtract(tensor.views[int(j)][start:stop], g, out=x[row], casting="same_kind")
-        block_sq = np.einsum("ij,ij->i", x, x)
+        products = x @ x.T if full is not None else None  # the Gram block, BLAS syrk
+        block_sq = np.diagonal(products).copy() if products is not None else _row_norms(x)
         if not np.isfinite(block_sq).all():
             _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
         squared[order] += block_sq
         if cross is not None and n_noisy and n_clean:
-            products = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
+            between = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
             cross += (
                 block_sq[:n_noisy, None].astype(np.float64)
                 + block_sq[n_noisy : n_noisy + n_clean][None, :]
-                - 2.0 * products.astype(np.float64)
+                - 2.0 * between.astype(np.float64)
             )
-        if full is not None:
-            full += x @ x.T  # clients in their own order when gram is asked (no pairs)
+        if full is not None and products is not None:
+            full += products  # clients in their own order when gram is asked (no pairs)
         if out is not None and w is not None and w_total is not None:
             acc = out[start:stop]
             np.dot(w, x, out=acc)
@@ -387,6 +388,12 @@ def _stacked_tensor(
     if cross is not None:
         np.maximum(cross, 0.0, out=cross)
     return out, squared, cross, full
+
+
+def _row_norms(x: AnyArray) -> AnyArray:
+    """Squared norm of every row of a block (float32 sum of products over at most b entries)."""
+    result: AnyArray = np.einsum("ij,ij->i", x, x)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,11 +408,15 @@ def _sorted_reduce(
     k = len(views)
     rows = max(1, SORT_BYTES // 4 // k)
     block = np.empty((min(rows, hi - lo), k), dtype=np.float32)
+    stacked = np.empty(k * min(rows, hi - lo), dtype=np.float32)
     for start in range(lo, hi, rows):
         stop = min(start + rows, hi)
         x = block[: stop - start]
+        # Contiguous row copies, then one transposing copy (faster than K strided columns).
+        rows_k = stacked[: k * (stop - start)].reshape(k, stop - start)
         for j, flat in enumerate(views):
-            x[:, j] = flat[start:stop]
+            np.copyto(rows_k[j], flat[start:stop], casting="same_kind")
+        np.copyto(x, rows_k.T)
         if not np.isfinite(x).all():
             _raise_non_finite([v[start:stop] for v in views], "")
         x.sort(axis=1)

@@ -957,10 +957,11 @@ def run_audit(
     )
 
 
-GRAM_MAX_CLIENTS = 64
+GRAM_MAX_CLIENTS = 32
 """Up to this many clients a DaAgg round computes the K x K Gram matrices in the shared pass
-(about K^2 / 2 multiply-adds per parameter); above it, DaAgg's noisy x clean products in a pass
-of their own cost less than the full Gram matrix."""
+(about K / 2 multiply-adds per value read); above it, a pass of DaAgg's own (noisy x clean
+products) costs less than the full Gram matrix (measured: at K = 20 the Gram matrices cost about
+as much as one more pass, at K = 64 more)."""
 
 
 def _round_pass(global_state: StateReader, data: _Checked, config: AuditConfig) -> RoundPass:

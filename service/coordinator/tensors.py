@@ -158,7 +158,7 @@ class SafetensorsReader:
         self._handle: Any = safe_open(str(path), framework="numpy")
         self._keys: list[str] = sorted(self._handle.keys())  # type: ignore[no-untyped-call]
         self._map: mmap.mmap | None = None
-        self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
+        self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
         self._released: dict[str, int] = {}
 
     def keys(self) -> Sequence[str]:
@@ -177,16 +177,17 @@ class SafetensorsReader:
             for name, entry in header.items():
                 start = 8 + header_len + int(entry["data_offsets"][0])
                 dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]]).newbyteorder("<")
-                self._layout[name] = (dtype, tuple(entry["shape"]), start)
+                shape = tuple(entry["shape"])
+                count = int(np.prod(shape, dtype=np.int64))
+                self._layout[name] = (dtype, shape, start, count)
         return self._map
 
     def view(self, name: str) -> np.ndarray:
         mapped = self._mapped()
         try:
-            dtype, shape, start = self._layout[name]
+            dtype, shape, start, count = self._layout[name]
         except KeyError:
             raise KeyError(f"the state has no tensor {name!r}") from None
-        count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(mapped, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def release(self, name: str, start: int, stop: int) -> None:
@@ -194,8 +195,7 @@ class SafetensorsReader:
         least ``RELEASE_BYTES`` are pending or the tensor is finished."""
         if self._map is None or name not in self._layout:
             return
-        dtype, shape, offset = self._layout[name]
-        size = int(np.prod(shape, dtype=np.int64))
+        dtype, _, offset, size = self._layout[name]
         done = self._released.get(name, offset)
         end = offset + stop * dtype.itemsize
         if end - done < RELEASE_BYTES and stop < size:
