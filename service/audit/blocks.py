@@ -45,7 +45,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 from scipy.linalg.blas import daxpy, saxpy
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import InvalidInputError
@@ -90,6 +90,10 @@ class MappedStateReader(StateReader, Protocol):
     def release(self, name: str, start: int, stop: int) -> None:
         """Tell the reader that entries ``[start, stop)`` of ``name`` are no longer needed."""
 
+    def offset(self, name: str) -> int:
+        """Return where ``name``'s data starts in the file (a pass visits tensors in file
+        order, so the pages it releases are not mapped back by faults of later tensors)."""
+
 
 @dataclass(frozen=True)
 class StreamResult:
@@ -115,6 +119,17 @@ class StreamResult:
     squared: FloatArray | None
     pair_squared: FloatArray | None
     gram: FloatArray | None = None
+
+
+_CONTROLLER: list[ThreadpoolController] = []
+
+
+def _blas_controller() -> ThreadpoolController:
+    """One controller per process: building it scans the loaded libraries (milliseconds, which
+    a small round would pay on every pass); limiting through it costs microseconds."""
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0]
 
 
 def _mapped(readers: Sequence[StateReader]) -> list[bool]:
@@ -219,7 +234,7 @@ def stream_pass(
     """
     # One BLAS thread: the blocks are small, and on a busy 2-core machine BLAS threads waiting
     # for a core made the axpy / GEMV calls 10x slower than the data's read (measured).
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_controller().limit(limits=1, user_api="blas"):
         return _stream_pass(
             global_state, updates, weights, layer_weights, chosen, distances, pairs, gram, label
         )
@@ -255,7 +270,11 @@ def _stream_pass(
     pair_rows: list[FloatArray] = []
     gram_rows: list[FloatArray] = []
     width = max(1, STACK_BYTES // 4 // max(k, 1))
-    for name in names:
+    visit = names
+    if mapped and mapped[0]:
+        first = cast(MappedStateReader, updates[0])
+        visit = sorted(names, key=first.offset)
+    for name in visit:
         reference = read_global_tensor(global_state, name)
         views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
         for j, view in enumerate(views):
@@ -285,6 +304,14 @@ def _stream_pass(
             out = _weighted_tensor(releasable, tensor, np.asarray(w))
         if state is not None and out is not None:
             state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
+    if visit is not names:  # results in the global state's order
+        rank = {name: i for i, name in enumerate(names)}
+        rows = sorted(range(len(float_names)), key=lambda i: rank[float_names[i]])
+        float_names = [float_names[i] for i in rows]
+        squared_rows = [squared_rows[i] for i in rows] if squared_rows else squared_rows
+        pair_rows = [pair_rows[i] for i in rows] if pair_rows else pair_rows
+        gram_rows = [gram_rows[i] for i in rows] if gram_rows else gram_rows
+        state = None if state is None else {name: state[name] for name in names}
     return StreamResult(
         state=state,
         float_names=float_names,

@@ -4,6 +4,7 @@ shows in the report, and its honest update is then accepted."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -72,4 +73,8 @@ def test_a_site_lying_about_its_size_is_refused_over_http(tmp_path: Path) -> Non
             assert rows["liar"]["inconsistent_updates"] == 1
             assert rows["liar"]["last_inconsistent_at"] is not None
             assert rows["ok"]["inconsistent_updates"] == 0
-            assert admin.get_round(federation.id, 0).state == "closed"
+            # The round closes on the server's background worker: wait for it (up to 30 s).
+            deadline = time.monotonic() + 30
+            while admin.get_round(federation.id, 0).state != "closed":
+                assert time.monotonic() < deadline, "round 0 did not close"
+                time.sleep(0.05)
