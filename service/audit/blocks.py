@@ -76,6 +76,9 @@ STACK_BYTES = 4 << 20
 SORT_BYTES = 2 << 20
 """Bytes of a transposed (coordinates x K) block of the median / trimmed mean, per thread."""
 
+RELEASE_MIN_BYTES = 1 << 16
+"""Tensors of fewer bytes are not released by the pass one by one (see :class:`_Tensor`)."""
+
 MIN_PARALLEL = 1 << 15
 """Tensors with fewer coordinates than this are sorted on one thread."""
 
@@ -188,6 +191,9 @@ class _Tensor:
         self.views = views
         self.size = int(reference.size)
         self.acc_dtype = _accumulation_dtype(reference.dtype)
+        # Tensors below RELEASE_MIN_BYTES are not released one by one (at K = 100 the calls
+        # cost more than the pass): a reader's release reaches back over their pages.
+        self.releases = int(reference.nbytes) >= RELEASE_MIN_BYTES
         # float16 differences are taken in float32 (a float16 subtraction would round them).
         self.global_flat = reference.reshape(-1).astype(self.acc_dtype, copy=False)
 
@@ -282,8 +288,7 @@ def _stream_pass(
         if not is_float_tensor(reference):
             if state is not None:
                 state[name] = np.array(views[chosen], copy=True)
-            _release(releasable, name, 0, int(reference.size))
-            continue
+            continue  # a small tensor: its pages go with the next release (below)
         float_names.append(name)
         tensor = _Tensor(name, reference, [v.reshape(-1) for v in views])
         w = None
@@ -349,7 +354,8 @@ def _weighted_tensor(
             axpy(block, acc, a=float(w[j]))
         if not np.isfinite(acc).all():
             _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
-        _release(updates, tensor.name, start, stop)
+        if tensor.releases:
+            _release(updates, tensor.name, start, stop)
     if (weights == 0.0).any():
         # A client with weight 0 is skipped above; its values must still be finite.
         _check_skipped(tensor, weights)
@@ -411,7 +417,8 @@ def _stacked_tensor(
             acc = out[start:stop]
             np.dot(w, x, out=acc)
             acc += w_total * g
-        _release(updates, tensor.name, start, stop)
+        if tensor.releases:
+            _release(updates, tensor.name, start, stop)
     if cross is not None:
         np.maximum(cross, 0.0, out=cross)
     return out, squared, cross, full
