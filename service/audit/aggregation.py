@@ -9,12 +9,14 @@ The papers' rules (docs/algorithms.md, "Aggregation"):
 * ``trimmed_mean`` and ``median`` -- coordinate-wise robust baselines (Fed-NCL section VI).
 * ``reliability_weighted`` -- beyond the papers: w_k proportional to n_k (1 - p_k).
 
-Streaming: every rule loops tensor by tensor over a
-:class:`~service.audit.state.StateReader` per client, so at most K copies of one tensor (and
-the output) are in memory, never K whole states. Float tensors are combined in float64 and
-cast back to their dtype; every other tensor (e.g. ``num_batches_tracked``) is copied from the
-client with the largest weight (ties: lowest index). DaAgg needs two passes (distances, then
-the weighted sum); the other rules read each update once.
+Streaming: every rule reads the updates through :func:`~service.audit.blocks.stream_pass`, in
+parameter blocks (zero-copy from the coordinator's memory maps, pages released as the pass moves
+on), so the process never holds K whole states nor K copies of one tensor. Float tensors are
+combined in float32 blocks (float64 for float64 tensors) with float64 totals across blocks;
+:mod:`service.audit.blocks` says where float64 is kept and why. Every other tensor (e.g.
+``num_batches_tracked``) is copied from the client with the largest weight (ties: lowest index).
+DaAgg and the layer-wise rule need two passes (distances, then the weighted sum); the other rules
+read each update once.
 
 Bounded influence: every rule takes ``max_client_weight_factor`` f (default 4, None = off) and no
 client's normalised weight exceeds ``cap = min(1, f / K)`` for K participating clients (so up to
@@ -33,7 +35,7 @@ Malformed states or arguments raise :class:`~service.audit._validation.InvalidIn
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -50,15 +52,8 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.state import (
-    StateReader,
-    check_state_names,
-    flat64,
-    is_float_tensor,
-    iter_client_tensors,
-    read_global_tensor,
-    read_tensor,
-)
+from service.audit.blocks import RoundPass, coordinatewise, stream_pass
+from service.audit.state import StateReader
 
 __all__ = [
     "AGGREGATION_RULES",
@@ -74,6 +69,7 @@ __all__ = [
     "aggregate_trimmed_mean",
     "cap_weights",
     "client_weight_cap",
+    "planned_fedavg_weights",
 ]
 
 AGGREGATION_RULES = (
@@ -192,30 +188,42 @@ def _normalise(raw: FloatArray, name: str) -> FloatArray:
 
 
 def _weighted_state(
-    global_state: StateReader, updates: Sequence[StateReader], weights: FloatArray
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray,
+    shared: RoundPass | None = None,
 ) -> dict[str, AnyArray]:
-    """sum_k w_k theta_k per float tensor, reading one client tensor at a time."""
-    names = check_state_names(global_state, updates)
-    chosen = int(np.argmax(weights))
-    state: dict[str, AnyArray] = {}
-    for name in names:
-        reference = read_global_tensor(global_state, name)
-        if is_float_tensor(reference):
-            acc = np.zeros(reference.shape, dtype=np.float64)
-            for k, update in enumerate(updates):
-                tensor = read_tensor(update, name, reference, f"updates[{k}]")
-                acc += weights[k] * tensor.astype(np.float64, copy=False)
-            state[name] = acc.astype(reference.dtype)
-        else:
-            for k, update in enumerate(updates):
-                tensor = read_tensor(update, name, reference, f"updates[{k}]")
-                if k == chosen:
-                    state[name] = np.array(tensor, copy=True)
-    return state
+    """sum_k w_k theta_k per float tensor, in one blocked pass over the updates (or from the
+    round's shared pass when it computed these weights)."""
+    if shared is not None:
+        return shared.weighted(weights, int(np.argmax(weights)))
+    result = stream_pass(global_state, updates, weights=weights, chosen=int(np.argmax(weights)))
+    assert result.state is not None
+    return result.state
 
 
 def _fedavg_weights(n: FloatArray) -> FloatArray:
     return _normalise(n, "num_samples")
+
+
+def planned_fedavg_weights(num_samples: Any, max_client_weight_factor: float | None) -> FloatArray:
+    """The capped FedAvg weights :func:`aggregate_fedavg` will use (for a shared pass)."""
+    n = _num_samples(num_samples, len(np.atleast_1d(num_samples)))
+    weights, _ = _cap(_fedavg_weights(n), _check_factor(max_client_weight_factor))
+    return weights
+
+
+def _check_shared(
+    shared: RoundPass | None, global_state: StateReader, updates: Sequence[StateReader]
+) -> None:
+    if shared is None:
+        return
+    if (
+        shared.global_state is not global_state
+        or len(shared.updates) != len(updates)
+        or any(a is not b for a, b in zip(shared.updates, updates, strict=True))
+    ):
+        raise InvalidParameterError("shared: a pass over other states than these")
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,9 +388,10 @@ def _fallback(
     details: dict[str, Any] | None = None,
     *,
     factor: float | None,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     weights, cap = _cap(_fedavg_weights(n), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(
         state,
         weights,
@@ -405,6 +414,7 @@ def aggregate_fedavg(
     num_samples: Any,
     *,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """FedAvg: w_k = n_k / sum n, capped at min(1, f / K) per client.
 
@@ -418,6 +428,10 @@ def aggregate_fedavg(
         n_k, positive.
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -434,23 +448,13 @@ def aggregate_fedavg(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     weights, cap = _cap(_fedavg_weights(_num_samples(num_samples, k)), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(state, weights, "fedavg", "fedavg", weight_cap=cap)
 
 
 _DAAGG_VARIANTS = ("paper", "reference")
-
-
-SLICE_ENTRIES = 1 << 22
-"""Float64 work arrays of the per-coordinate rules hold at most this many entries (32 MB):
-a tensor is processed in slices of ``SLICE_ENTRIES // K`` coordinates."""
-
-
-def _slices(size: int, n_rows: int) -> Iterator[slice]:
-    step = max(1, SLICE_ENTRIES // max(n_rows, 1))
-    for start in range(0, size, step):
-        yield slice(start, min(start + step, size))
 
 
 def _pairwise_distances(
@@ -459,31 +463,22 @@ def _pairwise_distances(
     noisy_idx: Sequence[int],
     clean_idx: Sequence[int],
     variant: str,
+    shared: RoundPass | None = None,
 ) -> FloatArray:
-    """Distances between each noisy and each clean client over float tensors, streamed.
-
-    Per tensor, the K client copies are read once and compared slice by slice, so the float64
-    work array never exceeds ``SLICE_ENTRIES`` entries whatever the model size.
-    """
-    clean = np.asarray(clean_idx, dtype=np.int64)
-    squared_total = np.zeros((len(noisy_idx), clean.size))
-    norm_total = np.zeros_like(squared_total)
-    for _name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            continue
-        flats = [t.reshape(-1) for t in tensors]
-        squared = np.zeros_like(squared_total)
-        for part in _slices(reference.size, clean.size + 1):
-            clean_stack = np.stack([flats[j][part].astype(np.float64) for j in clean])
-            for row, i in enumerate(noisy_idx):
-                diff = clean_stack - flats[i][part].astype(np.float64)
-                squared[row] += np.einsum("cd,cd->c", diff, diff)
-        squared_total += squared
-        norm_total += np.sqrt(squared)
+    """Distances between each noisy and each clean client over float tensors, in one blocked
+    pass: per block the Gram cross term of the differences to the global model (one matrix
+    product) instead of one subtraction per pair (or from the shared pass's Gram matrices)."""
+    squared = (
+        shared.pair_squared(noisy_idx, clean_idx)
+        if shared is not None
+        else stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
+    )
+    assert squared is not None
     if variant == "paper":
-        result: FloatArray = np.sqrt(squared_total)
+        result: FloatArray = np.sqrt(squared.sum(axis=0))
         return result
-    return norm_total
+    per_tensor: FloatArray = np.sqrt(squared).sum(axis=0)
+    return per_tensor
 
 
 def aggregate_daagg(
@@ -494,6 +489,7 @@ def aggregate_daagg(
     *,
     variant: str = "paper",
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """FedNoRo distance-aware aggregation (DaAgg, eq. 6-7).
 
@@ -517,6 +513,10 @@ def aggregate_daagg(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) after the distance weighting
         (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -537,6 +537,7 @@ def aggregate_daagg(
     check_choice("variant", variant, _DAAGG_VARIANTS)
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
@@ -547,6 +548,7 @@ def aggregate_daagg(
             "daagg",
             "no noisy flags (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     noisy_idx = [int(i) for i in np.flatnonzero(flags)]
     clean_idx = [int(i) for i in np.flatnonzero(~flags)]
@@ -558,11 +560,12 @@ def aggregate_daagg(
             "daagg",
             "every client is flagged noisy: no clean client",
             factor=factor,
+            shared=shared,
         )
     distances = np.zeros(k)
     details: dict[str, Any] = {"variant": variant, "noisy": flags.tolist()}
     if noisy_idx:
-        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant)
+        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant, shared)
         distances[noisy_idx] = pairwise.min(axis=1)
         nearest = [clean_idx[int(j)] for j in pairwise.argmin(axis=1)]
         details["nearest_clean"] = dict(zip([str(i) for i in noisy_idx], nearest, strict=True))
@@ -579,11 +582,12 @@ def aggregate_daagg(
             "max distance is 0 (noisy models equal clean ones), D = d / max d undefined",
             details,
             factor=factor,
+            shared=shared,
         )
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
     weights, cap = _cap(_normalise(n * np.exp(-normalised), "num_samples"), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
 
 
@@ -597,6 +601,7 @@ def aggregate_fedncl_layerwise(
     tau: float = 50.0,
     t_k: int = 60,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Fed-NCL robust layer-wise aggregation with the noisy-client penalty (eq. 12-16).
 
@@ -627,6 +632,10 @@ def aggregate_fedncl_layerwise(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) in any float tensor's weights, hence
         in their mean either (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -648,6 +657,7 @@ def aggregate_fedncl_layerwise(
     t_k_i = check_int("t_k", t_k, min_value=1)
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     flags = _noisy_flags(noisy, k)
     if flags is None:
@@ -658,29 +668,34 @@ def aggregate_fedncl_layerwise(
             "fedncl_layerwise",
             "no noisy flags (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     big_t = rnd + 1
     penalty_noisy = min(max(tau_f * big_t / t_k_i, 1.0), tau_f)
     penalty = np.where(flags, penalty_noisy, 1.0)
     base = n / penalty
     chosen = int(np.argmax(base))
-    state: dict[str, AnyArray] = {}
     layer_weights: dict[str, list[float]] = {}
     uncapped: list[FloatArray] = []
-    for name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            state[name] = np.array(tensors[chosen], copy=True)
-            continue
-        g = flat64(reference)
-        dist = np.array([1.0 + float(np.sum((flat64(t) - g) ** 2)) for t in tensors])
-        raw = _normalise(base / dist, "num_samples")
+    if shared is not None:
+        float_names, squared = shared.squared()
+    else:
+        first = stream_pass(global_state, updates, distances=True)
+        assert first.squared is not None
+        float_names, squared = first.float_names, first.squared
+    per_tensor: dict[str, FloatArray] = {}
+    for name, row in zip(float_names, squared, strict=True):
+        raw = _normalise(base / (1.0 + row), "num_samples")
         uncapped.append(raw)
         weights, _ = _cap(raw, factor)
-        acc = np.zeros(reference.shape, dtype=np.float64)
-        for j, tensor in enumerate(tensors):
-            acc += weights[j] * tensor.astype(np.float64, copy=False)
-        state[name] = acc.astype(reference.dtype)
+        per_tensor[name] = weights
         layer_weights[name] = weights.tolist()
+    if shared is not None:
+        state = shared.layer_weighted(per_tensor, chosen)
+    else:
+        weighted = stream_pass(global_state, updates, layer_weights=per_tensor, chosen=chosen)
+        assert weighted.state is not None
+        state = weighted.state
     if layer_weights:
         mean_weights: FloatArray = np.mean(np.array(list(layer_weights.values())), axis=0)
         cap = _layer_cap_record(np.array(uncapped), np.array(list(layer_weights.values())), factor)
@@ -721,35 +736,6 @@ def _layer_cap_record(
         ],
     }
     return record
-
-
-def _coordinatewise(
-    global_state: StateReader,
-    updates: Sequence[StateReader],
-    trim: int | None,
-) -> dict[str, AnyArray]:
-    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate.
-
-    Each tensor is handled in slices of coordinates, so besides the K client copies of that
-    tensor only a K x slice float64 array (at most ``SLICE_ENTRIES`` entries) is alive.
-    """
-    state: dict[str, AnyArray] = {}
-    for name, reference, tensors in iter_client_tensors(global_state, updates):
-        if not is_float_tensor(reference):
-            # Uniform weights: the largest-weight tie goes to the lowest index.
-            state[name] = np.array(tensors[0], copy=True)
-            continue
-        flats = [t.reshape(-1) for t in tensors]
-        combined = np.empty(reference.size, dtype=np.float64)
-        for part in _slices(reference.size, len(flats)):
-            stack = np.stack([f[part].astype(np.float64) for f in flats])
-            if trim is None:
-                combined[part] = np.median(stack, axis=0)
-            else:
-                stack.sort(axis=0)
-                combined[part] = stack[trim : stack.shape[0] - trim].mean(axis=0)
-        state[name] = combined.reshape(reference.shape).astype(reference.dtype)
-    return state
 
 
 def aggregate_trimmed_mean(
@@ -799,7 +785,7 @@ def aggregate_trimmed_mean(
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
     trim = math.floor(fraction * k)
-    state = _coordinatewise(global_state, updates, trim)
+    state = coordinatewise(global_state, updates, trim)
     details = {
         "trim_fraction": fraction,
         "trimmed_per_side": trim,
@@ -853,7 +839,7 @@ def aggregate_median(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
-    state = _coordinatewise(global_state, updates, None)
+    state = coordinatewise(global_state, updates, None)
     details = {"weights_note": "weights are 1/K: the median is not a weighted average"}
     return _result(
         state,
@@ -872,6 +858,7 @@ def aggregate_reliability_weighted(
     noisy_probability: Any,
     *,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Weights proportional to n_k (1 - p_k), p_k = the primary detector's noisy probability.
 
@@ -888,6 +875,10 @@ def aggregate_reliability_weighted(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`); a client with
         p_k = 1 keeps weight 0; None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
 
     Returns
     -------
@@ -904,6 +895,7 @@ def aggregate_reliability_weighted(
     """
     factor = _check_factor(max_client_weight_factor)
     k = _check_updates(updates)
+    _check_shared(shared, global_state, updates)
     n = _num_samples(num_samples, k)
     requested = "reliability_weighted"
     if noisy_probability is None:
@@ -914,6 +906,7 @@ def aggregate_reliability_weighted(
             requested,
             "no noisy probability (detection undetermined)",
             factor=factor,
+            shared=shared,
         )
     p = as_float_array("noisy_probability", noisy_probability, ndim=1, min_value=0.0)
     if p.size != k:
@@ -929,9 +922,10 @@ def aggregate_reliability_weighted(
             requested,
             "every client has noisy probability 1",
             factor=factor,
+            shared=shared,
         )
     weights, cap = _cap(_normalise(raw, "noisy_probability"), factor)
-    state = _weighted_state(global_state, updates, weights)
+    state = _weighted_state(global_state, updates, weights, shared)
     return _result(
         state,
         weights,
@@ -963,6 +957,7 @@ def aggregate(
     params: Mapping[str, Any] | None = None,
     round_index: int = 0,
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
 ) -> AggregationResult:
     """Apply the aggregation rule called ``rule``.
 
@@ -988,6 +983,10 @@ def aggregate(
     max_client_weight_factor : float or None, default=4.0
         f >= 1: no client's weight exceeds min(1, f / K) (:func:`cap_weights`; moot for
         ``trimmed_mean`` and ``median``, whose weights are 1/K); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): the weighted rules reuse what it computed
+        instead of reading the updates again.
 
     Returns
     -------
@@ -1011,10 +1010,18 @@ def aggregate(
     k = _check_updates(updates)
     n = _num_samples(num_samples, k)
     if rule == "fedavg":
-        return aggregate_fedavg(global_state, updates, n, max_client_weight_factor=factor)
+        return aggregate_fedavg(
+            global_state, updates, n, max_client_weight_factor=factor, shared=shared
+        )
     if rule == "daagg":
         return aggregate_daagg(
-            global_state, updates, n, noisy, max_client_weight_factor=factor, **options
+            global_state,
+            updates,
+            n,
+            noisy,
+            max_client_weight_factor=factor,
+            shared=shared,
+            **options,
         )
     if rule == "fedncl_layerwise":
         return aggregate_fedncl_layerwise(
@@ -1024,6 +1031,7 @@ def aggregate(
             noisy,
             round_index=round_index,
             max_client_weight_factor=factor,
+            shared=shared,
             **options,
         )
     if rule == "trimmed_mean":
@@ -1033,7 +1041,12 @@ def aggregate(
     if rule == "median":
         return aggregate_median(global_state, updates, max_client_weight_factor=factor)
     return aggregate_reliability_weighted(
-        global_state, updates, n, noisy_probability, max_client_weight_factor=factor
+        global_state,
+        updates,
+        n,
+        noisy_probability,
+        max_client_weight_factor=factor,
+        shared=shared,
     )
 
 

@@ -48,14 +48,8 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.state import (
-    StateReader,
-    check_state_names,
-    flat64,
-    is_float_tensor,
-    read_global_tensor,
-    read_tensor,
-)
+from service.audit.blocks import RoundPass, stream_pass
+from service.audit.state import StateReader
 
 __all__ = [
     "ClientStatus",
@@ -941,11 +935,13 @@ def fedncl_divergences(
     global_state: StateReader,
     client_states: Sequence[StateReader],
     variant: str = "paper",
+    shared: RoundPass | None = None,
 ) -> FloatArray:
     """Fed-NCL model divergence e_k of every client from the global model (eq. 7).
 
-    Streams tensor by tensor: each tensor is read once from the global state and once per
-    client, and at most two tensors are held at a time.
+    One blocked pass (:func:`~service.audit.blocks.stream_pass`): each update is read once,
+    block by block; differences in float32 blocks, totals in float64 (relative difference to a
+    float64 computation about 1e-6).
 
     Parameters
     ----------
@@ -958,6 +954,9 @@ def fedncl_divergences(
         vector). ``"reference"``: sum over float tensors of (L2 norm of the difference + 1), as
         the authors' code does (there over every state entry; here over float tensors only,
         integer counters carry no divergence).
+    shared : RoundPass, optional
+        The round's shared pass over these same states: the squared distances come from it
+        (computed there together with what the aggregation needs).
 
     Returns
     -------
@@ -973,21 +972,15 @@ def fedncl_divergences(
         or is not finite.
     """
     check_choice("variant", variant, _DIVERGENCE_VARIANTS)
-    names = check_state_names(global_state, client_states)
-    squared = np.zeros((len(names), len(client_states)))
-    is_float = np.zeros(len(names), dtype=bool)
-    for i, name in enumerate(names):
-        reference = read_global_tensor(global_state, name)
-        is_float[i] = is_float_tensor(reference)
-        base = flat64(reference) if is_float[i] else None
-        for k, state in enumerate(client_states):
-            tensor = read_tensor(state, name, reference, f"client_states[{k}]")
-            if base is not None:
-                diff = flat64(tensor) - base
-                # einsum, not np.dot: np.dot wakes BLAS threads that fight the elementwise
-                # work for the cores (measured 2-5x slower on a busy 2-core machine).
-                squared[i, k] = float(np.einsum("i,i->", diff, diff))
-    squared = squared[is_float]
+    # One blocked pass (service.audit.blocks): float32 differences per block, float64 totals.
+    if shared is not None:
+        if shared.global_state is not global_state or len(shared.updates) != len(client_states):
+            raise InvalidParameterError("shared: a pass over other states than these")
+        _, squared = shared.squared()
+    else:
+        first = stream_pass(global_state, client_states, distances=True, label="client_states")
+        assert first.squared is not None
+        squared = first.squared
     if variant == "paper":
         result: FloatArray = squared.sum(axis=0)
     else:

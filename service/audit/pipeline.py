@@ -19,8 +19,10 @@ and the aggregation falls back to FedAvg with the reason recorded. Invalid confi
 malformed client data raise :class:`~service.audit._validation.InvalidParameterError` /
 :class:`~service.audit._validation.InvalidInputError`.
 
-Each update is read once by the Fed-NCL divergence (when that detector runs) and once by the
-aggregation (twice for DaAgg): never all states at once.
+The Fed-NCL divergence and the aggregation share the round's reads of the updates
+(:class:`~service.audit.blocks.RoundPass`): one blocked pass computes the divergences together
+with, for FedAvg, the new state and, for DaAgg, the Gram matrices its distances need; DaAgg and the
+layer-wise rule then read the updates once more for their weighted sum. Never all states at once.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ from service.audit.aggregation import (
     NOISY_SET_RULES,
     AggregationResult,
     aggregate,
+    planned_fedavg_weights,
     with_fallback_context,
 )
+from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import (
     SEPARATION_GROUPS,
@@ -654,7 +658,7 @@ def _run_evidence(
     return _evidence_detector(config).fit(loss, data.class_counts, spreads, anchors=anchors)
 
 
-def _run_fedncl(data: _Checked, config: AuditConfig, global_state: StateReader) -> DetectionResult:
+def _run_fedncl(data: _Checked, config: AuditConfig, shared: RoundPass) -> DetectionResult:
     absent = _missing(data.ids, data.train_loss)
     if absent:
         return _undetermined("fedncl", len(data.ids), f"no train_loss from client(s) {absent}")
@@ -668,7 +672,9 @@ def _run_fedncl(data: _Checked, config: AuditConfig, global_state: StateReader) 
         # Too few clients to decide: skip reading every state for the divergence.
         divergence = np.zeros(len(data.ids))
     else:
-        divergence = fedncl_divergences(global_state, data.states, config.fedncl_divergence_variant)
+        divergence = fedncl_divergences(
+            shared.global_state, data.states, config.fedncl_divergence_variant, shared=shared
+        )
     result: DetectionResult = detector.fit(
         divergence, np.asarray(data.train_loss, dtype=np.float64), data.num_samples
     ).result_
@@ -852,6 +858,7 @@ def run_audit(
     if anchors is not None and len(anchors) != len(data.ids):
         raise InvalidInputError(f"anchors: {len(anchors)} entries for {len(data.ids)} clients")
 
+    shared = _round_pass(global_state, data, config)
     names = config.detectors
     if names is None:
         names = tuple(
@@ -864,7 +871,7 @@ def run_audit(
         elif name == "evidence":
             detections[name] = _run_evidence(data, config, anchors)
         elif name == "fedncl":
-            detections[name] = _run_fedncl(data, config, global_state)
+            detections[name] = _run_fedncl(data, config, shared)
         else:
             detections[name] = _run_expertise(data)
     primary = detections[config.primary_detector]
@@ -926,6 +933,7 @@ def run_audit(
         params=params,
         round_index=rnd,
         max_client_weight_factor=config.max_client_weight_factor,
+        shared=shared,
     )
     if primary.status != "ok":
         aggregation = with_fallback_context(
@@ -949,6 +957,22 @@ def run_audit(
             noisy.tolist() if noisy is not None and config.aggregation in NOISY_SET_RULES else None
         ),
     )
+
+
+GRAM_MAX_CLIENTS = 32
+"""Up to this many clients a DaAgg round computes the K x K Gram matrices in the shared pass
+(about K / 2 multiply-adds per value read); above it, a pass of DaAgg's own (noisy x clean
+products) costs less than the full Gram matrix (measured: at K = 20 the Gram matrices cost about
+as much as one more pass, at K = 64 more)."""
+
+
+def _round_pass(global_state: StateReader, data: _Checked, config: AuditConfig) -> RoundPass:
+    """The round's shared pass, planned for what the configured aggregation will ask."""
+    if config.aggregation == "fedavg":
+        weights = planned_fedavg_weights(data.num_samples, config.max_client_weight_factor)
+        return RoundPass(global_state, data.states, weights=weights, chosen=int(np.argmax(weights)))
+    gram = config.aggregation == "daagg" and len(data.states) <= GRAM_MAX_CLIENTS
+    return RoundPass(global_state, data.states, gram=gram)
 
 
 def _check_history(history: Sequence[StatusHistory] | None, n_clients: int) -> None:

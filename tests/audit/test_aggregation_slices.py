@@ -1,4 +1,4 @@
-"""Per-coordinate rules work slice by slice; the answer does not depend on the slice size."""
+"""The blocked rules work block by block; the answer does not depend on the block size."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.audit import (
     aggregate_daagg,
     aggregate_median,
     aggregate_trimmed_mean,
-    aggregation,
+    blocks,
 )
 
 
@@ -31,9 +31,11 @@ def states() -> tuple[DictStateReader, list[DictStateReader], list[np.ndarray]]:
 
 
 @pytest.mark.parametrize("entries", [1, 7, 1 << 22])
-def test_median_and_trimmed_mean_per_slice_equal_numpy(states, monkeypatch, entries: int) -> None:
+def test_median_and_trimmed_mean_per_block_equal_numpy(states, monkeypatch, entries: int) -> None:
     global_state, updates, values = states
-    monkeypatch.setattr(aggregation, "SLICE_ENTRIES", entries)
+    # entries coordinates of the K = 5 clients per transposed block (float32: 4 bytes each)
+    monkeypatch.setattr(blocks, "SORT_BYTES", entries * 4 * 5)
+    monkeypatch.setattr(blocks, "MIN_PARALLEL", 8)  # the 23 coordinates split between threads
     stack = np.stack([v.astype(np.float64) for v in values])
     median = aggregate_median(global_state, updates)
     np.testing.assert_array_equal(median.state["w"], np.median(stack, axis=0).astype(np.float32))
@@ -45,9 +47,9 @@ def test_median_and_trimmed_mean_per_slice_equal_numpy(states, monkeypatch, entr
 
 
 @pytest.mark.parametrize("entries", [1, 3, 1 << 22])
-def test_daagg_distances_per_slice(states, monkeypatch, entries: int) -> None:
+def test_daagg_distances_per_block(states, monkeypatch, entries: int) -> None:
     global_state, updates, values = states
-    monkeypatch.setattr(aggregation, "SLICE_ENTRIES", entries)
+    monkeypatch.setattr(blocks, "STACK_BYTES", entries * 4 * 5)
     noisy = np.array([True, False, False, False, True])
     result = aggregate_daagg(global_state, updates, [1, 1, 1, 1, 1], noisy)
     # d(i) = min over clean j of ||v_i - v_j||, D = d / max d, w ∝ exp(-D) (equal n)
@@ -56,4 +58,8 @@ def test_daagg_distances_per_slice(states, monkeypatch, entries: int) -> None:
         for i in (0, 4)
     ]
     raw = np.array([math.exp(-d[0] / max(d)), 1, 1, 1, math.exp(-d[1] / max(d))])
-    np.testing.assert_allclose(result.weights, raw / raw.sum(), rtol=1e-12)
+    # float32 blocks, float64 totals: the distances (norms ~4.5, K = 5, 23 entries) agree with
+    # the float64 ones to ~1e-6 relative, the weights exp(-D) to the same order.
+    np.testing.assert_allclose(result.weights, raw / raw.sum(), rtol=1e-6)
+    distances = result.details["distances"]
+    np.testing.assert_allclose([distances[0], distances[4]], d, rtol=1e-6)

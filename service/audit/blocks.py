@@ -1,0 +1,656 @@
+"""Blocked kernels over K client states: one streaming pass per round, partial sorts.
+
+Every aggregation rule and the Fed-NCL divergence read the K stored updates through
+:func:`stream_pass`, which walks the float tensors in parameter blocks and, per block, reads each
+client's values once and computes from that one read every quantity asked for:
+
+* the weighted sum ``sum_k w_k theta_k`` (one weight vector, or one per tensor for the
+  layer-wise rule);
+* per tensor and client the squared distance ``||theta_k - theta_G||^2`` (Fed-NCL's divergence and
+  the layer-wise rule's d_l^k);
+* per tensor the squared distances between every noisy and every clean client (DaAgg), as a
+  matrix product of the block's differences to the global model (a Gram cross term) instead of
+  one subtraction per pair.
+
+A reader that implements :class:`MappedStateReader` (the coordinator's safetensors reader) hands
+out zero-copy views of its memory map and is told, block by block, which pages the pass has
+finished with so the process does not keep K mapped files resident; any other
+:class:`~service.audit.state.StateReader` is read with ``get`` (in-memory states in tests).
+
+Precision. Blocks are computed in float32 when the tensors are float32 or float16 (float64
+tensors stay float64): a weighted sum of K float32 values in float32 has a rounding error of
+about sqrt(K) x 6e-8 relative to the largest term, below the float32 output's own rounding for
+the K the service sees, and a block's dot products run over at most ``STACK_BYTES / 4 / K``
+entries. Every total over blocks and tensors (squared distances, Gram terms) is accumulated in
+float64, because a model has millions of parameters and the float32 sum of that many block
+results would lose digits the detectors compare. DaAgg's squared distance ``|a|^2 + |b|^2 - 2 a.b``
+of two differences to the global model can cancel when two clients are almost equal; its absolute
+error is about 1e-6 x (|a|^2 + |b|^2), and the result is clipped at 0 (tests state the tolerance).
+
+Coordinate-wise median and trimmed mean (:func:`coordinatewise`) transpose blocks of
+coordinates into a (coordinates x K) array and sort each row (numpy's vectorised sort of short
+rows beats a multi-index partial sort there), on two threads (numpy releases the GIL).
+
+Malformed states raise :class:`~service.audit._validation.InvalidInputError` with the same
+messages as :func:`~service.audit.state.read_tensor`; non-finite values are detected from the
+block results (a NaN or infinity in any input makes them non-finite) and then located.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, runtime_checkable
+
+import numpy as np
+from scipy.linalg.blas import daxpy, saxpy
+from threadpoolctl import ThreadpoolController
+
+from service.audit._typing import AnyArray, FloatArray
+from service.audit._validation import InvalidInputError
+from service.audit.state import (
+    StateReader,
+    check_state_names,
+    is_float_tensor,
+    read_global_tensor,
+    read_tensor,
+)
+
+__all__ = [
+    "AXPY_BLOCK",
+    "STACK_BYTES",
+    "MappedStateReader",
+    "RoundPass",
+    "StreamResult",
+    "coordinatewise",
+    "stream_pass",
+]
+
+AXPY_BLOCK = 1 << 16
+"""Entries per block of a plain weighted sum (256 KiB of float32 accumulator: stays in L2)."""
+
+STACK_BYTES = 4 << 20
+"""Bytes of a stacked K x b block (differences to the global model): b = STACK_BYTES / 4 / K."""
+
+SORT_BYTES = 2 << 20
+"""Bytes of a transposed (coordinates x K) block of the median / trimmed mean, per thread."""
+
+RELEASE_MIN_BYTES = 1 << 16
+"""Tensors of fewer bytes are not released by the pass one by one (see :class:`_Tensor`)."""
+
+MIN_PARALLEL = 1 << 15
+"""Tensors with fewer coordinates than this are sorted on one thread."""
+
+
+@runtime_checkable
+class MappedStateReader(StateReader, Protocol):
+    """A :class:`StateReader` over a memory-mapped file."""
+
+    def view(self, name: str) -> AnyArray:
+        """Return the tensor as a read-only zero-copy view of the mapping."""
+
+    def release(self, name: str, start: int, stop: int) -> None:
+        """Tell the reader that entries ``[start, stop)`` of ``name`` are no longer needed."""
+
+    def offset(self, name: str) -> int:
+        """Return where ``name``'s data starts in the file (a pass visits tensors in file
+        order, so the pages it releases are not mapped back by faults of later tensors)."""
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """What one :func:`stream_pass` computed.
+
+    Attributes
+    ----------
+    state : dict or None
+        The weighted state (every tensor; non-float ones copied from ``chosen``), when weights
+        were given.
+    float_names : list of str
+        The float tensors, in the order of the rows below.
+    squared : ndarray of shape (n_float_tensors, K) or None
+        ``||theta_k[l] - theta_G[l]||^2`` per float tensor l and client k.
+    pair_squared : ndarray of shape (n_float_tensors, n_noisy, n_clean) or None
+        Squared distances between each noisy and each clean client, per float tensor.
+    gram : ndarray of shape (n_float_tensors, K, K) or None
+        Per float tensor the Gram matrix of the differences theta_k - theta_G.
+    """
+
+    state: dict[str, AnyArray] | None
+    float_names: list[str]
+    squared: FloatArray | None
+    pair_squared: FloatArray | None
+    gram: FloatArray | None = None
+
+
+_CONTROLLER: list[ThreadpoolController] = []
+
+
+def _blas_controller() -> ThreadpoolController:
+    """One controller per process: building it scans the loaded libraries (milliseconds, which
+    a small round would pay on every pass); limiting through it costs microseconds."""
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0]
+
+
+def _mapped(readers: Sequence[StateReader]) -> list[bool]:
+    """Which readers are memory-mapped (checked once per pass: a Protocol isinstance is slow)."""
+    return [isinstance(reader, MappedStateReader) for reader in readers]
+
+
+def _view(reader: StateReader, name: str, mapped: bool) -> AnyArray:
+    if mapped:
+        return np.asarray(cast(MappedStateReader, reader).view(name))
+    return np.asarray(reader.get(name))
+
+
+def _check_meta(array: AnyArray, reference: AnyArray, name: str, label: str) -> None:
+    if array.shape != reference.shape:
+        raise InvalidInputError(
+            f"{label}: tensor {name!r} has shape {tuple(array.shape)}, "
+            f"expected {tuple(reference.shape)}"
+        )
+    if array.dtype != reference.dtype:
+        raise InvalidInputError(
+            f"{label}: tensor {name!r} has dtype {array.dtype}, expected {reference.dtype}"
+        )
+
+
+def _raise_non_finite(views: Sequence[AnyArray], name: str) -> None:
+    """Find the first client whose tensor holds NaN or infinity and raise for it."""
+    for k, flat in enumerate(views):
+        if not np.isfinite(flat).all():
+            raise InvalidInputError(
+                f"updates[{k}]: tensor {name!r} contains NaN or infinite values"
+            )
+    raise AssertionError("a non-finite block result without a non-finite input")  # pragma: no cover
+
+
+def _release(updates: Sequence[StateReader], name: str, start: int, stop: int) -> None:
+    """Tell the memory-mapped readers (see :func:`_mapped_only`) what the pass has finished."""
+    for update in updates:
+        cast(MappedStateReader, update).release(name, start, stop)
+
+
+def _mapped_only(updates: Sequence[StateReader]) -> list[StateReader]:
+    return [u for u, mapped in zip(updates, _mapped(updates), strict=True) if mapped]
+
+
+def _accumulation_dtype(dtype: np.dtype[Any]) -> type[np.floating[Any]]:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+class _Tensor:
+    """Per-tensor work of one pass: the K flat views and what is accumulated over blocks."""
+
+    def __init__(self, name: str, reference: AnyArray, views: list[AnyArray]) -> None:
+        self.name = name
+        self.reference = reference
+        self.views = views
+        self.size = int(reference.size)
+        self.acc_dtype = _accumulation_dtype(reference.dtype)
+        # Tensors below RELEASE_MIN_BYTES are not released one by one (at K = 100 the calls
+        # cost more than the pass): a reader's release reaches back over their pages.
+        self.releases = int(reference.nbytes) >= RELEASE_MIN_BYTES
+        # float16 differences are taken in float32 (a float16 subtraction would round them).
+        self.global_flat = reference.reshape(-1).astype(self.acc_dtype, copy=False)
+
+
+def stream_pass(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    *,
+    weights: FloatArray | None = None,
+    layer_weights: Mapping[str, FloatArray] | None = None,
+    chosen: int = 0,
+    distances: bool = False,
+    pairs: tuple[Sequence[int], Sequence[int]] | None = None,
+    gram: bool = False,
+    label: str = "updates",
+) -> StreamResult:
+    """Read every update once, block by block, and compute what is asked for.
+
+    Parameters
+    ----------
+    global_state : StateReader
+        theta_G: names, shapes, dtypes; the differences are taken to it.
+    updates : sequence of StateReader
+        theta_k of each client (checked against the global state's names, shapes and dtypes).
+    weights : ndarray of shape (K,), optional
+        Weights of the weighted sum (used for every float tensor not in ``layer_weights``).
+    layer_weights : mapping of str to ndarray of shape (K,), optional
+        Per float tensor weights (the layer-wise rule).
+    chosen : int, default=0
+        Client whose non-float tensors are copied into the weighted state.
+    distances : bool, default=False
+        Compute ``squared`` (per tensor and client, to the global model).
+    pairs : (noisy indices, clean indices), optional
+        Compute ``pair_squared`` between these two groups.
+    gram : bool, default=False
+        Compute ``gram``: per tensor the K x K Gram matrix of the differences to the global
+        model, from which any noisy/clean split's distances follow (:class:`RoundPass`).
+    label : str, default="updates"
+        How error messages name the updates (``label[k]``).
+
+    Returns
+    -------
+    StreamResult
+    """
+    # One BLAS thread: the blocks are small, and on a busy 2-core machine BLAS threads waiting
+    # for a core made the axpy / GEMV calls 10x slower than the data's read (measured).
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        return _stream_pass(
+            global_state, updates, weights, layer_weights, chosen, distances, pairs, gram, label
+        )
+
+
+def _stream_pass(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray | None,
+    layer_weights: Mapping[str, FloatArray] | None,
+    chosen: int,
+    distances: bool,
+    pairs: tuple[Sequence[int], Sequence[int]] | None,
+    gram: bool,
+    label: str,
+) -> StreamResult:
+    names = check_state_names(global_state, updates)
+    mapped = _mapped(updates)
+    releasable = _mapped_only(updates)
+    k = len(updates)
+    weighted = weights is not None or layer_weights is not None
+    stacked = distances or gram or pairs is not None
+    order = np.arange(k)
+    n_noisy = 0
+    if pairs is not None:
+        noisy = [int(i) for i in pairs[0]]
+        clean = [int(i) for i in pairs[1]]
+        n_noisy = len(noisy)
+        order = np.array(noisy + clean + [i for i in range(k) if i not in set(noisy + clean)])
+    state: dict[str, AnyArray] | None = {} if weighted else None
+    float_names: list[str] = []
+    squared_rows: list[FloatArray] = []
+    pair_rows: list[FloatArray] = []
+    gram_rows: list[FloatArray] = []
+    width = max(1, STACK_BYTES // 4 // max(k, 1))
+    visit = names
+    if mapped and mapped[0]:
+        first = cast(MappedStateReader, updates[0])
+        visit = sorted(names, key=first.offset)
+    for name in visit:
+        reference = read_global_tensor(global_state, name)
+        views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
+        for j, view in enumerate(views):
+            _check_meta(view, reference, name, f"{label}[{j}]")
+        if not is_float_tensor(reference):
+            if state is not None:
+                state[name] = np.array(views[chosen], copy=True)
+            continue  # a small tensor: its pages go with the next release (below)
+        float_names.append(name)
+        tensor = _Tensor(name, reference, [v.reshape(-1) for v in views])
+        w = None
+        if weighted:
+            w = layer_weights[name] if layer_weights and name in layer_weights else weights
+            if w is None:
+                raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
+        if stacked:
+            out, sq, cross, full = _stacked_tensor(
+                releasable, tensor, w, order, n_noisy, width, pairs, gram
+            )
+            squared_rows.append(sq)
+            if cross is not None:
+                pair_rows.append(cross)
+            if full is not None:
+                gram_rows.append(full)
+        else:
+            out = _weighted_tensor(releasable, tensor, np.asarray(w))
+        if state is not None and out is not None:
+            state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
+    if visit is not names:  # results in the global state's order
+        rank = {name: i for i, name in enumerate(names)}
+        rows = sorted(range(len(float_names)), key=lambda i: rank[float_names[i]])
+        float_names = [float_names[i] for i in rows]
+        squared_rows = [squared_rows[i] for i in rows] if squared_rows else squared_rows
+        pair_rows = [pair_rows[i] for i in rows] if pair_rows else pair_rows
+        gram_rows = [gram_rows[i] for i in rows] if gram_rows else gram_rows
+        state = None if state is None else {name: state[name] for name in names}
+    return StreamResult(
+        state=state,
+        float_names=float_names,
+        squared=np.array(squared_rows).reshape(len(squared_rows), k) if stacked else None,
+        pair_squared=(
+            np.array(pair_rows).reshape(len(pair_rows), n_noisy, len(pairs[1]))
+            if pairs is not None
+            else None
+        ),
+        gram=np.array(gram_rows).reshape(len(gram_rows), k, k) if gram else None,
+    )
+
+
+def _weighted_tensor(
+    updates: Sequence[StateReader], tensor: _Tensor, weights: FloatArray
+) -> AnyArray:
+    """sum_k w_k theta_k[l], block by block: one BLAS axpy per client and block, reading the
+    client's mapped values once, the accumulator staying in cache."""
+    out = np.empty(tensor.size, dtype=tensor.acc_dtype)
+    axpy: Callable[..., Any] = daxpy if tensor.acc_dtype == np.float64 else saxpy
+    convert = tensor.reference.dtype != tensor.acc_dtype  # float16 inputs
+    scratch = np.empty(min(AXPY_BLOCK, tensor.size), dtype=tensor.acc_dtype) if convert else None
+    w = weights.astype(tensor.acc_dtype)
+    for start in range(0, tensor.size, AXPY_BLOCK):
+        stop = min(start + AXPY_BLOCK, tensor.size)
+        acc = out[start:stop]
+        acc.fill(0.0)
+        for j, flat in enumerate(tensor.views):
+            if w[j] == 0.0:
+                continue
+            block = flat[start:stop]
+            if scratch is not None:
+                block = scratch[: stop - start]
+                np.copyto(block, flat[start:stop], casting="same_kind")
+            axpy(block, acc, a=float(w[j]))
+        if not np.isfinite(acc).all():
+            _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
+        if tensor.releases:
+            _release(updates, tensor.name, start, stop)
+    if (weights == 0.0).any():
+        # A client with weight 0 is skipped above; its values must still be finite.
+        _check_skipped(tensor, weights)
+    return out
+
+
+def _check_skipped(tensor: _Tensor, weights: FloatArray) -> None:
+    for j in np.flatnonzero(weights == 0.0):
+        if not np.isfinite(tensor.views[int(j)]).all():
+            raise InvalidInputError(
+                f"updates[{int(j)}]: tensor {tensor.name!r} contains NaN or infinite values"
+            )
+
+
+def _stacked_tensor(
+    updates: Sequence[StateReader],
+    tensor: _Tensor,
+    weights: FloatArray | None,
+    order: AnyArray,
+    n_noisy: int,
+    width: int,
+    pairs: tuple[Sequence[int], Sequence[int]] | None,
+    gram: bool = False,
+) -> tuple[AnyArray | None, FloatArray, FloatArray | None, FloatArray | None]:
+    """Per block: X = theta_k - theta_G stacked (K x b, clients in ``order``), then the squared
+    norms (one row dot each), the noisy x clean Gram term and the weighted sum (one GEMV:
+    sum_k w_k theta_k = w @ X + (sum w) theta_G) from that one in-cache copy."""
+    k = len(tensor.views)
+    n_clean = 0 if pairs is None else len(pairs[1])
+    dtype = tensor.acc_dtype
+    buffer = np.empty(k * min(width, tensor.size), dtype=dtype)
+    squared = np.zeros(k)
+    cross = np.zeros((n_noisy, n_clean)) if pairs is not None else None
+    full = np.zeros((k, k)) if gram else None
+    out = np.empty(tensor.size, dtype=dtype) if weights is not None else None
+    w = None if weights is None else np.asarray(weights)[order].astype(dtype)
+    w_total = None if w is None else dtype(w.sum())
+    for start in range(0, tensor.size, width):
+        stop = min(start + width, tensor.size)
+        x = buffer[: k * (stop - start)].reshape(k, stop - start)
+        g = tensor.global_flat[start:stop]
+        for row, j in enumerate(order):
+            np.subtract(tensor.views[int(j)][start:stop], g, out=x[row], casting="same_kind")
+        products = x @ x.T if full is not None else None  # the Gram block, BLAS syrk
+        block_sq = np.diagonal(products).copy() if products is not None else _row_norms(x)
+        if not np.isfinite(block_sq).all():
+            _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
+        squared[order] += block_sq
+        if cross is not None and n_noisy and n_clean:
+            between = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
+            cross += (
+                block_sq[:n_noisy, None].astype(np.float64)
+                + block_sq[n_noisy : n_noisy + n_clean][None, :]
+                - 2.0 * between.astype(np.float64)
+            )
+        if full is not None and products is not None:
+            full += products  # clients in their own order when gram is asked (no pairs)
+        if out is not None and w is not None and w_total is not None:
+            acc = out[start:stop]
+            np.dot(w, x, out=acc)
+            acc += w_total * g
+        if tensor.releases:
+            _release(updates, tensor.name, start, stop)
+    if cross is not None:
+        np.maximum(cross, 0.0, out=cross)
+    return out, squared, cross, full
+
+
+def _row_norms(x: AnyArray) -> AnyArray:
+    """Squared norm of every row of a block (float32 sum of products over at most b entries)."""
+    result: AnyArray = np.einsum("ij,ij->i", x, x)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Coordinate-wise median and trimmed mean
+# --------------------------------------------------------------------------------------------
+
+
+def _sorted_reduce(
+    views: Sequence[AnyArray], out: AnyArray, lo: int, hi: int, trim: int | None
+) -> None:
+    """Rows ``[lo, hi)`` of the (coordinates x K) transposed block, sorted per row, reduced."""
+    k = len(views)
+    rows = max(1, SORT_BYTES // 4 // k)
+    block = np.empty((min(rows, hi - lo), k), dtype=np.float32)
+    stacked = np.empty(k * min(rows, hi - lo), dtype=np.float32)
+    for start in range(lo, hi, rows):
+        stop = min(start + rows, hi)
+        x = block[: stop - start]
+        # Contiguous row copies, then one transposing copy (faster than K strided columns).
+        rows_k = stacked[: k * (stop - start)].reshape(k, stop - start)
+        for j, flat in enumerate(views):
+            np.copyto(rows_k[j], flat[start:stop], casting="same_kind")
+        np.copyto(x, rows_k.T)
+        if not np.isfinite(x).all():
+            _raise_non_finite([v[start:stop] for v in views], "")
+        x.sort(axis=1)
+        if trim is None:
+            half = k // 2
+            if k % 2:
+                out[start:stop] = x[:, half]
+            else:
+                # float64 for the mean of the two middle values, as the float64 path did.
+                out[start:stop] = (
+                    x[:, half - 1].astype(np.float64) + x[:, half].astype(np.float64)
+                ) * 0.5
+        else:
+            # float64 sum of the kept values (up to K of them, float32 inputs).
+            out[start:stop] = x[:, trim : k - trim].sum(axis=1, dtype=np.float64) / (k - 2 * trim)
+
+
+def coordinatewise(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    trim: int | None,
+    pool: ThreadPoolExecutor | None = None,
+) -> dict[str, AnyArray]:
+    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate.
+
+    Float tensors are transposed in blocks of coordinates and each block's rows are sorted;
+    tensors of at least ``MIN_PARALLEL`` coordinates are split between two threads. Non-float
+    tensors are copied from client 0 (uniform weights: the lowest index wins the tie). Float64
+    tensors are sorted in float64 (the float32 block would round them).
+    """
+    names = check_state_names(global_state, updates)
+    mapped = _mapped(updates)
+    releasable = _mapped_only(updates)
+    state: dict[str, AnyArray] = {}
+    own_pool = pool is None
+    executor = ThreadPoolExecutor(max_workers=2) if pool is None else pool
+    try:
+        for name in names:
+            reference = read_global_tensor(global_state, name)
+            if not is_float_tensor(reference) or reference.dtype == np.float64:
+                tensors = [
+                    read_tensor(u, name, reference, f"updates[{j}]") for j, u in enumerate(updates)
+                ]
+                state[name] = _exact_coordinatewise(reference, tensors, trim)
+                continue
+            views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
+            for j, view in enumerate(views):
+                _check_meta(view, reference, name, f"updates[{j}]")
+            flats = [v.reshape(-1) for v in views]
+            out = np.empty(reference.size, dtype=np.float64)
+            try:
+                _run_split(executor, flats, out, trim)
+            except InvalidInputError as exc:
+                raise InvalidInputError(str(exc).replace("tensor ''", f"tensor {name!r}")) from None
+            state[name] = out.reshape(reference.shape).astype(reference.dtype)
+            _release(releasable, name, 0, int(reference.size))
+    finally:
+        if own_pool:
+            executor.shutdown()
+    return state
+
+
+def _run_split(
+    executor: ThreadPoolExecutor, flats: list[AnyArray], out: AnyArray, trim: int | None
+) -> None:
+    size = int(out.size)
+    if size < MIN_PARALLEL:
+        _sorted_reduce(flats, out, 0, size, trim)
+        return
+    middle = size // 2
+    futures = [
+        executor.submit(_sorted_reduce, flats, out, 0, middle, trim),
+        executor.submit(_sorted_reduce, flats, out, middle, size, trim),
+    ]
+    for future in futures:
+        future.result()
+
+
+def _exact_coordinatewise(
+    reference: AnyArray, tensors: Sequence[AnyArray], trim: int | None
+) -> AnyArray:
+    """Non-float tensors: client 0's copy; float64 tensors: the float64 computation."""
+    if not is_float_tensor(reference):
+        return np.array(tensors[0], copy=True)
+    stack = np.stack([t.reshape(-1) for t in tensors])
+    if trim is None:
+        combined = np.median(stack, axis=0)
+    else:
+        stack.sort(axis=0)
+        combined = stack[trim : stack.shape[0] - trim].mean(axis=0)
+    result: AnyArray = combined.reshape(reference.shape).astype(reference.dtype)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# One pass shared by the round's consumers
+# --------------------------------------------------------------------------------------------
+
+
+class RoundPass:
+    """The reads of one round close, shared by the Fed-NCL divergence and the aggregation.
+
+    What the round will need is declared up front (``gram`` for DaAgg, ``weights`` for a rule
+    whose weights do not depend on the detectors, such as FedAvg). When the divergences are
+    asked for (:meth:`squared`, the Fed-NCL detector, which runs before the aggregation), one
+    :func:`stream_pass` computes them together with everything declared and keeps the small
+    results (per tensor: K squared distances, a K x K Gram matrix) and the weighted state. A
+    request that pass cannot serve (other weights, no Gram matrix declared), or any request
+    when the divergences were never asked for, runs the pass that request alone needs, as it
+    would without sharing. ``passes`` counts the passes made.
+
+    Parameters
+    ----------
+    global_state, updates
+        As for :func:`stream_pass`.
+    gram : bool, default=False
+        Compute the Gram matrices in the first pass (DaAgg's distances for any noisy set).
+    weights : ndarray of shape (K,), optional
+        Weights of the weighted state to compute in the first pass.
+    chosen : int, default=0
+        Client whose non-float tensors the weighted state copies.
+    """
+
+    def __init__(
+        self,
+        global_state: StateReader,
+        updates: Sequence[StateReader],
+        *,
+        gram: bool = False,
+        weights: FloatArray | None = None,
+        chosen: int = 0,
+    ) -> None:
+        self.global_state = global_state
+        self.updates = list(updates)
+        self._gram = gram
+        self._weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+        self._chosen = chosen
+        self._first: StreamResult | None = None
+        self.passes = 0
+
+    def _run_first(self) -> StreamResult:
+        if self._first is None:
+            self._first = stream_pass(
+                self.global_state,
+                self.updates,
+                distances=True,
+                gram=self._gram,
+                weights=self._weights,
+                chosen=self._chosen,
+            )
+            self.passes += 1
+        return self._first
+
+    def squared(self) -> tuple[list[str], FloatArray]:
+        """Float tensor names and ``||theta_k[l] - theta_G[l]||^2`` (tensors x clients)."""
+        first = self._run_first()
+        assert first.squared is not None
+        return first.float_names, first.squared
+
+    def pair_squared(self, noisy: Sequence[int], clean: Sequence[int]) -> FloatArray:
+        """Squared distances between each noisy and each clean client, per float tensor."""
+        if not self._gram or self._first is None:
+            self.passes += 1
+            result = stream_pass(self.global_state, self.updates, pairs=(noisy, clean))
+            assert result.pair_squared is not None
+            return result.pair_squared
+        first = self._run_first()
+        assert first.gram is not None
+        g = first.gram
+        n_idx = np.asarray(noisy, dtype=np.int64)
+        c_idx = np.asarray(clean, dtype=np.int64)
+        diag = np.diagonal(g, axis1=1, axis2=2)
+        squared = diag[:, n_idx, None] + diag[:, None, c_idx] - 2.0 * g[:, n_idx][:, :, c_idx]
+        result_pairs: FloatArray = np.maximum(squared, 0.0)
+        return result_pairs
+
+    def weighted(self, weights: FloatArray, chosen: int) -> dict[str, AnyArray]:
+        """The weighted state: from the first pass when it had these weights, else a pass."""
+        if (
+            self._first is not None
+            and self._weights is not None
+            and chosen == self._chosen
+            and np.array_equal(np.asarray(weights, dtype=np.float64), self._weights)
+        ):
+            first = self._run_first()
+            assert first.state is not None
+            return first.state
+        self.passes += 1
+        result = stream_pass(self.global_state, self.updates, weights=weights, chosen=chosen)
+        assert result.state is not None
+        return result.state
+
+    def layer_weighted(
+        self, layer_weights: Mapping[str, FloatArray], chosen: int
+    ) -> dict[str, AnyArray]:
+        """The state weighted per float tensor (the layer-wise rule): always a pass of its own
+        (its weights depend on the whole first pass)."""
+        self.passes += 1
+        result = stream_pass(
+            self.global_state, self.updates, layer_weights=layer_weights, chosen=chosen
+        )
+        assert result.state is not None
+        return result.state

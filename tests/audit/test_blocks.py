@@ -1,0 +1,408 @@
+"""The blocked pass (service.audit.blocks) equals plain float64 computations.
+
+Two kinds of checks: small literal inputs whose results are worked out by hand, and random states
+(float32, float16 and float64 tensors, an int counter) compared with a float64 reference written
+here the way the tensor-by-tensor code before the blocked pass computed it, at block sizes from
+one entry to whole tensors. The tolerances are the ones the module docstring states: float32
+blocks with float64 totals agree with float64 to about 1e-6 relative (weighted sums: a few
+float32 roundings of the result).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from service.audit import (
+    DictStateReader,
+    InvalidInputError,
+    InvalidParameterError,
+    aggregate,
+    aggregate_daagg,
+    aggregate_fedavg,
+    aggregate_fedncl_layerwise,
+    blocks,
+    fedncl_divergences,
+)
+from service.audit.aggregation import planned_fedavg_weights
+from service.coordinator.tensors import SafetensorsReader
+
+# --------------------------------------------------------------------------------------------
+# Literal inputs
+# --------------------------------------------------------------------------------------------
+
+GLOBAL: dict[str, np.ndarray] = {
+    "w": np.array([0.0, 0.0, 0.0], dtype=np.float32),
+    "n": np.array(7, dtype=np.int64),
+}
+A: dict[str, np.ndarray] = {
+    "w": np.array([1.0, 2.0, 2.0], dtype=np.float32),
+    "n": np.array(1, dtype=np.int64),
+}
+B: dict[str, np.ndarray] = {
+    "w": np.array([1.0, 2.0, 5.0], dtype=np.float32),
+    "n": np.array(2, dtype=np.int64),
+}
+C: dict[str, np.ndarray] = {
+    "w": np.array([4.0, 6.0, 2.0], dtype=np.float32),
+    "n": np.array(3, dtype=np.int64),
+}
+
+
+def readers(*states: dict[str, np.ndarray]) -> list[DictStateReader]:
+    return [DictStateReader(s) for s in states]
+
+
+@pytest.mark.parametrize("block", [1, 2, 1 << 20])
+def test_literal_fedavg_divergence_and_pairs(monkeypatch, block: int) -> None:
+    monkeypatch.setattr(blocks, "AXPY_BLOCK", block)
+    monkeypatch.setattr(blocks, "STACK_BYTES", block * 4 * 3)
+    g = DictStateReader(GLOBAL)
+    # weights 1/4, 1/4, 1/2: (0.25*1 + 0.25*1 + 0.5*4, ...) = (2.5, 4.0, 2.75)
+    result = aggregate_fedavg(g, readers(A, B, C), [1, 1, 2], max_client_weight_factor=None)
+    np.testing.assert_array_equal(result.state["w"], np.array([2.5, 4.0, 2.75], np.float32))
+    assert int(result.state["n"]) == 3  # the int tensor of the largest weight (C)
+    # ||A||^2 = 9, ||B||^2 = 30, ||C||^2 = 56
+    assert fedncl_divergences(g, readers(A, B, C)).tolist() == [9.0, 30.0, 56.0]
+    # noisy A against clean B, C: ||A - B||^2 = 9, ||A - C||^2 = 9 + 16 + 0 = 25
+    both = blocks.stream_pass(g, readers(A, B, C), pairs=([0], [1, 2]), distances=True)
+    assert both.pair_squared is not None
+    assert both.pair_squared.tolist() == [[[9.0, 25.0]]]
+    # DaAgg: d(A) = min(3, 5) = 3 = max d, D(A) = 1; w ∝ n * exp(-D)
+    daagg = aggregate_daagg(g, readers(A, B, C), [1, 1, 1], [True, False, False])
+    raw = np.array([math.exp(-1.0), 1.0, 1.0])
+    np.testing.assert_allclose(daagg.weights, raw / raw.sum(), rtol=1e-12)
+    assert daagg.details["distances"] == [3.0, 0.0, 0.0]
+
+
+def test_literal_layerwise_weights() -> None:
+    g = DictStateReader(GLOBAL)
+    # one float tensor: d = 1 + ||theta_k||^2 = 10, 31, 57; clean (no penalty), equal n
+    result = aggregate_fedncl_layerwise(
+        g, readers(A, B, C), [1, 1, 1], [False, False, False], max_client_weight_factor=None
+    )
+    raw = np.array([1 / 10, 1 / 31, 1 / 57])
+    np.testing.assert_allclose(result.layer_weights["w"], raw / raw.sum(), rtol=1e-12)
+    expected = (raw / raw.sum()) @ np.stack([A["w"], B["w"], C["w"]]).astype(np.float64)
+    np.testing.assert_allclose(result.state["w"], expected, rtol=1e-6)
+
+
+def test_literal_median_and_trimmed_mean() -> None:
+    g = DictStateReader(GLOBAL)
+    states = readers(A, B, C, {"w": np.array([9.0, -1.0, 0.5], np.float32), "n": np.array(0)})
+    # per coordinate, sorted: (1, 1, 4, 9) (-1, 2, 2, 6) (0.5, 2, 2, 5)
+    median = aggregate("median", g, states, [1, 1, 1, 1]).state["w"]
+    assert median.tolist() == [2.5, 2.0, 2.0]
+    trimmed = aggregate(
+        "trimmed_mean", g, states, [1, 1, 1, 1], params={"trim_fraction": 0.25}
+    ).state["w"]
+    assert trimmed.tolist() == [2.5, 2.0, 2.0]  # the mean of the middle two, K = 4
+
+
+# --------------------------------------------------------------------------------------------
+# Random states against the float64 reference
+# --------------------------------------------------------------------------------------------
+
+SHAPES = {
+    "conv": ((6, 3, 3, 3), np.float32),
+    "bias": ((6,), np.float32),
+    "half": ((40,), np.float16),
+    "double": ((5, 7), np.float64),
+    "steps": ((), np.int64),
+}
+
+
+def random_states(k: int, seed: int) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(seed)
+    base = {
+        name: (rng.normal(size=shape).astype(dtype) if dtype != np.int64 else np.array(5))
+        for name, (shape, dtype) in SHAPES.items()
+    }
+    updates = []
+    for i in range(k):
+        spread = 0.3 if i < 2 else 0.05
+        updates.append(
+            {
+                name: (
+                    (value + rng.normal(scale=spread, size=value.shape)).astype(value.dtype)
+                    if value.dtype.kind == "f"
+                    else np.array(int(value) + i)
+                )
+                for name, value in base.items()
+            }
+        )
+    return base, updates
+
+
+def ref_weighted(updates, weights, chosen) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in updates[0].items():
+        if value.dtype.kind != "f":
+            out[name] = updates[chosen][name]
+            continue
+        acc = sum(w * u[name].astype(np.float64) for w, u in zip(weights, updates, strict=True))
+        out[name] = np.asarray(acc).astype(value.dtype)
+    return out
+
+
+def ref_squared(base, updates) -> np.ndarray:
+    """Per float tensor and client, ||theta_k - theta_G||^2 in float64 (tensors x clients)."""
+    rows = []
+    for name, value in base.items():
+        if value.dtype.kind == "f":
+            g = value.astype(np.float64).reshape(-1)
+            rows.append(
+                [float(np.sum((u[name].astype(np.float64).reshape(-1) - g) ** 2)) for u in updates]
+            )
+    return np.array(rows)
+
+
+def assert_states_close(actual, expected, weights_rtol: float = 0.0) -> None:
+    """Equal up to a few roundings of the dtype; ``weights_rtol`` adds the relative difference
+    of weights computed from distances in another summation order."""
+    for name, value in expected.items():
+        got = actual[name]
+        assert got.dtype == value.dtype, name
+        assert got.shape == value.shape, name
+        if value.dtype.kind != "f":
+            np.testing.assert_array_equal(got, value)
+            continue
+        # float32 blocks: a few roundings of values of size ~1 (float16: its own eps 1e-3).
+        eps = float(np.finfo(value.dtype).eps)
+        tol = 8 * eps + 2 * weights_rtol
+        np.testing.assert_allclose(got, value, rtol=tol, atol=tol, err_msg=name)
+
+
+@pytest.fixture(params=[1, 5, 1 << 20], ids=["block1", "block5", "whole"])
+def block(request, monkeypatch) -> int:
+    size: int = request.param
+    monkeypatch.setattr(blocks, "AXPY_BLOCK", size)
+    monkeypatch.setattr(blocks, "STACK_BYTES", size * 4 * 7)
+    monkeypatch.setattr(blocks, "SORT_BYTES", size * 4 * 7)
+    monkeypatch.setattr(blocks, "MIN_PARALLEL", 8)
+    return size
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_fedavg_and_reliability_equal_float64(block: int, seed: int) -> None:
+    base, updates = random_states(7, seed)
+    n = np.arange(1.0, 8.0)
+    result = aggregate("fedavg", DictStateReader(base), readers(*updates), n)
+    assert_states_close(
+        result.state, ref_weighted(updates, result.weights, int(np.argmax(result.weights)))
+    )
+    p = np.linspace(0.0, 0.9, 7)
+    rel = aggregate(
+        "reliability_weighted", DictStateReader(base), readers(*updates), n, noisy_probability=p
+    )
+    assert_states_close(rel.state, ref_weighted(updates, rel.weights, int(np.argmax(rel.weights))))
+
+
+@pytest.mark.parametrize("variant", ["paper", "reference"])
+def test_random_divergences_equal_float64(block: int, variant: str) -> None:
+    base, updates = random_states(7, 3)
+    squared = ref_squared(base, updates)
+    expected = squared.sum(axis=0) if variant == "paper" else (np.sqrt(squared) + 1.0).sum(axis=0)
+    got = fedncl_divergences(DictStateReader(base), readers(*updates), variant)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["paper", "reference"])
+def test_random_daagg_equals_float64(block: int, variant: str) -> None:
+    base, updates = random_states(7, 4)
+    noisy = np.array([True, True, False, False, False, True, False])
+    n = np.arange(1.0, 8.0)
+    result = aggregate_daagg(DictStateReader(base), readers(*updates), n, noisy, variant=variant)
+    floats = [name for name, v in base.items() if v.dtype.kind == "f"]
+    distances = np.zeros(7)
+    for i in np.flatnonzero(noisy):
+        per_clean = []
+        for j in np.flatnonzero(~noisy):
+            per_tensor = [
+                float(np.sum((updates[i][f].astype(np.float64) - updates[j][f]) ** 2))
+                for f in floats
+            ]
+            per_clean.append(
+                math.sqrt(sum(per_tensor))
+                if variant == "paper"
+                else sum(map(math.sqrt, per_tensor))
+            )
+        distances[i] = min(per_clean)
+    np.testing.assert_allclose(result.details["distances"], distances, rtol=1e-6)
+    raw = n * np.exp(-distances / distances.max())
+    np.testing.assert_allclose(result.weights, raw / raw.sum(), rtol=1e-6)
+    assert_states_close(
+        result.state, ref_weighted(updates, result.weights, int(np.argmax(result.weights)))
+    )
+
+
+def test_random_layerwise_equals_float64(block: int) -> None:
+    base, updates = random_states(7, 5)
+    noisy = np.array([True, False, False, False, False, False, True])
+    n = np.arange(1.0, 8.0)
+    result = aggregate_fedncl_layerwise(
+        DictStateReader(base),
+        readers(*updates),
+        n,
+        noisy,
+        round_index=9,
+        max_client_weight_factor=None,
+    )
+    penalty = np.where(noisy, min(max(50.0 * 10 / 60, 1.0), 50.0), 1.0)
+    squared = ref_squared(base, updates)
+    floats = [name for name, v in base.items() if v.dtype.kind == "f"]
+    expected_state = {}
+    for name, row in zip(floats, squared, strict=True):
+        raw = n / penalty / (1.0 + row)
+        weights = raw / raw.sum()
+        np.testing.assert_allclose(result.layer_weights[name], weights, rtol=1e-6)
+        expected_state[name] = ref_weighted([{name: u[name]} for u in updates], weights, 0)[name]
+    expected_state["steps"] = updates[int(np.argmax(n / penalty))]["steps"]
+    assert_states_close(result.state, expected_state)
+
+
+@pytest.mark.parametrize("k", [6, 7])
+def test_random_median_and_trimmed_mean_equal_float64(block: int, k: int) -> None:
+    base, updates = random_states(k, 6)
+    n = np.ones(k)
+    median = aggregate("median", DictStateReader(base), readers(*updates), n).state
+    trimmed = aggregate(
+        "trimmed_mean", DictStateReader(base), readers(*updates), n, params={"trim_fraction": 0.2}
+    ).state
+    trim = math.floor(0.2 * k)
+    for name, value in base.items():
+        stack = np.stack([u[name].astype(np.float64) for u in updates])
+        if value.dtype.kind != "f":
+            assert median[name] == updates[0][name]
+            continue
+        np.testing.assert_array_equal(median[name], np.median(stack, axis=0).astype(value.dtype))
+        expected = np.sort(stack, axis=0)[trim : k - trim].mean(axis=0).astype(value.dtype)
+        eps = float(np.finfo(value.dtype).eps)
+        np.testing.assert_allclose(trimmed[name], expected, rtol=2 * eps, atol=2 * eps)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory-mapped readers, validation
+# --------------------------------------------------------------------------------------------
+
+
+def test_mapped_readers_give_the_same_results_and_release_pages(
+    tmp_path: Path, monkeypatch
+) -> None:
+    base, updates = random_states(5, 7)
+    save_file(base, str(tmp_path / "g.safetensors"))
+    for i, u in enumerate(updates):
+        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
+    monkeypatch.setattr(blocks, "STACK_BYTES", 16 * 4 * 5)
+
+    def mapped() -> tuple[SafetensorsReader, list[SafetensorsReader]]:
+        g = SafetensorsReader(tmp_path / "g.safetensors")
+        return g, [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(5)]
+
+    g, ups = mapped()
+    assert isinstance(ups[0], blocks.MappedStateReader)
+    for name in base:
+        np.testing.assert_array_equal(ups[0].view(name), ups[0].get(name))
+        assert not ups[0].view(name).flags.writeable
+    noisy = [True, False, False, True, False]
+    for rule in ("fedavg", "daagg", "fedncl_layerwise", "median", "trimmed_mean"):
+        g, ups = mapped()
+        from_maps = aggregate(rule, g, ups, [1, 2, 3, 4, 5], noisy=noisy)
+        in_memory = aggregate(
+            rule, DictStateReader(base), readers(*updates), [1, 2, 3, 4, 5], noisy=noisy
+        )
+        for name in base:
+            np.testing.assert_array_equal(
+                from_maps.state[name], in_memory.state[name], err_msg=rule
+            )
+        # released pages are read again from the page cache: the views still hold the data
+        for name in base:
+            np.testing.assert_array_equal(ups[2].view(name), updates[2][name])
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "daagg", "median"])
+def test_non_finite_update_is_named(rule: str) -> None:
+    base, updates = random_states(4, 8)
+    updates[2]["conv"] = updates[2]["conv"].copy()
+    updates[2]["conv"][1, 0, 0, 0] = np.nan
+    with pytest.raises(InvalidInputError, match=r"updates\[2\]: tensor 'conv' contains NaN"):
+        aggregate(
+            rule,
+            DictStateReader(base),
+            readers(*updates),
+            [1, 1, 1, 1],
+            noisy=[True, False, False, False],
+        )
+
+
+def test_non_finite_update_with_zero_weight_is_refused() -> None:
+    base, updates = random_states(3, 9)
+    updates[0]["bias"] = np.full(6, np.inf, dtype=np.float32)
+    with pytest.raises(InvalidInputError, match=r"updates\[0\]: tensor 'bias' contains NaN"):
+        aggregate(
+            "reliability_weighted",
+            DictStateReader(base),
+            readers(*updates),
+            [1, 1, 1],
+            noisy_probability=[1.0, 0.0, 0.0],
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The round's shared pass
+# --------------------------------------------------------------------------------------------
+
+
+class CountingReader(DictStateReader):
+    """Counts how many times each tensor is handed out (one per pass over the state)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        super().__init__(tensors)
+        self.reads = 0
+
+    def get(self, name: str) -> np.ndarray:
+        if name == "conv":
+            self.reads += 1
+        return super().get(name)
+
+
+@pytest.mark.parametrize(("rule", "passes"), [("fedavg", 1), ("daagg", 2), ("fedncl_layerwise", 2)])
+def test_shared_pass_serves_divergence_and_aggregation(rule: str, passes: int) -> None:
+    base, updates = random_states(7, 10)
+    n = np.arange(1.0, 8.0)
+    noisy = [True, False, False, True, False, False, False]
+    g = DictStateReader(base)
+    plain = aggregate(rule, g, readers(*updates), n, noisy=noisy)
+    plain_divergence = fedncl_divergences(g, readers(*updates))
+
+    counted = [CountingReader(u) for u in updates]
+    shared = blocks.RoundPass(
+        g,
+        counted,
+        gram=rule == "daagg",
+        weights=planned_fedavg_weights(n, 4.0) if rule == "fedavg" else None,
+        chosen=int(np.argmax(n)),
+    )
+    divergence = fedncl_divergences(g, counted, shared=shared)
+    result = aggregate(rule, g, counted, n, noisy=noisy, shared=shared)
+    assert shared.passes == passes
+    assert all(c.reads == passes for c in counted)  # each update read once per pass
+    np.testing.assert_allclose(divergence, plain_divergence, rtol=1e-6)
+    np.testing.assert_allclose(result.weights, plain.weights, rtol=1e-6)
+    if rule == "daagg":
+        np.testing.assert_allclose(
+            result.details["distances"], plain.details["distances"], rtol=1e-6
+        )
+    assert_states_close(result.state, plain.state, weights_rtol=1e-6)
+
+
+def test_shared_pass_refuses_other_states() -> None:
+    base, updates = random_states(3, 11)
+    shared = blocks.RoundPass(DictStateReader(base), readers(*updates))
+    with pytest.raises(InvalidParameterError, match="shared"):
+        aggregate("fedavg", DictStateReader(base), readers(*updates), [1, 1, 1], shared=shared)
