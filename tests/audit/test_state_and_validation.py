@@ -155,6 +155,7 @@ def test_public_api_matches_all():
         "pipeline",
         "reliability",
         "schedules",
+        "sorted_blocks",
         "state",
     }
     assert public - submodules == exported
