@@ -261,9 +261,7 @@ def _stream_pass(
         order = np.array(noisy + clean + [i for i in range(k) if i not in set(noisy + clean)])
     state: dict[str, AnyArray] | None = {} if weighted else None
     float_names: list[str] = []
-    squared_rows: list[FloatArray] = []
-    pair_rows: list[FloatArray] = []
-    gram_rows: list[FloatArray] = []
+    squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     visit = names
     if mapped and mapped[0]:
@@ -299,12 +297,11 @@ def _stream_pass(
         if state is not None and out is not None:
             state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
     if visit is not names:  # results in the global state's order
-        rank = {name: i for i, name in enumerate(names)}
-        rows = sorted(range(len(float_names)), key=lambda i: rank[float_names[i]])
+        rows = _global_order(names, float_names)
         float_names = [float_names[i] for i in rows]
-        squared_rows = [squared_rows[i] for i in rows] if squared_rows else squared_rows
-        pair_rows = [pair_rows[i] for i in rows] if pair_rows else pair_rows
-        gram_rows = [gram_rows[i] for i in rows] if gram_rows else gram_rows
+        squared_rows, pair_rows, gram_rows = (
+            [seq[i] for i in rows] if seq else seq for seq in (squared_rows, pair_rows, gram_rows)
+        )
         state = None if state is None else {name: state[name] for name in names}
     return StreamResult(
         state=state,
@@ -317,6 +314,12 @@ def _stream_pass(
         ),
         gram=np.array(gram_rows).reshape(len(gram_rows), k, k) if gram else None,
     )
+
+
+def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
+    """Positions in ``visited`` (file order) of its names, in the global state's order."""
+    rank = {name: i for i, name in enumerate(names)}
+    return sorted(range(len(visited)), key=lambda i: rank[visited[i]])
 
 
 def _weighted_tensor(
