@@ -52,7 +52,8 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.blocks import RoundPass, coordinatewise, stream_pass
+from service.audit.blocks import RoundPass, stream_pass
+from service.audit.sorted_blocks import coordinatewise
 from service.audit.state import StateReader
 
 __all__ = [

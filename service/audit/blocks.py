@@ -27,9 +27,7 @@ results would lose digits the detectors compare. DaAgg's squared distance ``|a|^
 of two differences to the global model can cancel when two clients are almost equal; its absolute
 error is about 1e-6 x (|a|^2 + |b|^2), and the result is clipped at 0 (tests state the tolerance).
 
-Coordinate-wise median and trimmed mean (:func:`coordinatewise`) transpose blocks of
-coordinates into a (coordinates x K) array and sort each row (numpy's vectorised sort of short
-rows beats a multi-index partial sort there), on two threads (numpy releases the GIL).
+Coordinate-wise median and trimmed mean are in :mod:`service.audit.sorted_blocks`.
 
 Malformed states raise :class:`~service.audit._validation.InvalidInputError` with the same
 messages as :func:`~service.audit.state.read_tensor`; non-finite values are detected from the
@@ -39,7 +37,6 @@ block results (a NaN or infinity in any input makes them non-finite) and then lo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -54,7 +51,6 @@ from service.audit.state import (
     check_state_names,
     is_float_tensor,
     read_global_tensor,
-    read_tensor,
 )
 
 __all__ = [
@@ -63,7 +59,6 @@ __all__ = [
     "MappedStateReader",
     "RoundPass",
     "StreamResult",
-    "coordinatewise",
     "stream_pass",
 ]
 
@@ -73,14 +68,8 @@ AXPY_BLOCK = 1 << 16
 STACK_BYTES = 4 << 20
 """Bytes of a stacked K x b block (differences to the global model): b = STACK_BYTES / 4 / K."""
 
-SORT_BYTES = 2 << 20
-"""Bytes of a transposed (coordinates x K) block of the median / trimmed mean, per thread."""
-
 RELEASE_MIN_BYTES = 1 << 16
 """Tensors of fewer bytes are not released by the pass one by one (see :class:`_Tensor`)."""
-
-MIN_PARALLEL = 1 << 15
-"""Tensors with fewer coordinates than this are sorted on one thread."""
 
 
 @runtime_checkable
@@ -272,9 +261,7 @@ def _stream_pass(
         order = np.array(noisy + clean + [i for i in range(k) if i not in set(noisy + clean)])
     state: dict[str, AnyArray] | None = {} if weighted else None
     float_names: list[str] = []
-    squared_rows: list[FloatArray] = []
-    pair_rows: list[FloatArray] = []
-    gram_rows: list[FloatArray] = []
+    squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     visit = names
     if mapped and mapped[0]:
@@ -310,12 +297,11 @@ def _stream_pass(
         if state is not None and out is not None:
             state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
     if visit is not names:  # results in the global state's order
-        rank = {name: i for i, name in enumerate(names)}
-        rows = sorted(range(len(float_names)), key=lambda i: rank[float_names[i]])
+        rows = _global_order(names, float_names)
         float_names = [float_names[i] for i in rows]
-        squared_rows = [squared_rows[i] for i in rows] if squared_rows else squared_rows
-        pair_rows = [pair_rows[i] for i in rows] if pair_rows else pair_rows
-        gram_rows = [gram_rows[i] for i in rows] if gram_rows else gram_rows
+        squared_rows, pair_rows, gram_rows = (
+            [seq[i] for i in rows] if seq else seq for seq in (squared_rows, pair_rows, gram_rows)
+        )
         state = None if state is None else {name: state[name] for name in names}
     return StreamResult(
         state=state,
@@ -328,6 +314,12 @@ def _stream_pass(
         ),
         gram=np.array(gram_rows).reshape(len(gram_rows), k, k) if gram else None,
     )
+
+
+def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
+    """Positions in ``visited`` (file order) of its names, in the global state's order."""
+    rank = {name: i for i, name in enumerate(names)}
+    return sorted(range(len(visited)), key=lambda i: rank[visited[i]])
 
 
 def _weighted_tensor(
@@ -427,121 +419,6 @@ def _stacked_tensor(
 def _row_norms(x: AnyArray) -> AnyArray:
     """Squared norm of every row of a block (float32 sum of products over at most b entries)."""
     result: AnyArray = np.einsum("ij,ij->i", x, x)
-    return result
-
-
-# --------------------------------------------------------------------------------------------
-# Coordinate-wise median and trimmed mean
-# --------------------------------------------------------------------------------------------
-
-
-def _sorted_reduce(
-    views: Sequence[AnyArray], out: AnyArray, lo: int, hi: int, trim: int | None
-) -> None:
-    """Rows ``[lo, hi)`` of the (coordinates x K) transposed block, sorted per row, reduced."""
-    k = len(views)
-    rows = max(1, SORT_BYTES // 4 // k)
-    block = np.empty((min(rows, hi - lo), k), dtype=np.float32)
-    stacked = np.empty(k * min(rows, hi - lo), dtype=np.float32)
-    for start in range(lo, hi, rows):
-        stop = min(start + rows, hi)
-        x = block[: stop - start]
-        # Contiguous row copies, then one transposing copy (faster than K strided columns).
-        rows_k = stacked[: k * (stop - start)].reshape(k, stop - start)
-        for j, flat in enumerate(views):
-            np.copyto(rows_k[j], flat[start:stop], casting="same_kind")
-        np.copyto(x, rows_k.T)
-        if not np.isfinite(x).all():
-            _raise_non_finite([v[start:stop] for v in views], "")
-        x.sort(axis=1)
-        if trim is None:
-            half = k // 2
-            if k % 2:
-                out[start:stop] = x[:, half]
-            else:
-                # float64 for the mean of the two middle values, as the float64 path did.
-                out[start:stop] = (
-                    x[:, half - 1].astype(np.float64) + x[:, half].astype(np.float64)
-                ) * 0.5
-        else:
-            # float64 sum of the kept values (up to K of them, float32 inputs).
-            out[start:stop] = x[:, trim : k - trim].sum(axis=1, dtype=np.float64) / (k - 2 * trim)
-
-
-def coordinatewise(
-    global_state: StateReader,
-    updates: Sequence[StateReader],
-    trim: int | None,
-    pool: ThreadPoolExecutor | None = None,
-) -> dict[str, AnyArray]:
-    """Trimmed mean (``trim`` values cut per side) or median (``trim`` None), per coordinate.
-
-    Float tensors are transposed in blocks of coordinates and each block's rows are sorted;
-    tensors of at least ``MIN_PARALLEL`` coordinates are split between two threads. Non-float
-    tensors are copied from client 0 (uniform weights: the lowest index wins the tie). Float64
-    tensors are sorted in float64 (the float32 block would round them).
-    """
-    names = check_state_names(global_state, updates)
-    mapped = _mapped(updates)
-    releasable = _mapped_only(updates)
-    state: dict[str, AnyArray] = {}
-    own_pool = pool is None
-    executor = ThreadPoolExecutor(max_workers=2) if pool is None else pool
-    try:
-        for name in names:
-            reference = read_global_tensor(global_state, name)
-            if not is_float_tensor(reference) or reference.dtype == np.float64:
-                tensors = [
-                    read_tensor(u, name, reference, f"updates[{j}]") for j, u in enumerate(updates)
-                ]
-                state[name] = _exact_coordinatewise(reference, tensors, trim)
-                continue
-            views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
-            for j, view in enumerate(views):
-                _check_meta(view, reference, name, f"updates[{j}]")
-            flats = [v.reshape(-1) for v in views]
-            out = np.empty(reference.size, dtype=np.float64)
-            try:
-                _run_split(executor, flats, out, trim)
-            except InvalidInputError as exc:
-                raise InvalidInputError(str(exc).replace("tensor ''", f"tensor {name!r}")) from None
-            state[name] = out.reshape(reference.shape).astype(reference.dtype)
-            _release(releasable, name, 0, int(reference.size))
-    finally:
-        if own_pool:
-            executor.shutdown()
-    return state
-
-
-def _run_split(
-    executor: ThreadPoolExecutor, flats: list[AnyArray], out: AnyArray, trim: int | None
-) -> None:
-    size = int(out.size)
-    if size < MIN_PARALLEL:
-        _sorted_reduce(flats, out, 0, size, trim)
-        return
-    middle = size // 2
-    futures = [
-        executor.submit(_sorted_reduce, flats, out, 0, middle, trim),
-        executor.submit(_sorted_reduce, flats, out, middle, size, trim),
-    ]
-    for future in futures:
-        future.result()
-
-
-def _exact_coordinatewise(
-    reference: AnyArray, tensors: Sequence[AnyArray], trim: int | None
-) -> AnyArray:
-    """Non-float tensors: client 0's copy; float64 tensors: the float64 computation."""
-    if not is_float_tensor(reference):
-        return np.array(tensors[0], copy=True)
-    stack = np.stack([t.reshape(-1) for t in tensors])
-    if trim is None:
-        combined = np.median(stack, axis=0)
-    else:
-        stack.sort(axis=0)
-        combined = stack[trim : stack.shape[0] - trim].mean(axis=0)
-    result: AnyArray = combined.reshape(reference.shape).astype(reference.dtype)
     return result
 
 

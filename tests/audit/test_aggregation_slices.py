@@ -13,6 +13,7 @@ from service.audit import (
     aggregate_median,
     aggregate_trimmed_mean,
     blocks,
+    sorted_blocks,
 )
 
 
@@ -34,8 +35,10 @@ def states() -> tuple[DictStateReader, list[DictStateReader], list[np.ndarray]]:
 def test_median_and_trimmed_mean_per_block_equal_numpy(states, monkeypatch, entries: int) -> None:
     global_state, updates, values = states
     # entries coordinates of the K = 5 clients per transposed block (float32: 4 bytes each)
-    monkeypatch.setattr(blocks, "SORT_BYTES", entries * 4 * 5)
-    monkeypatch.setattr(blocks, "MIN_PARALLEL", 8)  # the 23 coordinates split between threads
+    monkeypatch.setattr(sorted_blocks, "SORT_BYTES", entries * 4 * 5)
+    monkeypatch.setattr(
+        sorted_blocks, "MIN_PARALLEL", 8
+    )  # the 23 coordinates split between threads
     stack = np.stack([v.astype(np.float64) for v in values])
     median = aggregate_median(global_state, updates)
     np.testing.assert_array_equal(median.state["w"], np.median(stack, axis=0).astype(np.float32))

@@ -27,6 +27,7 @@ from service.audit import (
     aggregate_fedncl_layerwise,
     blocks,
     fedncl_divergences,
+    sorted_blocks,
 )
 from service.audit.aggregation import planned_fedavg_weights
 from service.coordinator.tensors import SafetensorsReader
@@ -182,8 +183,8 @@ def block(request, monkeypatch) -> int:
     size: int = request.param
     monkeypatch.setattr(blocks, "AXPY_BLOCK", size)
     monkeypatch.setattr(blocks, "STACK_BYTES", size * 4 * 7)
-    monkeypatch.setattr(blocks, "SORT_BYTES", size * 4 * 7)
-    monkeypatch.setattr(blocks, "MIN_PARALLEL", 8)
+    monkeypatch.setattr(sorted_blocks, "SORT_BYTES", size * 4 * 7)
+    monkeypatch.setattr(sorted_blocks, "MIN_PARALLEL", 8)
     return size
 
 

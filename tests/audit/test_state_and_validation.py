@@ -156,6 +156,7 @@ def test_public_api_matches_all():
         "reliability",
         "schedules",
         "small_federation",
+        "sorted_blocks",
         "state",
     }
     assert public - submodules == exported
