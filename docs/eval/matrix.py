@@ -88,6 +88,14 @@ def scenario_files(directory: Path, only: Sequence[str] | None) -> list[Path]:
     return files
 
 
+def _is_clean(path: Path) -> bool:
+    """Does the scenario file inject no noise?"""
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return bool((data.get("noise") or {}).get("protocol", "none") == "none")
+
+
 def is_finished(directory: Path) -> bool:
     """A run is finished once the simulator wrote its ``results.json`` (its last output)."""
     return (directory / "results.json").is_file()
@@ -242,14 +250,22 @@ def _kind(seeds: list[dict[str, Any]]) -> str:
 
 
 def _suffers(seeds: list[dict[str, Any]]) -> tuple[bool | None, str]:
-    """Does the noise cost FedAvg at least SUFFERS_POINTS points? (answer, basis)."""
-    if any("fedavg_clean_accuracy" not in s for s in seeds):
-        drop = _mean([100.0 * (s["fedavg_best"] - s["fedavg_accuracy"]) for s in seeds])
-        assert drop is not None
-        return drop >= SUFFERS_POINTS, f"best round - last 10 %: {drop:.1f} pts"
-    cost = _mean([100.0 * (s["fedavg_clean_accuracy"] - s["fedavg_accuracy"]) for s in seeds])
-    assert cost is not None
-    return cost >= SUFFERS_POINTS, f"clean FedAvg - FedAvg: {cost:.1f} pts"
+    """Does the noise cost FedAvg at least SUFFERS_POINTS points? (answer, basis).
+
+    Measured on the seeds that have a clean FedAvg run, else estimated from FedAvg's fall from
+    its best round (see LEGEND).
+    """
+    measured = [s for s in seeds if "fedavg_clean_accuracy" in s]
+    if measured:
+        cost = _mean(
+            [100.0 * (s["fedavg_clean_accuracy"] - s["fedavg_accuracy"]) for s in measured]
+        )
+        assert cost is not None
+        which = ",".join(str(s["seed"]) for s in measured)
+        return cost >= SUFFERS_POINTS, f"clean FedAvg − FedAvg: {cost:.1f} pts, seeds {which}"
+    drop = _mean([100.0 * (s["fedavg_best"] - s["fedavg_accuracy"]) for s in seeds])
+    assert drop is not None
+    return drop >= SUFFERS_POINTS, f"estimate, best − last 10 %: {drop:.1f} pts"
 
 
 def scenario_row(name: str, dataset: str, seeds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -434,10 +450,12 @@ federation's resolved warm-up, rounds counted from 0):
   no site flagged in any round after warm-up and the last round `inconclusive`, in every seed;
   ≥ FedAvg − {HARM_POINTS:g}: Δ ≥ −{HARM_POINTS:g} point; ≥ FedAvg + {GAIN_POINTS:g}: Δ ≥
   {GAIN_POINTS:g} points where FedAvg suffers from the noise.
-- **FedAvg suffers?**: the noise costs FedAvg ≥ {SUFFERS_POINTS:g} points. Measured against FedAvg
-  on the same partition with clean labels where that run exists (`--clean-reference`);
-  otherwise estimated by FedAvg's fall from its best round to its last 10 % of rounds (the
-  memorisation of wrong labels), which misses a noise cost that lowers the whole curve.
+- **FedAvg suffers?**: the noise costs FedAvg ≥ {SUFFERS_POINTS:g} points (mean over seeds).
+  Measured against FedAvg on the same partition and initial model with clean labels, on the
+  seeds where that run exists (`--clean-reference`: "clean FedAvg − FedAvg"); otherwise only
+  estimated by FedAvg's fall from its best round to its last 10 % of rounds ("estimate"), the
+  memorisation of wrong labels, which misses a noise cost that lowers the whole curve and, in
+  40 rounds, mostly has not set in yet.
 """
 
 
@@ -495,13 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in args.seeds
             for p in files
             for clean in ((False, True) if args.clean_reference else (False,))
+            if not (clean and _is_clean(p))  # a clean scenario is its own reference
         ]
         todo = [j for j in jobs if not is_finished(j.directory(out))]
         print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished", flush=True)
 
         def work(job: Job) -> None:
-            if job.clean and "protocol: none" in job.scenario.read_text(encoding="utf-8"):
-                return  # a clean scenario is its own reference
             command = simulate_command(args.fedaudit, job, args.rounds, out, args.datasets_dir)
             rc, wall = run_job(command, job.directory(out))
             tag = "clean " if job.clean else ""
