@@ -361,6 +361,18 @@ def _yes(value: bool | None) -> str:
     return "—" if value is None else ("yes" if value else "**no**")
 
 
+def _abstains(row: dict[str, Any]) -> str:
+    """The corrupted-consensus target with its two parts."""
+    verdict = _yes(row["targets"]["corrupted_abstains"])
+    if row["targets"]["corrupted_abstains"] is None:
+        return verdict
+    last = sum(1 for s in row["per_seed"] if s.get("last_inconclusive"))
+    return (
+        f"{verdict} (rounds with a flag: {row['flagged_rounds']}; last round inconclusive in "
+        f"{last} of {len(row['seeds'])} seeds)"
+    )
+
+
 def markdown(rows: list[dict[str, Any]], rounds: int, seeds: Sequence[int]) -> str:
     """The two tables (measurements, targets) and the legend, as Markdown."""
     lines = [
@@ -410,7 +422,7 @@ def markdown(rows: list[dict[str, Any]], rounds: int, seeds: Sequence[int]) -> s
         t = row["targets"]
         lines.append(
             f"| {row['scenario']} | {row['kind']} | {_yes(t['f1'])} | {_yes(t['first_detection'])} "
-            f"| {_yes(t['clean_no_flag'])} | {_yes(t['corrupted_abstains'])} "
+            f"| {_yes(t['clean_no_flag'])} | {_abstains(row)} "
             f"| {_yes(t['no_harm'])} | {'yes' if row['fedavg_suffers'] else 'no'} "
             f"({row['fedavg_suffers_basis']}) | {_yes(t['gain'])} |"
         )
