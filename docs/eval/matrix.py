@@ -407,7 +407,7 @@ def markdown(rows: list[dict[str, Any]], rounds: int, seeds: Sequence[int]) -> s
             f"| {row['scenario']} | {row['sites']} / {noisy} | {seeds_cell} | {f1_last} "
             f"| {f1_mean} | {row['false_flag_rounds']} / {after} "
             f"| {row['inconclusive_rounds']} / {after} | {first} | {_f(row['accuracy'], 3)} "
-            f"| {_f(row['fedavg_accuracy'], 3)} | {row['difference_points']:+.1f} "
+            f"| {_f(row['fedavg_accuracy'], 3)} | {row['difference_points']:+.2f} "
             f"({row['seeds_ahead']}/{len(row['seeds'])}) |"
         )
     lines += [

@@ -225,7 +225,7 @@ def test_rows_are_the_hand_computed_figures(fabricated: tuple[Path, list[Path]])
 
     assert (
         "| t-minor | 5 / 2 | 0,1 | 0.90 | 0.80 | 1 / 8 | 1 / 8 | 3/4, ≤ 2 | 0.890 | 0.875 "
-        "| +1.5 (1/2) |" in text
+        "| +1.50 (1/2) |" in text
     )
     assert "| t-clean | 5 / 0 | 0 | n/a (clean) | n/a (clean) | 1 / 4 | 0 / 4 | n/a |" in text
 
