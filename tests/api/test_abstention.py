@@ -6,37 +6,12 @@ import httpx
 import pytest
 
 from tests.api.conftest import make_federation
+from tests.api.test_anchors import EVIDENCE, NAMES
+from tests.api.test_anchors import run_round as close_round
 from tests.api.test_metrics import parse_exposition, value
-from tests.api.test_rounds import submit
-from tests.factories import ADMIN, tiny_state
+from tests.factories import ADMIN
 
 pytestmark = [pytest.mark.anyio, pytest.mark.db]
-
-NAMES = ("a", "b", "c", "d", "e")
-EVIDENCE = {
-    "method": "fedavg",
-    "detectors": ["evidence"],
-    "primary_detector": "evidence",
-    "warmup_rounds": 0,
-}
-
-
-async def close_round(api: httpx.AsyncClient, fed, index: int, loss: dict[str, float]) -> None:
-    for name in NAMES:
-        response = await submit(
-            api,
-            fed,
-            name,
-            index,
-            tiny_state(1.0),
-            10,
-            signal_overrides={
-                "class_counts": [5, 5],
-                "per_class_loss": [loss[name]] * 2,
-                "per_class_loss_sd": [0.5, 0.5],
-            },
-        )
-        assert response.status_code == 201, response.text
 
 
 async def test_an_inconclusive_round_is_recorded_and_counted(api: httpx.AsyncClient) -> None:

@@ -25,7 +25,12 @@ EVIDENCE = {
 LOSS = {"a": 2.0, "b": 2.0, "c": 0.2, "d": 0.21, "e": 0.22}
 
 
-async def run_round(api: httpx.AsyncClient, fed, index: int) -> None:
+async def run_round(
+    api: httpx.AsyncClient, fed, index: int, loss: dict[str, float] | None = None
+) -> None:
+    """Every site of NAMES uploads round `index` with its loss on both classes (5 + 5 samples,
+    spread 0.5); `loss` defaults to LOSS (the inverted consensus)."""
+    loss = LOSS if loss is None else loss
     for name in NAMES:
         response = await submit(
             api,
@@ -36,7 +41,7 @@ async def run_round(api: httpx.AsyncClient, fed, index: int) -> None:
             10,
             signal_overrides={
                 "class_counts": [5, 5],
-                "per_class_loss": [LOSS[name]] * 2,
+                "per_class_loss": [loss[name]] * 2,
                 "per_class_loss_sd": [0.5, 0.5],
             },
         )
