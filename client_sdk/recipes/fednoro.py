@@ -10,9 +10,20 @@ Details the paper leaves out, as the authors' code fixes them: the
 temperature divides the teacher logits only; the KL is KL(p_teacher || q) with q the student's
 logit-adjusted softmax (no temperature), summed over classes and averaged over the batch
 ("batchmean"), with no T^2 factor; the ramp is w(t) = w_max * exp(-5 (1 - lambda)^2) with
-lambda = clip((t - T1) / T_ramp, 0, 1), T1 = 10 and T_ramp = 39 rounds of 100. Classes absent
-locally have log pi = -inf: they are never a target and their terms are left out of the KL
-(the authors zero those log-probabilities, which gives the same gradient).
+lambda = clip((t - T1) / T_ramp, 0, 1), T1 = 10 and T_ramp = 39 rounds of 100.
+
+**Classes a site does not hold** (a change to the paper, ``absent_class_prior``). In the paper
+a class absent locally has pi = 0, log pi = -inf: it is never a target, gets no gradient, and
+is left out of the KL. A local model then never learns to push an absent class's logit down.
+Under Dirichlet skew that costs little (most classes are held by most sites), but where each site
+holds two classes the global model never learns to tell apart classes no site holds together:
+on 20 digit sites with two classes each (the stress matrix's ``m04``), FedNoRo ended at 0.69
+accuracy against FedAvg's 0.90. By default (``"rarest"``) an absent class is given the prior of
+the rarest class the site holds, so it is pushed down as hard as that class and logit adjustment
+still balances the classes the site holds (with two balanced classes this is plain
+cross-entropy; FedNoRo then reached 0.90 on ``m04``). ``"zero"`` keeps the paper's -inf; its
+KL skips the absent classes (the authors zero those log-probabilities, which gives the same
+gradient).
 """
 
 from __future__ import annotations
@@ -46,8 +57,11 @@ __all__ = [
 ]
 
 
-def log_class_prior(counts: torch.Tensor) -> torch.Tensor:
-    """``log(counts / sum(counts))`` as float32; ``-inf`` for a class with no sample.
+def log_class_prior(counts: torch.Tensor, absent: str = "rarest") -> torch.Tensor:
+    """``log(counts / sum(counts))`` as float32; ``absent`` sets the value of absent classes.
+
+    ``"zero"`` (the paper): ``-inf`` for a class with no sample. ``"rarest"``: a class with no
+    sample gets the log prior of the rarest class with samples (module docstring).
 
     Raises
     ------
@@ -56,7 +70,12 @@ def log_class_prior(counts: torch.Tensor) -> torch.Tensor:
     """
     if counts.dim() != 1 or bool((counts < 0).any()) or int(counts.sum().item()) <= 0:
         raise RecipeError("counts: expected a 1-D non-negative histogram with a positive sum")
+    if absent not in ("zero", "rarest"):
+        raise RecipeError(f"absent: expected 'zero' or 'rarest', got {absent!r}")
     prior = counts.to(torch.float32) / counts.sum().to(torch.float32)
+    if absent == "rarest":
+        held = counts > 0
+        prior = torch.where(held, prior, prior[held].min())
     return torch.log(prior)
 
 
@@ -124,7 +143,8 @@ class FedNoRoRecipe:
     """FedNoRo client training (``fednoro``): LA-CE, plus KD for clients marked noisy.
 
     Hyper-parameters: ``warmup_rounds`` T1 (10), ``kd_temperature`` (0.8), ``kd_weight_max``
-    (0.8), ``ramp_rounds`` (39), plus the common ones.
+    (0.8), ``ramp_rounds`` (39), ``absent_class_prior`` (``"rarest"``; ``"zero"`` is the
+    paper's -inf), plus the common ones.
     """
 
     name = "fednoro"
@@ -155,10 +175,11 @@ class FedNoRoRecipe:
         temperature = hp.get_float("kd_temperature", 0.8, minimum=0.0, exclusive_minimum=True)
         weight_max = hp.get_float("kd_weight_max", 0.8, minimum=0.0, maximum=1.0)
         ramp = hp.get_int("ramp_rounds", 39, minimum=0)
+        absent = hp.get_choice("absent_class_prior", "rarest", ("rarest", "zero"))
         if not math.isfinite(1.0 / temperature):
             raise InvalidHyperparameterError("kd_temperature: too small")
         d = setup.data
-        log_prior = log_class_prior(class_counts(d.labels, ctx.num_classes)).to(d.device)
+        log_prior = log_class_prior(class_counts(d.labels, ctx.num_classes), absent).to(d.device)
         stage2 = ctx.round_index >= warmup
         distil = stage2 and ctx.role == "noisy"
         weight = kd_weight(ctx.round_index, warmup, ramp, weight_max) if distil else 0.0

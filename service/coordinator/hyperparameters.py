@@ -53,6 +53,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     kd_temperature: PositiveFloat = 0.8
     kd_weight_max: UnitFloat = 0.8
     ramp_rounds: Rounds = 39
+    absent_class_prior: Literal["rarest", "zero"] = "rarest"
 
 
 class FedRNHyperparameters(CommonHyperparameters):

@@ -56,14 +56,17 @@ def sites(*held: int, num_classes: int = 10) -> list[Any]:
     return [SimpleNamespace(class_counts=[10] * h + [0] * (num_classes - h)) for h in held]
 
 
-def federation(recipe: str, num_classes: int = 10) -> Any:
-    return SimpleNamespace(num_classes=num_classes, config={"recipe": recipe})
+def federation(recipe: str, num_classes: int = 10, absent: str | None = "zero") -> Any:
+    hyperparameters = {} if absent is None else {"absent_class_prior": absent}
+    return SimpleNamespace(
+        num_classes=num_classes, config={"recipe": recipe, "hyperparameters": hyperparameters}
+    )
 
 
-def test_two_classes_per_site_under_fednoro_warns() -> None:
+def test_two_classes_per_site_under_the_papers_fednoro_warns() -> None:
     (warning,) = label_skew_warnings(federation("fednoro"), sites(2, 2, 2, 10, 2))
     assert warning.startswith("the median site holds 2 of the 10 classes")
-    assert '{"method": "fedavg", "aggregation": "daagg"}' in warning
+    assert 'absent_class_prior "rarest"' in warning
 
 
 @pytest.mark.parametrize(
@@ -71,6 +74,9 @@ def test_two_classes_per_site_under_fednoro_warns() -> None:
     [
         (federation("fednoro"), sites(5, 5, 6), True),  # the median holds half of the classes
         (federation("fednoro"), sites(6, 6, 2), False),  # the median holds more than half
+        # the default prior for absent classes (and an explicit "rarest") trains them
+        (federation("fednoro", absent=None), sites(2, 2, 2), False),
+        (federation("fednoro", absent="rarest"), sites(2, 2, 2), False),
         (federation("fedavg"), sites(2, 2, 2), False),  # no logit adjustment
         (federation("fedrn"), sites(2, 2, 2), False),
         # binary: every site holds at least half of the classes

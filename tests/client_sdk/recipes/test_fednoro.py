@@ -39,7 +39,7 @@ class TestLogitAdjustment:
     def test_absent_class_has_zero_probability_and_no_nan(self) -> None:
         # counts [3, 1, 0] -> pi = [0.75, 0.25, 0]; zero logits -> softmax [0.75, 0.25, 0]
         # CE(label 0) = -ln 0.75 = 0.287682; the absent class gets no gradient.
-        log_prior = log_class_prior(torch.tensor([3, 1, 0]))
+        log_prior = log_class_prior(torch.tensor([3, 1, 0]), "zero")
         assert math.isinf(float(log_prior[2]))
         logits = torch.zeros(1, 3, requires_grad=True)
         loss = logit_adjusted_cross_entropy(logits, torch.tensor([0]), log_prior)
@@ -52,6 +52,34 @@ class TestLogitAdjustment:
     def test_bad_counts_are_rejected(self) -> None:
         with pytest.raises(RecipeError, match="counts"):
             log_class_prior(torch.tensor([0, 0, 0]))
+        with pytest.raises(RecipeError, match="absent"):
+            log_class_prior(torch.tensor([1, 1, 0]), "uniform")
+
+    def test_absent_class_takes_the_rarest_held_prior_and_is_pushed_down(self) -> None:
+        # counts [3, 1, 0], "rarest" -> pi = [0.75, 0.25, 0.25] (not normalised: only the
+        # offsets matter). Zero logits -> softmax [0.75, 0.25, 0.25] / 1.25 = [0.6, 0.2, 0.2];
+        # CE(label 0) = -ln 0.6 = 0.510826; d/d logit_2 = softmax_2 = 0.2 > 0 (pushed down).
+        log_prior = log_class_prior(torch.tensor([3, 1, 0]))
+        assert log_prior.tolist() == pytest.approx(
+            [math.log(0.75), math.log(0.25), math.log(0.25)]
+        )
+        logits = torch.zeros(1, 3, requires_grad=True)
+        loss = logit_adjusted_cross_entropy(logits, torch.tensor([0]), log_prior)
+        torch.autograd.backward(loss)
+        assert loss.item() == pytest.approx(0.510826, abs=1e-5)
+        assert logits.grad is not None
+        assert float(logits.grad[0, 2]) == pytest.approx(0.2, abs=1e-6)
+
+    def test_two_balanced_classes_give_plain_cross_entropy(self) -> None:
+        # counts [2, 0, 2, 0]: every class's offset is ln 0.5, a constant shift of the logits,
+        # which softmax ignores: the loss is plain cross-entropy.
+        gen = torch.Generator().manual_seed(3)
+        logits = torch.randn(6, 4, generator=gen)
+        labels = torch.tensor([0, 2, 2, 0, 0, 2])
+        log_prior = log_class_prior(torch.tensor([2, 0, 2, 0]))
+        adjusted = logit_adjusted_cross_entropy(logits, labels, log_prior)
+        plain = torch.nn.functional.cross_entropy(logits, labels)
+        assert adjusted.item() == pytest.approx(plain.item(), abs=1e-6)
 
 
 class TestKnowledgeDistillation:
@@ -75,7 +103,7 @@ class TestKnowledgeDistillation:
         # = 0.109393 - 0.183258 = -0.073865 (the teacher's mass on the absent class is ignored).
         teacher = torch.tensor([[0.8 * math.log(3.0), 0.0, 0.0]])
         student = torch.zeros(1, 3, requires_grad=True)
-        log_prior = log_class_prior(torch.tensor([1, 1, 0]))
+        log_prior = log_class_prior(torch.tensor([1, 1, 0]), "zero")
         loss = kd_loss(student, teacher, log_prior, temperature=0.8)
         torch.autograd.backward(loss)
         assert loss.item() == pytest.approx(-0.073865, abs=1e-5)
@@ -131,6 +159,34 @@ class TestRecipe:
         assert report.metrics["stage"] == stage
         assert report.metrics["distilled"] == distilled
         assert math.isfinite(report.train_loss)
+
+    @pytest.mark.parametrize(("absent", "moves"), [("zero", False), ("rarest", True)])
+    def test_an_absent_class_bias_is_trained_only_with_a_finite_prior(
+        self, absent: str, moves: bool
+    ) -> None:
+        # Data of classes 0 and 1 only (of 3). With the paper's -inf the absent class's logit
+        # gets no gradient: its output bias stays exactly where it was. With "rarest" it is a
+        # class to score below the true one, and plain SGD lowers its bias.
+        full = make_data(48)
+        keep = full.labels != 2
+        data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
+        model = tiny_mlp(0)
+        before = float(model[3].bias.detach()[2])
+        ctx = make_context(
+            round_index=0,
+            hyperparameters={
+                "batch_size": 8,
+                "lr": 0.1,
+                "momentum": 0.0,
+                "absent_class_prior": absent,
+            },
+        )
+        get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
+        after = float(model[3].bias.detach()[2])
+        if moves:
+            assert after < before - 1e-3
+        else:
+            assert after == before
 
     def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
         # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
