@@ -113,9 +113,11 @@ def worse_than_prior(
             f"the sites worse than the label prior are not a clear minority ({n_flag} of {k} "
             f"sites, {share:.0%} of the samples)"
         )
-    elif n_flag and (
-        median := _weighted_median(informativeness[others], sizes[others])
-    ) < min_other_informativeness:
+    elif (
+        n_flag
+        and (median := _weighted_median(informativeness[others], sizes[others]))
+        < min_other_informativeness
+    ):
         reason = (
             f"the global model does not clearly beat the label prior on the other sites either "
             f"(median 1 - loss/H = {median:.3f} < {min_other_informativeness})"

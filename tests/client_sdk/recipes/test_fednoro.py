@@ -15,7 +15,7 @@ from client_sdk.recipes import (
     logit_adjusted_cross_entropy,
 )
 from client_sdk.recipes.errors import RecipeError
-from tests.client_sdk.recipes.helpers import frozen, make_context, make_data, tiny_mlp
+from tests.client_sdk.recipes.helpers import frozen, linear, make_context, make_data, tiny_mlp
 
 
 class TestLogitAdjustment:
@@ -60,9 +60,7 @@ class TestLogitAdjustment:
         # offsets matter). Zero logits -> softmax [0.75, 0.25, 0.25] / 1.25 = [0.6, 0.2, 0.2];
         # CE(label 0) = -ln 0.6 = 0.510826; d/d logit_2 = softmax_2 = 0.2 > 0 (pushed down).
         log_prior = log_class_prior(torch.tensor([3, 1, 0]))
-        assert log_prior.tolist() == pytest.approx(
-            [math.log(0.75), math.log(0.25), math.log(0.25)]
-        )
+        assert log_prior.tolist() == pytest.approx([math.log(0.75), math.log(0.25), math.log(0.25)])
         logits = torch.zeros(1, 3, requires_grad=True)
         loss = logit_adjusted_cross_entropy(logits, torch.tensor([0]), log_prior)
         torch.autograd.backward(loss)
@@ -171,7 +169,7 @@ class TestRecipe:
         keep = full.labels != 2
         data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
         model = tiny_mlp(0)
-        before = float(model[3].bias.detach()[2])
+        before = float(linear(model, 3).bias.detach()[2])
         ctx = make_context(
             round_index=0,
             hyperparameters={
@@ -182,7 +180,7 @@ class TestRecipe:
             },
         )
         get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
-        after = float(model[3].bias.detach()[2])
+        after = float(linear(model, 3).bias.detach()[2])
         if moves:
             assert after < before - 1e-3
         else:
