@@ -6,9 +6,9 @@
 #     bash benchmarks/gpu_check.sh [OUT_DIR]        # default OUT_DIR: runs/gpu_check
 #
 # Needs a CUDA build of torch in the environment (FEDAUDIT_TORCH, see docs/site-guide.md).
-# PYTHON picks the interpreter (default .venv/bin/python, else python3). About 3-5 minutes on
-# one H100/H200. Writes log.txt, the test reports (JUnit XML) and the three bench JSON files into
-# OUT_DIR; the exit status is that of the first step that failed.
+# PYTHON picks the interpreter (default .venv/bin/python, else python3). About 2 minutes on an
+# H200. Writes log.txt, the test reports (JUnit XML) and the three bench JSON files into OUT_DIR;
+# the exit status is that of the first step that failed. Results: docs/performance.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-runs/gpu_check}"
