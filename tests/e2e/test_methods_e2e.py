@@ -142,6 +142,7 @@ def test_method_runs_end_to_end(
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
     "method", ["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
 )
@@ -150,8 +151,6 @@ def test_method_runs_end_to_end_on_cuda(
 ) -> None:
     # the sites train on CUDA in mixed precision and keep their state on disk; what they send
     # (safetensors on the CPU, centroids as JSON) is what the coordinator takes from CPU sites
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     admin, fid, _ = run_federation(server, method, tmp_path, device="cuda", amp=True)
     with admin:
         assert admin.get_federation(fid).status == "finished"
