@@ -41,7 +41,12 @@ def data(seed: int, *, noisy: bool) -> LocalData:
 
 
 def run_federation(
-    server: CoordinatorProcess, method: str, state_root: Path | None = None
+    server: CoordinatorProcess,
+    method: str,
+    state_root: Path | None = None,
+    *,
+    device: str = "cpu",
+    amp: bool = False,
 ) -> tuple[AdminClient, str, dict]:
     admin = AdminClient(server.url, server.admin_token)
     federation = admin.create_federation(
@@ -72,7 +77,8 @@ def run_federation(
             federation.id,
             model(),
             data(i, noisy=i == 3),
-            device="cpu",
+            device=device,
+            amp=amp,
             state_dir=None if state_root is None else state_root / name,
         )
         participant.join()
@@ -133,6 +139,24 @@ def test_method_runs_end_to_end(
         report = admin.get_json(f"/federations/{fid}/report")
         assert {row["name"] for row in report["clients"]} == set(NAMES)
         assert report["rounds_audited"] == ROUNDS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "method", ["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
+)
+def test_method_runs_end_to_end_on_cuda(
+    server: CoordinatorProcess, method: str, tmp_path: Path
+) -> None:
+    # the sites train on CUDA in mixed precision and keep their state on disk; what they send
+    # (safetensors on the CPU, centroids as JSON) is what the coordinator takes from CPU sites
+    admin, fid, _ = run_federation(server, method, tmp_path, device="cuda", amp=True)
+    with admin:
+        assert admin.get_federation(fid).status == "finished"
+        rounds = admin.list_rounds(fid)
+        assert [r.state for r in rounds] == ["closed"] * ROUNDS
+        assert all(len(r.submitted_clients) == 4 for r in rounds)
 
 
 def test_flr_state_is_on_disk_for_a_restarted_participant(
