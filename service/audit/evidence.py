@@ -78,6 +78,14 @@ as good as the consensus it is measured against. The audit abstains when
   nobody, and saying "ok" would hide that);
 * the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
   more of the sites or of the samples;
+* FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
+  separation guard: :class:`~service.audit.detection.FedNoRoDetector`), run as a cross-check,
+  splits the sites into two separated groups and the higher-loss group is not a clear minority
+  (``max_flagged_fraction`` of the sites or of the samples). A noisy majority whose rates vary
+  (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the noisy group and
+  widens ``tau_c``, so that no site is significantly above or below it, while the clean
+  minority stays a tight group below the others: the mixture sees the two groups, and the
+  evidence alone would have said "ok";
 * the evidence points both ways: some sites are significantly *above* the consensus and other
   sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
   than clean, so a significant lower tail among the unflagged means the consensus itself is
@@ -116,10 +124,11 @@ from service.audit._validation import (
     InvalidInputError,
     as_float_array,
     as_int_array,
+    check_bool,
     check_float,
     check_int,
 )
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult, FedNoRoDetector
 from service.audit.small_federation import worse_than_prior
 
 __all__ = [
@@ -415,6 +424,9 @@ class EvidenceDetector:
     max_heterogeneity : float, default=0.9
         The sites' disagreement beyond sampling error (I^2, sample-weighted over the classes)
         above which the consensus is inconclusive.
+    mixture_check : bool, default=True
+        Abstain when FedNoRo's loss mixture splits off a higher-loss group that is not a clear
+        minority (module docstring, "Abstention").
     small_min_informativeness : float, default=0.5
         With 2 to ``min_clients - 1`` sites (and spreads), the narrower rule of
         :mod:`service.audit.small_federation` judges the round; this is the median ``1 - L/H``
@@ -433,6 +445,7 @@ class EvidenceDetector:
         max_heterogeneity: float = 0.9,
         min_class_count: int = 5,
         small_min_informativeness: float = 0.5,
+        mixture_check: bool = True,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -454,6 +467,7 @@ class EvidenceDetector:
         self.max_heterogeneity = check_float(
             "max_heterogeneity", max_heterogeneity, min_value=0.0, max_value=1.0
         )
+        self.mixture_check = check_bool("mixture_check", mixture_check)
 
     # ----------------------------------------------------------------------------------------
 
@@ -484,8 +498,12 @@ class EvidenceDetector:
         entropy: float,
         informativeness: float,
         heterogeneity: float,
+        mixture: BoolArray | None,
     ) -> str | None:
-        """Why the consensus verdict abstains (module docstring, "Abstention"); None: it holds."""
+        """Why the consensus verdict abstains (module docstring, "Abstention"); None: it holds.
+
+        ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
+        """
         k = sizes.size
         n_flag = int(result.flags.sum())
         share = float(sizes[result.flags].sum() / sizes.sum())
@@ -503,6 +521,15 @@ class EvidenceDetector:
                 f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
                 f"{self.max_heterogeneity}): no consensus to measure against"
             )
+        if mixture is not None and mixture.any():
+            n_mix = int(mixture.sum())
+            mix_share = float(sizes[mixture].sum() / sizes.sum())
+            if n_mix >= self.max_flagged_fraction * k or mix_share >= self.max_flagged_fraction:
+                return (
+                    f"FedNoRo's loss mixture splits the sites into two separated groups and the "
+                    f"higher-loss group is not a clear minority ({n_mix} of {k} sites, "
+                    f"{mix_share:.0%} of the samples): the consensus may be the noisy side"
+                )
         if n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
             return (
                 f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
@@ -551,6 +578,20 @@ class EvidenceDetector:
             return None, inverted, why + "; no anchor holds a class the others hold"
         return anchored, inverted, None
 
+    @staticmethod
+    def _mixture_split(
+        loss: FloatArray, counts: IntArray, mixture: DetectionResult | None
+    ) -> BoolArray | None:
+        """The sites FedNoRo's detector flags (``mixture``, or a fit with its defaults and its
+        calibrated separation guard); None when it is undetermined."""
+        if mixture is None:
+            if (counts.sum(axis=1) == 0).any():
+                return None  # the mixture needs a sample from every site
+            mixture = FedNoRoDetector().fit(loss, counts).result_
+        if mixture.status != "ok" or len(mixture.verdicts) != loss.shape[0]:
+            return None
+        return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
+
     def _noisy_classes(self, z: FloatArray, counts: IntArray) -> list[int]:
         """The site's classes that alone pass the site's per-class test at q, highest z first
         (the classes and the factor of :func:`site_p_values`' Bonferroni part)."""
@@ -565,6 +606,7 @@ class EvidenceDetector:
         class_counts: Any,
         per_class_loss_sd: Any = None,
         anchors: Any = None,
+        mixture: DetectionResult | None = None,
     ) -> DetectionResult:
         """Judge one round.
 
@@ -578,6 +620,9 @@ class EvidenceDetector:
             the fallback of :func:`class_evidence`).
         anchors : array-like of bool of shape (K,), optional
             Trust anchors.
+        mixture : DetectionResult, optional
+            FedNoRo's detector already fitted on this round (the pipeline's, as configured);
+            None: fitted here with its defaults when ``mixture_check`` is on.
 
         Returns
         -------
@@ -665,7 +710,10 @@ class EvidenceDetector:
             if entered.any()
             else 0.0
         )
-        reason = self._consensus_reason(second, sizes, entropy, informativeness, heterogeneity)
+        split = self._mixture_split(loss, counts, mixture) if self.mixture_check else None
+        reason = self._consensus_reason(
+            second, sizes, entropy, informativeness, heterogeneity, split
+        )
         anchor_inverted = False
         if anchor.any() and entropy > 0:
             anchored, anchor_inverted, reason = self._anchored(
@@ -709,6 +757,7 @@ class EvidenceDetector:
             "significant_low": int(chosen.low.sum()),
             "informativeness": informativeness,
             "heterogeneity": heterogeneity,
+            "mixture_flagged": None if split is None else int(split.sum()),
             "label_entropy": entropy,
             "anchors": int(anchor.sum()),
             "anchor_orientation": "inverted" if anchor_inverted else "consensus",

@@ -180,11 +180,12 @@ class AuditConfig:
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detection.FedNoRoDetector` parameters.
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
-evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count
+evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count, \
+evidence_mixture_check
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
         ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
-        ``min_class_count``): the calibrated evidence with a stated false-alarm rate,
-        abstention and trust anchors.
+        ``min_class_count``, ``mixture_check``): the calibrated evidence with a stated
+        false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
         the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
@@ -255,6 +256,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
     evidence_max_flagged_fraction: float = 0.5
     evidence_max_heterogeneity: float = 0.9
     evidence_min_class_count: int = 5
+    evidence_mixture_check: bool = True
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -637,11 +639,15 @@ def _evidence_detector(config: AuditConfig) -> EvidenceDetector:
         max_flagged_fraction=config.evidence_max_flagged_fraction,
         max_heterogeneity=config.evidence_max_heterogeneity,
         min_class_count=config.evidence_min_class_count,
+        mixture_check=config.evidence_mixture_check,
     )
 
 
 def _run_evidence(
-    data: _Checked, config: AuditConfig, anchors: Sequence[bool] | None
+    data: _Checked,
+    config: AuditConfig,
+    anchors: Sequence[bool] | None,
+    mixture: DetectionResult | None,
 ) -> DetectionResult:
     absent = _missing(data.ids, data.per_class_loss)
     if absent:
@@ -655,7 +661,9 @@ def _run_evidence(
         if any(v is None for v in data.per_class_loss_sd)
         else np.stack([cast(FloatArray, v) for v in data.per_class_loss_sd])
     )
-    return _evidence_detector(config).fit(loss, data.class_counts, spreads, anchors=anchors)
+    return _evidence_detector(config).fit(
+        loss, data.class_counts, spreads, anchors=anchors, mixture=mixture
+    )
 
 
 def _run_fedncl(data: _Checked, config: AuditConfig, shared: RoundPass) -> DetectionResult:
@@ -865,11 +873,12 @@ def run_audit(
             d for d in DETECTORS if d == config.primary_detector or _detector_present(d, data)
         )
     detections: dict[str, DetectionResult] = {}
-    for name in names:
+    # FedNoRo's mixture first: the evidence detector reads it as a cross-check.
+    for name in sorted(names, key=lambda n: n != "fednoro"):
         if name == "fednoro":
             detections[name] = _run_fednoro(data, config, status_history)
         elif name == "evidence":
-            detections[name] = _run_evidence(data, config, anchors)
+            detections[name] = _run_evidence(data, config, anchors, detections.get("fednoro"))
         elif name == "fedncl":
             detections[name] = _run_fedncl(data, config, shared)
         else:
