@@ -25,20 +25,18 @@ from service.audit.aggregation import (
     client_weight_cap,
 )
 from service.audit.centroids import aggregate_centroids
-from service.audit.detection import (
-    ClientStatus,
-    ClientVerdict,
-    DetectionResult,
+from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
+from service.audit.detectors.expertise import expertise, expertise_detection
+from service.audit.detectors.fedncl import (
     FedNCLDetector,
-    FedNoRoDetector,
-    ashman_d,
-    class_standardised_excess,
     correction_candidates,
-    expertise,
-    expertise_detection,
     fedncl_divergence,
     fedncl_divergences,
-    next_status,
+)
+from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.detectors.separation import (
+    ashman_d,
+    class_standardised_excess,
     null_separation_threshold,
 )
 from service.audit.evidence import EvidenceDetector, benjamini_hochberg

@@ -57,16 +57,13 @@ from service.audit.aggregation import (
 )
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
-from service.audit.detection import (
+from service.audit.detection import ClientStatus, DetectionResult, next_status
+from service.audit.detectors.expertise import expertise_detection
+from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
+from service.audit.detectors.fednoro import (
     SEPARATION_GROUPS,
     SEPARATION_STATISTICS,
-    ClientStatus,
-    DetectionResult,
-    FedNCLDetector,
     FedNoRoDetector,
-    expertise_detection,
-    fedncl_divergences,
-    next_status,
 )
 from service.audit.evidence import EvidenceDetector
 from service.audit.reliability import k_reliable_neighbors
@@ -178,7 +175,7 @@ class AuditConfig:
         detector giving probabilities).
     fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
 fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
-        :class:`~service.audit.detection.FedNoRoDetector` parameters.
+        :class:`~service.audit.detectors.fednoro.FedNoRoDetector` parameters.
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
 evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
@@ -190,18 +187,18 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
         the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
         its ``confirmed`` clients, and a vote whose noisy group lies within them needs only
         ``fednoro_separation_threshold``, not the calibrated quantile
-        (:meth:`~service.audit.detection.FedNoRoDetector.fit`). False: the quantile every
+        (:meth:`~service.audit.detectors.fednoro.FedNoRoDetector.fit`). False: the quantile every
         round.
     fednoro_separation_groups : str
         ``"all_fits"`` (default): the separation guard judges every distinct noisy set the
         mixture's fits propose, each at the quantile corrected for their number (Bonferroni),
         and flags the first that passes, most votes first; ``"majority"``: only the noisy set
         most fits agree on (the reference's vote)
-        (:class:`~service.audit.detection.FedNoRoDetector`, ``separation_groups``).
+        (:class:`~service.audit.detectors.fednoro.FedNoRoDetector`, ``separation_groups``).
     fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
-        :class:`~service.audit.detection.FedNCLDetector` parameters.
+        :class:`~service.audit.detectors.fedncl.FedNCLDetector` parameters.
     fedncl_divergence_variant : str
-        ``"paper"`` or ``"reference"`` (:func:`~service.audit.detection.fedncl_divergences`).
+        ``"paper"`` or ``"reference"`` (:func:`~service.audit.detectors.fedncl.fedncl_divergences`).
     fedncl_tau : float
         Maximum layer-wise penalty (tau, 50).
     fedncl_t_corr : int

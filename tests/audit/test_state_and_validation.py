@@ -151,6 +151,7 @@ def test_public_api_matches_all():
         "blocks",
         "centroids",
         "detection",
+        "detectors",
         "evidence",
         "pipeline",
         "reliability",
