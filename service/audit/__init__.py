@@ -9,18 +9,14 @@ hyper-parameter explicitly (:class:`AuditConfig`).
 
 from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, InvalidParameterError
-from service.audit.aggregation import (
-    AGGREGATION_RULES,
+from service.audit.aggregation import AGGREGATION_RULES, NOISY_SET_RULES, aggregate
+from service.audit.aggregators.common import AggregationResult
+from service.audit.aggregators.daagg import aggregate_daagg
+from service.audit.aggregators.fedavg import aggregate_fedavg, aggregate_reliability_weighted
+from service.audit.aggregators.fedncl_layerwise import aggregate_fedncl_layerwise
+from service.audit.aggregators.robust import aggregate_median, aggregate_trimmed_mean
+from service.audit.aggregators.weight_cap import (
     DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
-    NOISY_SET_RULES,
-    AggregationResult,
-    aggregate,
-    aggregate_daagg,
-    aggregate_fedavg,
-    aggregate_fedncl_layerwise,
-    aggregate_median,
-    aggregate_reliability_weighted,
-    aggregate_trimmed_mean,
     cap_weights,
     client_weight_cap,
 )

@@ -48,13 +48,13 @@ from service.audit._validation import (
 )
 from service.audit.aggregation import (
     AGGREGATION_RULES,
-    DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
     NOISY_SET_RULES,
-    AggregationResult,
     aggregate,
-    planned_fedavg_weights,
     with_fallback_context,
 )
+from service.audit.aggregators.common import AggregationResult
+from service.audit.aggregators.fedavg import planned_fedavg_weights
+from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
@@ -234,7 +234,7 @@ evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_co
         Bounded influence: no client's aggregation weight exceeds min(1, f / K) for the K
         clients of the round (f = 4.0 by default: nothing changes up to 4 clients; >= 1);
         the excess goes to the others by water-filling
-        (:func:`~service.audit.aggregation.cap_weights`). None: no cap.
+        (:func:`~service.audit.aggregators.weight_cap.cap_weights`). None: no cap.
     """
 
     detectors: tuple[str, ...] | None = None

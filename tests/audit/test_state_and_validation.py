@@ -148,6 +148,7 @@ def test_public_api_matches_all():
     public = {name for name in dir(audit) if not name.startswith("_")}
     submodules = {
         "aggregation",
+        "aggregators",
         "blocks",
         "centroids",
         "detection",
