@@ -20,6 +20,7 @@ from service.audit.aggregators.weight_cap import (
     cap_weights,
     client_weight_cap,
 )
+from service.audit.audit_config import DETECTORS, PRIMARY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
 from service.audit.detectors.expertise import expertise, expertise_detection
@@ -36,21 +37,14 @@ from service.audit.detectors.separation import (
     null_separation_threshold,
 )
 from service.audit.evidence import EvidenceDetector, benjamini_hochberg
-from service.audit.pipeline import (
-    DETECTORS,
-    PRIMARY_DETECTORS,
-    AuditConfig,
-    AuditOutcome,
-    ClientRoundData,
-    StatusHistory,
-    run_audit,
-)
+from service.audit.pipeline import AuditOutcome, run_audit
 from service.audit.reliability import (
     NeighborSets,
     k_reliable_neighbors,
     probe_similarity,
     reliability_scores,
 )
+from service.audit.round_inputs import ClientRoundData, StatusHistory
 from service.audit.schedules import scale_rounds
 from service.audit.state import DictStateReader, StateReader, is_float_tensor
 

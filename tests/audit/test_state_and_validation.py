@@ -149,6 +149,7 @@ def test_public_api_matches_all():
     submodules = {
         "aggregation",
         "aggregators",
+        "audit_config",
         "blocks",
         "centroids",
         "detection",
@@ -156,6 +157,8 @@ def test_public_api_matches_all():
         "evidence",
         "pipeline",
         "reliability",
+        "round_detectors",
+        "round_inputs",
         "schedules",
         "small_federation",
         "sorted_blocks",
