@@ -5,21 +5,19 @@ Gaussian mixture (docs/algorithms.md, "Detectors"), plus a separation guard beyo
 (Ashman's D between the two groups, by default on the class-standardised loss excess
 :func:`~service.audit.detectors.separation.class_standardised_excess`, or on the unnormalised
 per-client mean loss, the plain guard's statistic; the statistics live in
-:mod:`service.audit.detectors.separation`).
+:mod:`service.audit.detectors.separation`). The features and the mixture fits' vote (steps 1-4)
+are in :mod:`service.audit.detectors.fednoro_mixture`; this module runs them and judges the vote.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.mixture import GaussianMixture
 from threadpoolctl import threadpool_limits
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
@@ -34,7 +32,15 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.detection import RANGE_EPS, ClientVerdict, DetectionResult, undetermined
+from service.audit.detection import ClientVerdict, DetectionResult, undetermined
+from service.audit.detectors.fednoro_mixture import (
+    GMMFit,
+    MixtureVote,
+    fit_gmm,
+    noisy_classes,
+    normalised_features,
+    vote_over,
+)
 from service.audit.detectors.separation import (
     MIN_CLASS_HOLDERS,
     ashman_d,
@@ -68,110 +74,8 @@ class _GroupVerdict:
 
 
 @dataclass(frozen=True)
-class _GMMFit:
-    labels: BoolArray
-    noisy_probability: FloatArray
-    noisy_mean: FloatArray
-    clean_mean: FloatArray
-    converged: bool
-
-
-def _fit_gmm(features: FloatArray, seed: int) -> _GMMFit:
-    mixture = GaussianMixture(n_components=2, random_state=seed)
-    # EM may stop at max_iter; the fit is still usable, so the warning is recorded via
-    # `converged_` in the result summary instead of being raised.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        mixture.fit(features)
-    means = np.asarray(mixture.means_, dtype=np.float64)
-    noisy = int(np.argmax(means.sum(axis=1)))
-    labels = np.asarray(mixture.predict(features)) == noisy
-    proba = np.asarray(mixture.predict_proba(features), dtype=np.float64)[:, noisy]
-    return _GMMFit(
-        labels=labels,
-        noisy_probability=proba,
-        noisy_mean=means[noisy],
-        clean_mean=means[1 - noisy],
-        converged=bool(mixture.converged_),
-    )
-
-
-def _noisy_classes(row: FloatArray, fit: _GMMFit, columns: IntArray) -> list[int]:
-    """Classes whose normalised loss sits on the noisy side of the midpoint of the two means.
-
-    Only classes where the noisy component's mean is above the clean one count (the noisy
-    component is chosen by the sum of its means, so single classes can go the other way).
-    Sorted by how far the loss is above the clean mean (largest first), then class index.
-    """
-    above = fit.noisy_mean > fit.clean_mean
-    closer = row > 0.5 * (fit.noisy_mean + fit.clean_mean)
-    chosen = np.flatnonzero(above & closer)
-    excess = row[chosen] - fit.clean_mean[chosen]
-    order = np.lexsort((columns[chosen], -excess))
-    return [int(columns[chosen][i]) for i in order]
-
-
-def _normalised_features(
-    loss: FloatArray, missing: BoolArray
-) -> tuple[FloatArray, IntArray, dict[str, Any]]:
-    """Steps 1-2: the min-max normalised informative columns, their indices and a summary."""
-    # Step 1: a missing class cannot hold noisy samples, so it is filled as the cleanest
-    # value seen for that class.
-    present_any = ~missing.all(axis=0)
-    filled = loss.copy()
-    for c in np.flatnonzero(present_any):
-        column = filled[:, c]
-        column[missing[:, c]] = np.min(column[~missing[:, c]])
-    # Step 2: per-class min-max; a constant column would divide by zero.
-    lo = np.where(present_any, filled.min(axis=0, initial=np.inf, where=~np.isnan(filled)), 0.0)
-    hi = np.where(present_any, filled.max(axis=0, initial=-np.inf, where=~np.isnan(filled)), 0.0)
-    spread = hi - lo
-    informative = present_any & (spread > RANGE_EPS)
-    columns = np.flatnonzero(informative).astype(np.int64)
-    column_summary = {
-        "columns_used": columns.tolist(),
-        "columns_dropped_missing": np.flatnonzero(~present_any).tolist(),
-        "columns_dropped_constant": np.flatnonzero(present_any & ~informative).tolist(),
-    }
-    features: FloatArray = (filled[:, columns] - lo[columns]) / spread[columns]
-    return features, columns, column_summary
-
-
-@dataclass(frozen=True)
-class _Vote:
-    """Steps 3-4: the fits and the majority vote over their noisy sets."""
-
-    fits: list[_GMMFit]
-    votes: dict[bytes, int]
-    ranked: list[bytes]
-    """The fits' distinct noisy sets, most votes first; ties in seed order (the first is the
-    reference's majority vote)."""
-    fit_of: dict[bytes, _GMMFit]
-    """The first fit (in seed order) of each noisy set."""
-    probability: FloatArray
-    noisy_votes: IntArray
-
-
-def _vote(fits: list[_GMMFit]) -> _Vote:
-    votes: dict[bytes, int] = {}
-    first_fit: dict[bytes, int] = {}
-    for i, fit in enumerate(fits):
-        key = fit.labels.tobytes()
-        votes[key] = votes.get(key, 0) + 1
-        first_fit.setdefault(key, i)
-    return _Vote(
-        fits=fits,
-        votes=votes,
-        ranked=sorted(votes, key=lambda key: (-votes[key], first_fit[key])),
-        fit_of={key: fits[i] for key, i in first_fit.items()},
-        probability=np.mean([f.noisy_probability for f in fits], axis=0),
-        noisy_votes=np.sum([f.labels for f in fits], axis=0),
-    )
-
-
-@dataclass(frozen=True)
 class _Guard:
-    """Step 5's outcome: the group shown (``winner``, a noisy set of :class:`_Vote`)."""
+    """Step 5's outcome: the group shown (``winner``, a noisy set of :class:`MixtureVote`)."""
 
     winner: bytes
     verdict: _GroupVerdict
@@ -185,8 +89,8 @@ def _evidence(
     n_classes: int,
     features: FloatArray,
     columns: IntArray,
-    chosen: _GMMFit,
-    vote: _Vote,
+    chosen: GMMFit,
+    vote: MixtureVote,
     statistics: dict[str, FloatArray],
 ) -> dict[str, Any]:
     """Client ``k``'s evidence: its normalised losses, noisy classes, statistics and votes."""
@@ -195,7 +99,7 @@ def _evidence(
         normalised[int(c)] = float(features[k, j])
     return {
         "normalised_loss": normalised,
-        "noisy_classes": _noisy_classes(features[k], chosen, columns),
+        "noisy_classes": noisy_classes(features[k], chosen, columns),
         "mean_loss": float(statistics["mean_loss"][k]),
         "class_z": float(statistics["class_z"][k]),
         "gmm_noisy_probability": float(vote.probability[k]),
@@ -510,7 +414,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                 f"{n_clients} reporting client(s), fewer than min_clients={min_clients}",
             )
         # Steps 1-2: fill the missing classes, min-max normalise the informative columns.
-        features, columns, column_summary = _normalised_features(loss, missing)
+        features, columns, column_summary = normalised_features(loss, missing)
         self.columns_used_ = columns
         if columns.size == 0:
             return undetermined(
@@ -525,12 +429,12 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         # Step 3-4: one mixture per seed, then the reference's majority vote over noisy sets.
         try:
             with threadpool_limits(limits=1):
-                fits = [_fit_gmm(features, seed) for seed in seeds]
+                fits = [fit_gmm(features, seed) for seed in seeds]
         except (ValueError, np.linalg.LinAlgError, FloatingPointError) as exc:
             return undetermined(
                 "fednoro", n_clients, f"Gaussian mixture fit failed: {exc}", column_summary
             )
-        vote = _vote(fits)
+        vote = vote_over(fits)
 
         # Step 5: the separation guard.
         class_z, z_classes = class_standardised_excess(loss, counts)
@@ -573,7 +477,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
 
     def _guard(
         self,
-        vote: _Vote,
+        vote: MixtureVote,
         statistic: FloatArray,
         usable: bool,
         confirmed: BoolArray | None,
@@ -609,7 +513,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
 
     def _guard_summary(
         self,
-        vote: _Vote,
+        vote: MixtureVote,
         guard: _Guard,
         require_separation: bool,
         usable: bool,
