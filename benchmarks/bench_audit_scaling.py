@@ -48,7 +48,8 @@ from _common import (
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from service.audit import FedNCLDetector, FedNoRoDetector, detection, k_reliable_neighbors
+from service.audit import FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
+from service.audit.detectors import separation
 from service.audit.pipeline import AUTO_NEIGHBOR_CHUNK_ENTRIES, EXACT_NEIGHBOR_LIMIT
 
 NUM_CLASSES = 10
@@ -95,7 +96,7 @@ def subjects_for(
         # The separation guard's null threshold is cached per (K, flagged count); a
         # coordinator meets a new pair whenever the flagged count changes, so each timed
         # fit pays for it, as the first fit of such a round does.
-        clear = getattr(detection.null_separation_threshold, "cache_clear", None)
+        clear = getattr(separation.null_separation_threshold, "cache_clear", None)
         if clear is not None:
             clear()
         return FedNoRoDetector().fit(data["per_class_loss"], data["class_counts"])

@@ -44,16 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_sdk.recipes.base import (
-    DeviceLike,
-    LocalData,
-    TrainReport,
-    accumulator_dtype,
-    check_logits,
-    class_counts,
-    normalize_device,
-)
+from client_sdk.recipes.base import DeviceLike, LocalData, TrainReport, normalize_device
 from client_sdk.recipes.errors import InvalidLocalDataError, SignalError
+from client_sdk.recipes.model_io import check_logits, class_counts
+from client_sdk.recipes.training import accumulator_dtype
 
 __all__ = [
     "OPTIONAL_SIGNALS",

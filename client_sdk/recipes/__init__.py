@@ -21,17 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from client_sdk.recipes.base import (
-    GmmSelection,
-    LocalData,
-    NeighborModel,
-    Recipe,
-    RoundContext,
-    TrainReport,
-    find_head,
-    forward_with_features,
-    per_sample_loss_gmm,
-)
+from client_sdk.recipes.base import LocalData, NeighborModel, Recipe, RoundContext, TrainReport
 from client_sdk.recipes.errors import (
     InvalidHyperparameterError,
     InvalidLocalDataError,
@@ -54,7 +44,9 @@ from client_sdk.recipes.fednoro import (
 from client_sdk.recipes.fedprox import FedProxRecipe, proximal_term
 from client_sdk.recipes.fedrn import FedRNRecipe, ensemble_clean_probability
 from client_sdk.recipes.flr import FLRRecipe, flr_regulariser, flr_schedule
+from client_sdk.recipes.model_io import find_head, forward_with_features
 from client_sdk.recipes.rofl import RoFLLoss, RoFLRecipe, rofl_loss, update_centroids
+from client_sdk.recipes.sample_selection import GmmSelection, per_sample_loss_gmm
 
 __all__ = [
     "RECIPES",

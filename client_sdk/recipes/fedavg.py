@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from client_sdk.recipes.base import (
-    LocalData,
-    RoundContext,
-    TrainReport,
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.training import (
     cross_entropy_batch_loss,
     prepare_round,
     run_local_training,

@@ -19,17 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_sdk.recipes.base import (
-    LocalData,
-    RoundContext,
-    TrainReport,
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.errors import RecipeError
+from client_sdk.recipes.model_io import predict_logits
+from client_sdk.recipes.training import (
     cross_entropy_batch_loss,
-    predict_logits,
     prepare_round,
     run_local_training,
     seeded_rng,
 )
-from client_sdk.recipes.errors import RecipeError
 
 __all__ = ["CORRECTION_STATUS_KEY", "FedNCLCorrectionRecipe", "relabel"]
 

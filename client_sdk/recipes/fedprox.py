@@ -13,17 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_sdk.recipes.base import (
-    BatchLoss,
-    LocalData,
-    RoundContext,
-    TrainReport,
-    check_logits,
-    prepare_round,
-    run_local_training,
-    seeded_rng,
-)
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
 from client_sdk.recipes.errors import ModelContractError
+from client_sdk.recipes.model_io import check_logits
+from client_sdk.recipes.training import BatchLoss, prepare_round, run_local_training, seeded_rng
 
 __all__ = ["FedProxRecipe", "proximal_term"]
 

@@ -28,23 +28,17 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from client_sdk.recipes.base import (
-    GmmSelection,
-    LocalData,
-    RoundContext,
-    TrainingConfig,
-    TrainReport,
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.errors import InvalidRoundContextError, ModelContractError
+from client_sdk.recipes.hyperparameters import TrainingConfig, make_optimizer
+from client_sdk.recipes.model_io import find_head, per_sample_cross_entropy
+from client_sdk.recipes.sample_selection import GmmSelection, per_sample_loss_gmm, selection_metrics
+from client_sdk.recipes.training import (
     cross_entropy_batch_loss,
-    find_head,
-    make_optimizer,
-    per_sample_cross_entropy,
-    per_sample_loss_gmm,
     prepare_round,
     run_local_training,
     seeded_rng,
-    selection_metrics,
 )
-from client_sdk.recipes.errors import InvalidRoundContextError, ModelContractError
 
 __all__ = ["PREVIOUS_MODEL_PREFIX", "FedRNRecipe", "ensemble_clean_probability"]
 

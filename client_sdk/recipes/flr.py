@@ -32,14 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_sdk.recipes.base import (
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.model_io import check_logits, predict_logits
+from client_sdk.recipes.training import (
     BatchLoss,
-    LocalData,
-    RoundContext,
-    TrainReport,
-    check_logits,
     cross_entropy_batch_loss,
-    predict_logits,
     prepare_round,
     run_local_training,
     seeded_rng,

@@ -43,21 +43,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_sdk.recipes.base import (
-    BatchLoss,
-    LocalData,
-    RoundContext,
-    TrainReport,
-    accumulator_dtype,
+from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.errors import ModelContractError, RecipeError
+from client_sdk.recipes.model_io import (
     check_logits,
     find_head,
     forward_with_features,
     predict_logits,
+)
+from client_sdk.recipes.training import (
+    BatchLoss,
+    accumulator_dtype,
     prepare_round,
     run_local_training,
     seeded_rng,
 )
-from client_sdk.recipes.errors import ModelContractError, RecipeError
 
 __all__ = [
     "RoFLLoss",

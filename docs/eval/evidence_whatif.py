@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.audit.detection import FedNoRoDetector  # noqa: E402
+from service.audit.detectors.fednoro import FedNoRoDetector  # noqa: E402
 from service.audit.evidence import EvidenceDetector  # noqa: E402
 
 

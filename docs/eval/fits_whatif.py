@@ -53,7 +53,7 @@ from claim1_ablation import indicator, load_runs  # noqa: E402
 from guard_whatif import _passes  # noqa: E402
 
 from service.audit import FedNoRoDetector  # noqa: E402
-from service.audit.detection import (  # noqa: E402
+from service.audit.detectors.separation import (  # noqa: E402
     ashman_d,
     class_standardised_excess,
 )

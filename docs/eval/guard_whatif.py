@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from claim1_ablation import indicator, load_runs  # noqa: E402
 
 from service.audit import FedNoRoDetector  # noqa: E402
-from service.audit.detection import (  # noqa: E402
+from service.audit.detectors.separation import (  # noqa: E402
     ashman_d,
     class_standardised_excess,
     null_separation_threshold,

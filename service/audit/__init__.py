@@ -9,54 +9,42 @@ hyper-parameter explicitly (:class:`AuditConfig`).
 
 from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, InvalidParameterError
-from service.audit.aggregation import (
-    AGGREGATION_RULES,
+from service.audit.aggregation import AGGREGATION_RULES, NOISY_SET_RULES, aggregate
+from service.audit.aggregators.common import AggregationResult
+from service.audit.aggregators.daagg import aggregate_daagg
+from service.audit.aggregators.fedavg import aggregate_fedavg, aggregate_reliability_weighted
+from service.audit.aggregators.fedncl_layerwise import aggregate_fedncl_layerwise
+from service.audit.aggregators.robust import aggregate_median, aggregate_trimmed_mean
+from service.audit.aggregators.weight_cap import (
     DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
-    NOISY_SET_RULES,
-    AggregationResult,
-    aggregate,
-    aggregate_daagg,
-    aggregate_fedavg,
-    aggregate_fedncl_layerwise,
-    aggregate_median,
-    aggregate_reliability_weighted,
-    aggregate_trimmed_mean,
     cap_weights,
     client_weight_cap,
 )
+from service.audit.audit_config import DETECTORS, PRIMARY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
-from service.audit.detection import (
-    ClientStatus,
-    ClientVerdict,
-    DetectionResult,
+from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
+from service.audit.detectors.expertise import expertise, expertise_detection
+from service.audit.detectors.fedncl import (
     FedNCLDetector,
-    FedNoRoDetector,
-    ashman_d,
-    class_standardised_excess,
     correction_candidates,
-    expertise,
-    expertise_detection,
     fedncl_divergence,
     fedncl_divergences,
-    next_status,
+)
+from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.detectors.separation import (
+    ashman_d,
+    class_standardised_excess,
     null_separation_threshold,
 )
 from service.audit.evidence import EvidenceDetector, benjamini_hochberg
-from service.audit.pipeline import (
-    DETECTORS,
-    PRIMARY_DETECTORS,
-    AuditConfig,
-    AuditOutcome,
-    ClientRoundData,
-    StatusHistory,
-    run_audit,
-)
+from service.audit.pipeline import AuditOutcome, run_audit
 from service.audit.reliability import (
     NeighborSets,
     k_reliable_neighbors,
     probe_similarity,
     reliability_scores,
 )
+from service.audit.round_inputs import ClientRoundData, StatusHistory
 from service.audit.schedules import scale_rounds
 from service.audit.state import DictStateReader, StateReader, is_float_tensor
 

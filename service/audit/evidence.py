@@ -79,13 +79,13 @@ as good as the consensus it is measured against. The audit abstains when
 * the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
   more of the sites or of the samples;
 * FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
-  separation guard: :class:`~service.audit.detection.FedNoRoDetector`), run as a cross-check,
-  splits the sites into two separated groups and the higher-loss group is not a clear minority
-  (``max_flagged_fraction`` of the sites or of the samples). A noisy majority whose rates vary
-  (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the noisy group and
-  widens ``tau_c``, so that no site is significantly above or below it, while the clean
-  minority stays a tight group below the others: the mixture sees the two groups, and the
-  evidence alone would have said "ok";
+  separation guard: :class:`~service.audit.detectors.fednoro.FedNoRoDetector`), run as a
+  cross-check, splits the sites into two separated groups and the higher-loss group is not a
+  clear minority (``max_flagged_fraction`` of the sites or of the samples). A noisy majority
+  whose rates vary (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the
+  noisy group and widens ``tau_c``, so that no site is significantly above or below it, while
+  the clean minority stays a tight group below the others: the mixture sees the two groups, and
+  the evidence alone would have said "ok";
 * the evidence points both ways: some sites are significantly *above* the consensus and other
   sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
   than clean, so a significant lower tail among the unflagged means the consensus itself is
@@ -128,7 +128,8 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.detection import ClientVerdict, DetectionResult, FedNoRoDetector
+from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.small_federation import worse_than_prior
 
 __all__ = [

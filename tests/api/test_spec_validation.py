@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from client_sdk.recipes import RECIPES as SDK_RECIPES
-from client_sdk.recipes import base as sdk_base
+from client_sdk.recipes import hyperparameters as sdk_hyperparameters
 from service.coordinator.federation_config import RECIPES
 from service.coordinator.hyperparameters import HYPERPARAMETERS, hyperparameter_errors
 from tests.factories import ADMIN, federation_spec
@@ -138,7 +138,7 @@ def test_every_recipe_has_its_hyperparameters() -> None:
 def test_the_sdk_reads_every_key_the_coordinator_accepts(recipe: str) -> None:
     """Each key of the coordinator's model is read by name in the SDK's recipe or its shared
     training configuration, so the two lists cannot drift apart unnoticed."""
-    source = inspect.getsource(sdk_base.TrainingConfig) + inspect.getsource(
+    source = inspect.getsource(sdk_hyperparameters.TrainingConfig) + inspect.getsource(
         inspect.getmodule(type(SDK_RECIPES[recipe]))  # type: ignore[arg-type]
     )
     read = set(re.findall(r'hp\.get_\w+\(\s*"(\w+)"', source))

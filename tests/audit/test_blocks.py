@@ -29,7 +29,7 @@ from service.audit import (
     fedncl_divergences,
     sorted_blocks,
 )
-from service.audit.aggregation import planned_fedavg_weights
+from service.audit.aggregators.fedavg import planned_fedavg_weights
 from service.coordinator.tensors import SafetensorsReader
 
 # --------------------------------------------------------------------------------------------

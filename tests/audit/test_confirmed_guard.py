@@ -17,7 +17,7 @@ from service.audit import (
     StatusHistory,
     run_audit,
 )
-from service.audit.detection import null_separation_threshold
+from service.audit.detectors.separation import null_separation_threshold
 from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 6-9 lose more on both classes, but

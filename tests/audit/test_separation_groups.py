@@ -15,7 +15,7 @@ from service.audit import (
     InvalidParameterError,
     run_audit,
 )
-from service.audit.detection import null_separation_threshold
+from service.audit.detectors.separation import null_separation_threshold
 from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 0-5 lose little on both classes, 6-8

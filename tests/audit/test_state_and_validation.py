@@ -148,12 +148,17 @@ def test_public_api_matches_all():
     public = {name for name in dir(audit) if not name.startswith("_")}
     submodules = {
         "aggregation",
+        "aggregators",
+        "audit_config",
         "blocks",
         "centroids",
         "detection",
+        "detectors",
         "evidence",
         "pipeline",
         "reliability",
+        "round_detectors",
+        "round_inputs",
         "schedules",
         "small_federation",
         "sorted_blocks",

@@ -8,16 +8,7 @@ import torch
 from torch import nn
 
 from client_sdk.recipes import get_recipe
-from client_sdk.recipes.base import (
-    Hyperparameters,
-    LocalData,
-    TrainingConfig,
-    find_head,
-    forward_with_features,
-    minibatch_indices,
-    per_sample_loss_gmm,
-    selection_metrics,
-)
+from client_sdk.recipes.base import LocalData
 from client_sdk.recipes.errors import (
     InvalidHyperparameterError,
     InvalidLocalDataError,
@@ -26,6 +17,10 @@ from client_sdk.recipes.errors import (
     RecipeError,
     UnknownRecipeError,
 )
+from client_sdk.recipes.hyperparameters import Hyperparameters, TrainingConfig
+from client_sdk.recipes.model_io import find_head, forward_with_features
+from client_sdk.recipes.sample_selection import per_sample_loss_gmm, selection_metrics
+from client_sdk.recipes.training import minibatch_indices
 from tests.client_sdk.recipes.helpers import (
     NUM_CLASSES,
     frozen,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from client_sdk.recipes import get_recipe, rofl_loss, update_centroids
-from client_sdk.recipes.base import forward_with_features
+from client_sdk.recipes.model_io import forward_with_features
 from client_sdk.recipes.rofl import (
     centroid_weight,
     confident_mask,

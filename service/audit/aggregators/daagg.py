@@ -1,0 +1,168 @@
+"""FedNoRo distance-aware aggregation, DaAgg (Wu et al., IJCAI 2023, eq. 6-7).
+
+A noisy client's weight shrinks with its distance to the nearest clean client:
+``w_i`` proportional to ``n_i * exp(-d(i) / max d)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from service.audit._typing import FloatArray
+from service.audit._validation import check_choice
+from service.audit.aggregators.common import (
+    AggregationResult,
+    check_shared,
+    check_updates,
+    fallback,
+    noisy_flags,
+    num_samples_array,
+    result,
+    weighted_state,
+)
+from service.audit.aggregators.weight_cap import (
+    DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    apply_cap,
+    check_factor,
+    normalise,
+)
+from service.audit.blocks import RoundPass, stream_pass
+from service.audit.state import StateReader
+
+__all__ = ["aggregate_daagg"]
+
+
+_DAAGG_VARIANTS = ("paper", "reference")
+
+
+def _pairwise_distances(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    noisy_idx: Sequence[int],
+    clean_idx: Sequence[int],
+    variant: str,
+    shared: RoundPass | None = None,
+) -> FloatArray:
+    """Distances between each noisy and each clean client over float tensors, in one blocked
+    pass: per block the Gram cross term of the differences to the global model (one matrix
+    product) instead of one subtraction per pair (or from the shared pass's Gram matrices)."""
+    squared = (
+        shared.pair_squared(noisy_idx, clean_idx)
+        if shared is not None
+        else stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
+    )
+    assert squared is not None
+    if variant == "paper":
+        result: FloatArray = np.sqrt(squared.sum(axis=0))
+        return result
+    per_tensor: FloatArray = np.sqrt(squared).sum(axis=0)
+    return per_tensor
+
+
+def _nearest_clean(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    noisy_idx: list[int],
+    clean_idx: list[int],
+    variant: str,
+    shared: RoundPass | None,
+    details: dict[str, Any],
+) -> FloatArray:
+    """d(i): each noisy client's distance to its nearest clean one (0 for a clean client); the
+    nearest clean client and the distances are written to ``details``."""
+    distances = np.zeros(len(updates))
+    if noisy_idx:
+        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant, shared)
+        distances[noisy_idx] = pairwise.min(axis=1)
+        nearest = [clean_idx[int(j)] for j in pairwise.argmin(axis=1)]
+        details["nearest_clean"] = dict(zip([str(i) for i in noisy_idx], nearest, strict=True))
+    else:
+        details["note"] = "no noisy client: every d = 0, so the weights equal FedAvg's"
+    details["distances"] = distances.tolist()
+    return distances
+
+
+def aggregate_daagg(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    num_samples: Any,
+    noisy: Any,
+    *,
+    variant: str = "paper",
+    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    shared: RoundPass | None = None,
+) -> AggregationResult:
+    """FedNoRo distance-aware aggregation (DaAgg, eq. 6-7).
+
+    For a noisy client i, ``d(i) = min over clean j of dist(theta_i, theta_j)``; clean clients
+    have d = 0; ``D(i) = d(i) / max d`` and ``w_i`` is proportional to ``n_i * exp(-D(i))``.
+
+    Parameters
+    ----------
+    global_state : StateReader
+        theta_G (names, shapes, dtypes).
+    updates : sequence of StateReader
+        theta_k of each client.
+    num_samples : array-like of shape (n_clients,)
+        n_k, positive.
+    noisy : array-like of bool of shape (n_clients,), or None
+        The detector's flags; None (undetermined) falls back to FedAvg.
+    variant : {"paper", "reference"}, default="paper"
+        ``"paper"``: L2 norm of the difference of all float tensors flattened into one
+        vector. ``"reference"``: sum over float tensors (BatchNorm running statistics
+        included) of the per-tensor L2 norms, as the authors' code does.
+    max_client_weight_factor : float or None, default=4.0
+        f >= 1: no client's weight exceeds min(1, f / K) after the distance weighting
+        (:func:`cap_weights`); None: no cap.
+    shared : RoundPass, optional
+        The round's shared pass over these same states
+        (:class:`~service.audit.blocks.RoundPass`): results it already computed are reused
+        instead of reading the updates again.
+
+    Returns
+    -------
+    AggregationResult
+        Rule ``"daagg"``; ``details`` holds ``distances`` (d) and ``normalised_distances`` (D).
+        Without any noisy client every d is 0 and the weights equal FedAvg's (recorded in
+        ``details["note"]``, rule still ``"daagg"``). Falls back to ``"fedavg"`` (with the
+        reason) when ``noisy`` is None, when every client is noisy (no clean reference), or
+        when max d = 0 (the noisy models equal clean ones, D = 0/0).
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``variant`` is unknown or ``max_client_weight_factor`` is below 1.
+    InvalidInputError
+        If the states, counts or flags are malformed.
+    """
+    check_choice("variant", variant, _DAAGG_VARIANTS)
+    factor = check_factor(max_client_weight_factor)
+    k = check_updates(updates)
+    check_shared(shared, global_state, updates)
+    n = num_samples_array(num_samples, k)
+    flags = noisy_flags(noisy, k)
+    fall_back = partial(fallback, global_state, updates, n, "daagg", factor=factor, shared=shared)
+    if flags is None:
+        return fall_back("no noisy flags (detection undetermined)")
+    noisy_idx = [int(i) for i in np.flatnonzero(flags)]
+    clean_idx = [int(i) for i in np.flatnonzero(~flags)]
+    if not clean_idx:
+        return fall_back("every client is flagged noisy: no clean client")
+    details: dict[str, Any] = {"variant": variant, "noisy": flags.tolist()}
+    distances = _nearest_clean(
+        global_state, updates, noisy_idx, clean_idx, variant, shared, details
+    )
+    max_d = float(distances.max())
+    if noisy_idx and max_d == 0.0:
+        return fall_back(
+            "max distance is 0 (noisy models equal clean ones), D = d / max d undefined", details
+        )
+    normalised = distances / max_d if max_d > 0.0 else distances
+    details["normalised_distances"] = normalised.tolist()
+    weights, cap = apply_cap(normalise(n * np.exp(-normalised), "num_samples"), factor)
+    state = weighted_state(global_state, updates, weights, shared)
+    return result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
