@@ -23,6 +23,7 @@ from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.evidence import (
     EvidenceDetector,
     benjamini_hochberg,
+    cantelli_z,
     fit_class_null,
     site_p_values,
     weighted_median,
@@ -435,6 +436,35 @@ def test_a_class_held_once_does_not_flag_a_site_alone():
     assert result.verdicts[0].evidence["noisy_classes"] == []
     with_single = EvidenceDetector(min_class_count=1).fit(loss, counts, sd)
     assert with_single.verdicts[0].flag is True
+
+
+def test_cantelli_z_hand_checked():
+    # t = 30: 1 / (1 + 900) = 0.0011099; the normal tail is 0.001144 at 3.05 and 0.001107 at
+    # 3.06, so Phi^-1(1 - 0.0011099) = 3.05 + 0.01 * 0.92 = 3.059.
+    # t = 2: 1 / 5 = 0.2 -> Phi^-1(0.8) = 0.8416, with the sign of z.
+    # |t| <= 1: the bound is >= 0.5, no evidence: 0.
+    got = cantelli_z(np.array([30.0, -2.0, 1.0, 0.5, 0.0]))
+    assert got == pytest.approx([3.059, -0.8416, 0.0, 0.0, 0.0], abs=5e-4)
+
+
+def test_one_hard_sample_of_a_class_held_once_does_not_carry_stouffer():
+    # The clean-federation false alarm this guards against (digits, 50 Dirichlet sites): a
+    # small site holds class 0 once, and that one sample is hard (3 nats against 0.05). Its
+    # other classes are ordinary. Normal z on class 0: (3 - 0.05) / sqrt(0.2^2 + ...) ~ 14, and
+    # Stouffer with weights sqrt(n) over the site's 10 samples would give ~ 4.6 (p ~ 4e-6, a
+    # flag among 20 sites). With Cantelli's bound the class enters as ~ 2.6: no flag.
+    loss = np.full((20, 4), 0.05)
+    loss[:, 1:] = 0.2 + np.linspace(-0.01, 0.01, 20)[:, None]
+    counts = np.full((20, 4), 30)
+    counts[0] = [1, 3, 3, 3]
+    sd = np.full((20, 4), 0.3)
+    sd[:, 0] = 0.2
+    loss[0, 0], sd[0, 0] = 3.0, 0.0
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.verdicts[0].evidence["class_z"][0] > 10
+    assert result.verdicts[0].flag is False
+    assert result.verdicts[0].evidence["stouffer_z"] < 1.5
+    assert not any(v.flag for v in result.verdicts)
 
 
 def test_an_inconclusive_primary_falls_back_to_fedavg_and_says_why():
