@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
+import resource
 import shlex
 import statistics
 import sys
@@ -295,23 +297,44 @@ def monitor(
     out_dir: Path,
     sites: int,
     deadline: float,
+    stall_s: float,
     started: float,
 ) -> list[str]:
-    """Print progress until every site process exited (or the deadline); return problems."""
+    """Print progress until every site process exited; return problems.
+
+    The site processes are killed at ``deadline``, or when nothing moved (no round opened or
+    closed, no update stored, no site done) for ``stall_s`` seconds: the problem then says
+    where the federation stood."""
     seen: dict[int, str] = {}
     last_done = -1
     problems: list[str] = []
+    progress: tuple[Any, ...] = ()
+    last_move = time.monotonic()
     while any(p.is_alive() for p in processes):
-        if time.monotonic() > deadline:
-            problems.append("timeout: site processes still running at the deadline; killed")
+        now = time.monotonic()
+        stalled = now - last_move > stall_s
+        if now > deadline or stalled:
+            try:
+                f = admin.get_federation(federation_id)
+                where = (
+                    f"federation {f.status}, {f.joined_clients}/{f.clients} sites joined, "
+                    f"{f.rounds_started} round(s) opened, rounds: {seen or 'none'}"
+                )
+            except Exception as exc:
+                where = f"(federation not readable: {exc!r})"
+            reason = f"no progress for {stall_s:.0f} s" if stalled else "the --timeout-s deadline"
+            problems.append(f"stopped after {reason}: {where}; site processes killed")
+            print(f"[{now - started:6.1f} s] STOPPED: {problems[-1]}", flush=True)
             for p in processes:
                 if p.is_alive():
                     p.kill()
             break
         time.sleep(2.0)
         elapsed = time.monotonic() - started
+        submitted: list[int] = []
         try:
             for info in admin.list_rounds(federation_id):
+                submitted.append(len(info.submitted_clients))
                 if seen.get(info.index) != info.state:
                     seen[info.index] = info.state
                     print(
@@ -325,6 +348,10 @@ def monitor(
         if done != last_done:
             last_done = done
             print(f"[{elapsed:6.1f} s] sites done: {done}/{sites}", flush=True)
+        now_progress = (tuple(sorted(seen.items())), tuple(submitted), done)
+        if now_progress != progress:
+            progress = now_progress
+            last_move = time.monotonic()
     for p in processes:
         p.join(timeout=30)
         if p.exitcode not in (0, None):
@@ -350,6 +377,28 @@ def stored_updates(database_url: str) -> list[dict[str, Any]]:
         {"round": int(i), "state": str(s), "rows": int(n), "distinct_sites": int(d)}
         for i, s, n, d in rows
     ]
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a running process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # fields[0] is the state (field 3); utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def coordinator_pid(server: CoordinatorProcess) -> int | None:
+    """The pid of the ``fedaudit serve`` child (one process: uvicorn runs in it)."""
+    process = getattr(server, "_process", None)
+    return None if process is None else int(process.pid)
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's exited and joined children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def log_errors(log_path: Path) -> dict[str, Any]:
@@ -386,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--postgres-url", default=None, help="default: SQLite in a temp dir")
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="for the whole run")
+    parser.add_argument(
+        "--stall-s",
+        type=float,
+        default=180.0,
+        help="stop when no round opened or closed, no update was stored and no site finished "
+        "for this long",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 sites, 2 rounds")
@@ -451,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                     p.start()
                     processes.append(p)
                 fork_s = time.perf_counter() - fork_started
+                coordinator_cpu_before = process_cpu_seconds(coordinator_pid(server))
+                children_before = children_cpu_seconds()
                 shared_t0.value = time.time()
                 barrier.wait(timeout=600)
                 started = time.monotonic()
@@ -465,9 +523,14 @@ def main(argv: list[str] | None = None) -> int:
                     out_dir,
                     args.sites,
                     started + args.timeout_s + 60,
+                    args.stall_s,
                     started,
                 )
                 wall_s = time.monotonic() - started
+                coordinator_cpu_s = (
+                    process_cpu_seconds(coordinator_pid(server)) - coordinator_cpu_before
+                )
+                sites_cpu_s = children_cpu_seconds() - children_before
                 print(f"all site processes exited after {wall_s:.1f} s; checking", flush=True)
                 federation = admin.get_federation(federation_id)
                 rounds_info = admin.list_rounds(federation_id)
@@ -572,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
         "setup_seconds": setup_s,
         "fork_seconds": fork_s,
         "wall_seconds": wall_s,
+        "cpu_seconds": {
+            "coordinator": coordinator_cpu_s,
+            "site_processes": sites_cpu_s,
+            "available": wall_s * (machine["cpu_count"] or 1),
+        },
         "requests": len(records),
         "status_by_route": {route: dict(by_route[route]) for route in ROUTES if route in by_route},
         "latency_seconds": {route: quantiles(latencies[route]) for route in LATENCY_ROUTES},
@@ -634,7 +702,10 @@ def print_summary(result: Mapping[str, Any]) -> None:
     print(
         f"\n{p['sites']} sites x {p['rounds']} rounds on {p['database']} "
         f"({p['site_processes']} site processes): wall {result['wall_seconds']:.1f} s, "
-        f"{result['requests']} requests"
+        f"{result['requests']} requests; CPU seconds: coordinator "
+        f"{result['cpu_seconds']['coordinator']:.0f}, site processes "
+        f"{result['cpu_seconds']['site_processes']:.0f}, of "
+        f"{result['cpu_seconds']['available']:.0f} available"
     )
     for route, counts in result["status_by_route"].items():
         print(f"  {route:9s} " + ", ".join(f"{s}: {n}" for s, n in sorted(counts.items())))
