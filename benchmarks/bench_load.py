@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         args.sites, args.rounds = 4, 2
     if args.sites < 1 or args.rounds < 1 or args.sites_per_process < 1:
         parser.error("--sites, --rounds and --sites-per-process must be at least 1")
-    command = " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(shlex.quote(a) for a in ["bench_load.py", *given])
     machine = machine_info()
     groups = [
         list(range(i, min(i + args.sites_per_process, args.sites)))
