@@ -118,8 +118,12 @@ def join(
     if attached is None:
         raise AuthError("a valid client bearer token is required")
     client = attached
-    federation = repo.get_federation(session, client.federation_id)
+    # Locked (PostgreSQL) so that joins of one federation take turns: the join that completes
+    # the roster must see every other join committed, or, with the last joins concurrent, each
+    # counts the others as not joined and round 0 never opens (`rounds.maybe_start`).
+    federation = repo.lock_federation(session, client.federation_id)
     assert federation is not None
+    session.refresh(federation)  # the locked row's values, even if loaded before in this session
     errors: list[dict[str, Any]] = []
     if len(class_counts) != federation.num_classes:
         errors.append(

@@ -203,7 +203,8 @@ def maybe_start(session: Session, federation: Federation, now: datetime, *, forc
 def start_now(services: Services, federation_id: uuid.UUID) -> Federation:
     """The admin's "start": open round 0 now with the clients that have joined, and commit."""
     with services.sessions.begin() as session:
-        federation = repo.get_federation(session, federation_id)
+        # locked as in a join (`clients.join`), so a start and a last join never both open round 0
+        federation = repo.lock_federation(session, federation_id)
         if federation is None:
             raise NotFoundError(f"federation {federation_id} does not exist")
         maybe_start(session, federation, services.clock(), force=True)

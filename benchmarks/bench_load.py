@@ -1,0 +1,743 @@
+"""Load: N concurrent simulated sites (separate processes) against a real coordinator on loopback.
+
+Starts a real coordinator (``CoordinatorProcess``: ``fedaudit db upgrade`` + ``fedaudit serve``,
+one uvicorn process on a loopback port; SQLite in a temporary directory, or ``--postgres-url``),
+creates a federation for N sites and R rounds through ``AdminClient`` (FedAvg with the Fed-NCL
+detector, ``min_clients`` = N so every round waits for every site, a one-hour round deadline) with
+a tiny model (about 3,600 float32 parameters, 15 KB), registers the N sites, then forks the site
+processes (``--sites-per-process`` sites per process, one thread each; default 1: one process per
+site) and releases them together.
+
+A site does what ``client_sdk.Participant`` does, without torch: ``FederationClient.join`` with
+its class counts, then ``get_current_round`` until the federation finishes; when told to train it
+downloads the global model (``download_model``, sha256 checked), adds a small seeded perturbation
+(no training: the coordinator's work is what is measured) and uploads it with the signals the
+federation requires (``submit_update``, idempotency key = the round id, as ``Participant``). With
+``--poll-wait-s 0`` (the default) a site polls without long-polling and sleeps the server's
+``retry_after_s`` hint between polls (``Participant(poll_wait_s=0)``), so the poll latency is the
+route's service time under load; ``--poll-wait-s 10`` long-polls like the default ``Participant``
+(then a poll's latency includes the time it waited for a round to open).
+
+Every HTTP attempt (the SDK's retries of 429/5xx/connection errors included) is recorded by the
+site's transport: route (join, poll, download, upload), status code (or the transport error),
+latency to the last byte of the response. At the end the benchmark checks, from the admin API and
+from the database: the federation finished, every round closed, exactly N updates stored per
+round from N distinct sites, the same set as the receipts the sites got; and counts 5xx answers
+and the ERROR lines of the coordinator's log. It exits non-zero when any check fails.
+
+    .venv/bin/python benchmarks/bench_load.py --out runs/bench_load.json
+    .venv/bin/python benchmarks/bench_load.py --postgres-url postgresql://HOST/DB --out runs/pg.json
+    .venv/bin/python benchmarks/bench_load.py --quick --out runs/load_quick.json
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import resource
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from _common import benchmark_parser, machine_info, write_result
+from _coordinator import FEDNCL_FEDAVG_CONFIG, NUM_CLASSES, state_bytes
+from safetensors.numpy import load
+from sqlalchemy import create_engine, text
+
+from client_sdk import AdminClient, FederationClient
+from client_sdk._client import DEFAULT_TIMEOUT
+from service.simulation.coordinator_process import CoordinatorProcess
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "conv.weight": (8, 3, 5, 5),
+    "conv.bias": (8,),
+    "fc.weight": (NUM_CLASSES, 300),
+    "fc.bias": (NUM_CLASSES,),
+}
+"""The tiny model: 3,618 float32 parameters (14.5 KB of tensors)."""
+
+ROUTES = ("join", "poll", "download", "upload", "other")
+LATENCY_ROUTES = ("join", "poll", "download", "upload")
+
+
+def route_of(method: str, path: str) -> str:
+    if method == "POST" and path.endswith("/join"):
+        return "join"
+    if method == "GET" and path.endswith("/rounds/current"):
+        return "poll"
+    if method == "GET" and "/models/" in path:
+        return "download"
+    if method == "POST" and re.search(r"/rounds/\d+/updates$", path):
+        return "upload"
+    return "other"
+
+
+# --- the site side (runs in the forked processes) -----------------------------------------------
+
+
+class RecordingTransport(httpx.BaseTransport):
+    """An ``httpx.HTTPTransport`` that records every attempt: (route, status, seconds, start,
+    poll answer). Status is the HTTP code, or the name of the transport error. The response body
+    is read here, so the latency is to its last byte."""
+
+    def __init__(self, records: list[list[Any]], t0: float) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._records = records
+        self._t0 = t0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        route = route_of(request.method, request.url.path)
+        started = time.perf_counter()
+        try:
+            response = self._inner.handle_request(request)
+            try:
+                raw = b"".join(response.iter_raw())
+            finally:
+                response.close()
+        except Exception as exc:
+            self._records.append(
+                [route, type(exc).__name__, time.perf_counter() - started, started - self._t0, None]
+            )
+            raise
+        seconds = time.perf_counter() - started
+        answer = None
+        if route == "poll" and response.status_code == 200:
+            try:
+                answer = json.loads(raw)["status"]
+            except (ValueError, KeyError, TypeError):
+                answer = "unparsed"
+        self._records.append([route, response.status_code, seconds, started - self._t0, answer])
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=httpx.ByteStream(raw),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    index: int
+    name: str
+    token: str
+    class_counts: list[int]
+    train_loss: float
+
+
+def run_site(
+    url: str,
+    federation_id: str,
+    spec: SiteSpec,
+    poll_wait_s: float,
+    deadline: float,
+    out_dir: Path,
+    t0: float,
+) -> None:
+    """One site, start to finish; writes ``out_dir/<name>.json`` (also when it fails)."""
+    records: list[list[Any]] = []
+    receipts: list[dict[str, Any]] = []
+    error: str | None = None
+    rng = np.random.default_rng(spec.index)
+    http = httpx.Client(
+        base_url=url, timeout=DEFAULT_TIMEOUT, transport=RecordingTransport(records, t0)
+    )
+    client = FederationClient(url, spec.token, http_client=http)
+    try:
+        client.join(
+            federation_id, num_samples=sum(spec.class_counts), class_counts=spec.class_counts
+        )
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the run's deadline passed before the federation finished")
+            current = client.get_current_round(federation_id, wait_s=poll_wait_s)
+            if current.status == "finished":
+                break
+            if current.status == "wait":
+                if poll_wait_s == 0:
+                    time.sleep(min(current.retry_after_s or 1.0, 5.0))
+                continue
+            instructions = current.instructions
+            assert instructions is not None
+            assert current.round is not None
+            data = client.download_model(
+                instructions.global_model_id, expected_sha256=instructions.global_model_sha256
+            )
+            assert data is not None
+            state = {
+                name: value + np.float32(1e-3) * rng.standard_normal(value.shape, np.float32)
+                for name, value in load(data).items()
+            }
+            signals: dict[str, Any] = {"class_counts": spec.class_counts}
+            for name in instructions.signals:
+                if name == "train_loss":
+                    signals[name] = spec.train_loss
+                elif name != "class_counts":
+                    raise RuntimeError(f"the federation requires signal {name!r}: not simulated")
+            receipt = client.submit_update(
+                federation_id,
+                instructions.round_index,
+                state=state_bytes(state),
+                num_samples=sum(spec.class_counts),
+                signals=signals,
+                idempotency_key=str(current.round.id),
+            )
+            receipts.append(
+                {
+                    "round": receipt.round_index,
+                    "client_id": str(receipt.client_id),
+                    "update_id": str(receipt.id),
+                    "replayed": receipt.replayed,
+                }
+            )
+    except Exception:
+        error = traceback.format_exc()
+    finally:
+        client.close()
+        http.close()
+    (out_dir / f"{spec.name}.json").write_text(
+        json.dumps({"site": spec.name, "records": records, "receipts": receipts, "error": error})
+    )
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        # nearest rank: the smallest value with at least p of the samples at or below it
+        k = max(0, min(len(ordered) - 1, int(np.ceil(p * len(ordered))) - 1))
+        return ordered[k]
+
+    return {
+        "n": len(ordered),
+        "mean": statistics.fmean(ordered),
+        "p50": q(0.50),
+        "p95": q(0.95),
+        "p99": q(0.99),
+        "max": ordered[-1],
+    }
+
+
+@contextmanager
+def coordinator(data_dir: Path, database_url: str | None) -> Iterator[CoordinatorProcess]:
+    server = CoordinatorProcess(
+        data_dir,
+        database_url=database_url,
+        # INFO would write one access line per request; WARNING keeps errors (and tracebacks).
+        extra_env={"FEDAUDIT_LOG_LEVEL": "WARNING"},
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def create_load_federation(
+    admin: AdminClient, sites: int, rounds: int, seed: int
+) -> tuple[uuid.UUID, list[SiteSpec]]:
+    federation = admin.create_federation(
+        {
+            "name": f"load-{uuid.uuid4().hex[:8]}",
+            "task": {"num_classes": NUM_CLASSES, "input_shape": [3, 32, 32]},
+            "plan": {"rounds": rounds, "min_clients": sites, "round_deadline_s": 3600},
+            "config": dict(FEDNCL_FEDAVG_CONFIG),
+            "seed": seed,
+        }
+    )
+    rng = np.random.default_rng(seed)
+    initial = {
+        name: rng.standard_normal(shape, np.float32) * np.float32(0.05)
+        for name, shape in SHAPES.items()
+    }
+    admin.upload_initial_model(federation.id, state_bytes(initial))
+    specs = []
+    for k in range(sites):
+        name = f"site-{k:04d}"
+        created = admin.add_client(federation.id, name)
+        specs.append(
+            SiteSpec(
+                index=k,
+                name=name,
+                token=created.token,
+                class_counts=[int(c) for c in rng.integers(10, 60, size=NUM_CLASSES)],
+                train_loss=float(rng.uniform(0.2, 1.5)),
+            )
+        )
+    return federation.id, specs
+
+
+def monitor(
+    admin: AdminClient,
+    federation_id: uuid.UUID,
+    processes: Sequence[multiprocessing.process.BaseProcess],
+    out_dir: Path,
+    sites: int,
+    deadline: float,
+    stall_s: float,
+    started: float,
+) -> list[str]:
+    """Print progress until every site process exited; return problems.
+
+    The site processes are killed at ``deadline``, or when nothing moved (no round opened or
+    closed, no update stored, no site done) for ``stall_s`` seconds: the problem then says
+    where the federation stood."""
+    seen: dict[int, str] = {}
+    last_done = -1
+    problems: list[str] = []
+    progress: tuple[Any, ...] = ()
+    last_move = time.monotonic()
+    while any(p.is_alive() for p in processes):
+        now = time.monotonic()
+        stalled = now - last_move > stall_s
+        if now > deadline or stalled:
+            try:
+                f = admin.get_federation(federation_id)
+                where = (
+                    f"federation {f.status}, {f.joined_clients}/{f.clients} sites joined, "
+                    f"{f.rounds_started} round(s) opened, rounds: {seen or 'none'}"
+                )
+            except Exception as exc:
+                where = f"(federation not readable: {exc!r})"
+            reason = f"no progress for {stall_s:.0f} s" if stalled else "the --timeout-s deadline"
+            problems.append(f"stopped after {reason}: {where}; site processes killed")
+            print(f"[{now - started:6.1f} s] STOPPED: {problems[-1]}", flush=True)
+            for p in processes:
+                if p.is_alive():
+                    p.kill()
+            break
+        time.sleep(2.0)
+        elapsed = time.monotonic() - started
+        submitted: list[int] = []
+        try:
+            for info in admin.list_rounds(federation_id):
+                submitted.append(len(info.submitted_clients))
+                if seen.get(info.index) != info.state:
+                    seen[info.index] = info.state
+                    print(
+                        f"[{elapsed:6.1f} s] round {info.index} {info.state}"
+                        f" ({len(info.submitted_clients)}/{len(info.selected_clients)} updates)",
+                        flush=True,
+                    )
+        except Exception as exc:  # progress only: the final checks decide
+            print(f"[{elapsed:6.1f} s] progress query failed: {exc!r}", flush=True)
+        done = len(list(out_dir.glob("*.json")))
+        if done != last_done:
+            last_done = done
+            print(f"[{elapsed:6.1f} s] sites done: {done}/{sites}", flush=True)
+        now_progress = (tuple(sorted(seen.items())), tuple(submitted), done)
+        if now_progress != progress:
+            progress = now_progress
+            last_move = time.monotonic()
+    for p in processes:
+        p.join(timeout=30)
+        if p.exitcode not in (0, None):
+            problems.append(f"site process {p.name} exited with {p.exitcode}")
+    return problems
+
+
+def stored_updates(database_url: str) -> list[dict[str, Any]]:
+    """Per round (one federation in this database): rows in model_update and distinct sites."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    'SELECT r."index", r.state, COUNT(u.id), COUNT(DISTINCT u.client_id) '
+                    "FROM round r LEFT JOIN model_update u ON u.round_id = r.id "
+                    'GROUP BY r."index", r.state ORDER BY r."index"'
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    return [
+        {"round": int(i), "state": str(s), "rows": int(n), "distinct_sites": int(d)}
+        for i, s, n, d in rows
+    ]
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a running process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # fields[0] is the state (field 3); utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def coordinator_pid(server: CoordinatorProcess) -> int | None:
+    """The pid of the ``fedaudit serve`` child (one process: uvicorn runs in it)."""
+    process = getattr(server, "_process", None)
+    return None if process is None else int(process.pid)
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's exited and joined children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def log_errors(log_path: Path) -> dict[str, Any]:
+    text_ = log_path.read_text(errors="replace") if log_path.exists() else ""
+    lines = text_.splitlines()
+    errors = [line for line in lines if "ERROR" in line or "Traceback" in line]
+    first_traceback = None
+    if "Traceback" in text_:
+        start = text_.index("Traceback")
+        first_traceback = "\n".join(text_[start:].splitlines()[:60])
+    return {
+        "error_lines": len(errors),
+        "first_error_lines": errors[:10],
+        "database_is_locked": text_.count("database is locked"),
+        "first_traceback": first_traceback,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--sites", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--sites-per-process",
+        type=int,
+        default=1,
+        help="sites per forked process, one thread each (1: one process per site)",
+    )
+    parser.add_argument(
+        "--poll-wait-s",
+        type=float,
+        default=0.0,
+        help="wait_s of get_current_round (0: short polls that sleep the server's hint)",
+    )
+    parser.add_argument("--postgres-url", default=None, help="default: SQLite in a temp dir")
+    parser.add_argument("--timeout-s", type=float, default=1200.0, help="for the whole run")
+    parser.add_argument(
+        "--stall-s",
+        type=float,
+        default=180.0,
+        help="stop when no round opened or closed, no update was stored and no site finished "
+        "for this long",
+    )
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 4 sites, 2 rounds")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sites, args.rounds = 4, 2
+    if args.sites < 1 or args.rounds < 1 or args.sites_per_process < 1:
+        parser.error("--sites, --rounds and --sites-per-process must be at least 1")
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(shlex.quote(a) for a in ["bench_load.py", *given])
+    machine = machine_info()
+    groups = [
+        list(range(i, min(i + args.sites_per_process, args.sites)))
+        for i in range(0, args.sites, args.sites_per_process)
+    ]
+    print(
+        f"load: {args.sites} sites x {args.rounds} rounds, {len(groups)} site processes "
+        f"({args.sites_per_process} site(s) per process), "
+        f"{'PostgreSQL' if args.postgres_url else 'SQLite'}, poll wait_s={args.poll_wait_s}; "
+        f"{machine['cpu_count']} cores, {machine['memory_gib']} GiB",
+        flush=True,
+    )
+
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-load-") as tmp:
+        data_dir = Path(tmp) / "coordinator"
+        out_dir = Path(tmp) / "sites"
+        out_dir.mkdir()
+        with coordinator(data_dir, args.postgres_url) as server:
+            database_url = args.postgres_url or f"sqlite:///{(data_dir / 'fedaudit.db').resolve()}"
+            with AdminClient(server.url, server.admin_token) as admin:
+                setup_started = time.perf_counter()
+                federation_id, specs = create_load_federation(
+                    admin, args.sites, args.rounds, args.seed
+                )
+                setup_s = time.perf_counter() - setup_started
+                print(
+                    f"federation {federation_id} created, {args.sites} sites registered "
+                    f"({setup_s:.1f} s); forking site processes",
+                    flush=True,
+                )
+                context = multiprocessing.get_context("fork")
+                barrier = context.Barrier(len(groups) + 1)
+                processes = []
+                fork_started = time.perf_counter()
+                # The release time, set just before the barrier opens (shared memory: a fork
+                # copies ordinary values at fork time).
+                shared_t0 = context.Value("d", 0.0, lock=False)
+                for group in groups:
+                    p = context.Process(
+                        target=site_process,
+                        args=(
+                            server.url,
+                            str(federation_id),
+                            [specs[i] for i in group],
+                            args.poll_wait_s,
+                            args.timeout_s,
+                            out_dir,
+                            barrier,
+                            shared_t0,
+                        ),
+                        name=f"sites-{group[0]:04d}",
+                    )
+                    p.start()
+                    processes.append(p)
+                fork_s = time.perf_counter() - fork_started
+                coordinator_cpu_before = process_cpu_seconds(coordinator_pid(server))
+                children_before = children_cpu_seconds()
+                shared_t0.value = time.time()
+                barrier.wait(timeout=600)
+                started = time.monotonic()
+                print(
+                    f"{len(processes)} site processes forked ({fork_s:.1f} s) and released",
+                    flush=True,
+                )
+                problems += monitor(
+                    admin,
+                    federation_id,
+                    processes,
+                    out_dir,
+                    args.sites,
+                    started + args.timeout_s + 60,
+                    args.stall_s,
+                    started,
+                )
+                wall_s = time.monotonic() - started
+                coordinator_cpu_s = (
+                    process_cpu_seconds(coordinator_pid(server)) - coordinator_cpu_before
+                )
+                sites_cpu_s = children_cpu_seconds() - children_before
+                print(f"all site processes exited after {wall_s:.1f} s; checking", flush=True)
+                federation = admin.get_federation(federation_id)
+                rounds_info = admin.list_rounds(federation_id)
+            log = log_errors(server.log_path)
+        stored = stored_updates(database_url)
+        site_results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
+
+    # --- figures and checks ---
+    records = [r for s in site_results for r in s["records"]]
+    by_route: dict[str, Counter[str]] = defaultdict(Counter)
+    latencies: dict[str, list[float]] = defaultdict(list)
+    poll_answers: dict[str, list[float]] = defaultdict(list)
+    for route, status, seconds, _start, answer in records:
+        by_route[route][str(status)] += 1
+        if isinstance(status, int) and status < 400:
+            latencies[route].append(seconds)
+            if route == "poll" and answer is not None:
+                poll_answers[answer].append(seconds)
+    five_xx = sum(
+        n for counts in by_route.values() for status, n in counts.items() if status.startswith("5")
+    )
+    transport_errors = sum(
+        n for counts in by_route.values() for status, n in counts.items() if not status.isdigit()
+    )
+    site_errors = {s["site"]: s["error"] for s in site_results if s["error"]}
+    missing_sites = args.sites - len(site_results)
+
+    receipts: dict[int, list[str]] = defaultdict(list)
+    replayed = 0
+    for s in site_results:
+        for receipt in s["receipts"]:
+            receipts[receipt["round"]].append(receipt["client_id"])
+            replayed += bool(receipt["replayed"])
+    rounds_closed = sum(1 for r in rounds_info if r.state == "closed")
+    per_round = []
+    for r in sorted(rounds_info, key=lambda info: info.index):
+        db = next((row for row in stored if row["round"] == r.index), None)
+        got = receipts.get(r.index, [])
+        per_round.append(
+            {
+                "round": r.index,
+                "state": r.state,
+                "selected": len(r.selected_clients),
+                "submitted_api": len(r.submitted_clients),
+                "submitted_api_distinct": len(set(r.submitted_clients)),
+                "stored_rows_db": db["rows"] if db else 0,
+                "stored_distinct_sites_db": db["distinct_sites"] if db else 0,
+                "receipts": len(got),
+                "receipts_distinct": len(set(got)),
+                "receipts_match_api": set(got) == {str(c) for c in r.submitted_clients},
+                "coordinator_seconds": r.coordinator_seconds,
+                "opened_at": r.opened_at.isoformat(),
+                "closed_at": r.closed_at.isoformat() if r.closed_at else None,
+            }
+        )
+    expected = args.sites
+    if federation.status != "finished":
+        problems.append(f"federation is {federation.status}, not finished")
+    if len(rounds_info) != args.rounds or rounds_closed != args.rounds:
+        problems.append(f"{rounds_closed} of {args.rounds} rounds closed ({len(rounds_info)} seen)")
+    for row in per_round:
+        counts = (
+            row["submitted_api"],
+            row["submitted_api_distinct"],
+            row["stored_rows_db"],
+            row["stored_distinct_sites_db"],
+            row["receipts"],
+            row["receipts_distinct"],
+        )
+        if any(c != expected for c in counts) or not row["receipts_match_api"]:
+            problems.append(
+                f"round {row['round']}: expected {expected} updates from {expected} sites; "
+                f"API {counts[0]} ({counts[1]} distinct), database {counts[2]} rows "
+                f"({counts[3]} distinct), receipts {counts[4]} ({counts[5]} distinct), "
+                f"receipts match the API: {row['receipts_match_api']}"
+            )
+    if five_xx:
+        problems.append(f"{five_xx} answers with a 5xx status")
+    if transport_errors:
+        problems.append(f"{transport_errors} requests failed in transport (no HTTP answer)")
+    if site_errors:
+        problems.append(f"{len(site_errors)} site(s) failed")
+    if missing_sites:
+        problems.append(f"{missing_sites} site(s) wrote no result")
+
+    result: dict[str, Any] = {
+        "benchmark": "load",
+        "command": command,
+        "machine": machine,
+        "parameters": {
+            "sites": args.sites,
+            "rounds": args.rounds,
+            "sites_per_process": args.sites_per_process,
+            "site_processes": len(groups),
+            "poll_wait_s": args.poll_wait_s,
+            "database": "postgresql" if args.postgres_url else "sqlite",
+            "model_parameters": int(sum(int(np.prod(s)) for s in SHAPES.values())),
+            "config": FEDNCL_FEDAVG_CONFIG,
+            "coordinator": "one uvicorn process (fedaudit serve), default settings",
+            "quick": args.quick,
+        },
+        "setup_seconds": setup_s,
+        "fork_seconds": fork_s,
+        "wall_seconds": wall_s,
+        "cpu_seconds": {
+            "coordinator": coordinator_cpu_s,
+            "site_processes": sites_cpu_s,
+            "available": wall_s * (machine["cpu_count"] or 1),
+        },
+        "requests": len(records),
+        "status_by_route": {route: dict(by_route[route]) for route in ROUTES if route in by_route},
+        "latency_seconds": {route: quantiles(latencies[route]) for route in LATENCY_ROUTES},
+        "poll_latency_by_answer": {k: quantiles(v) for k, v in sorted(poll_answers.items())},
+        "five_xx": five_xx,
+        "transport_errors": transport_errors,
+        "federation_status": federation.status,
+        "rounds_closed": rounds_closed,
+        "rounds_expected": args.rounds,
+        "updates_expected_per_round": expected,
+        "uploads_replayed": replayed,
+        "per_round": per_round,
+        "coordinator_log": log,
+        "site_errors": dict(list(site_errors.items())[:5]),
+        "site_errors_count": len(site_errors),
+        "problems": problems,
+        "ok": not problems,
+    }
+    write_result(args.out, result)
+    print_summary(result)
+    return 0 if not problems else 1
+
+
+def site_process(
+    url: str,
+    federation_id: str,
+    specs: Sequence[SiteSpec],
+    poll_wait_s: float,
+    timeout_s: float,
+    out_dir: Path,
+    barrier: Any,
+    shared_t0: Any,
+) -> None:
+    """A forked process: wait for the others, then run its sites (one thread each).
+
+    ``shared_t0`` is the wall time of the release, set by the driver just before it opens the
+    barrier; each process turns it into its own ``perf_counter`` origin."""
+    barrier.wait(timeout=600)
+    t0 = time.perf_counter() - (time.time() - float(shared_t0.value))
+    deadline = time.monotonic() + timeout_s
+    if len(specs) == 1:
+        run_site(url, federation_id, specs[0], poll_wait_s, deadline, out_dir, t0)
+        return
+    threads = [
+        threading.Thread(
+            target=run_site,
+            args=(url, federation_id, spec, poll_wait_s, deadline, out_dir, t0),
+            name=spec.name,
+        )
+        for spec in specs
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def print_summary(result: Mapping[str, Any]) -> None:
+    p = result["parameters"]
+    print(
+        f"\n{p['sites']} sites x {p['rounds']} rounds on {p['database']} "
+        f"({p['site_processes']} site processes): wall {result['wall_seconds']:.1f} s, "
+        f"{result['requests']} requests; CPU seconds: coordinator "
+        f"{result['cpu_seconds']['coordinator']:.0f}, site processes "
+        f"{result['cpu_seconds']['site_processes']:.0f}, of "
+        f"{result['cpu_seconds']['available']:.0f} available"
+    )
+    for route, counts in result["status_by_route"].items():
+        print(f"  {route:9s} " + ", ".join(f"{s}: {n}" for s, n in sorted(counts.items())))
+    for route, q in result["latency_seconds"].items():
+        if q["n"]:
+            print(
+                f"  {route:9s} latency p50 {q['p50'] * 1e3:7.1f} ms  p95 {q['p95'] * 1e3:7.1f} ms"
+                f"  p99 {q['p99'] * 1e3:7.1f} ms  max {q['max'] * 1e3:7.1f} ms  (n={q['n']})"
+            )
+    print(
+        f"  rounds closed {result['rounds_closed']}/{result['rounds_expected']}; updates per "
+        "round (API/db rows/receipts): "
+        + ", ".join(
+            f"r{r['round']} {r['submitted_api']}/{r['stored_rows_db']}/{r['receipts']}"
+            for r in result["per_round"]
+        )
+        + f" of {result['updates_expected_per_round']}; 5xx {result['five_xx']}; coordinator "
+        f"log ERROR lines {result['coordinator_log']['error_lines']}"
+    )
+    if result["problems"]:
+        print("FAILED:\n  " + "\n  ".join(result["problems"]))
+        if result["coordinator_log"]["first_traceback"]:
+            print(
+                "first traceback in the coordinator log:\n"
+                + result["coordinator_log"]["first_traceback"]
+            )
+        for site, error in result["site_errors"].items():
+            print(f"{site}:\n{error}")
+    else:
+        print("OK: no 5xx, no lost or duplicated update, every round closed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
