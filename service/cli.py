@@ -556,6 +556,8 @@ def client_anchor(
     token: TokenOption = "",
 ) -> None:
     """Mark a site as a trust anchor (curated labels) for the evidence detector, or --remove."""
+    if remove and reason:
+        _fail("--remove and --reason exclude each other: removing the mark takes no reason")
     if not remove and not reason:
         raise typer.BadParameter("a trust anchor needs --reason (or --remove)")
     with _admin(url, token) as admin:

@@ -143,6 +143,14 @@ def test_every_list_refuses_csv_and_json_together(command: list[str]) -> None:
     assert "--csv and --json exclude each other" in " ".join(result.output.split())
 
 
+def test_client_anchor_refuses_remove_with_a_reason() -> None:
+    result = CliRunner().invoke(
+        app, ["client", "anchor", "f", "c", "--remove", "--reason", "curated"], env=NOWHERE
+    )
+    assert result.exit_code == 1
+    assert "--remove and --reason exclude each other" in " ".join(result.output.split())
+
+
 def test_model_upload_refuses_an_unreadable_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["model", "upload", "some-id", str(tmp_path / "none.safetensors")], env=NOWHERE
