@@ -31,11 +31,16 @@ from client_sdk._exceptions import (
 from client_sdk._models import CurrentRound, Instructions, ProblemDetails, UpdateReceipt
 
 if TYPE_CHECKING:
-    from client_sdk.participant import Participant, RoundSummary, default_device
+    from client_sdk.participant import (
+        Participant,
+        RoundSummary,
+        default_device,
+        save_initial_model,
+    )
 
 # The training side (torch) is imported when first used, so that an operator's script that only
 # reads reports (``from client_sdk import AdminClient``) does not load a deep-learning stack.
-_LAZY = {"Participant", "RoundSummary", "default_device"}
+_LAZY = {"Participant", "RoundSummary", "default_device", "save_initial_model"}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,4 +76,5 @@ __all__ = [
     "UnprocessableEntityError",
     "UpdateReceipt",
     "default_device",
+    "save_initial_model",
 ]

@@ -337,6 +337,34 @@ class AdminClient(_Base):
             response = self._request("PUT", path, json={"reason": reason}, retry_status=False)
         return ClientInfo.model_validate(response.json())
 
+    def pin_client(
+        self,
+        federation_id: uuid.UUID | str,
+        client_id: uuid.UUID | str,
+        status: str,
+        reason: str,
+    ) -> ClientInfo:
+        """Pin a site's status by hand (``trusted``, ``suspect`` or ``noisy``; ``reason`` goes
+        to the event trail): the detectors no longer change it until ``unpin_client``."""
+        response = self._request(
+            "PUT",
+            f"{API}/federations/{federation_id}/clients/{client_id}/pin",
+            json={"status": status, "reason": reason},
+            retry_status=False,
+        )
+        return ClientInfo.model_validate(response.json())
+
+    def unpin_client(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str
+    ) -> ClientInfo:
+        """Remove a site's pin: the detectors decide its status again."""
+        response = self._request(
+            "DELETE",
+            f"{API}/federations/{federation_id}/clients/{client_id}/pin",
+            retry_status=False,
+        )
+        return ClientInfo.model_validate(response.json())
+
     def rotate_client_token(
         self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str
     ) -> ClientCreated:

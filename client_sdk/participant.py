@@ -52,6 +52,20 @@ def state_to_bytes(model: nn.Module) -> bytes:
     return save_safetensors(state)
 
 
+def save_initial_model(model: nn.Module, path: str | Path) -> int:
+    """Write ``model``'s state as the federation's initial model file (safetensors, what
+    ``AdminClient.upload_initial_model`` and ``fedaudit model upload`` send); returns its size
+    in bytes. ``TypeError`` when ``model`` is not a ``torch.nn.Module``, ``ValueError`` when it
+    has no state (no parameters or buffers) to train."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not model.state_dict():
+        raise ValueError(f"the {type(model).__name__} has no parameters or buffers to train")
+    data = state_to_bytes(model)
+    Path(path).write_bytes(data)
+    return len(data)
+
+
 def load_state_bytes(model: nn.Module, data: bytes) -> None:
     """Load safetensors bytes into `model` (names, shapes and dtypes must match exactly)."""
     state = load_safetensors(data)

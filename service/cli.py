@@ -2,8 +2,9 @@
 
 Server side: ``serve``, ``db upgrade``, ``openapi``. Operator side, over HTTP against a running
 coordinator (``--url`` / ``FEDAUDIT_URL``, ``--token`` / ``FEDAUDIT_ADMIN_TOKEN``):
-``federation create/list/show``, ``client add/list``, ``report``. Whole runs on one machine:
-``simulate`` and ``demo``.
+``federation create/list/show/start/stop``, ``model upload``, ``client add/list/pin/unpin/...``,
+``rounds``, ``events``, ``report``; ``model init`` writes the initial model file locally. Whole
+runs on one machine: ``simulate`` and ``demo``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import sys
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -30,6 +32,10 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 federation_app = typer.Typer(help="Federations (admin, over HTTP).", no_args_is_help=True)
 client_app = typer.Typer(help="Clients of a federation (admin, over HTTP).", no_args_is_help=True)
+model_app = typer.Typer(
+    help="The initial model: write it from a torch module (init), send it (upload).",
+    no_args_is_help=True,
+)
 admin_app = typer.Typer(
     help="The admin's credentials (on the coordinator host, against its database).",
     no_args_is_help=True,
@@ -60,6 +66,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(federation_app, name="federation")
 app.add_typer(client_app, name="client")
+app.add_typer(model_app, name="model")
 
 err = Console(stderr=True)
 
@@ -74,6 +81,10 @@ TokenOption = Annotated[
     str,
     typer.Option("--token", envvar="FEDAUDIT_ADMIN_TOKEN", help="Admin token", show_default=False),
 ]
+
+
+CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -250,13 +261,65 @@ def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
         _fail(str(exc))
 
 
+def _output_format(csv_output: bool, json_output: bool) -> str:
+    """"table", "csv" or "json"; --csv with --json is refused before any request."""
+    if csv_output and json_output:
+        _fail("--csv and --json exclude each other: choose one")
+    return "csv" if csv_output else "json" if json_output else "table"
+
+
+def _write_json(items: Any) -> None:
+    """Plain JSON on standard output (no console styling or wrapping: it is for programs)."""
+    sys.stdout.write(json.dumps(items, indent=2, ensure_ascii=False) + "\n")
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, dict | list):
+        value = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    from service.coordinator.reports import csv_text
+
+    return csv_text(str(value))  # a name or a message is not run as a spreadsheet formula
+
+
+def _write_csv(header: list[str], rows: list[list[Any]]) -> None:
+    import csv
+
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([_csv_cell(v) for v in row] for row in rows)
+
+
+def _all_pages(admin: Any, path: str, cursor: str, **params: Any) -> list[dict[str, Any]]:
+    """Every item of a paged admin list: ``cursor`` is "offset" (rounds) or "after_id" (events,
+    by their increasing ids)."""
+    items: list[dict[str, Any]] = []
+    limit = 1000
+    while True:
+        at = len(items) if cursor == "offset" else (items[-1]["id"] if items else 0)
+        page = _call(admin.get_json, path, limit=limit, **{cursor: at}, **params)["items"]
+        items += page
+        if len(page) < limit:
+            return items
+
+
 @federation_app.command("create")
 def federation_create(
     spec: Annotated[Path, typer.Argument(help="JSON file: name, task, plan, config")],
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only the new federation's id")
+    ] = False,
     url: UrlOption = "http://127.0.0.1:8000",
     token: TokenOption = "",
 ) -> None:
-    """Create a federation from a JSON spec."""
+    """Create a federation from a JSON spec (prints it as JSON; --quiet: only its id)."""
     try:
         body = json.loads(spec.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -271,14 +334,41 @@ def federation_create(
         )
     with _admin(url, token) as admin:
         federation = _call(admin.create_federation, body)
+    if quiet:
+        typer.echo(str(federation.id))
+        return
     _stdout().print_json(federation.model_dump_json())
 
 
 @federation_app.command("list")
-def federation_list(url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = "") -> None:
-    """List federations."""
+def federation_list(
+    csv_output: CsvOption = False,
+    json_output: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """List federations (a table, or --csv, or --json)."""
+    fmt = _output_format(csv_output, json_output)
     with _admin(url, token) as admin:
         items = _call(admin.list_federations)
+    if fmt == "json":
+        _write_json([f.model_dump(mode="json") for f in items])
+        return
+    if fmt == "csv":
+        _write_csv(
+            [
+                "id", "name", "status", "status_reason", "joined_clients", "clients",
+                "rounds_started", "rounds", "current_model_id", "created_at",
+            ],
+            [
+                [
+                    f.id, f.name, f.status, f.status_reason, f.joined_clients, f.clients,
+                    f.rounds_started, f.plan.rounds, f.current_model_id, f.created_at,
+                ]
+                for f in items
+            ],
+        )
+        return
     # Names wrap and an id (what every other command takes) stays on one line: neither is cut
     # short with an ellipsis, whatever the terminal's width.
     table = Table(Column("name", overflow="fold"), "status", "clients", "rounds")
@@ -319,6 +409,127 @@ def federation_stop(
     )
 
 
+@federation_app.command("start")
+def federation_start(
+    federation_id: str, url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = ""
+) -> None:
+    """Open round 0 now with the sites that have joined (at least the plan's min_clients);
+    without it, round 0 opens when every registered site has joined."""
+    with _admin(url, token) as admin:
+        federation = _call(admin.start_federation, federation_id)
+    _stdout().print(
+        escape(
+            f"federation {federation.name} ({federation.id}) is {federation.status}: round 0 "
+            f"open with {federation.joined_clients} of {federation.clients} sites joined"
+        )
+    )
+
+
+# --- the initial model ---------------------------------------------------------------------------
+
+
+def _load_module(target: str, seed: int) -> Any:
+    """The torch module named by "package.module:attribute": a module instance, or a callable
+    (a class, a function) that returns one when called with no argument."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        _fail(
+            f"--module {target!r}: expected MODULE:ATTRIBUTE, e.g. mypackage.models:make_model",
+            2,
+        )
+    import importlib
+
+    import torch
+    from torch import nn
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a module in the current directory, as `python -m` finds
+    torch.manual_seed(seed)  # a module that builds its network when imported gets the seed too
+    try:
+        found: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's import, in one line
+        _fail(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}")
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            _fail(f"{module_name!r} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    if not isinstance(found, nn.Module):
+        if not callable(found):
+            _fail(f"{target} ({type(found).__name__}) is neither a torch.nn.Module nor a callable")
+        torch.manual_seed(seed)
+        try:
+            found = found()
+        except Exception as exc:  # noqa: BLE001 - the factory's failure, in one line
+            _fail(f"calling {target}() failed: {type(exc).__name__}: {exc}")
+        if not isinstance(found, nn.Module):
+            _fail(f"{target}() returned a {type(found).__name__}, not a torch.nn.Module")
+    return found
+
+
+@model_app.command("init")
+def model_init(
+    module: Annotated[
+        str,
+        typer.Option(
+            "--module",
+            "-m",
+            help="MODULE:ATTRIBUTE, a torch.nn.Module or a callable returning one "
+            "(e.g. mypackage.models:make_model; the current directory is importable)",
+            metavar="MODULE:ATTR",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The file to write")] = Path(
+        "initial.safetensors"
+    ),
+    seed: Annotated[int, typer.Option(help="torch's seed before calling the factory")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out")] = False,
+) -> None:
+    """Write the initial model file (safetensors) from a torch module, for `model upload`."""
+    import hashlib
+
+    if out.exists() and not force:
+        _fail(f"{out} exists: choose another --out, or --force to replace it", 2)
+    from client_sdk import save_initial_model
+
+    network = _load_module(module, seed)
+    try:
+        size = save_initial_model(network, out)
+    except (TypeError, ValueError) as exc:
+        _fail(f"{module}: {exc}")
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    state = network.state_dict()
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    _stdout().print(
+        escape(
+            f"wrote {out}: {len(state)} tensors, {sum(t.numel() for t in state.values())} "
+            f"values, {size} bytes, sha256 {digest}"
+        ),
+        soft_wrap=True,
+    )
+
+
+@model_app.command("upload")
+def model_upload(
+    federation_id: str,
+    path: Annotated[Path, typer.Argument(help="The initial model (safetensors)")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Upload a federation's initial model (the coordinator checks it is plain safetensors)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        _fail(f"cannot read {str(path)!r}: {exc.strerror or exc}", 2)
+    with _admin(url, token) as admin:
+        model = _call(admin.upload_initial_model, federation_id, data)
+    _stdout().print(
+        f"model version {model.version} ({model.id}): {model.size_bytes} bytes, "
+        f"sha256 {model.sha256}",
+        soft_wrap=True,
+    )
+
+
 @client_app.command("add")
 def client_add(
     federation_id: str,
@@ -345,12 +556,50 @@ def client_anchor(
     token: TokenOption = "",
 ) -> None:
     """Mark a site as a trust anchor (curated labels) for the evidence detector, or --remove."""
+    if remove and reason:
+        _fail("--remove and --reason exclude each other: removing the mark takes no reason")
     if not remove and not reason:
         raise typer.BadParameter("a trust anchor needs --reason (or --remove)")
     with _admin(url, token) as admin:
         client = _call(admin.set_anchor, federation_id, client_id, None if remove else reason)
     state = "a trust anchor" if client.anchor else "not a trust anchor"
     _stdout().print(escape(f"client {client.name} ({client.id}) is {state}"))
+
+
+class PinStatus(StrEnum):
+    trusted = "trusted"
+    suspect = "suspect"
+    noisy = "noisy"
+
+
+@client_app.command("pin")
+def client_pin(
+    federation_id: str,
+    client_id: str,
+    status: Annotated[PinStatus, typer.Option("--status", help="The status to hold")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept in the event trail)")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Pin a site's status by hand: the detectors no longer change it until `client unpin`."""
+    with _admin(url, token) as admin:
+        client = _call(admin.pin_client, federation_id, client_id, status.value, reason)
+    _stdout().print(escape(f"client {client.name} ({client.id}) is pinned {client.pinned_status}"))
+
+
+@client_app.command("unpin")
+def client_unpin(
+    federation_id: str,
+    client_id: str,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Remove a site's pin: the detectors decide its status again."""
+    with _admin(url, token) as admin:
+        client = _call(admin.unpin_client, federation_id, client_id)
+    _stdout().print(
+        escape(f"client {client.name} ({client.id}) is unpinned; its status: {client.status}")
+    )
 
 
 @client_app.command("rotate-token")
@@ -428,11 +677,34 @@ def admin_logout_everywhere() -> None:
 
 @client_app.command("list")
 def client_list(
-    federation_id: str, url: UrlOption = "http://127.0.0.1:8000", token: TokenOption = ""
+    federation_id: str,
+    csv_output: CsvOption = False,
+    json_output: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
 ) -> None:
-    """List the clients of a federation."""
+    """List the clients of a federation (a table, or --csv, or --json)."""
+    fmt = _output_format(csv_output, json_output)
     with _admin(url, token) as admin:
         clients = _call(admin.list_clients, federation_id)
+    if fmt == "json":
+        _write_json([c.model_dump(mode="json") for c in clients])
+        return
+    if fmt == "csv":
+        _write_csv(
+            [
+                "id", "name", "status", "pinned_status", "pin_reason", "anchor", "anchor_reason",
+                "num_samples", "joined_at", "last_seen_at",
+            ],
+            [
+                [
+                    c.id, c.name, c.status, c.pinned_status, c.pin_reason, c.anchor,
+                    c.anchor_reason, c.num_samples, c.joined_at, c.last_seen_at,
+                ]
+                for c in clients
+            ],
+        )
+        return
     table = Table(Column("name", overflow="fold"), "status", "samples", "joined")
     table.add_column("id", no_wrap=True, min_width=36)
     for c in clients:
@@ -446,6 +718,93 @@ def client_list(
     _stdout().print(table)
 
 
+def _time(value: str | None) -> str:
+    """ "2026-11-25 09:12:03" from an ISO 8601 timestamp of the API; "-" for none."""
+    if not value:
+        return "-"
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+def rounds(
+    federation_id: str,
+    csv_output: CsvOption = False,
+    json_output: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """List a federation's rounds (a table, or --csv, or --json)."""
+    fmt = _output_format(csv_output, json_output)
+    with _admin(url, token) as admin:
+        items = _all_pages(admin, f"/federations/{federation_id}/rounds", "offset")
+    if fmt == "json":
+        _write_json(items)
+        return
+    if fmt == "csv":
+        keys = [
+            "index", "state", "state_reason", "opened_at", "deadline_at", "deadline_extensions",
+            "closed_at", "selected_clients", "submitted_clients", "aggregation_rule",
+            "coordinator_seconds", "model_in_id", "model_out_id", "id",
+        ]
+        rows = []
+        for r in items:
+            row = {**r, "selected_clients": len(r["selected_clients"])}
+            row["submitted_clients"] = len(r["submitted_clients"])
+            rows.append([row.get(k) for k in keys])
+        _write_csv(keys, rows)
+        return
+    table = Table("round", "state", "opened", "closed", "updates", "aggregation")
+    table.add_column("reason", overflow="fold")
+    for r in items:
+        table.add_row(
+            str(r["index"]),
+            r["state"],
+            _time(r["opened_at"]),
+            _time(r.get("closed_at")),
+            f"{len(r['submitted_clients'])}/{len(r['selected_clients'])}",
+            r.get("aggregation_rule") or "-",
+            escape(r.get("state_reason") or ""),
+        )
+    _stdout().print(table)
+
+
+@app.command()
+def events(
+    federation_id: str,
+    kind: Annotated[
+        str | None, typer.Option(help="Only this kind (e.g. client.pinned)")
+    ] = None,
+    client_id: Annotated[str | None, typer.Option("--client", help="Only this client id")] = None,
+    csv_output: CsvOption = False,
+    json_output: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Print a federation's audit trail, oldest first (a table, or --csv, or --json)."""
+    fmt = _output_format(csv_output, json_output)
+    filters = {k: v for k, v in (("kind", kind), ("client_id", client_id)) if v}
+    with _admin(url, token) as admin:
+        items = _all_pages(admin, f"/federations/{federation_id}/events", "after_id", **filters)
+    if fmt == "json":
+        _write_json(items)
+        return
+    if fmt == "csv":
+        keys = ["id", "created_at", "kind", "actor", "client_id", "round_id", "message", "data"]
+        _write_csv(keys, [[e.get(k) for k in keys] for e in items])
+        return
+    table = Table("id", "time", "kind", "actor")
+    table.add_column("message", overflow="fold")
+    for e in items:
+        table.add_row(
+            str(e["id"]),
+            _time(e["created_at"]),
+            e["kind"],
+            escape(e["actor"]),
+            escape(e["message"]),
+        )
+    _stdout().print(table)
+
+
 @app.command()
 def report(
     federation_id: str,
@@ -455,8 +814,7 @@ def report(
     token: TokenOption = "",
 ) -> None:
     """Print a federation's noisy-client report."""
-    if csv_output and json_output:
-        _fail("--csv and --json exclude each other: choose one")
+    _output_format(csv_output, json_output)
     with _admin(url, token) as admin:
         if csv_output:
             sys.stdout.write(
