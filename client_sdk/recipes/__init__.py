@@ -37,6 +37,7 @@ from client_sdk.recipes.fedncl import FedNCLCorrectionRecipe, relabel
 from client_sdk.recipes.fednoro import (
     FedNoRoRecipe,
     kd_loss,
+    kd_per_sample,
     kd_weight,
     log_class_prior,
     logit_adjusted_cross_entropy,
@@ -79,6 +80,7 @@ __all__ = [
     "forward_with_features",
     "get_recipe",
     "kd_loss",
+    "kd_per_sample",
     "kd_weight",
     "log_class_prior",
     "logit_adjusted_cross_entropy",

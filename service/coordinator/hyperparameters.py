@@ -54,6 +54,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     kd_weight_max: UnitFloat = 0.8
     ramp_rounds: Rounds = 39
     absent_class_prior: Literal["rarest", "zero"] = "rarest"
+    kd_samples: Literal["all", "contradicted"] = "all"
 
 
 class FedRNHyperparameters(CommonHyperparameters):

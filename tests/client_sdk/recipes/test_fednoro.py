@@ -10,12 +10,21 @@ import torch
 from client_sdk.recipes import (
     get_recipe,
     kd_loss,
+    kd_per_sample,
     kd_weight,
     log_class_prior,
     logit_adjusted_cross_entropy,
 )
 from client_sdk.recipes.errors import RecipeError
-from tests.client_sdk.recipes.helpers import frozen, linear, make_context, make_data, tiny_mlp
+from tests.client_sdk.recipes.helpers import (
+    frozen,
+    linear,
+    make_context,
+    make_data,
+    one_hot_data,
+    scaled_identity,
+    tiny_mlp,
+)
 
 
 class TestLogitAdjustment:
@@ -116,6 +125,14 @@ class TestKnowledgeDistillation:
         assert teacher.grad is None
         assert student.grad is not None
 
+    def test_per_sample_terms_average_to_the_batch_loss(self) -> None:
+        gen = torch.Generator().manual_seed(4)
+        student, teacher = torch.randn(6, 3, generator=gen), torch.randn(6, 3, generator=gen)
+        log_prior = log_class_prior(torch.tensor([3, 2, 1]))
+        each = kd_per_sample(student, teacher, log_prior, 0.8)
+        assert each.shape == (6,)
+        assert each.mean().item() == pytest.approx(kd_loss(student, teacher, log_prior, 0.8).item())
+
     def test_kl_is_zero_when_student_equals_teacher_at_t1(self) -> None:
         logits = torch.randn(5, 3)
         assert kd_loss(logits, logits, torch.zeros(3), 1.0).item() == pytest.approx(0.0, abs=1e-6)
@@ -185,6 +202,36 @@ class TestRecipe:
             assert after < before - 1e-3
         else:
             assert after == before
+
+    def test_contradicted_distils_exactly_the_samples_the_teacher_contradicts(self) -> None:
+        # one_hot_data: 30 samples, the first 6 labels moved to c + 1. The teacher
+        # scaled_identity(4) predicts the true class, so it contradicts exactly those 6:
+        # kd_fraction = 6 / 30 = 0.2 ("all": 1.0).
+        data = one_hot_data(30, num_flipped=6)
+        teacher = frozen(scaled_identity(4.0))
+        hp = {"batch_size": 8, "warmup_rounds": 0, "ramp_rounds": 0, "kd_samples": "contradicted"}
+        ctx = make_context(round_index=3, role="noisy", hyperparameters=hp)
+        report = get_recipe("fednoro").train(scaled_identity(1.0), teacher, data, ctx)
+        assert report.metrics["kd_fraction"] == pytest.approx(0.2)
+        ctx_all = make_context(
+            round_index=3, role="noisy", hyperparameters={**hp, "kd_samples": "all"}
+        )
+        report_all = get_recipe("fednoro").train(scaled_identity(1.0), teacher, data, ctx_all)
+        assert report_all.metrics["kd_fraction"] == pytest.approx(1.0)
+
+    def test_a_teacher_that_agrees_everywhere_leaves_plain_training(self) -> None:
+        # No label contradicted: "contradicted" trains a noisy site exactly like a clean one.
+        data = one_hot_data(30, num_flipped=0)
+        teacher = frozen(scaled_identity(4.0))
+        hp = {"batch_size": 8, "warmup_rounds": 0, "ramp_rounds": 0, "kd_samples": "contradicted"}
+        noisy, clean = scaled_identity(1.0), scaled_identity(1.0)
+        get_recipe("fednoro").train(
+            noisy, teacher, data, make_context(round_index=3, role="noisy", hyperparameters=hp)
+        )
+        get_recipe("fednoro").train(
+            clean, teacher, data, make_context(round_index=3, role="clean", hyperparameters=hp)
+        )
+        assert torch.equal(linear(noisy, 0).weight, linear(clean, 0).weight)
 
     def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
         # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
