@@ -383,9 +383,10 @@ class DatabaseBlobStore:
         with self.sessions.begin() as session:
             if key in referenced_by_rows(session, [key]):
                 return False
-            removed = session.execute(delete(Blob).where(Blob.key == key)).rowcount > 0
+            removed = session.scalar(select(Blob.key).where(Blob.key == key)) is not None
+            session.execute(delete(Blob).where(Blob.key == key))
         self.cache.delete(key)
-        return bool(removed)
+        return removed
 
     def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
         """The cache's leftovers: staged files, and copies of blobs without a row. (A blob row
