@@ -148,6 +148,11 @@ def upload_initial_model(
     if federation is None:
         raise NotFoundError(f"federation {federation_id} does not exist")
     session.refresh(federation)  # the locked row's values
+    if federation.status in ("finished", "failed"):
+        raise FederationStateError(
+            f"federation {federation.name!r} has {federation.status}; its initial model can no "
+            "longer be replaced"
+        )
     if federation.status not in ("created", "waiting") or repo.count_rounds(session, federation.id):
         raise FederationStateError(
             f"federation {federation.name!r} has opened its first round (status "

@@ -157,3 +157,16 @@ async def test_the_initial_model_is_replaced_until_round_zero_opens(
     federation = (await api.get(f"/api/v1/federations/{fed.id}", headers=ADMIN)).json()
     assert federation["current_model_id"] == new_id
     assert blobs(settings) == [replaced.json()["sha256"]]
+
+
+async def test_a_stopped_federation_keeps_its_initial_model(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, join=False)
+    stopped = await api.post(
+        f"/api/v1/federations/{fed.id}/stop", json={"reason": "wrong task"}, headers=ADMIN
+    )
+    assert stopped.status_code == 200, stopped.text
+    late = await api.put(
+        f"/api/v1/federations/{fed.id}/model", content=state_bytes(tiny_state(5.0)), headers=OCTET
+    )
+    assert late.status_code == 409
+    assert "has failed; its initial model can no longer be replaced" in late.json()["detail"]
