@@ -26,6 +26,7 @@ from client_sdk._exceptions import (
     PayloadTooLargeError,
     PermissionDeniedError,
     RateLimitError,
+    SiteRoundError,
     UnprocessableEntityError,
 )
 from client_sdk._models import CurrentRound, Instructions, ProblemDetails, UpdateReceipt
@@ -73,6 +74,7 @@ __all__ = [
     "ProblemDetails",
     "RateLimitError",
     "RoundSummary",
+    "SiteRoundError",
     "UnprocessableEntityError",
     "UpdateReceipt",
     "default_device",

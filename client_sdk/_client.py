@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 import ssl
 import time
 import uuid
@@ -274,6 +275,47 @@ class FederationClient(_Base):
             },
         )
         return UpdateReceipt.model_validate(response.json())
+
+    def report_error(
+        self,
+        federation_id: uuid.UUID | str,
+        round_index: int,
+        *,
+        stage: str,
+        error_type: str,
+        message: str,
+    ) -> bool:
+        """Tell the coordinator this site failed a round (a ``site.error`` event); True when
+        recorded. The message loses its control characters (but tab and line breaks) and is
+        cut to the coordinator's limit."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/rounds/{round_index}/error",
+            json={
+                "stage": stage,
+                "error_type": _printable(error_type, line=True)[:200] or "Exception",
+                "message": _printable(message)[:MAX_ERROR_CHARS] or error_type or "(no message)",
+            },
+            retry_status=False,
+            expected=(202,),
+        )
+        return bool(response.json().get("recorded"))
+
+
+MAX_ERROR_CHARS = 2000
+"""The longest error message the coordinator records."""
+_CONTROL = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_LINE_CONTROL = re.compile("[\t\n\r]")
+
+
+def _printable(text: str, *, line: bool = False) -> str:
+    """`text` without the characters the coordinator refuses in free text (names: one line)."""
+    cleaned = _CONTROL.sub("?", text)
+    if line:
+        cleaned = _LINE_CONTROL.sub(" ", cleaned)
+    return cleaned.strip()
 
 
 class AdminClient(_Base):

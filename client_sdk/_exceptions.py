@@ -14,7 +14,8 @@
     │   ├── RateLimitError            429
     │   └── InternalServerError       5xx
     ├── IntegrityError                downloaded bytes do not match their sha256
-    └── FederationFailedError         the federation stopped with an error
+    ├── FederationFailedError         the federation stopped with an error
+    └── SiteRoundError                this site could not do a round (reported to the coordinator)
 
 Every `APIStatusError` carries `status_code`, the parsed RFC 9457 `problem` (when the body was
 one) and the `response`.
@@ -102,6 +103,21 @@ class IntegrityError(CoordinatorSDKError):
 
 class FederationFailedError(CoordinatorSDKError):
     """The federation stopped with an error; the coordinator says why."""
+
+
+class SiteRoundError(CoordinatorSDKError):
+    """This site failed a round: the global model did not load into its module, training or
+    the signals failed. The coordinator was told (a ``site.error`` event) when ``reported``;
+    the original exception is the ``__cause__``."""
+
+    def __init__(
+        self, message: str, *, round_index: int, stage: str, error_type: str, reported: bool
+    ) -> None:
+        super().__init__(message)
+        self.round_index = round_index
+        self.stage = stage
+        self.error_type = error_type
+        self.reported = reported
 
 
 _BY_STATUS: dict[int, type[APIStatusError]] = {

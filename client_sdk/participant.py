@@ -6,7 +6,9 @@
 Each round: ask for instructions (long-poll), download the global model once per version (and
 the neighbor models it was assigned), train with the named recipe, compute the signals the
 federation needs, upload theta_k with an idempotency key, persist local state. A round that
-closes while this client trains is skipped with a log line; every other error propagates.
+closes while this client trains is skipped with a log line; a round this site cannot do (the
+global model does not load into its module, training fails) is reported to the coordinator and
+raised as `SiteRoundError`; every other error propagates.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from client_sdk._client import FederationClient
 from client_sdk._exceptions import (
     APIConnectionError,
     ConflictError,
+    CoordinatorSDKError,
     FederationFailedError,
     InternalServerError,
+    SiteRoundError,
 )
 from client_sdk._models import CurrentRound, Instructions
 from client_sdk.local_state import LocalStateStore
@@ -38,6 +42,13 @@ from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainRepo
 from client_sdk.signals import compute_signals
 
 log = logging.getLogger("client_sdk.participant")
+_DOING = {
+    "load": "loading the global model",
+    "train": "training",
+    "signals": "computing the signals",
+    "upload": "preparing the upload",
+    "other": "taking part",
+}
 _T = TypeVar("_T")
 
 
@@ -241,7 +252,52 @@ class Participant:
                 del self._models[model_id]
 
     def train_round(self, current: CurrentRound) -> RoundSummary:
-        """Run one round from its instructions and upload the result."""
+        """Run one round from its instructions and upload the result.
+
+        Raises
+        ------
+        SiteRoundError
+            Loading the global model into this site's module, training or computing the
+            signals failed (the original exception is the cause); the coordinator was told
+            first (a ``site.error`` event with the message), on a best-effort basis.
+        """
+        assert current.instructions is not None
+        stage = ["load"]
+        try:
+            return self._train_round(current, stage)
+        except CoordinatorSDKError:
+            raise  # the coordinator's own answer, or it cannot be reached: nothing to report
+        except Exception as exc:
+            raise self._site_error(current.instructions.round_index, stage[0], exc) from exc
+
+    def _site_error(self, round_index: int, stage: str, exc: Exception) -> SiteRoundError:
+        """Report a failed round to the coordinator (best effort) and return the typed error."""
+        error_type = type(exc).__name__
+        message = str(exc) or error_type
+        reported = False
+        try:
+            reported = self.client.report_error(
+                self.federation_id,
+                round_index,
+                stage=stage,
+                error_type=error_type,
+                message=message,
+            )
+        except Exception as report_exc:  # the original error matters more
+            log.warning("could not report the error to the coordinator: %s", report_exc)
+        log.error(
+            "round %d failed while %s: %s: %s", round_index, _DOING[stage], error_type, message
+        )
+        return SiteRoundError(
+            f"round {round_index} failed while {_DOING[stage]}: {error_type}: {message}"
+            + ("" if reported else " (not reported to the coordinator)"),
+            round_index=round_index,
+            stage=stage,
+            error_type=error_type,
+            reported=reported,
+        )
+
+    def _train_round(self, current: CurrentRound, stage: list[str]) -> RoundSummary:
         assert current.instructions is not None
         assert current.round is not None
         instructions: Instructions = current.instructions
@@ -289,10 +345,12 @@ class Participant:
             seed=instructions.seed,
             state=self.state,
         )
+        stage[0] = "train"
         recipe = get_recipe(instructions.recipe)
         started = time.perf_counter()
         report: TrainReport = recipe.train(self.model, global_model, self.data, ctx)
         trained = time.perf_counter()
+        stage[0] = "signals"
         signals = compute_signals(
             global_model=global_model,
             local_model=self.model,
@@ -306,6 +364,7 @@ class Participant:
             device=self.device,
         )
         signal_seconds = time.perf_counter() - trained
+        stage[0] = "upload"
         payload = state_to_bytes(self.model)
         reported = signals.to_json()
         reported.pop("num_samples", None)  # sent once, at the top of the metadata
@@ -347,4 +406,10 @@ class Participant:
             load_state_bytes(self.model, data)
 
 
-__all__ = ["FederationFailedError", "Participant", "RoundSummary", "default_device"]
+__all__ = [
+    "FederationFailedError",
+    "Participant",
+    "RoundSummary",
+    "SiteRoundError",
+    "default_device",
+]

@@ -869,6 +869,10 @@ def _inconsistent_text(row: dict[str, Any]) -> str:
     return f"[bold red]{count}[/]{escape(when)}"
 
 
+SITE_ERRORS_SHOWN = 3
+"""The latest site errors the report table shows (the JSON report has more)."""
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -895,7 +899,13 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
             + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
         )
-    table = Table(title=title, caption=escape(caption))
+    for error in (data.get("site_errors") or [])[:SITE_ERRORS_SHOWN]:
+        first_line = (str(error.get("message") or "").splitlines() or [""])[0][:200]
+        caption += (
+            f"\nSITE ERROR: {error.get('name')} round {error.get('round')} "
+            f"({error.get('stage')}): {error.get('error_type')}: {first_line}"
+        )
+    table = Table(title=title, caption=escape(caption.lstrip("\n")))
     table.add_column("client", no_wrap=True)
     table.add_column("status")
     if truth is not None:

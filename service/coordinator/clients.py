@@ -21,7 +21,7 @@ from service.coordinator.services import Services
 from service.coordinator.updates import join_drift_errors, record_rejection
 from service.errors import AuthError, BadRequestError, InconsistentUpdateError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import Client, Federation
+from service.store.models import Client, Event, Federation
 
 log = logging.getLogger(__name__)
 
@@ -238,3 +238,56 @@ def join_federation(
         record_rejection(services, client, federation_id, None, exc)
         raise
     return joined, federation
+
+
+MAX_SITE_ERRORS_PER_ROUND = 5
+"""A site's error reports recorded per round; more are answered but not recorded."""
+
+
+def record_site_error(
+    services: Services,
+    client: Client,
+    federation_id: uuid.UUID,
+    round_index: int,
+    *,
+    stage: str,
+    error_type: str,
+    message: str,
+) -> Event | None:
+    """Record a site's failed round as a ``site.error`` event; None once the site has reported
+    `MAX_SITE_ERRORS_PER_ROUND` errors for that round (a site in a crash loop cannot flood the
+    trail).
+
+    Raises
+    ------
+    NotFoundError
+        No such federation, or no such round in it.
+    """
+    with services.sessions.begin() as session:
+        federation = repo.get_federation(session, federation_id)
+        if federation is None:
+            raise NotFoundError(f"federation {federation_id} does not exist")
+        rnd = repo.get_round_by_index(session, federation_id, round_index)
+        if rnd is None:
+            raise NotFoundError(f"federation {federation.name!r} has no round {round_index}")
+        if (
+            repo.count_events(session, kind="site.error", round_id=rnd.id, client_id=client.id)
+            >= MAX_SITE_ERRORS_PER_ROUND
+        ):
+            return None
+        return repo.add_event(
+            session,
+            kind="site.error",
+            actor=f"client:{client.id}",
+            message=f"site {client.name!r} failed round {round_index} ({stage}): "
+            f"{error_type}: {message}",
+            federation_id=federation.id,
+            round_id=rnd.id,
+            client_id=client.id,
+            data={
+                "round_index": round_index,
+                "stage": stage,
+                "error_type": error_type,
+                "error": message,
+            },
+        )

@@ -22,6 +22,7 @@ from service.coordinator.federation_config import (
     InvalidHyperparametersError,
     resolve_config,
 )
+from service.coordinator.model_fit import fit_problems
 from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.coordinator.tensors import (
@@ -134,21 +135,59 @@ def upload_initial_model(
     sha256: str,
     size: int,
     actor: str,
-) -> ModelVersion:
-    """Store version 0 of the global model; the federation then waits for its clients."""
-    federation = get_federation(session, federation_id)
-    if federation.status != "created":
+) -> tuple[ModelVersion, str | None]:
+    """Store version 0 of the global model; the federation then waits for its clients.
+
+    The model must fit the task (`model_fit.fit_problems`). It may be replaced as long as no
+    round has opened: a site receives the model's id only in a round's instructions (and may not
+    download version 0 before), so until then no site has it. The old version's row goes in this
+    transaction; its blob key is returned (None when nothing was replaced) so that the caller
+    can remove the blob once the transaction has committed.
+    """
+    federation = repo.lock_federation(session, federation_id)
+    if federation is None:
+        raise NotFoundError(f"federation {federation_id} does not exist")
+    session.refresh(federation)  # the locked row's values
+    if federation.status in ("finished", "failed"):
         raise FederationStateError(
-            f"federation {federation.name!r} already has its initial model "
-            f"(status {federation.status})"
+            f"federation {federation.name!r} has {federation.status}; its initial model can no "
+            "longer be replaced"
+        )
+    if federation.status not in ("created", "waiting") or repo.count_rounds(session, federation.id):
+        raise FederationStateError(
+            f"federation {federation.name!r} has opened its first round (status "
+            f"{federation.status}): the sites have the initial model, which can no longer be "
+            "replaced"
         )
     try:
         manifest = read_manifest(staged)
     except SafetensorsFormatError as exc:
         raise InvalidModelError(f"the initial model is not usable safetensors: {exc}") from None
+    problems = fit_problems(
+        manifest,
+        num_classes=federation.num_classes,
+        hyperparameters=(federation.config or {}).get("hyperparameters"),
+    )
+    if problems:
+        raise InvalidModelError(
+            "the initial model cannot fit the task: " + "; ".join(p["msg"] for p in problems),
+            errors=problems,
+        )
     bad = non_finite_tensors(staged, manifest)
     if bad:
         raise InvalidModelError(f"the initial model has non-finite values in {bad[:5]}")
+    previous = (
+        repo.get_model_version(session, federation.current_model_id)
+        if federation.current_model_id is not None
+        else None
+    )
+    replaced_key: str | None = None
+    if previous is not None:
+        replaced_key = previous.blob_key
+        federation.current_model_id = None
+        session.flush()
+        session.delete(previous)
+        session.flush()
     services.blobs.put_file(staged, sha256, session=session)
     version = ModelVersion(
         federation_id=federation.id,
@@ -165,14 +204,25 @@ def upload_initial_model(
     mark_changed(session, federation.id)
     repo.add_event(
         session,
-        kind="model.initial_uploaded",
+        kind="model.initial_replaced" if previous is not None else "model.initial_uploaded",
         actor=actor,
-        message=f"initial model uploaded ({len(manifest)} tensors, {size} bytes)",
+        message=(
+            f"initial model {'replaced' if previous is not None else 'uploaded'} "
+            f"({len(manifest)} tensors, {size} bytes)"
+        ),
         federation_id=federation.id,
-        data={"model_id": str(version.id), "sha256": sha256},
+        data={
+            "model_id": str(version.id),
+            "sha256": sha256,
+            **(
+                {"replaced_model_id": str(previous.id), "replaced_sha256": previous.sha256}
+                if previous is not None
+                else {}
+            ),
+        },
     )
     session.flush()
-    return version
+    return version, (replaced_key if replaced_key != sha256 else None)
 
 
 def stop_federation(
@@ -308,7 +358,7 @@ def store_initial_model(
     """
     try:
         with services.sessions.begin() as session:
-            return upload_initial_model(
+            version, replaced_key = upload_initial_model(
                 services,
                 session,
                 federation_id,
@@ -319,6 +369,9 @@ def store_initial_model(
             )
     finally:
         staged.unlink(missing_ok=True)
+    if replaced_key is not None:
+        services.blobs.discard(replaced_key, services.sessions)
+    return version
 
 
 def stop(services: Services, federation_id: uuid.UUID, *, reason: str, actor: str) -> Federation:

@@ -87,13 +87,19 @@ def downloadable_model(
     """(blob key, sha256, size) of a model the caller may download.
 
     The admin may download any model. A client may download its federation's global model
-    versions, its own updates, and the latest local models of the neighbors it was assigned in
-    the open round's instructions — nothing else (other clients' models are private).
+    versions (the initial one once round 0 has opened), its own updates, and the latest local
+    models of the neighbors it was assigned in the open round's instructions — nothing else
+    (other clients' models are private).
     """
     version = repo.get_model_version(session, model_id)
     if version is not None:
         if client is not None and version.federation_id != client.federation_id:
             raise NotFoundError(f"model {model_id} does not exist")
+        if client is not None and version.version == 0:
+            federation = repo.get_federation(session, version.federation_id)
+            if federation is not None and federation.status in ("created", "waiting"):
+                # Not handed out before round 0: until then the admin may still replace it.
+                raise NotFoundError(f"model {model_id} is not handed out before round 0 opens")
         return version.blob_key, version.sha256, version.size_bytes
     update = repo.get_update(session, model_id)
     if update is None or (client is not None and update.federation_id != client.federation_id):

@@ -170,7 +170,36 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         "primary_detector": federation.config["primary_detector"],
         "latest": summary,
         "clients": rows,
+        "site_errors": site_errors(session, federation, names),
     }
+
+
+SITE_ERRORS_SHOWN = 10
+"""How many of the latest ``site.error`` events the report shows."""
+
+
+def site_errors(
+    session: Session, federation: Federation, names: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The federation's latest site errors, newest first (the sites' own words)."""
+    shown = []
+    for event in repo.latest_events(
+        session, federation.id, kind="site.error", limit=SITE_ERRORS_SHOWN
+    ):
+        data = event.data or {}
+        client_id = str(event.client_id) if event.client_id is not None else None
+        shown.append(
+            {
+                "at": event.created_at,
+                "client_id": client_id,
+                "name": names.get(client_id or "", client_id),
+                "round": data.get("round_index"),
+                "stage": data.get("stage"),
+                "error_type": data.get("error_type"),
+                "message": data.get("error", event.message),
+            }
+        )
+    return shown
 
 
 def report_warnings(audit: AuditResult) -> list[str]:

@@ -56,7 +56,13 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from client_sdk import AdminClient, APIStatusError, CoordinatorSDKError, FederationClient
+from client_sdk import (
+    AdminClient,
+    APIStatusError,
+    CoordinatorSDKError,
+    FederationClient,
+    SiteRoundError,
+)
 from client_sdk.participant import Participant, load_state_bytes, state_to_bytes
 from client_sdk.recipes import LocalData, RecipeError
 from service.simulation.datasets import (
@@ -509,10 +515,14 @@ def _train_round(
             collect_previous()
         try:
             summary = participant.train_round(current)
-        except RecipeError as exc:
+        except SiteRoundError as exc:
             # A client's local training failed (e.g. diverged): name the run, round and client
-            # instead of a bare traceback; the coordinator data stays for inspection.
-            error = f"{type(exc).__name__}: {exc}"
+            # instead of a bare traceback; the coordinator data stays for inspection (and has
+            # the site's site.error event).
+            cause = exc.__cause__
+            if not isinstance(cause, RecipeError):
+                raise
+            error = f"{type(cause).__name__}: {cause}"
             raise ClientTrainingError(
                 f"{fed.spec.name} (federation {fed.federation_id}): client {fed.names[k]} failed "
                 f"in round {round_index}: {error}",
@@ -778,6 +788,8 @@ def run_methods(
                 report = admin.get_json(f"/federations/{fed.federation_id}/report")
                 results.append(_result(fed, data, report))
             return SeedRuns(runs=results, failures=failures)
+        except SiteRoundError:
+            raise  # a site's own failure (not a recipe's): its traceback, not the coordinator's
         except CoordinatorSDKError as exc:
             raise SimulationError(f"the coordinator answered with an error: {exc}") from exc
 

@@ -130,6 +130,11 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
+        """Remove the blob `key` unless a committed row or an open transaction of this process
+        still needs it (a replaced model's blob); True if it was removed."""
+        ...
+
     def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
         """Remove what a crash or a failed transaction left, last written before `older_than`."""
         ...
@@ -244,6 +249,18 @@ class DirectoryBlobStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
+        with self._lock:
+            if self._in_flight[key] > 0:
+                return False
+            with sessions() as session:
+                if key in self.references(session, [key]):
+                    return False
+            removed = self._path(key).exists()
+            self._path(key).unlink(missing_ok=True)
+            self._in_flight = +self._in_flight  # drop the zero count the lookup added
+            return removed
 
     def keys(self) -> Iterator[tuple[str, Path]]:
         """Every stored blob's key and file."""
@@ -361,6 +378,15 @@ class DatabaseBlobStore:
         with self.sessions.begin() as session:
             session.execute(delete(Blob).where(Blob.key == key))
         self.cache.delete(key)
+
+    def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
+        with self.sessions.begin() as session:
+            if key in referenced_by_rows(session, [key]):
+                return False
+            removed = session.scalar(select(Blob.key).where(Blob.key == key)) is not None
+            session.execute(delete(Blob).where(Blob.key == key))
+        self.cache.delete(key)
+        return removed
 
     def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
         """The cache's leftovers: staged files, and copies of blobs without a row. (A blob row

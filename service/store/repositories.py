@@ -403,6 +403,26 @@ def list_events(
     return list(session.scalars(query.order_by(Event.id).limit(limit)))
 
 
+def count_events(session: Session, *, kind: str, round_id: uuid.UUID, client_id: uuid.UUID) -> int:
+    """How many events of `kind` a client has in a round."""
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                Event.kind == kind, Event.round_id == round_id, Event.client_id == client_id
+            )
+        )
+        or 0
+    )
+
+
+def latest_events(
+    session: Session, federation_id: uuid.UUID, *, kind: str, limit: int
+) -> list[Event]:
+    """The federation's last `limit` events of `kind`, newest first."""
+    query = select(Event).where(Event.federation_id == federation_id, Event.kind == kind)
+    return list(session.scalars(query.order_by(Event.id.desc()).limit(limit)))
+
+
 def rejections_by_client(
     session: Session, federation_id: uuid.UUID, problem_type: str
 ) -> dict[uuid.UUID, tuple[int, datetime]]:

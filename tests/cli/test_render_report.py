@@ -118,3 +118,20 @@ def test_evidence_column_is_the_sites_stouffer_z():
     # The evidence column comes before FedNoRo's, and holds the evidence score, not FedNoRo's.
     assert header.index("evidence z") < header.index("FedNoRo score")
     assert row.index("4.25") < row.index("-0.50")
+
+
+def test_the_latest_site_errors_are_printed_first_line_only():
+    data = report("class_z")
+    data["site_errors"] = [
+        {
+            "name": "site-[b]",
+            "round": 0,
+            "stage": "load",
+            "error_type": "RuntimeError",
+            "message": "size mismatch for fc.weight\n\tsecond line",
+        }
+    ]
+    text = text_of(data)
+    assert "SITE ERROR: site-[b] round 0 (load): RuntimeError: size mismatch for fc.weight" in text
+    assert "second line" not in text
+    assert "SITE ERROR" not in text_of(report("class_z"))

@@ -160,3 +160,26 @@ def test_sweep_keeps_a_blob_an_open_transaction_is_putting(
     # committed without a row that references it: garbage, swept
     assert store.sweep(sessions, older_than=time.time() + 1).orphan_blobs == [digest]
     engine.dispose()
+
+
+@pytest.mark.db
+def test_discard_removes_an_unreferenced_blob_but_not_one_being_put(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A replaced initial model's blob goes; a transaction putting the same bytes keeps it."""
+    engine = make_engine(database_url)
+    sessions = make_sessionmaker(engine)
+    for name, store in _stores(tmp_path, sessions):
+        path, digest, _ = write_temp_file(tmp_path / "tmp", b"replaced " + name.encode())
+        with sessions.begin() as session:
+            store.put_file(path, digest, session=session)  # type: ignore[attr-defined]
+        assert store.discard(digest, sessions) is True  # type: ignore[attr-defined]
+        assert not store.exists(digest)  # type: ignore[attr-defined]
+        assert store.discard(digest, sessions) is False  # type: ignore[attr-defined]
+    directory = DirectoryBlobStore(tmp_path / "dir2")
+    path, digest, _ = write_temp_file(tmp_path / "tmp", b"in flight")
+    with sessions.begin() as session:
+        directory.put_file(path, digest, session=session)
+        assert directory.discard(digest, sessions) is False
+        assert directory.exists(digest)
+    engine.dispose()

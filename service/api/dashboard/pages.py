@@ -297,6 +297,25 @@ def _round_links(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> st
     return f"<p>Rounds: {links}</p>"
 
 
+def site_error_table(errors: list[Mapping[str, Any]]) -> str:
+    """The latest errors the sites reported (nothing when there is none)."""
+    if not errors:
+        return ""
+    rows = "".join(
+        "<tr>"
+        f"<td>{esc(e['at'])}</td><td>{esc(e['name'])}</td>"
+        f'<td class="num">{esc(e["round"])}</td><td>{esc(e["stage"])}</td>'
+        f"<td>{esc(e['error_type'])}: {esc(e['message'])}</td>"
+        "</tr>"
+        for e in errors
+    )
+    return (
+        "<section><h2>Site errors</h2><table><thead><tr><th>at</th><th>site</th>"
+        "<th>round</th><th>stage</th><th>error</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></section>"
+    )
+
+
 def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] | None) -> str:
     """The noisy-client report of one federation, with its plots."""
     clients = report["clients"]
@@ -314,6 +333,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
     body = (
         f"<section><h1>{esc(report['federation'])}</h1>{_summary(report)}"
         f"{_round_links(report['federation_id'], clients)}</section>"
+        f"{site_error_table(report.get('site_errors') or [])}"
         f"<section><h2>Noisy-client report</h2>{client_table(clients)}</section>"
         f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
         f'<div class="plots">{round_plots}'

@@ -76,6 +76,13 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
             [({}, rejected)],
         ),
         MetricFamily(
+            "fedaudit_site_errors_total",
+            "Rounds a site reported it could not do (events of kind site.error: the model did "
+            "not load, training failed, ...).",
+            "counter",
+            [({}, counts["events"].get("site.error", 0))],
+        ),
+        MetricFamily(
             "fedaudit_audits_abstained_total",
             "Rounds after the warm-up whose primary detector gave no verdict: inconclusive "
             "(the consensus is suspect, nobody flagged) or undetermined (too few sites or "

@@ -21,6 +21,7 @@ from service.api.problems import (
     PROBLEM_404,
     PROBLEM_409,
     PROBLEM_413,
+    PROBLEM_422,
     PROBLEM_422_UPDATE,
 )
 from service.api.schemas.federations import TaskSpec
@@ -30,6 +31,8 @@ from service.api.schemas.rounds import (
     JoinRead,
     JoinRequest,
     RoundRef,
+    SiteErrorRead,
+    SiteErrorReport,
     UpdateRead,
 )
 from service.api.uploads import receive_update
@@ -255,3 +258,32 @@ async def submit_update(
         received_at=update.received_at,
         replayed=not result.created,
     )
+
+
+@router.post(
+    "/rounds/{round_index}/error",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Report that this site failed a round (loading the model, training, ...)",
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_422},
+)
+def report_error(
+    federation_id: uuid.UUID,
+    body: SiteErrorReport,
+    services: ServicesDep,
+    client: CurrentClient,
+    round_index: int = Path(ge=0, le=INT32_MAX),
+) -> SiteErrorRead:
+    """Recorded as a ``site.error`` event (at most a few per site and round), shown in the
+    event list, the report, the dashboard and ``fedaudit_site_errors_total``. The round goes on:
+    the site may fix its side and ask for the round again."""
+    client_use_cases.check_scope(client, federation_id)
+    event = client_use_cases.record_site_error(
+        services,
+        client,
+        federation_id,
+        round_index,
+        stage=body.stage,
+        error_type=body.error_type,
+        message=body.message,
+    )
+    return SiteErrorRead(recorded=event is not None, event_id=event.id if event else None)

@@ -141,6 +141,18 @@ class ReportLatest(BaseModel):
     )
 
 
+class SiteErrorView(BaseModel):
+    """A round a site could not do, in its own words."""
+
+    at: datetime
+    client_id: uuid.UUID | None
+    name: str | None
+    round: int | None
+    stage: str | None
+    error_type: str | None
+    message: str
+
+
 class NoisyClientReport(BaseModel):
     """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
 
@@ -155,6 +167,10 @@ class NoisyClientReport(BaseModel):
     primary_detector: str
     latest: ReportLatest
     clients: list[ReportClient]
+    site_errors: list[SiteErrorView] = Field(
+        default_factory=list,
+        description="The latest errors the sites reported (site.error events), newest first",
+    )
 
 
 class ClientRoundView(BaseModel):

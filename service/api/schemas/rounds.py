@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.inputs import Int32, PositiveInt32
+from service.inputs import NAME_RULES, TEXT_RULES, Int32, Name, PositiveInt32, Text
 
 
 class RoundRead(BaseModel):
@@ -133,3 +133,45 @@ class UpdateRead(BaseModel):
     num_samples: int
     received_at: datetime
     replayed: bool = Field(description="True when this answers a retried identical upload")
+
+
+SITE_ERROR_STAGES = ("load", "train", "signals", "upload", "other")
+"""Where a site's round failed: loading the global model into its module, training, computing
+the signals, uploading, or elsewhere."""
+MAX_SITE_ERROR_CHARS = 2000
+
+
+class SiteErrorReport(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "stage": "load",
+                    "error_type": "RuntimeError",
+                    "message": "Error(s) in loading state_dict for Net: size mismatch for "
+                    "fc.weight: copying a param with shape torch.Size([2, 784]) from checkpoint, "
+                    "the shape in current model is torch.Size([10, 64]).",
+                }
+            ]
+        },
+    )
+
+    stage: Literal["load", "train", "signals", "upload", "other"]
+    error_type: Name = Field(
+        min_length=1, max_length=200, description="The exception's class name. " + NAME_RULES
+    )
+    message: Text = Field(
+        min_length=1,
+        max_length=MAX_SITE_ERROR_CHARS,
+        description="What went wrong (the SDK sends the exception's text, cut to "
+        f"{MAX_SITE_ERROR_CHARS} characters). " + TEXT_RULES,
+    )
+
+
+class SiteErrorRead(BaseModel):
+    recorded: bool = Field(
+        description="False when this site already reported its most errors for the round "
+        "(the report is then counted nowhere)"
+    )
+    event_id: int | None
