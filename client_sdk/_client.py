@@ -17,7 +17,7 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Self
 
 import httpx
@@ -170,6 +170,50 @@ def _rewind(kwargs: Mapping[str, Any]) -> None:
             value[1].seek(0)
 
 
+def join_path(federation_id: uuid.UUID | str) -> str:
+    """Where a site's join goes (``POST``)."""
+    return f"{API}/federations/{federation_id}/join"
+
+
+def join_body(num_samples: int, class_counts: Sequence[int]) -> dict[str, Any]:
+    """The JSON body of a join, exactly as :meth:`FederationClient.join` sends it."""
+    return {"num_samples": num_samples, "class_counts": list(class_counts)}
+
+
+def update_path(federation_id: uuid.UUID | str, round_index: int) -> str:
+    """Where a round's update goes (``POST``, multipart: ``metadata`` and ``state``)."""
+    return f"{API}/federations/{federation_id}/rounds/{round_index}/updates"
+
+
+def _sha256_of(state: bytes | IO[bytes]) -> str:
+    if isinstance(state, bytes):
+        return hashlib.sha256(state).hexdigest()
+    position = state.tell()
+    hasher = hashlib.sha256()
+    for chunk in iter(lambda: state.read(1024 * 1024), b""):
+        hasher.update(chunk)
+    state.seek(position)
+    return hasher.hexdigest()
+
+
+def update_metadata(
+    state: bytes | IO[bytes],
+    *,
+    num_samples: int,
+    signals: Mapping[str, Any],
+    metrics: Mapping[str, float | None] | None = None,
+) -> dict[str, Any]:
+    """The ``metadata`` part of an update, exactly as :meth:`FederationClient.submit_update`
+    sends it (as JSON): ``num_samples``, the state's ``sha256``, ``signals`` and ``metrics``.
+    ``Participant.preview`` shows the same dict."""
+    return {
+        "num_samples": num_samples,
+        "sha256": _sha256_of(state),
+        "signals": dict(signals),
+        "metrics": dict(metrics or {}),
+    }
+
+
 class FederationClient(_Base):
     """What a site (a hospital) does: join, ask what to do, download models, submit updates."""
 
@@ -185,9 +229,7 @@ class FederationClient(_Base):
         self, federation_id: uuid.UUID | str, *, num_samples: int, class_counts: list[int]
     ) -> JoinInfo:
         response = self._request(
-            "POST",
-            f"{API}/federations/{federation_id}/join",
-            json={"num_samples": num_samples, "class_counts": list(class_counts)},
+            "POST", join_path(federation_id), json=join_body(num_samples, class_counts)
         )
         return JoinInfo.model_validate(response.json())
 
@@ -249,25 +291,12 @@ class FederationClient(_Base):
         idempotency_key: str | None = None,
     ) -> UpdateReceipt:
         """Upload theta_k and the signals; retried uploads with the same key are safe."""
-        if isinstance(state, bytes):
-            digest = hashlib.sha256(state).hexdigest()
-        else:
-            position = state.tell()
-            hasher = hashlib.sha256()
-            for chunk in iter(lambda: state.read(1024 * 1024), b""):
-                hasher.update(chunk)
-            state.seek(position)
-            digest = hasher.hexdigest()
-        metadata = {
-            "num_samples": num_samples,
-            "sha256": digest,
-            "signals": dict(signals),
-            "metrics": dict(metrics or {}),
-        }
+        metadata = update_metadata(state, num_samples=num_samples, signals=signals, metrics=metrics)
+        digest = metadata["sha256"]
         key = idempotency_key or f"{round_index}-{digest}"
         response = self._request(
             "POST",
-            f"{API}/federations/{federation_id}/rounds/{round_index}/updates",
+            update_path(federation_id, round_index),
             headers={"Idempotency-Key": key},
             files={
                 "metadata": (None, json.dumps(metadata), "application/json"),

@@ -132,6 +132,14 @@ class LocalStateStore:
         """Whether there are changes that :meth:`flush` has not written yet."""
         return self._dirty
 
+    def scratch_copy(self) -> LocalStateStore:
+        """An in-memory copy (``directory`` None, so :meth:`flush` writes nothing): what a dry
+        run (``Participant.preview``) trains with, leaving this store as it was."""
+        copy = LocalStateStore(None)
+        copy._tensors = {key: value.clone() for key, value in self._tensors.items()}
+        copy._json = json.loads(json.dumps(self._json))
+        return copy
+
     # -- tensors -------------------------------------------------------------------------
     def get_tensor(self, key: str) -> torch.Tensor | None:
         """Return a copy of the tensor stored under ``key``, or ``None`` when there is none."""

@@ -14,7 +14,10 @@ raised as `SiteRoundError`; every other error propagates.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
+import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +30,13 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from client_sdk._client import FederationClient
+from client_sdk._client import (
+    FederationClient,
+    join_body,
+    join_path,
+    update_metadata,
+    update_path,
+)
 from client_sdk._exceptions import (
     APIConnectionError,
     ConflictError,
@@ -99,6 +108,41 @@ class RoundSummary:
     accepted: bool = True
 
 
+@dataclass
+class _PreparedUpdate:
+    """One round's update, trained and ready: what is uploaded, and what the summary needs."""
+
+    round_index: int
+    recipe: str
+    idempotency_key: str
+    state: bytes
+    num_samples: int
+    signals: dict[str, Any]
+    metrics: dict[str, float]
+    report: TrainReport
+    train_seconds: float
+    signal_seconds: float
+    download_bytes: int
+
+    def metadata(self) -> dict[str, Any]:
+        """The update's ``metadata`` part, built by the function the upload uses."""
+        return update_metadata(
+            self.state, num_samples=self.num_samples, signals=self.signals, metrics=self.metrics
+        )
+
+
+def safetensors_manifest(data: bytes) -> list[dict[str, Any]]:
+    """Each tensor of safetensors bytes as ``{"name", "dtype", "shape"}``, in file order, read
+    from the file's own header (the values are not read)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    return [
+        {"name": name, "dtype": entry["dtype"], "shape": list(entry["shape"])}
+        for name, entry in header.items()
+        if name != "__metadata__"
+    ]
+
+
 class Participant:
     """A site taking part in a federation.
 
@@ -168,8 +212,8 @@ class Participant:
         self._models: dict[str, tuple[str, bytes]] = {}  # model id -> (sha256, bytes)
         self.rounds_done: list[RoundSummary] = []
 
-    def join(self) -> None:
-        """Join (again) with this site's sample count and class counts."""
+    def _join_counts(self) -> tuple[int, list[int]]:
+        """(num_samples, class_counts) as the join declares them (checked against the task)."""
         task = self.client.get_task(self.federation_id)
         labels = self.data.labels.cpu()
         if int(labels.max().item()) >= task.num_classes:
@@ -178,9 +222,12 @@ class Participant:
                 f"{task.num_classes} classes"
             )
         counts = [int(c) for c in torch.bincount(labels, minlength=task.num_classes)]
-        joined = self.client.join(
-            self.federation_id, num_samples=self.data.num_samples, class_counts=counts
-        )
+        return self.data.num_samples, counts
+
+    def join(self) -> None:
+        """Join (again) with this site's sample count and class counts."""
+        num_samples, counts = self._join_counts()
+        joined = self.client.join(self.federation_id, num_samples=num_samples, class_counts=counts)
         log.info("joined federation %s as %s", self.federation_id, joined.name)
 
     def run(self, *, max_rounds: int | None = None) -> list[RoundSummary]:
@@ -251,25 +298,6 @@ class Participant:
             if model_id not in keep:
                 del self._models[model_id]
 
-    def train_round(self, current: CurrentRound) -> RoundSummary:
-        """Run one round from its instructions and upload the result.
-
-        Raises
-        ------
-        SiteRoundError
-            Loading the global model into this site's module, training or computing the
-            signals failed (the original exception is the cause); the coordinator was told
-            first (a ``site.error`` event with the message), on a best-effort basis.
-        """
-        assert current.instructions is not None
-        stage = ["load"]
-        try:
-            return self._train_round(current, stage)
-        except CoordinatorSDKError:
-            raise  # the coordinator's own answer, or it cannot be reached: nothing to report
-        except Exception as exc:
-            raise self._site_error(current.instructions.round_index, stage[0], exc) from exc
-
     def _site_error(self, round_index: int, stage: str, exc: Exception) -> SiteRoundError:
         """Report a failed round to the coordinator (best effort) and return the typed error."""
         error_type = type(exc).__name__
@@ -297,7 +325,17 @@ class Participant:
             reported=reported,
         )
 
-    def _train_round(self, current: CurrentRound, stage: list[str]) -> RoundSummary:
+    def _prepare_update(
+        self,
+        current: CurrentRound,
+        model: nn.Module,
+        state: LocalStateStore,
+        stage: list[str] | None = None,
+    ) -> _PreparedUpdate:
+        """Train one round from its instructions in ``model`` with ``state`` and build the
+        update: everything :meth:`train_round` uploads and :meth:`preview` shows. ``stage[0]``
+        follows the work ("load", "train", "signals", "upload") for the error report."""
+        stage = stage if stage is not None else ["load"]
         assert current.instructions is not None
         assert current.round is not None
         instructions: Instructions = current.instructions
@@ -305,7 +343,7 @@ class Participant:
         global_id = str(instructions.global_model_id)
         data, n = self._fetch(global_id, instructions.global_model_sha256)
         downloaded += n
-        load_state_bytes(self.model, data)
+        load_state_bytes(model, data)
         neighbors = []
         for neighbor in instructions.neighbors:
             if instructions.recipe != "fedrn":
@@ -321,11 +359,11 @@ class Participant:
             )
         self._forget_models_except({global_id, *(str(n.model_id) for n in instructions.neighbors)})
 
-        global_model = copy.deepcopy(self.model)
+        global_model = copy.deepcopy(model)
         global_model.eval()
         for parameter in global_model.parameters():
             parameter.requires_grad_(False)
-        self.model.train()
+        model.train()
         ctx = RoundContext(
             round_index=instructions.round_index,
             total_rounds=instructions.total_rounds,
@@ -343,17 +381,17 @@ class Participant:
             device=self.device,
             amp=self.amp,
             seed=instructions.seed,
-            state=self.state,
+            state=state,
         )
         stage[0] = "train"
         recipe = get_recipe(instructions.recipe)
         started = time.perf_counter()
-        report: TrainReport = recipe.train(self.model, global_model, self.data, ctx)
+        report: TrainReport = recipe.train(model, global_model, self.data, ctx)
         trained = time.perf_counter()
         stage[0] = "signals"
         signals = compute_signals(
             global_model=global_model,
-            local_model=self.model,
+            local_model=model,
             data=self.data,
             num_classes=instructions.num_classes,
             required=instructions.signals,
@@ -365,38 +403,124 @@ class Participant:
         )
         signal_seconds = time.perf_counter() - trained
         stage[0] = "upload"
-        payload = state_to_bytes(self.model)
         reported = signals.to_json()
         reported.pop("num_samples", None)  # sent once, at the top of the metadata
+        return _PreparedUpdate(
+            round_index=instructions.round_index,
+            recipe=instructions.recipe,
+            idempotency_key=f"{current.round.id}",
+            state=state_to_bytes(model),
+            num_samples=self.data.num_samples,
+            signals=reported,
+            metrics=dict(report.metrics),
+            report=report,
+            train_seconds=trained - started,
+            signal_seconds=signal_seconds,
+            download_bytes=downloaded,
+        )
+
+    def train_round(self, current: CurrentRound) -> RoundSummary:
+        """Run one round from its instructions and upload the result.
+
+        Raises
+        ------
+        SiteRoundError
+            Loading the global model into this site's module, training or computing the
+            signals failed (the original exception is the cause); the coordinator was told
+            first (a ``site.error`` event with the message), on a best-effort basis.
+        """
+        assert current.instructions is not None
+        stage = ["load"]
+        try:
+            prepared = self._prepare_update(current, self.model, self.state, stage)
+        except CoordinatorSDKError:
+            raise  # the coordinator's own answer, or it cannot be reached: nothing to report
+        except Exception as exc:
+            raise self._site_error(current.instructions.round_index, stage[0], exc) from exc
         accepted = True
         try:
             self.client.submit_update(
                 self.federation_id,
-                instructions.round_index,
-                state=payload,
-                num_samples=self.data.num_samples,
-                signals=reported,
-                metrics=report.metrics,
-                idempotency_key=f"{current.round.id}",
+                prepared.round_index,
+                state=prepared.state,
+                num_samples=prepared.num_samples,
+                signals=prepared.signals,
+                metrics=prepared.metrics,
+                idempotency_key=prepared.idempotency_key,
             )
         except ConflictError as exc:
             if (exc.problem is None) or exc.problem.type != "/problems/round-closed":
                 raise
             accepted = False
-            log.warning("round %d closed before the upload: %s", instructions.round_index, exc)
+            log.warning("round %d closed before the upload: %s", prepared.round_index, exc)
         self.state.flush()
+        report = prepared.report
         return RoundSummary(
-            round_index=instructions.round_index,
-            recipe=instructions.recipe,
+            round_index=prepared.round_index,
+            recipe=prepared.recipe,
             train_loss=report.train_loss,
-            train_seconds=trained - started,
-            signal_seconds=signal_seconds,
-            upload_bytes=len(payload),
-            download_bytes=downloaded,
+            train_seconds=prepared.train_seconds,
+            signal_seconds=prepared.signal_seconds,
+            upload_bytes=len(prepared.state),
+            download_bytes=prepared.download_bytes,
             metrics=dict(report.metrics),
             notes=list(report.notes),
             accepted=accepted,
         )
+
+    def preview(self, *, wait_s: float = 0.0) -> dict[str, Any]:
+        """What this site would send next, computed the way :meth:`run` computes it, sent nowhere.
+
+        Returns a plain, JSON-serialisable dict (``print(json.dumps(p.preview(), indent=2))``):
+
+        - ``join``: the join request (method, path, JSON body: ``num_samples`` and
+          ``class_counts``), what :meth:`run` sends first;
+        - ``round``: the coordinator's answer to "what now" (``status`` ``train``, ``wait`` or
+          ``finished``, and its ``reason``);
+        - ``update``: when the status is ``train``, the round's upload: method, path, the
+          ``Idempotency-Key`` header, ``metadata`` (the JSON part exactly as it would be sent:
+          ``num_samples``, ``sha256``, ``signals``, ``metrics``) and ``state`` (the model part:
+          format, byte size, sha256 and each tensor's name, dtype and shape, not its values);
+          None otherwise (join first, or wait for the round to open: ``wait_s`` long-polls).
+
+        The round is trained here, with the coordinator's instructions, on a copy of the model
+        and an in-memory copy of the local state: the model, the state directory and the
+        coordinator are left as they were (only GET requests are made: the task, the round, the
+        models to start from). The upload of the round computes the payload again with the same
+        code; on the CPU the same seed gives the same bytes (``client_sdk.recipes.training``),
+        on a GPU the numbers may differ in their last digits, the fields and shapes do not.
+        """
+        num_samples, counts = self._join_counts()
+        preview: dict[str, Any] = {
+            "federation_id": self.federation_id,
+            "join": {
+                "method": "POST",
+                "path": join_path(self.federation_id),
+                "body": join_body(num_samples, counts),
+            },
+        }
+        current = self.client.get_current_round(self.federation_id, wait_s=wait_s)
+        preview["round"] = {"status": current.status, "reason": current.reason}
+        if current.status != "train":
+            preview["update"] = None
+            return preview
+        prepared = self._prepare_update(
+            current, copy.deepcopy(self.model), self.state.scratch_copy()
+        )
+        preview["round"]["index"] = prepared.round_index
+        preview["update"] = {
+            "method": "POST",
+            "path": update_path(self.federation_id, prepared.round_index),
+            "headers": {"Idempotency-Key": prepared.idempotency_key},
+            "metadata": prepared.metadata(),
+            "state": {
+                "format": "safetensors",
+                "size_bytes": len(prepared.state),
+                "sha256": hashlib.sha256(prepared.state).hexdigest(),
+                "tensors": safetensors_manifest(prepared.state),
+            },
+        }
+        return preview
 
     def _load_final(self, current: CurrentRound) -> None:
         if current.final_model_id is None:
@@ -412,4 +536,5 @@ __all__ = [
     "RoundSummary",
     "SiteRoundError",
     "default_device",
+    "safetensors_manifest",
 ]
