@@ -55,6 +55,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     ramp_rounds: Rounds = 39
     absent_class_prior: Literal["rarest", "zero"] = "rarest"
     kd_samples: Literal["all", "contradicted"] = "all"
+    kd_classes: Literal["held", "all"] = "held"
 
 
 class FedRNHyperparameters(CommonHyperparameters):

@@ -233,6 +233,35 @@ class TestRecipe:
         )
         assert torch.equal(linear(noisy, 0).weight, linear(clean, 0).weight)
 
+    @pytest.mark.parametrize(("kd_classes", "moves"), [("held", False), ("all", True)])
+    def test_held_distillation_leaves_an_absent_class_alone(
+        self, kd_classes: str, moves: bool
+    ) -> None:
+        # Data of classes 0 and 1 only (of 3), full distillation (w = 1: the loss is the KL
+        # alone). "held": the KL runs over classes 0 and 1, so the class-2 output bias gets no
+        # gradient and stays exactly where it was; "all": the teacher's mass on class 2 moves it.
+        full = make_data(48)
+        keep = full.labels != 2
+        data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
+        model = tiny_mlp(0)
+        before = float(linear(model, 3).bias.detach()[2])
+        hp = {
+            "batch_size": 8,
+            "lr": 0.1,
+            "momentum": 0.0,
+            "warmup_rounds": 0,
+            "ramp_rounds": 0,
+            "kd_weight_max": 1.0,
+            "kd_classes": kd_classes,
+        }
+        ctx = make_context(round_index=3, role="noisy", hyperparameters=hp)
+        get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
+        after = float(linear(model, 3).bias.detach()[2])
+        if moves:
+            assert abs(after - before) > 1e-4
+        else:
+            assert after == before
+
     def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
         # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
         data = make_data(48, flip=0.3)
