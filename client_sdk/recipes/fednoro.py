@@ -21,7 +21,8 @@ on 20 digit sites with two classes each (the stress matrix's ``m04``), FedNoRo e
 accuracy against FedAvg's 0.90. By default (``"rarest"``) an absent class is given the prior of
 the rarest class the site holds, so it is pushed down as hard as that class and logit adjustment
 still balances the classes the site holds (with two balanced classes this is plain
-cross-entropy; FedNoRo then reached 0.90 on ``m04``). ``"zero"`` keeps the paper's -inf; its
+cross-entropy; FedNoRo then reached 0.899 on ``m04`` seed 0, 0.892 over seeds 0-2 against
+FedAvg's 0.914). ``"zero"`` keeps the paper's -inf; its
 KL skips the absent classes (the authors zero those log-probabilities, which gives the same
 gradient).
 
@@ -89,9 +90,14 @@ def log_class_prior(counts: torch.Tensor, absent: str = "rarest") -> torch.Tenso
 
 
 def logit_adjusted_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, log_prior: torch.Tensor
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    log_prior: torch.Tensor,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """Mean cross-entropy of the adjusted logits ``logits + log_prior`` (FedNoRo section 4.1).
+    """Cross-entropy of the adjusted logits ``logits + log_prior`` (FedNoRo section 4.1).
+
+    ``reduction``: ``"mean"`` over the batch, or ``"none"`` for the ``(B,)`` per-sample terms.
 
     Parameters
     ----------
@@ -102,7 +108,7 @@ def logit_adjusted_cross_entropy(
     log_prior : torch.Tensor
         ``(C,)`` log of the local class prior.
     """
-    return F.cross_entropy(logits.float() + log_prior, labels)
+    return F.cross_entropy(logits.float() + log_prior, labels, reduction=reduction)
 
 
 def kd_loss(
@@ -216,18 +222,16 @@ class FedNoRoRecipe:
         teacher = predict_logits(global_model, d.inputs)[0] if distil else None
         # "contradicted" (beyond the paper): distil only the samples whose label the teacher's
         # top class contradicts; the others keep their cross-entropy (module docstring).
-        distilled = (
-            None
-            if teacher is None
-            else (teacher.argmax(dim=1) != d.labels)
-            if kd_samples == "contradicted"
-            else torch.ones_like(d.labels, dtype=torch.bool)
-        )
+        distilled: torch.Tensor | None = None
+        if teacher is not None:
+            distilled = teacher.argmax(dim=1) != d.labels
+            if kd_samples == "all":
+                distilled = torch.ones_like(distilled)
 
         def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
             logits = model(x)
             check_logits(logits, ctx.num_classes)
-            ce_each = F.cross_entropy(logits.float() + log_prior, y, reduction="none")
+            ce_each = logit_adjusted_cross_entropy(logits, y, log_prior, reduction="none")
             ce = ce_each.mean()
             if teacher is None or distilled is None:
                 return BatchLoss(loss=ce, ce=ce.detach(), count=int(y.shape[0]))

@@ -239,8 +239,9 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
     With ``absent_class_prior: "zero"`` (the FedNoRo paper and its authors' code) a class a site
     does not hold gets the logit offset log 0 = -inf, so each site trains only the contrast
     between its own classes. With two classes per site (digits, 20 sites) that cost 21 points
-    against FedAvg (the stress matrix's ``m04``), while the default ``"rarest"`` matched FedAvg
-    there (``client_sdk/recipes/fednoro.py``). The line drawn here, the median site holding at
+    against FedAvg (the stress matrix's ``m04``, seed 0), where the default ``"rarest"`` matched
+    FedAvg in that seed and trailed it by 2.2 points over seeds 0-2
+    (``client_sdk/recipes/fednoro.py``). The line drawn here, the median site holding at
     most half of the classes, is a heuristic; the warning says what to configure instead.
     """
     num_classes = federation.num_classes
