@@ -182,22 +182,11 @@ class TestRecipe:
         # Data of classes 0 and 1 only (of 3). With the paper's -inf the absent class's logit
         # gets no gradient: its output bias stays exactly where it was. With "rarest" it is a
         # class to score below the true one, and plain SGD lowers its bias.
-        full = make_data(48)
-        keep = full.labels != 2
-        data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
-        model = tiny_mlp(0)
-        before = float(linear(model, 3).bias.detach()[2])
-        ctx = make_context(
+        before, after = _absent_class_bias_before_after(
+            {"batch_size": 8, "lr": 0.1, "momentum": 0.0, "absent_class_prior": absent},
             round_index=0,
-            hyperparameters={
-                "batch_size": 8,
-                "lr": 0.1,
-                "momentum": 0.0,
-                "absent_class_prior": absent,
-            },
+            role=None,
         )
-        get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
-        after = float(linear(model, 3).bias.detach()[2])
         if moves:
             assert after < before - 1e-3
         else:
@@ -240,11 +229,6 @@ class TestRecipe:
         # Data of classes 0 and 1 only (of 3), full distillation (w = 1: the loss is the KL
         # alone). "held": the KL runs over classes 0 and 1, so the class-2 output bias gets no
         # gradient and stays exactly where it was; "all": the teacher's mass on class 2 moves it.
-        full = make_data(48)
-        keep = full.labels != 2
-        data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
-        model = tiny_mlp(0)
-        before = float(linear(model, 3).bias.detach()[2])
         hp = {
             "batch_size": 8,
             "lr": 0.1,
@@ -254,9 +238,7 @@ class TestRecipe:
             "kd_weight_max": 1.0,
             "kd_classes": kd_classes,
         }
-        ctx = make_context(round_index=3, role="noisy", hyperparameters=hp)
-        get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
-        after = float(linear(model, 3).bias.detach()[2])
+        before, after = _absent_class_bias_before_after(hp, round_index=3, role="noisy")
         if moves:
             assert abs(after - before) > 1e-4
         else:
@@ -289,3 +271,18 @@ class TestRecipe:
         ctx = make_context(round_index=5, role="noisy", hyperparameters=hp)
         get_recipe("fednoro").train(student, teacher, data, ctx)
         assert disagreement(student) < 0.5 * before
+
+
+def _absent_class_bias_before_after(
+    hyperparameters: dict[str, object], *, round_index: int, role: str | None
+) -> tuple[float, float]:
+    """One FedNoRo round on data of classes 0 and 1 only (of 3), from tiny_mlp(0) with
+    tiny_mlp(1) as the teacher: the class-2 output bias before and after."""
+    full = make_data(48)
+    keep = full.labels != 2
+    data = type(full)(full.inputs[keep], full.labels[keep], true_labels=full.labels[keep])
+    model = tiny_mlp(0)
+    before = float(linear(model, 3).bias.detach()[2])
+    ctx = make_context(round_index=round_index, role=role, hyperparameters=hyperparameters)
+    get_recipe("fednoro").train(model, frozen(tiny_mlp(1)), data, ctx)
+    return before, float(linear(model, 3).bias.detach()[2])
