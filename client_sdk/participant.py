@@ -211,6 +211,11 @@ class Participant:
         self.on_round = on_round
         self._models: dict[str, tuple[str, bytes]] = {}  # model id -> (sha256, bytes)
         self.rounds_done: list[RoundSummary] = []
+        # An update whose upload got no answer (the coordinator went away mid-request): sent
+        # again, byte for byte with its idempotency key, before anything else. Training the round
+        # again instead would lose it when the first upload did arrive (the coordinator then says
+        # "wait") and would be refused as a reused key when it did not.
+        self._unsent: _PreparedUpdate | None = None
 
     def _join_counts(self) -> tuple[int, list[int]]:
         """(num_samples, class_counts) as the join declares them (checked against the task)."""
@@ -234,9 +239,10 @@ class Participant:
         """Train until the federation finishes (or `max_rounds` rounds were done here).
 
         An outage of the coordinator (see ``outage_s``) is waited out: the step that failed
-        (join, asking for instructions, a round) is tried again. A round whose upload failed is
-        asked for again and trained again if it is still open; an upload that did arrive is
-        recognised by its idempotency key.
+        (join, asking for instructions, a round) is tried again. An upload that got no answer is
+        sent again unchanged (same bytes, same idempotency key) once the coordinator is back: if
+        the first one did arrive the coordinator recognises it, if it did not the update counts
+        now, and if the round closed meanwhile the round is recorded as not accepted.
         """
         self._through_outage(self.join)
         while max_rounds is None or len(self.rounds_done) < max_rounds:
@@ -246,6 +252,9 @@ class Participant:
 
     def _step(self) -> bool:
         """One poll and, when told to train, one round; False once the federation finished."""
+        if self._unsent is not None:
+            self._record(self._upload(self._unsent))
+            return True
         current = self.client.get_current_round(self.federation_id, wait_s=self.poll_wait_s)
         if current.status == "finished":
             self._load_final(current)
@@ -255,12 +264,14 @@ class Participant:
             if self.poll_wait_s == 0:  # no long-poll: honour the server's hint
                 self._sleep(min(current.retry_after_s or 1.0, 5.0))
             return True
-        summary = self.train_round(current)
+        self._record(self.train_round(current))
+        return True
+
+    def _record(self, summary: RoundSummary) -> None:
         if summary.accepted:
             self.rounds_done.append(summary)
             if self.on_round is not None:
                 self.on_round(summary)
-        return True
 
     def _through_outage(self, step: Callable[[], _T]) -> _T:
         """``step()``, tried again while the coordinator is unreachable (``outage_s``)."""
@@ -437,6 +448,11 @@ class Participant:
             raise  # the coordinator's own answer, or it cannot be reached: nothing to report
         except Exception as exc:
             raise self._site_error(current.instructions.round_index, stage[0], exc) from exc
+        return self._upload(prepared)
+
+    def _upload(self, prepared: _PreparedUpdate) -> RoundSummary:
+        """Send a trained update; kept as unsent (and the error raised) when nothing answered."""
+        self._unsent = None
         accepted = True
         try:
             self.client.submit_update(
@@ -448,6 +464,9 @@ class Participant:
                 metrics=prepared.metrics,
                 idempotency_key=prepared.idempotency_key,
             )
+        except (APIConnectionError, InternalServerError):
+            self._unsent = prepared
+            raise
         except ConflictError as exc:
             if (exc.problem is None) or exc.problem.type != "/problems/round-closed":
                 raise
