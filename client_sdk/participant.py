@@ -48,7 +48,7 @@ from client_sdk._exceptions import (
 from client_sdk._models import CurrentRound, Instructions
 from client_sdk.local_state import LocalStateStore
 from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainReport, get_recipe
-from client_sdk.signals import compute_signals
+from client_sdk.signals import Signals, compute_signals
 
 log = logging.getLogger("client_sdk.participant")
 _DOING = {
@@ -400,18 +400,7 @@ class Participant:
         report: TrainReport = recipe.train(model, global_model, self.data, ctx)
         trained = time.perf_counter()
         stage[0] = "signals"
-        signals = compute_signals(
-            global_model=global_model,
-            local_model=model,
-            data=self.data,
-            num_classes=instructions.num_classes,
-            required=instructions.signals,
-            train_report=report,
-            probe_seed=instructions.probe.seed if instructions.probe is not None else None,
-            probe_size=instructions.probe.size if instructions.probe is not None else 0,
-            input_shape=instructions.input_shape,
-            device=self.device,
-        )
+        signals = self._compute_signals(global_model, model, report, instructions)
         signal_seconds = time.perf_counter() - trained
         stage[0] = "upload"
         reported = signals.to_json()
@@ -428,6 +417,31 @@ class Participant:
             train_seconds=trained - started,
             signal_seconds=signal_seconds,
             download_bytes=downloaded,
+        )
+
+    def _compute_signals(
+        self,
+        global_model: nn.Module,
+        model: nn.Module,
+        report: TrainReport,
+        instructions: Instructions,
+    ) -> Signals:
+        """The round's signals (:func:`client_sdk.signals.compute_signals` on this site's data).
+
+        The one place a simulated dishonest site (``service.simulation``) changes what it
+        reports; a real site has no reason to override it.
+        """
+        return compute_signals(
+            global_model=global_model,
+            local_model=model,
+            data=self.data,
+            num_classes=instructions.num_classes,
+            required=instructions.signals,
+            train_report=report,
+            probe_seed=instructions.probe.seed if instructions.probe is not None else None,
+            probe_size=instructions.probe.size if instructions.probe is not None else 0,
+            input_shape=instructions.input_shape,
+            device=self.device,
         )
 
     def train_round(self, current: CurrentRound) -> RoundSummary:

@@ -106,6 +106,7 @@ class ClientRecord:
     target_rate: float
     realised_rate: float
     true_noisy: bool
+    lies_about_losses: bool = False
 
 
 @dataclass

@@ -72,6 +72,7 @@ from service.simulation.datasets import (
     load_dataset,
     load_npz,
 )
+from service.simulation.lying import LossLyingParticipant
 from service.simulation.metrics import accuracy, balanced_accuracy
 from service.simulation.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from service.simulation.noise import NoiseError, NoiseReport, inject_noise, noise_levels
@@ -219,6 +220,14 @@ class PreparedData:
             labels=torch.from_numpy(np.ascontiguousarray(self.noise.noisy_labels[idx])),
             true_labels=torch.from_numpy(np.ascontiguousarray(self.split.train.y[idx])),
         )
+
+    def lying_sites(self) -> list[int]:
+        """Indices of the clients that report their true labels' losses (``scenario.lying``)."""
+        spec = self.scenario.lying
+        if spec is None:
+            return []
+        noisy = [k for k, is_noisy in enumerate(self.noise.noisy_clients) if is_noisy]
+        return noisy if spec.sites == "noisy" else noisy[: int(spec.sites)]
 
     def class_counts(self, k: int) -> list[int]:
         """Histogram of client ``k``'s (noisy) labels."""
@@ -442,11 +451,13 @@ def _create_federation(
     ids: dict[str, str] = {}
     participants: list[Participant] = []
     template = data.build_model()
+    liars = set(data.lying_sites())
     for k, name in enumerate(names):
         created = admin.add_client(fid, name)
         ids[name] = str(created.id)
+        site_class = LossLyingParticipant if k in liars else Participant
         participants.append(
-            Participant(
+            site_class(
                 FederationClient(api_token=created.token, http_client=http, max_retries=3),
                 fid,
                 copy.deepcopy(template),
@@ -796,6 +807,7 @@ def run_methods(
 
 def _result(fed: _Federation, data: PreparedData, report: dict[str, Any]) -> RunResult:
     noise = data.noise
+    liars = set(data.lying_sites())
     clients = [
         ClientRecord(
             index=k,
@@ -806,9 +818,16 @@ def _result(fed: _Federation, data: PreparedData, report: dict[str, Any]) -> Run
             target_rate=float(noise.target_rates[k]),
             realised_rate=float(noise.realised_rates[k]),
             true_noisy=bool(noise.noisy_clients[k]),
+            lies_about_losses=k in liars,
         )
         for k, name in enumerate(fed.names)
     ]
+    notes = list(noise.notes)
+    if liars:
+        notes.append(
+            "sites reporting their true labels' losses: "
+            + ", ".join(fed.names[k] for k in sorted(liars))
+        )
     run = RunResult(
         scenario=data.scenario.name,
         label=fed.spec.name,
@@ -822,7 +841,7 @@ def _result(fed: _Federation, data: PreparedData, report: dict[str, Any]) -> Run
         num_classes=data.split.train.num_classes,
         wall_seconds=time.perf_counter() - fed.started,
         report=report,
-        notes=list(noise.notes),
+        notes=notes,
     )
     summarise_run(run)
     return run

@@ -39,6 +39,7 @@ __all__ = [
     "CUSTOM_DATASET",
     "METHOD_PRESETS",
     "CustomDataSpec",
+    "LyingSpec",
     "MethodSpec",
     "ModelSpec",
     "NoiseSpec",
@@ -162,6 +163,22 @@ class NoiseSpec(_Strict):
         return self
 
 
+class LyingSpec(_Strict):
+    """Noisy sites that report the losses of their true labels (``service.simulation.lying``)."""
+
+    sites: Literal["noisy"] | int = Field(
+        default="noisy",
+        description="'noisy': every noisy site lies; n: the first n noisy sites (by index)",
+    )
+
+    @field_validator("sites")
+    @classmethod
+    def _positive(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and (isinstance(value, bool) or value < 1):
+            raise ValueError("sites: 'noisy' or a count >= 1")
+        return value
+
+
 class ModelSpec(_Strict):
     """The model every client trains (``service.simulation.models.build_model``)."""
 
@@ -259,6 +276,10 @@ class Scenario(_Strict):
     clients: int = Field(default=10, ge=1, le=10_000)
     partition: PartitionSpec = Field(default_factory=PartitionSpec)
     noise: NoiseSpec = Field(default_factory=NoiseSpec)
+    lying: LyingSpec | None = Field(
+        default=None,
+        description="noisy sites that report the losses of their true labels (an attack)",
+    )
     model: ModelSpec = Field(default_factory=ModelSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     methods: list[MethodSpec] = Field(
