@@ -42,6 +42,12 @@ keeps the paper's KL (over the held classes, the -inf offsets of ``absent_class_
 while the cross-entropy keeps the ``"rarest"`` prior; ``"all"`` runs it over every class.
 Measured (FedNoRo alone, 40 rounds): m04 seed 1 0.865 with ``"all"``, 0.897 with ``"held"``
 (FedAvg 0.923); m07 (3 seeds) 0.991 both; m06 seed 0 0.942 both.
+
+**How strong the logit adjustment is** (``la_tau``, beyond the paper). The offsets are
+``tau * log pi`` (Menon et al., "Long-tail learning via logit adjustment", ICLR 2021, eq. 10,
+where tau scales the prior); the paper's FedNoRo uses tau = 1 (the default). tau = 0 trains with
+plain cross-entropy and keeps the distillation; values in between soften the offsets of classes
+a site holds a handful of times.
 """
 
 from __future__ import annotations
@@ -173,7 +179,8 @@ class FedNoRoRecipe:
     (0.8), ``ramp_rounds`` (39), ``absent_class_prior`` (``"rarest"``; ``"zero"`` is the
     paper's -inf), ``kd_samples`` (``"all"``, the paper; ``"contradicted"``: only the samples
     whose label the teacher's top class contradicts), ``kd_classes`` (the classes the KL runs
-    over: ``"held"`` as in the paper, or ``"all"``), plus the common ones.
+    over: ``"held"`` as in the paper, or ``"all"``), ``la_tau`` (the strength of the logit
+    adjustment, 1 as in the paper, 0 for plain cross-entropy), plus the common ones.
     """
 
     name = "fednoro"
@@ -207,15 +214,16 @@ class FedNoRoRecipe:
         absent = hp.get_choice("absent_class_prior", "rarest", ("rarest", "zero"))
         kd_samples = hp.get_choice("kd_samples", "all", ("all", "contradicted"))
         kd_classes = hp.get_choice("kd_classes", "held", ("held", "all"))
+        tau = hp.get_float("la_tau", 1.0, minimum=0.0, maximum=1.0)
         if not math.isfinite(1.0 / temperature):
             raise InvalidHyperparameterError("kd_temperature: too small")
         d = setup.data
         counts = class_counts(d.labels, ctx.num_classes)
-        log_prior = log_class_prior(counts, absent).to(d.device)
+        log_prior = tau * log_class_prior(counts, absent).to(d.device)
         # "held": the KL runs over the classes the site holds only (the paper's -inf offsets).
-        kd_prior = (
-            log_class_prior(counts, "zero").to(d.device) if kd_classes == "held" else log_prior
-        )
+        held_prior = log_class_prior(counts, "zero").to(d.device)
+        held_prior = torch.where(torch.isfinite(held_prior), tau * held_prior, held_prior)
+        kd_prior = held_prior if kd_classes == "held" else log_prior
         stage2 = ctx.round_index >= warmup
         distil = stage2 and ctx.role == "noisy"
         weight = kd_weight(ctx.round_index, warmup, ramp, weight_max) if distil else 0.0

@@ -244,6 +244,28 @@ class TestRecipe:
         else:
             assert after == before
 
+    @pytest.mark.parametrize(("tau", "same"), [(0.0, True), (0.5, False), (1.0, False)])
+    def test_la_tau_zero_trains_like_plain_cross_entropy(self, tau: float, same: bool) -> None:
+        # Imbalanced labels (prior far from uniform): tau = 0 removes the offsets, and a clean
+        # site's FedNoRo round is then FedAvg's round, weight for weight; any tau > 0 is not.
+        data = make_data(24)
+        data.labels[:18] = 0
+        hp = {"batch_size": 8, "lr": 0.1, "momentum": 0.0, "la_tau": tau}
+        fednoro, fedavg = tiny_mlp(), tiny_mlp()
+        get_recipe("fednoro").train(
+            fednoro, frozen(tiny_mlp()), data, make_context(round_index=0, hyperparameters=hp)
+        )
+        get_recipe("fedavg").train(
+            fedavg, frozen(tiny_mlp()), data, make_context(round_index=0, hyperparameters=hp)
+        )
+        equal = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                fednoro.state_dict().values(), fedavg.state_dict().values(), strict=True
+            )
+        )
+        assert equal == same
+
     def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
         # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
         data = make_data(48, flip=0.3)
