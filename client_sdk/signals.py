@@ -11,7 +11,8 @@
 - ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k,
   eq. 8).
 - ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
-  mode (FedRN expertise, eq. 4).
+  mode (FedRN expertise, eq. 4), with the recipe's decision rule: a recipe that trained adjusted
+  logits (FedNoRo's logit adjustment) reports its offsets and they are added first.
 - ``probe_softmax``: softmax of theta_k on P Gaussian inputs drawn from the server's seed (FedRN
   similarity, FedRN eq. 5).
 - ``centroids``: RoFL local centroids (RoFL eq. 11).
@@ -287,6 +288,10 @@ def compute_signals(
 
     if "train_accuracy" in required:
         logits = _batched_logits(local_model, d.inputs, batch_size, num_classes)
+        if train_report.logit_offset is not None:
+            # The rule the recipe trained (FedNoRo: logits + tau log pi): a logit-adjusted model
+            # judged on its plain logits looks worse on a skewed site than it fits.
+            logits = logits.float() + train_report.logit_offset.to(logits.device, torch.float32)
         correct = int((logits.argmax(dim=1) == d.labels).sum().item())
         signals.train_accuracy = correct / d.num_samples
 

@@ -304,6 +304,10 @@ class TrainReport:
         JSON numbers: label_precision, label_recall, num_selected, 0/1 fallback flags, ...
     notes : list[str]
         Human-readable notes (fallbacks taken, state reset, ...).
+    logit_offset : torch.Tensor or None
+        (C,) offsets the recipe added to the logits when it trained (FedNoRo's logit
+        adjustment): the site's decision rule is ``argmax(logits + logit_offset)``, and its
+        ``train_accuracy`` signal is measured with it. None: plain logits.
     """
 
     train_loss: float
@@ -311,6 +315,7 @@ class TrainReport:
     centroids: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    logit_offset: torch.Tensor | None = None
 
 
 class Recipe(Protocol):

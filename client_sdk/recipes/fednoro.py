@@ -253,6 +253,7 @@ class FedNoRoRecipe:
         return TrainReport(
             train_loss=result.mean_ce,
             num_steps=result.num_steps,
+            logit_offset=log_prior.detach().cpu(),
             metrics={
                 "stage": 2.0 if stage2 else 1.0,
                 "distilled": 1.0 if distil else 0.0,

@@ -69,10 +69,11 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
         :class:`~service.audit.detectors.fednoro.FedNoRoDetector` parameters.
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
 evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count, \
-evidence_mixture_check
+evidence_mixture_check, evidence_accuracy_check, evidence_min_accuracy_gap
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
         ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
-        ``min_class_count``, ``mixture_check``): the calibrated evidence with a stated
+        ``min_class_count``, ``mixture_check``, ``accuracy_check``, ``min_accuracy_gap``): the
+        calibrated evidence with a stated
         false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
         True (default): when FedNoRo is the primary detector, the clients whose status before
@@ -145,6 +146,8 @@ evidence_mixture_check
     evidence_max_heterogeneity: float = 0.9
     evidence_min_class_count: int = 5
     evidence_mixture_check: bool = True
+    evidence_accuracy_check: bool = False
+    evidence_min_accuracy_gap: float = 0.05
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -336,4 +339,6 @@ def evidence_detector(config: AuditConfig) -> EvidenceDetector:
         max_heterogeneity=config.evidence_max_heterogeneity,
         min_class_count=config.evidence_min_class_count,
         mixture_check=config.evidence_mixture_check,
+        accuracy_check=config.evidence_accuracy_check,
+        min_accuracy_gap=config.evidence_min_accuracy_gap,
     )

@@ -116,7 +116,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from scipy.special import ndtr
@@ -133,6 +133,9 @@ from service.audit._validation import (
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.small_federation import worse_than_prior
+
+if TYPE_CHECKING:
+    from service.audit.accuracy_evidence import AccuracyEvidence
 
 __all__ = [
     "ClassNull",
@@ -451,6 +454,12 @@ class EvidenceDetector:
         With 2 to ``min_clients - 1`` sites (and spreads), the narrower rule of
         :mod:`service.audit.small_federation` judges the round; this is the median ``1 - L/H``
         the sites it does not flag must reach.
+    accuracy_check : bool, default=False
+        When every site reported its local model's accuracy on its own labels, also flag the
+        sites whose accuracy is significantly and at least ``min_accuracy_gap`` below the
+        others' (:mod:`service.audit.accuracy_evidence`): a site that lies about its losses.
+    min_accuracy_gap : float, default=0.05
+        The accuracy test's practical-significance floor (absolute error above the centre).
     """
 
     method = "evidence"
@@ -466,6 +475,8 @@ class EvidenceDetector:
         min_class_count: int = 5,
         small_min_informativeness: float = 0.5,
         mixture_check: bool = True,
+        accuracy_check: bool = False,
+        min_accuracy_gap: float = 0.05,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -488,6 +499,10 @@ class EvidenceDetector:
             "max_heterogeneity", max_heterogeneity, min_value=0.0, max_value=1.0
         )
         self.mixture_check = check_bool("mixture_check", mixture_check)
+        self.accuracy_check = check_bool("accuracy_check", accuracy_check)
+        self.min_accuracy_gap = check_float(
+            "min_accuracy_gap", min_accuracy_gap, min_value=0.0, max_value=1.0
+        )
 
     # ----------------------------------------------------------------------------------------
 
@@ -612,6 +627,41 @@ class EvidenceDetector:
             return None
         return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
 
+    def _accuracy(
+        self, train_accuracy: Any, num_samples: Any, k: int, anchor: BoolArray, mode: str
+    ) -> tuple[AccuracyEvidence | None, str | None]:
+        """The accuracy evidence of the round, or None with why it was not used."""
+        if not self.accuracy_check:
+            return None, None
+        if train_accuracy is None or num_samples is None:
+            return None, "no accuracy evidence: not every site reported train_accuracy"
+        if mode != "consensus":
+            return None, "no accuracy evidence: the anchors orient the loss evidence only"
+        # Imported here: that module builds on this one's null fit and step-up rule.
+        from service.audit.accuracy_evidence import accuracy_evidence
+
+        for name, values in (("train_accuracy", train_accuracy), ("num_samples", num_samples)):
+            if np.asarray(values).reshape(-1).size != k:
+                raise InvalidInputError(
+                    f"{name}: {np.asarray(values).size} entries for {k} clients"
+                )
+        evidence = accuracy_evidence(
+            train_accuracy, num_samples, q=self.q, min_gap=self.min_accuracy_gap, never=anchor
+        )
+        return evidence, None
+
+    @staticmethod
+    def _accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
+        """The accuracy evidence's part of a site's verdict (nothing when it was not used)."""
+        if accuracy is None:
+            return {}
+        return {
+            "accuracy_z": float(accuracy.z[i]),
+            "accuracy_p_value": float(accuracy.p_value[i]),
+            "accuracy_gap": float(accuracy.gap[i]),
+            "flagged_by_accuracy": added,
+        }
+
     def _noisy_classes(self, z: FloatArray, counts: IntArray) -> list[int]:
         """The site's classes that alone pass the site's per-class test at q, highest z first
         (the classes and the factor of :func:`site_p_values`' Bonferroni part)."""
@@ -627,6 +677,8 @@ class EvidenceDetector:
         per_class_loss_sd: Any = None,
         anchors: Any = None,
         mixture: DetectionResult | None = None,
+        train_accuracy: Any = None,
+        num_samples: Any = None,
     ) -> DetectionResult:
         """Judge one round.
 
@@ -643,6 +695,9 @@ class EvidenceDetector:
         mixture : DetectionResult, optional
             FedNoRo's detector already fitted on this round (the pipeline's, as configured);
             None: fitted here with its defaults when ``mixture_check`` is on.
+        train_accuracy, num_samples : array-like of shape (K,), optional
+            Every site's local model's accuracy on its own labels and its sample count: with
+            ``accuracy_check``, the accuracy evidence adds its flags in consensus mode.
 
         Returns
         -------
@@ -745,6 +800,18 @@ class EvidenceDetector:
 
         status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
         flags = chosen.flags & (status == "ok")
+        accuracy, accuracy_note = self._accuracy(train_accuracy, num_samples, k, anchor, mode)
+        accuracy_flags = np.zeros(k, dtype=bool)
+        if accuracy is not None and status == "ok":
+            union = flags | accuracy.flags
+            if union.sum() >= self.max_flagged_fraction * k:
+                accuracy_note = (
+                    f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "
+                    "would be flagged"
+                )
+            else:
+                accuracy_flags = accuracy.flags & ~flags
+                flags = union
         z = chosen.evidence.z
         verdicts: list[ClientVerdict | None] = []
         for i in range(k):
@@ -764,6 +831,7 @@ class EvidenceDetector:
                         "mean_loss": float(site_loss[i]),
                         "anchor": bool(anchor[i]),
                         "significant": bool(chosen.flags[i]),
+                        **self._accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
                     },
                 )
             )
@@ -782,6 +850,9 @@ class EvidenceDetector:
             "anchors": int(anchor.sum()),
             "anchor_orientation": "inverted" if anchor_inverted else "consensus",
             "spreads_reported": sd is not None,
+            "accuracy_flagged": int(accuracy_flags.sum()),
+            "accuracy_note": accuracy_note,
+            "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,
             "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
             "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
         }

@@ -73,8 +73,16 @@ def _run_evidence(
         if any(v is None for v in data.per_class_loss_sd)
         else np.stack([cast(FloatArray, v) for v in data.per_class_loss_sd])
     )
+    # The accuracy evidence likewise needs every client's accuracy (else it is left out).
+    accuracy = None if missing(data.ids, data.train_accuracy) else data.train_accuracy
     return evidence_detector(config).fit(
-        loss, data.class_counts, spreads, anchors=anchors, mixture=mixture
+        loss,
+        data.class_counts,
+        spreads,
+        anchors=anchors,
+        mixture=mixture,
+        train_accuracy=accuracy,
+        num_samples=None if accuracy is None else data.num_samples,
     )
 
 

@@ -147,6 +147,7 @@ def test_public_api_matches_all():
     exported = set(audit.__all__)
     public = {name for name in dir(audit) if not name.startswith("_")}
     submodules = {
+        "accuracy_evidence",
         "aggregation",
         "aggregators",
         "audit_config",

@@ -79,6 +79,17 @@ def test_train_accuracy_by_hand_with_the_local_model() -> None:
     assert out.train_accuracy == 0.5
 
 
+def test_train_accuracy_uses_the_recipes_logit_offset() -> None:
+    # Same inputs and labels as above, offsets [0, 0, 2] (a logit-adjusted recipe): adjusted
+    # logits [1,0,2], [0,1,2], [0,0,3], [1,0,2] -> predictions 2, 2, 2, 2; labels [0, 1, 0, 2]
+    # -> only the last is right: 1 / 4.
+    x = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0, 0]])
+    data = LocalData(x, torch.tensor([0, 1, 0, 2]))
+    report = TrainReport(train_loss=0.25, num_steps=3, logit_offset=torch.tensor([0.0, 0, 2]))
+    out = signals_for({"train_accuracy"}, data=data, global_model=Exploding(), train_report=report)
+    assert out.train_accuracy == 0.25
+
+
 def test_only_required_signals_are_computed_and_sent() -> None:
     out = signals_for({"train_loss"}, global_model=Exploding(), local_model=Exploding())
     assert out.to_json() == {"num_samples": 3, "class_counts": [1, 1, 1], "train_loss": 0.25}

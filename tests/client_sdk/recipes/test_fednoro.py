@@ -266,6 +266,22 @@ class TestRecipe:
         )
         assert equal == same
 
+    def test_the_report_carries_the_offsets_it_trained_with(self) -> None:
+        # 24 samples: 18 of class 0, 6 of class 1, none of class 2 ("rarest": it takes
+        # class 1's prior 0.25). tau = 0.5: offsets 0.5 ln 0.75 = -0.143841, 0.5 ln 0.25 =
+        # -0.693147 (classes 1 and 2).
+        data = make_data(24)
+        data.labels[:18] = 0
+        data.labels[18:] = 1
+        hp = {"batch_size": 8, "la_tau": 0.5}
+        report = get_recipe("fednoro").train(
+            tiny_mlp(), frozen(tiny_mlp()), data, make_context(hyperparameters=hp)
+        )
+        assert report.logit_offset is not None
+        assert report.logit_offset.tolist() == pytest.approx(
+            [-0.143841, -0.693147, -0.693147], abs=1e-6
+        )
+
     def test_full_distillation_pulls_the_student_towards_the_teacher(self) -> None:
         # With w = 1 (kd_weight_max 1, lambda = 1) the noisy client only matches the teacher.
         data = make_data(48, flip=0.3)
