@@ -490,20 +490,37 @@ class AdminClient(_Base):
         )
         return Federation.model_validate(response.json())
 
-    def list_rounds(self, federation_id: uuid.UUID | str) -> list[RoundInfo]:
-        response = self._request("GET", f"{API}/federations/{federation_id}/rounds")
-        return [RoundInfo.model_validate(r) for r in response.json()["items"]]
+    def list_rounds(
+        self, federation_id: uuid.UUID | str, *, page_size: int = 1000
+    ) -> list[RoundInfo]:
+        """Every round of the federation, oldest first (as many requests as pages)."""
+        items = self.get_json_pages(
+            f"/federations/{federation_id}/rounds", cursor="offset", page_size=page_size
+        )
+        return [RoundInfo.model_validate(r) for r in items]
 
     def get_round(self, federation_id: uuid.UUID | str, index: int) -> RoundInfo:
         response = self._request("GET", f"{API}/federations/{federation_id}/rounds/{index}")
         return RoundInfo.model_validate(response.json())
 
     def list_events(
-        self, federation_id: uuid.UUID | str, *, kind: str | None = None
+        self,
+        federation_id: uuid.UUID | str,
+        *,
+        kind: str | None = None,
+        client_id: uuid.UUID | str | None = None,
+        page_size: int = 1000,
     ) -> list[Event]:
-        params = {"kind": kind} if kind else {}
-        response = self._request("GET", f"{API}/federations/{federation_id}/events", params=params)
-        return [Event.model_validate(e) for e in response.json()["items"]]
+        """The federation's whole audit trail, oldest first; only events of ``kind`` and of
+        ``client_id`` when given (as many requests as pages)."""
+        filters = {k: str(v) for k, v in (("kind", kind), ("client_id", client_id)) if v}
+        items = self.get_json_pages(
+            f"/federations/{federation_id}/events",
+            cursor="after_id",
+            page_size=page_size,
+            **filters,
+        )
+        return [Event.model_validate(e) for e in items]
 
     def download_model(self, model_id: uuid.UUID | str) -> bytes:
         response = self._request("GET", f"{API}/models/{model_id}")
@@ -513,6 +530,27 @@ class AdminClient(_Base):
         """Any other admin GET under /api/v1 (reports, audits); returns the decoded JSON."""
         response = self._request("GET", f"{API}{path}", params=params)
         return response.json()
+
+    def get_json_pages(
+        self, path: str, *, cursor: str, page_size: int = 1000, **params: Any
+    ) -> list[dict[str, Any]]:
+        """Every item of a paged admin list under /api/v1, as decoded JSON objects.
+
+        ``cursor`` names how the list pages: ``"offset"`` (the number of items already read;
+        rounds) or ``"after_id"`` (the last item's ``id``; events, whose ids increase). Pages
+        of ``page_size`` items are requested until one comes back short.
+        """
+        if cursor not in ("offset", "after_id"):
+            raise ValueError(f"cursor: expected 'offset' or 'after_id', got {cursor!r}")
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        items: list[dict[str, Any]] = []
+        while True:
+            at = len(items) if cursor == "offset" else (int(items[-1]["id"]) if items else 0)
+            page = self.get_json(path, limit=page_size, **{cursor: at}, **params)["items"]
+            items += page
+            if len(page) < page_size:
+                return items
 
     def post_json(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
         response = self._request("POST", f"{API}{path}", json=dict(body or {}), retry_status=False)

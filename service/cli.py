@@ -262,7 +262,7 @@ def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _output_format(csv_output: bool, json_output: bool) -> str:
-    """"table", "csv" or "json"; --csv with --json is refused before any request."""
+    """ "table", "csv" or "json"; --csv with --json is refused before any request."""
     if csv_output and json_output:
         _fail("--csv and --json exclude each other: choose one")
     return "csv" if csv_output else "json" if json_output else "table"
@@ -295,19 +295,6 @@ def _write_csv(header: list[str], rows: list[list[Any]]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(header)
     writer.writerows([_csv_cell(v) for v in row] for row in rows)
-
-
-def _all_pages(admin: Any, path: str, cursor: str, **params: Any) -> list[dict[str, Any]]:
-    """Every item of a paged admin list: ``cursor`` is "offset" (rounds) or "after_id" (events,
-    by their increasing ids)."""
-    items: list[dict[str, Any]] = []
-    limit = 1000
-    while True:
-        at = len(items) if cursor == "offset" else (items[-1]["id"] if items else 0)
-        page = _call(admin.get_json, path, limit=limit, **{cursor: at}, **params)["items"]
-        items += page
-        if len(page) < limit:
-            return items
 
 
 @federation_app.command("create")
@@ -357,13 +344,29 @@ def federation_list(
     if fmt == "csv":
         _write_csv(
             [
-                "id", "name", "status", "status_reason", "joined_clients", "clients",
-                "rounds_started", "rounds", "current_model_id", "created_at",
+                "id",
+                "name",
+                "status",
+                "status_reason",
+                "joined_clients",
+                "clients",
+                "rounds_started",
+                "rounds",
+                "current_model_id",
+                "created_at",
             ],
             [
                 [
-                    f.id, f.name, f.status, f.status_reason, f.joined_clients, f.clients,
-                    f.rounds_started, f.plan.rounds, f.current_model_id, f.created_at,
+                    f.id,
+                    f.name,
+                    f.status,
+                    f.status_reason,
+                    f.joined_clients,
+                    f.clients,
+                    f.rounds_started,
+                    f.plan.rounds,
+                    f.current_model_id,
+                    f.created_at,
                 ]
                 for f in items
             ],
@@ -693,13 +696,29 @@ def client_list(
     if fmt == "csv":
         _write_csv(
             [
-                "id", "name", "status", "pinned_status", "pin_reason", "anchor", "anchor_reason",
-                "num_samples", "joined_at", "last_seen_at",
+                "id",
+                "name",
+                "status",
+                "pinned_status",
+                "pin_reason",
+                "anchor",
+                "anchor_reason",
+                "num_samples",
+                "joined_at",
+                "last_seen_at",
             ],
             [
                 [
-                    c.id, c.name, c.status, c.pinned_status, c.pin_reason, c.anchor,
-                    c.anchor_reason, c.num_samples, c.joined_at, c.last_seen_at,
+                    c.id,
+                    c.name,
+                    c.status,
+                    c.pinned_status,
+                    c.pin_reason,
+                    c.anchor,
+                    c.anchor_reason,
+                    c.num_samples,
+                    c.joined_at,
+                    c.last_seen_at,
                 ]
                 for c in clients
             ],
@@ -736,15 +755,26 @@ def rounds(
     """List a federation's rounds (a table, or --csv, or --json)."""
     fmt = _output_format(csv_output, json_output)
     with _admin(url, token) as admin:
-        items = _all_pages(admin, f"/federations/{federation_id}/rounds", "offset")
+        items = _call(admin.get_json_pages, f"/federations/{federation_id}/rounds", cursor="offset")
     if fmt == "json":
         _write_json(items)
         return
     if fmt == "csv":
         keys = [
-            "index", "state", "state_reason", "opened_at", "deadline_at", "deadline_extensions",
-            "closed_at", "selected_clients", "submitted_clients", "aggregation_rule",
-            "coordinator_seconds", "model_in_id", "model_out_id", "id",
+            "index",
+            "state",
+            "state_reason",
+            "opened_at",
+            "deadline_at",
+            "deadline_extensions",
+            "closed_at",
+            "selected_clients",
+            "submitted_clients",
+            "aggregation_rule",
+            "coordinator_seconds",
+            "model_in_id",
+            "model_out_id",
+            "id",
         ]
         rows = []
         for r in items:
@@ -771,9 +801,7 @@ def rounds(
 @app.command()
 def events(
     federation_id: str,
-    kind: Annotated[
-        str | None, typer.Option(help="Only this kind (e.g. client.pinned)")
-    ] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (e.g. client.pinned)")] = None,
     client_id: Annotated[str | None, typer.Option("--client", help="Only this client id")] = None,
     csv_output: CsvOption = False,
     json_output: JsonOption = False,
@@ -784,7 +812,12 @@ def events(
     fmt = _output_format(csv_output, json_output)
     filters = {k: v for k, v in (("kind", kind), ("client_id", client_id)) if v}
     with _admin(url, token) as admin:
-        items = _all_pages(admin, f"/federations/{federation_id}/events", "after_id", **filters)
+        items = _call(
+            admin.get_json_pages,
+            f"/federations/{federation_id}/events",
+            cursor="after_id",
+            **filters,
+        )
     if fmt == "json":
         _write_json(items)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 
 import httpx
 import pytest
@@ -226,3 +227,64 @@ def test_stop_federation_posts_the_reason_and_does_not_retry_a_conflict() -> Non
     with pytest.raises(ConflictError, match="already failed"):
         admin.stop_federation(FID, "again")
     assert len(sent) == 2  # a 409 is an answer, not retried
+
+
+def _round(i: int) -> dict:
+    return {
+        "id": str(uuid.UUID(int=i + 1)),
+        "federation_id": FID,
+        "index": i,
+        "state": "closed",
+        "opened_at": "2026-11-23T00:00:00Z",
+        "deadline_at": "2026-11-23T01:00:00Z",
+        "deadline_extensions": 0,
+        "model_in_id": str(uuid.UUID(int=100 + i)),
+        "selected_clients": [],
+        "submitted_clients": [],
+    }
+
+
+def _event(i: int) -> dict:
+    return {
+        "id": 10 * i + 3,  # increasing, not consecutive
+        "kind": "round.closed",
+        "actor": "coordinator",
+        "message": f"round {i} closed",
+        "data": {},
+        "created_at": "2026-11-23T00:00:00Z",
+    }
+
+
+def test_list_rounds_and_events_read_every_page() -> None:
+    # A coordinator with 5 rounds and 5 events that answers at most `limit` items per request.
+    from client_sdk import AdminClient
+
+    rounds = [_round(i) for i in range(5)]
+    events = [_event(i) for i in range(5)]
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        limit = int(request.url.params["limit"])
+        if request.url.path.endswith("/rounds"):
+            offset = int(request.url.params["offset"])
+            return httpx.Response(200, json={"items": rounds[offset : offset + limit], "total": 5})
+        after = int(request.url.params["after_id"])
+        later = [e for e in events if e["id"] > after]
+        return httpx.Response(200, json={"items": later[:limit]})
+
+    http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coord")
+    admin = AdminClient(api_token="t" * 20, http_client=http)
+    assert [r.index for r in admin.list_rounds(FID, page_size=2)] == [0, 1, 2, 3, 4]
+    assert [int(r.url.params["offset"]) for r in sent] == [0, 2, 4]
+    sent.clear()
+    listed = admin.list_events(FID, kind="round.closed", page_size=2)
+    assert [e.id for e in listed] == [3, 13, 23, 33, 43]
+    assert [int(r.url.params["after_id"]) for r in sent] == [0, 13, 33]
+    assert {r.url.params["kind"] for r in sent} == {"round.closed"}
+    sent.clear()
+    # A full last page costs one more request, which comes back empty.
+    assert len(admin.list_rounds(FID, page_size=5)) == 5
+    assert len(sent) == 2
+    with pytest.raises(ValueError, match="cursor"):
+        admin.get_json_pages("/x", cursor="page")
