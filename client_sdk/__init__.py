@@ -29,7 +29,13 @@ from client_sdk._exceptions import (
     SiteRoundError,
     UnprocessableEntityError,
 )
-from client_sdk._models import CurrentRound, Instructions, ProblemDetails, UpdateReceipt
+from client_sdk._models import (
+    CurrentRound,
+    Diagnostics,
+    Instructions,
+    ProblemDetails,
+    UpdateReceipt,
+)
 
 if TYPE_CHECKING:
     from client_sdk.participant import (
@@ -62,6 +68,7 @@ __all__ = [
     "ConflictError",
     "CoordinatorSDKError",
     "CurrentRound",
+    "Diagnostics",
     "FederationClient",
     "FederationFailedError",
     "Instructions",

@@ -34,6 +34,7 @@ from client_sdk._models import (
     ClientCreated,
     ClientInfo,
     CurrentRound,
+    Diagnostics,
     Event,
     Federation,
     JoinInfo,
@@ -232,6 +233,11 @@ class FederationClient(_Base):
             "POST", join_path(federation_id), json=join_body(num_samples, class_counts)
         )
         return JoinInfo.model_validate(response.json())
+
+    def get_diagnostics(self, federation_id: uuid.UUID | str) -> Diagnostics:
+        """This site's own verdict: its status, flagged rounds, noisy classes and advice."""
+        response = self._request("GET", f"{API}/federations/{federation_id}/diagnostics")
+        return Diagnostics.model_validate(response.json())
 
     def get_current_round(
         self, federation_id: uuid.UUID | str, *, wait_s: float = 0.0

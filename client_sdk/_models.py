@@ -92,6 +92,21 @@ class JoinInfo(_Model):
     input_shape: list[int]
 
 
+class Diagnostics(_Model):
+    """What a site may learn about itself (``GET .../diagnostics``): its status, the rounds in
+    which it was flagged, which of its classes look noisy, and advice in words."""
+
+    client_id: uuid.UUID
+    name: str
+    status: str
+    latest_round: int | None = None
+    flagged_rounds: list[int]
+    rounds_audited: int
+    noisy_classes: list[str]
+    scores: dict[str, float | None] | None = None
+    advice: str
+
+
 class Neighbor(_Model):
     client_id: uuid.UUID
     model_id: uuid.UUID

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import struct
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from client_sdk._exceptions import (
     InternalServerError,
     SiteRoundError,
 )
-from client_sdk._models import CurrentRound, Instructions
+from client_sdk._models import CurrentRound, Diagnostics, Instructions
 from client_sdk.local_state import LocalStateStore
 from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainReport, get_recipe
 from client_sdk.signals import Signals, compute_signals
@@ -59,6 +60,10 @@ _DOING = {
     "other": "taking part",
 }
 _T = TypeVar("_T")
+
+
+def _print_progress(line: str) -> None:
+    print(f"fedaudit site: {line}", file=sys.stderr, flush=True)
 
 
 def default_device() -> torch.device:
@@ -174,6 +179,11 @@ class Participant:
         The longest wait between two tries during an outage (the waits double from 1 s).
     sleep : callable
         How to wait (tests pass their own).
+    progress : bool or callable
+        True (default): one line on standard error per step a person waiting at the site wants
+        to see (joined, each round trained and uploaded with its loss, waiting and why, the
+        coordinator unreachable, finished with the site's own verdict); False: nothing; a
+        callable: called with each line instead (e.g. a logger's ``info``).
     """
 
     def __init__(
@@ -191,6 +201,7 @@ class Participant:
         outage_s: float | None = None,
         outage_backoff_max_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
+        progress: bool | Callable[[str], None] = True,
     ) -> None:
         if outage_s is not None and outage_s < 0:
             raise ValueError("outage_s must be >= 0 (or None: keep trying)")
@@ -216,6 +227,10 @@ class Participant:
         # again instead would lose it when the first upload did arrive (the coordinator then says
         # "wait") and would be refused as a reused key when it did not.
         self._unsent: _PreparedUpdate | None = None
+        self._say: Callable[[str], None] | None = (
+            _print_progress if progress is True else (progress or None)
+        )
+        self._last_wait: str | None = None
 
     def _join_counts(self) -> tuple[int, list[int]]:
         """(num_samples, class_counts) as the join declares them (checked against the task)."""
@@ -234,6 +249,11 @@ class Participant:
         num_samples, counts = self._join_counts()
         joined = self.client.join(self.federation_id, num_samples=num_samples, class_counts=counts)
         log.info("joined federation %s as %s", self.federation_id, joined.name)
+        held = sum(1 for c in counts if c > 0)
+        self._progress(
+            f"joined federation {self.federation_id} as {joined.name!r}: {num_samples} samples "
+            f"in {held} of {len(counts)} classes, training on {self.device}"
+        )
 
     def run(self, *, max_rounds: int | None = None) -> list[RoundSummary]:
         """Train until the federation finishes (or `max_rounds` rounds were done here).
@@ -259,19 +279,61 @@ class Participant:
         if current.status == "finished":
             self._load_final(current)
             log.info("federation %s finished", self.federation_id)
+            self._progress_finished()
             return False
         if current.status == "wait":
+            reason = current.reason or "waiting for the coordinator"
+            if reason != self._last_wait:
+                self._progress(f"waiting: {reason}")
+                self._last_wait = reason
             if self.poll_wait_s == 0:  # no long-poll: honour the server's hint
                 self._sleep(min(current.retry_after_s or 1.0, 5.0))
             return True
+        self._last_wait = None
+        assert current.instructions is not None
+        self._progress(
+            f"round {current.instructions.round_index + 1}/{current.instructions.total_rounds}: "
+            f"training ({current.instructions.recipe})"
+        )
         self._record(self.train_round(current))
         return True
 
     def _record(self, summary: RoundSummary) -> None:
-        if summary.accepted:
-            self.rounds_done.append(summary)
-            if self.on_round is not None:
-                self.on_round(summary)
+        total = f"{summary.round_index + 1}"
+        if not summary.accepted:
+            self._progress(f"round {total}: closed before this site's upload; not counted")
+            return
+        self._progress(
+            f"round {total}: trained in {summary.train_seconds:.1f} s, loss "
+            f"{summary.train_loss:.4f}, uploaded {summary.upload_bytes / 1e3:.0f} kB"
+        )
+        self.rounds_done.append(summary)
+        if self.on_round is not None:
+            self.on_round(summary)
+
+    def _progress(self, line: str) -> None:
+        if self._say is not None:
+            self._say(line)
+
+    def _progress_finished(self) -> None:
+        if self._say is None:
+            return
+        self._say(
+            f"federation finished: {len(self.rounds_done)} round(s) trained here; the final "
+            "model is loaded"
+        )
+        try:
+            verdict = self.diagnostics()
+        except CoordinatorSDKError as exc:  # the verdict is a courtesy; the run succeeded
+            self._say(f"(this site's verdict could not be read: {exc})")
+            return
+        classes = f" (classes {', '.join(verdict.noisy_classes)})" if verdict.noisy_classes else ""
+        self._say(f"this site's status: {verdict.status}{classes}. {verdict.advice}")
+
+    def diagnostics(self) -> Diagnostics:
+        """This site's own verdict from the coordinator: status, the rounds in which it was
+        flagged, the classes that look noisy, and advice (``GET .../diagnostics``)."""
+        return self.client.get_diagnostics(self.federation_id)
 
     def _through_outage(self, step: Callable[[], _T]) -> _T:
         """``step()``, tried again while the coordinator is unreachable (``outage_s``)."""
@@ -290,6 +352,10 @@ class Participant:
                     now - started,
                     exc,
                     wait,
+                )
+                self._progress(
+                    f"coordinator unreachable for {now - started:.0f} s; trying again in "
+                    f"{wait:.0f} s"
                 )
                 self._sleep(wait)
                 wait = min(2.0 * wait, self.outage_backoff_max_s)

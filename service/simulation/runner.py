@@ -464,6 +464,7 @@ def _create_federation(
                 data.local_data(k),
                 device="cpu",
                 poll_wait_s=LONG_POLL_S,
+                progress=False,  # the simulator draws its own progress bar
             )
         )
     for participant in participants:

@@ -1,0 +1,97 @@
+"""What a site sees: its progress lines and its own verdict, against a real coordinator process
+(uvicorn on a loopback port)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client_sdk import AdminClient, Diagnostics, FederationClient, Participant
+from client_sdk.participant import state_to_bytes
+from service.simulation.coordinator_process import CoordinatorProcess
+from tests.client_sdk.test_lost_answer import FlakyNetwork, tiny_data, tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_site_says_what_it_does_and_reads_its_verdict(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with (
+        CoordinatorProcess(tmp_path / "coord") as server,
+        AdminClient(server.url, server.admin_token) as admin,
+    ):
+        federation = admin.create_federation(
+            {
+                "name": "progress",
+                "task": {"num_classes": 2, "input_shape": [4]},
+                "plan": {"rounds": 2, "min_clients": 1},
+                "config": {"method": "fedavg", "hyperparameters": {"lr": 0.1, "local_epochs": 1}},
+                "seed": 2,
+            }
+        )
+        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
+        token = admin.add_client(federation.id, "site-a").token
+        # The network loses round 1's first upload: the site says the coordinator was
+        # unreachable, then goes on.
+        with httpx.Client(base_url=server.url, transport=FlakyNetwork("request")) as http:
+            client = FederationClient(api_token=token, http_client=http, max_retries=0)
+            participant = Participant(
+                client,
+                federation.id,
+                tiny_model(),
+                tiny_data(),
+                device="cpu",
+                poll_wait_s=0.5,
+                sleep=lambda s: None,
+                progress=lines.append,
+            )
+            participant.run()
+            verdict = participant.diagnostics()
+
+    assert isinstance(verdict, Diagnostics)
+    assert verdict.name == "site-a"
+    assert verdict.status == "trusted"
+    assert verdict.flagged_rounds == []
+    assert lines[0] == (
+        f"joined federation {federation.id} as 'site-a': 24 samples in 2 of 2 classes, "
+        "training on cpu"
+    )
+    assert lines[1] == "round 1/2: training (fedavg)"
+    assert re.fullmatch(r"round 1: trained in \d+\.\d s, loss \d\.\d{4}, uploaded \d+ kB", lines[2])
+    assert "round 2/2: training (fedavg)" in lines
+    assert any(line.startswith("coordinator unreachable for 0 s") for line in lines)
+    assert any(re.fullmatch(r"round 2: trained in .*", line) for line in lines)
+    assert lines[-2] == "federation finished: 2 round(s) trained here; the final model is loaded"
+    assert lines[-1] == f"this site's status: trusted. {verdict.advice}"
+
+
+def test_progress_false_says_nothing_and_true_prints_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with (
+        CoordinatorProcess(tmp_path / "coord") as server,
+        AdminClient(server.url, server.admin_token) as admin,
+    ):
+        federation = admin.create_federation(
+            {
+                "name": "quiet",
+                "task": {"num_classes": 2, "input_shape": [4]},
+                "plan": {"rounds": 1, "min_clients": 1},
+                "config": {"method": "fedavg"},
+                "seed": 2,
+            }
+        )
+        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
+        tokens = [admin.add_client(federation.id, name).token for name in ("a", "b")]
+        with FederationClient(server.url, tokens[0]) as client:
+            Participant(
+                client, federation.id, tiny_model(), tiny_data(), device="cpu", progress=False
+            ).join()
+        assert capsys.readouterr().err == ""
+        with FederationClient(server.url, tokens[1]) as client:
+            Participant(client, federation.id, tiny_model(), tiny_data(), device="cpu").join()
+        err = capsys.readouterr().err
+        assert err.startswith(f"fedaudit site: joined federation {federation.id} as 'b'")
