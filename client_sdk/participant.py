@@ -291,20 +291,21 @@ class Participant:
             return True
         self._last_wait = None
         assert current.instructions is not None
+        index = current.instructions.round_index
         self._progress(
-            f"round {current.instructions.round_index + 1}/{current.instructions.total_rounds}: "
-            f"training ({current.instructions.recipe})"
+            f"round {index} ({index + 1} of {current.instructions.total_rounds}): training "
+            f"({current.instructions.recipe})"
         )
         self._record(self.train_round(current))
         return True
 
     def _record(self, summary: RoundSummary) -> None:
-        total = f"{summary.round_index + 1}"
+        index = summary.round_index
         if not summary.accepted:
-            self._progress(f"round {total}: closed before this site's upload; not counted")
+            self._progress(f"round {index}: closed before this site's upload; not counted")
             return
         self._progress(
-            f"round {total}: trained in {summary.train_seconds:.1f} s, loss "
+            f"round {index}: trained in {summary.train_seconds:.1f} s, loss "
             f"{summary.train_loss:.4f}, uploaded {summary.upload_bytes / 1e3:.0f} kB"
         )
         self.rounds_done.append(summary)

@@ -59,11 +59,11 @@ def test_a_site_says_what_it_does_and_reads_its_verdict(tmp_path: Path) -> None:
         f"joined federation {federation.id} as 'site-a': 24 samples in 2 of 2 classes, "
         "training on cpu"
     )
-    assert lines[1] == "round 1/2: training (fedavg)"
-    assert re.fullmatch(r"round 1: trained in \d+\.\d s, loss \d\.\d{4}, uploaded \d+ kB", lines[2])
-    assert "round 2/2: training (fedavg)" in lines
+    assert lines[1] == "round 0 (1 of 2): training (fedavg)"
+    assert re.fullmatch(r"round 0: trained in \d+\.\d s, loss \d\.\d{4}, uploaded \d+ kB", lines[2])
+    assert "round 1 (2 of 2): training (fedavg)" in lines
     assert any(line.startswith("coordinator unreachable for 0 s") for line in lines)
-    assert any(re.fullmatch(r"round 2: trained in .*", line) for line in lines)
+    assert any(re.fullmatch(r"round 1: trained in .*", line) for line in lines)
     assert lines[-2] == "federation finished: 2 round(s) trained here; the final model is loaded"
     assert lines[-1] == f"this site's status: trusted. {verdict.advice}"
 
