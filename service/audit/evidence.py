@@ -423,6 +423,44 @@ class _Pass:
     low: BoolArray
 
 
+def _checked_inputs(
+    per_class_loss: Any, class_counts: Any, per_class_loss_sd: Any, anchors: Any
+) -> tuple[FloatArray, IntArray, FloatArray | None, BoolArray]:
+    """The round's arrays, checked: (loss, counts, spreads or None, anchors as booleans)."""
+    loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
+    counts = as_int_array("class_counts", class_counts, ndim=2)
+    if counts.shape != loss.shape:
+        raise InvalidInputError(
+            f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
+        )
+    if (counts < 0).any():
+        raise InvalidInputError("class_counts: negative count")
+    held = counts > 0
+    if (~np.isfinite(loss) & held).any():
+        raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
+    if (loss[held] < 0).any():
+        raise InvalidInputError("per_class_loss: negative loss")
+    k = loss.shape[0]
+    sd: FloatArray | None = None
+    if per_class_loss_sd is not None:
+        sd = as_float_array("per_class_loss_sd", per_class_loss_sd, ndim=2, allow_nan=True)
+        if sd.shape != loss.shape:
+            raise InvalidInputError(
+                f"per_class_loss_sd: shape {sd.shape} differs from per_class_loss {loss.shape}"
+            )
+        if (~np.isfinite(sd) & held).any() or (sd[held] < 0).any():
+            raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
+    anchor = np.zeros(k, dtype=bool)
+    if anchors is not None:
+        raw = np.asarray(anchors).reshape(-1)
+        if raw.size and raw.dtype.kind != "b":
+            raise InvalidInputError("anchors: expected booleans")
+        anchor = raw.astype(bool)
+        if anchor.shape != (k,):
+            raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
+    return loss, counts, sd, anchor
+
+
 class EvidenceDetector:
     """Calibrated per-site evidence with abstention and trust anchors (module docstring).
 
@@ -627,6 +665,35 @@ class EvidenceDetector:
             return None
         return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
 
+    def _too_few_sites(
+        self, loss: FloatArray, counts: IntArray, sd: FloatArray | None, anchor: BoolArray
+    ) -> DetectionResult:
+        """Fewer than ``min_clients`` sites: the narrower question of
+        :mod:`service.audit.small_federation` with spreads (it needs no between-site spread),
+        else no verdict."""
+        k = loss.shape[0]
+        if k >= 2 and sd is not None:
+            return worse_than_prior(
+                np.where(counts > 0, loss, np.nan),
+                counts,
+                sd,
+                q=self.q,
+                max_flagged_fraction=self.max_flagged_fraction,
+                min_other_informativeness=self.small_min_informativeness,
+                adjust=benjamini_hochberg,
+                never=anchor,
+            )
+        return DetectionResult(
+            method=self.method,
+            status="undetermined",
+            reason=(
+                f"{k} sites reported; the evidence needs at least {self.min_clients}"
+                + ("" if k < 2 else " (or 2 with per_class_loss_sd)")
+            ),
+            verdicts=[None] * k,
+            summary={"verdict": "undetermined", "q": self.q},
+        )
+
     def _accuracy(
         self, train_accuracy: Any, num_samples: Any, k: int, anchor: BoolArray, mode: str
     ) -> tuple[AccuracyEvidence | None, str | None]:
@@ -705,61 +772,13 @@ class EvidenceDetector:
             Method ``"evidence"``; status ``"ok"``, ``"inconclusive"`` (every verdict present,
             every flag None, the reason stated) or ``"undetermined"`` (no verdicts).
         """
-        loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
-        counts = as_int_array("class_counts", class_counts, ndim=2)
-        if counts.shape != loss.shape:
-            raise InvalidInputError(
-                f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
-            )
-        if (counts < 0).any():
-            raise InvalidInputError("class_counts: negative count")
+        loss, counts, sd, anchor = _checked_inputs(
+            per_class_loss, class_counts, per_class_loss_sd, anchors
+        )
         held = counts > 0
-        if (~np.isfinite(loss) & held).any():
-            raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
-        if (loss[held] < 0).any():
-            raise InvalidInputError("per_class_loss: negative loss")
         k = loss.shape[0]
-        sd: FloatArray | None = None
-        if per_class_loss_sd is not None:
-            sd = as_float_array("per_class_loss_sd", per_class_loss_sd, ndim=2, allow_nan=True)
-            if sd.shape != loss.shape:
-                raise InvalidInputError(
-                    f"per_class_loss_sd: shape {sd.shape} differs from per_class_loss {loss.shape}"
-                )
-            if (~np.isfinite(sd) & held).any() or (sd[held] < 0).any():
-                raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
-        anchor = np.zeros(k, dtype=bool)
-        if anchors is not None:
-            raw = np.asarray(anchors).reshape(-1)
-            if raw.size and raw.dtype.kind != "b":
-                raise InvalidInputError("anchors: expected booleans")
-            anchor = raw.astype(bool)
-            if anchor.shape != (k,):
-                raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
         if k < self.min_clients:
-            if k >= 2 and sd is not None:
-                # Too few sites to fit the between-site spread: the narrower question of
-                # service.audit.small_federation, which needs none.
-                return worse_than_prior(
-                    np.where(held, loss, np.nan),
-                    counts,
-                    sd,
-                    q=self.q,
-                    max_flagged_fraction=self.max_flagged_fraction,
-                    min_other_informativeness=self.small_min_informativeness,
-                    adjust=benjamini_hochberg,
-                    never=anchor,
-                )
-            return DetectionResult(
-                method=self.method,
-                status="undetermined",
-                reason=(
-                    f"{k} sites reported; the evidence needs at least {self.min_clients}"
-                    + ("" if k < 2 else " (or 2 with per_class_loss_sd)")
-                ),
-                verdicts=[None] * k,
-                summary={"verdict": "undetermined", "q": self.q},
-            )
+            return self._too_few_sites(loss, counts, sd, anchor)
         loss = np.where(held, loss, np.nan)
         sizes = counts.sum(axis=1).astype(np.float64)
 
