@@ -91,3 +91,33 @@ def test_a_lying_site_hides_from_the_loss_evidence_not_from_its_accuracy(tmp_pat
         # own labels (FedRN's expertise) ranks it below every clean site.
         liar_expertise = by_name[liars[0]].detectors["expertise"]["score"]
         assert liar_expertise < min(by_name[n].detectors["expertise"]["score"] for n in clean)
+
+
+@pytest.mark.slow
+def test_the_accuracy_evidence_catches_the_lying_site(tmp_path: Path) -> None:
+    # The same federation with the accuracy evidence switched on: from round 2 the primary
+    # verdict flags every noisy site, the liar included, and no clean site; the liar's flag
+    # comes from its accuracy, not from the losses it reported.
+    scenario = validate_scenario(
+        {
+            "name": "liar-caught",
+            "dataset": "digits",
+            "clients": 8,
+            "partition": {"method": "iid"},
+            "noise": {
+                "protocol": "rho_range",
+                "params": {"noisy_clients": 3, "lo": 0.8, "hi": 0.8},
+            },
+            "lying": {"sites": 1},
+            "training": {"rounds": 5, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
+            "methods": [{"method": "fednoro", "audit": {"evidence_accuracy_check": True}}],
+            "seeds": [1],
+        }
+    )
+    (run,) = simulate(scenario, tmp_path / "out", plots=False).runs
+    noisy = {c.name for c in run.clients if c.true_noisy}
+    (liar,) = [c.name for c in run.clients if c.lies_about_losses]
+    for record in run.rounds[2:]:
+        assert set(record.metrics["flagged"]) == noisy, record.index
+        liar_round = next(c for c in record.clients if c.name == liar)
+        assert liar_round.detectors["evidence"]["flag"] is True
