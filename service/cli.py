@@ -10,7 +10,6 @@ runs on one machine: ``simulate`` and ``demo``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from datetime import datetime
@@ -93,14 +92,12 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _configure_logging(level: str, fmt: str) -> None:
-    if fmt == "json":
-        logging.basicConfig(
-            level=level,
-            format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":%(message)r}',
-        )
-    else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _configure_logging(config: dict[str, Any]) -> None:
+    """Configure this process's logging (service.logs) just before the server runs: a ``serve``
+    that stops on a configuration error leaves the caller's logging as it was."""
+    import logging.config
+
+    logging.config.dictConfig(config)
 
 
 @app.command()
@@ -130,10 +127,11 @@ def serve(
 
     from service.config import get_settings
     from service.errors import MigrationsNotAtHeadError
+    from service.logs import log_config
     from service.main import create_app
 
     settings = get_settings()
-    _configure_logging(settings.log_level, settings.log_format)
+    logs = log_config(settings.log_level, settings.log_format)
     tls = _tls_options(
         tls_cert or settings.tls_certfile,
         tls_key or settings.tls_keyfile,
@@ -157,20 +155,25 @@ def serve(
                 sweep_leftovers(parent.state.services)
                 os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
             parent.state.services.close()
+            _configure_logging(logs)
             uvicorn.run(
                 "service.main:create_app",
                 factory=True,
                 host=host or settings.host,
                 port=port if port is not None else settings.port,
                 workers=workers,
+                log_config=logs,
                 **tls,
             )
         else:
+            app_ = create_app(settings)
+            _configure_logging(logs)
             uvicorn.run(
-                create_app(settings),
+                app_,
                 host=host or settings.host,
                 port=port if port is not None else settings.port,
                 log_level=settings.log_level.lower(),
+                log_config=logs,
                 **tls,
             )
     except MigrationsNotAtHeadError as exc:

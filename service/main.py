@@ -28,6 +28,7 @@ from service.config import Settings, get_settings
 from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
+from service.logs import log_committed_events
 from service.store.migrate import check_at_head
 from service.store.session import make_engine, make_sessionmaker
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
     settings = settings or get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    log_committed_events()
     engine = make_engine(
         settings.resolved_database_url,
         pool_size=settings.db_pool_size,

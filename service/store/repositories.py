@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
+from service.logs import remember_event
 from service.store.base import utcnow
 from service.store.models import (
     AuditResult,
@@ -383,6 +384,7 @@ def add_event(
     )
     session.add(event)
     session.flush()
+    remember_event(session, event)
     return event
 
 

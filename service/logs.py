@@ -1,0 +1,130 @@
+"""The coordinator's logs: one format for its own lines and uvicorn's, and one line per event.
+
+``FEDAUDIT_LOG_FORMAT=text`` (default) writes ``time level logger: message``; ``json`` writes
+one JSON object per line through python-json-logger (``time``, ``level``, ``logger``,
+``message``, plus the fields a line carries: an event's ``event``, ``federation_id``,
+``round_id``, ``client_id``). :func:`log_config` is a :func:`logging.config.dictConfig`
+dictionary that also takes over uvicorn's loggers (its server and access lines), so that
+``fedaudit serve`` hands the same dictionary to uvicorn and every worker process formats alike.
+
+Every event of the audit trail (a round opened or closed, a site flagged, an inconclusive audit,
+a site error, a refused update, ...) is logged once at INFO by the logger ``fedaudit.events``
+when the transaction that recorded it commits (:func:`log_committed_events`): a rolled-back
+event leaves no line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+from sqlalchemy import event as sa_event
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "EVENT_LOGGER",
+    "CurrentStderr",
+    "NoColour",
+    "log_committed_events",
+    "log_config",
+    "remember_event",
+]
+
+EVENT_LOGGER = "fedaudit.events"
+_PENDING = "fedaudit_pending_event_logs"
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
+_JSON_RENAME = {"asctime": "time", "levelname": "level", "name": "logger"}
+
+
+class CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to whatever ``sys.stderr`` is when a line is written (as logging's
+    last-resort handler does), not the stream it was when logging was configured: a test
+    runner or a tool that swaps standard error for a while leaves no dangling handler."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+class NoColour(logging.Filter):
+    """Drops uvicorn's ``color_message`` (terminal escape codes) from a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        return True
+
+
+def log_config(level: str, fmt: str) -> dict[str, Any]:
+    """A dictConfig dictionary: the root logger and uvicorn's, one handler on standard error."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"log format: expected 'text' or 'json', got {fmt!r}")
+    formatter: dict[str, Any] = (
+        {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": _JSON_FIELDS,
+            "rename_fields": _JSON_RENAME,
+        }
+        if fmt == "json"
+        else {"format": _TEXT_FORMAT}
+    )
+    handler = {
+        "()": CurrentStderr,
+        "formatter": "fedaudit",
+        "filters": ["no_colour"],
+    }
+    uvicorn = {"handlers": ["stderr"], "level": level, "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"fedaudit": formatter},
+        "filters": {"no_colour": {"()": NoColour}},
+        "handlers": {"stderr": handler},
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            "uvicorn": uvicorn,
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": uvicorn,
+        },
+    }
+
+
+def remember_event(session: Session, event: Any) -> None:
+    """Keep an event added in this transaction, to be logged when it commits (its fields are
+    copied now: after the commit the row's attributes are expired and cannot be loaded)."""
+    fields = {
+        "event": event.kind,
+        "federation_id": None if event.federation_id is None else str(event.federation_id),
+        "round_id": None if event.round_id is None else str(event.round_id),
+        "client_id": None if event.client_id is None else str(event.client_id),
+    }
+    session.info.setdefault(_PENDING, []).append((str(event.message), fields))
+
+
+def log_committed_events() -> None:
+    """Log the remembered events of every session's transaction once it commits (idempotent)."""
+    if sa_event.contains(Session, "after_commit", _after_commit):
+        return
+    sa_event.listen(Session, "after_commit", _after_commit)
+    sa_event.listen(Session, "after_rollback", _after_rollback)
+
+
+def _after_commit(session: Session) -> None:
+    pending = session.info.pop(_PENDING, None)
+    if not pending:
+        return
+    log = logging.getLogger(EVENT_LOGGER)
+    for message, fields in pending:
+        log.info("%s: %s", fields["event"], message, extra=fields)
+
+
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_PENDING, None)
