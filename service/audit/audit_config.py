@@ -147,7 +147,7 @@ evidence_mixture_check, evidence_accuracy_check, evidence_min_accuracy_gap
     evidence_min_class_count: int = 5
     evidence_mixture_check: bool = True
     evidence_accuracy_check: bool = False
-    evidence_min_accuracy_gap: float = 0.05
+    evidence_min_accuracy_gap: float = 0.25
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0

@@ -496,7 +496,7 @@ class EvidenceDetector:
         When every site reported its local model's accuracy on its own labels, also flag the
         sites whose accuracy is significantly and at least ``min_accuracy_gap`` below the
         others' (:mod:`service.audit.accuracy_evidence`): a site that lies about its losses.
-    min_accuracy_gap : float, default=0.05
+    min_accuracy_gap : float, default=0.25
         The accuracy test's practical-significance floor (absolute error above the centre).
     """
 
@@ -514,7 +514,7 @@ class EvidenceDetector:
         small_min_informativeness: float = 0.5,
         mixture_check: bool = True,
         accuracy_check: bool = False,
-        min_accuracy_gap: float = 0.05,
+        min_accuracy_gap: float = 0.25,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
