@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,7 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 
 from service import __version__
-from service.api import problems
+from service.api import problems, prometheus
 from service.api.problems import ProblemDetails
 from service.api.routes import (
     admin,
@@ -91,6 +92,11 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         redoc_url="/redoc" if settings.api_docs_enabled else None,
     )
     app.state.services = services
+    registry, request_seconds = prometheus.make_registry(
+        functools.partial(health.database_families, services)
+    )
+    app.state.metrics_registry = registry
+    app.add_middleware(prometheus.RequestTimer, histogram=request_seconds)
     problems.install(app)
     if settings.cors_origins:
         app.add_middleware(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from service.api.prometheus import MetricFamily, escape_label_value, render
+from service.api.prometheus import DatabaseCollector, MetricFamily, render
 from service.config import Settings
 from service.main import create_app
 from tests.api.conftest import make_federation
@@ -19,43 +20,21 @@ from tests.factories import ADMIN, state_bytes, tiny_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.db]
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
-
-
-def _unescape(value: str) -> str:
-    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), value)
-
 
 def parse_exposition(text: str) -> dict[str, dict]:
-    """Parse text format 0.0.4 strictly: every sample belongs to a family with HELP and TYPE."""
+    """The exposition parsed by prometheus_client's own parser, keyed by sample name (a
+    counter's ``..._total``, a histogram's ``..._bucket``/``_sum``/``_count``): each with its
+    family's help and type and its samples by sorted label tuples. Duplicates fail."""
     assert text.endswith("\n")
     families: dict[str, dict] = {}
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, help_text = line[len("# HELP ") :].partition(" ")
-            assert name not in families, f"family {name} declared twice"
-            families[name] = {"help": help_text, "type": None, "samples": {}}
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[len("# TYPE ") :].partition(" ")
-            assert kind in ("counter", "gauge", "untyped")
-            assert families[name]["type"] is None
-            families[name]["type"] = kind
-        else:
-            match = _SAMPLE.match(line)
-            assert match, f"not a sample line: {line!r}"
-            name, _, raw_labels, value = match.groups()
-            assert families[name]["type"] is not None, f"{name}: sample before TYPE"
-            labels: list[tuple[str, str]] = []
-            rest = raw_labels or ""
-            while rest:
-                label = _LABEL.match(rest)
-                assert label, f"bad labels in {line!r}"
-                labels.append((label.group(1), _unescape(label.group(2))))
-                rest = rest[label.end() :]
-            key = tuple(sorted(labels))
-            assert key not in families[name]["samples"], f"duplicate sample {line!r}"
-            families[name]["samples"][key] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            entry = families.setdefault(
+                sample.name, {"help": family.documentation, "type": family.type, "samples": {}}
+            )
+            key = tuple(sorted(sample.labels.items()))
+            assert key not in entry["samples"], f"duplicate sample {sample}"
+            entry["samples"][key] = float(sample.value)
     return families
 
 
@@ -63,23 +42,24 @@ def value(families: dict[str, dict], name: str, **labels: str) -> float:
     return families[name]["samples"][tuple(sorted(labels.items()))]
 
 
-def test_render_escapes_label_values_and_help() -> None:
-    family = MetricFamily(
-        "x_total", 'help with \\ and\nnewline "quotes"', "counter", [({"k": 'a"b\\c\nd'}, 3)]
-    )
-    text = render([family, MetricFamily("y", "nan", "gauge", [({}, math.nan), ({"v": "1"}, 0.5)])])
-    assert text.splitlines() == [
-        '# HELP x_total help with \\\\ and\\nnewline "quotes"',
-        "# TYPE x_total counter",
-        'x_total{k="a\\"b\\\\c\\nd"} 3',
-        "# HELP y nan",
-        "# TYPE y gauge",
-        "y NaN",
-        'y{v="1"} 0.5',
+def test_database_families_keep_their_labels_escaped_and_counters_named_total() -> None:
+    families = [
+        MetricFamily("x_total", "help with \\ and\nnewline", "counter", [({"k": 'a"b\\c\nd'}, 3)]),
+        MetricFamily("y", "nan", "gauge", [({"v": "1"}, 0.5), ({"v": "2"}, math.nan)]),
     ]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(lambda: families))
+    text = render(registry).decode()
+    assert "# TYPE x_total counter" in text
+    assert 'x_total{k="a\\"b\\\\c\\nd"} 3.0' in text
     parsed = parse_exposition(text)
     assert value(parsed, "x_total", k='a"b\\c\nd') == 3
-    assert escape_label_value("plain") == "plain"
+    assert value(parsed, "y", v="1") == 0.5
+    assert math.isnan(value(parsed, "y", v="2"))
+    bad = CollectorRegistry(auto_describe=False)
+    bad.register(DatabaseCollector(lambda: [MetricFamily("z", "h", "counter")]))
+    with pytest.raises(ValueError, match="_total"):
+        render(bad)
 
 
 async def test_metrics_count_what_the_database_holds(
@@ -116,6 +96,28 @@ async def test_metrics_count_what_the_database_holds(
     metrics = parse_exposition(response.text)
     assert metrics["fedaudit_federations"]["type"] == "gauge"
     assert metrics["fedaudit_events_total"]["type"] == "counter"
+    # this process's HTTP requests, by route template and status, and the process itself
+    assert (
+        value(
+            metrics,
+            "fedaudit_http_request_duration_seconds_count",
+            method="GET",
+            route="/api/v1/federations/{federation_id}/events",
+            status="200",
+        )
+        == 2
+    )
+    assert (
+        value(
+            metrics,
+            "fedaudit_http_request_duration_seconds_count",
+            method="POST",
+            route="/api/v1/federations/{federation_id}/rounds/{round_index}/updates",
+            status="422",
+        )
+        >= 1
+    )
+    assert "process_cpu_seconds_total" in metrics or "python_info" in metrics
     assert statuses == {"running": 1, "waiting": 1}
     assert value(metrics, "fedaudit_federations", status="running") == 1
     assert value(metrics, "fedaudit_federations", status="waiting") == 1
@@ -139,7 +141,11 @@ async def test_metrics_count_what_the_database_holds(
     try:
         transport = httpx.ASGITransport(app=replica)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as other:
-            assert (await other.get("/metrics")).text == response.text
+            again = parse_exposition((await other.get("/metrics")).text)
+        # the database's families, not the per-process ones (HTTP, process, platform)
+        per_process = ("fedaudit_http_", "process_", "python_")
+        ours = {k: v for k, v in metrics.items() if not k.startswith(per_process)}
+        assert ours == {k: v for k, v in again.items() if not k.startswith(per_process)}
     finally:
         replica.state.services.close()
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
 from service import __version__
 from service.api import prometheus
@@ -36,6 +36,11 @@ def metrics_auth(request: Request, services: ServicesDep, credentials: Credentia
     """The admin token, only when `metrics_require_admin` is set (scrapers usually send none)."""
     if services.settings.metrics_require_admin:
         require_admin(request, services, credentials)
+
+
+def database_families(services: Any) -> list[MetricFamily]:
+    """The families read from the database at a scrape (``prometheus.DatabaseCollector``)."""
+    return metric_families(ops.metrics_snapshot(services))
 
 
 def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
@@ -118,6 +123,8 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
     summary="Prometheus metrics (text format 0.0.4), read from the database",
     responses={**PROBLEM_401},
 )
-def metrics(services: ServicesDep, _: Annotated[None, Depends(metrics_auth)]) -> PlainTextResponse:
-    text = prometheus.render(metric_families(ops.metrics_snapshot(services)))
-    return PlainTextResponse(text, media_type=prometheus.CONTENT_TYPE)
+def metrics(request: Request, _: Annotated[None, Depends(metrics_auth)]) -> Response:
+    return Response(
+        prometheus.render(request.app.state.metrics_registry),
+        media_type=prometheus.CONTENT_TYPE,
+    )
