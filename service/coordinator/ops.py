@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from service.coordinator.services import Services
 from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
@@ -20,6 +22,17 @@ def readiness(services: Services) -> None:
         raise NotReadyError(str(exc)) from None
     except Exception as exc:
         raise NotReadyError(f"database unreachable: {type(exc).__name__}: {exc}") from None
+
+
+def running_federations(services: Services) -> list[dict[str, Any]]:
+    """Per running federation, what its training-quality gauges show (``/metrics``): its sites
+    by effective status (every known status present), its latest round, and its latest closed
+    round's close time and coordinator seconds."""
+    with services.sessions() as session:
+        stats = repo.running_federation_stats(session)
+    for entry in stats:
+        entry["sites"] = {**dict.fromkeys(CLIENT_STATUSES, 0), **entry["sites"]}
+    return stats
 
 
 def metrics_snapshot(services: Services) -> dict[str, dict[str, int]]:

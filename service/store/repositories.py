@@ -473,5 +473,62 @@ def status_counts(session: Session) -> dict[str, dict[str, int]]:
     }
 
 
+def running_federation_stats(session: Session) -> list[dict[str, Any]]:
+    """Per running federation: id, name, its sites by effective status, the index of its latest
+    round, and the close time and coordinator seconds of its latest closed round (None before
+    the first). Three grouped queries and one row per running federation."""
+    running = session.execute(
+        select(Federation.id, Federation.name)
+        .where(Federation.status == "running")
+        .order_by(Federation.name, Federation.id)
+    ).all()
+    if not running:
+        return []
+    ids = [fid for fid, _ in running]
+    client_status = func.coalesce(Client.pinned_status, Client.status)
+    sites = session.execute(
+        select(Client.federation_id, client_status, func.count())
+        .where(Client.federation_id.in_(ids))
+        .group_by(Client.federation_id, client_status)
+    ).all()
+    latest = dict(
+        session.execute(
+            select(Round.federation_id, func.max(Round.index))
+            .where(Round.federation_id.in_(ids))
+            .group_by(Round.federation_id)
+        ).all()
+    )
+    last_closed = (
+        select(Round.federation_id, func.max(Round.index).label("index"))
+        .where(Round.federation_id.in_(ids), Round.state == "closed")
+        .group_by(Round.federation_id)
+        .subquery()
+    )
+    closed = {
+        fid: (closed_at, seconds)
+        for fid, closed_at, seconds in session.execute(
+            select(Round.federation_id, Round.closed_at, Round.coordinator_seconds).join(
+                last_closed,
+                (Round.federation_id == last_closed.c.federation_id)
+                & (Round.index == last_closed.c.index),
+            )
+        ).all()
+    }
+    by_federation: dict[uuid.UUID, dict[str, int]] = {fid: {} for fid in ids}
+    for fid, status, n in sites:
+        by_federation[fid][str(status)] = int(n)
+    return [
+        {
+            "id": str(fid),
+            "name": name,
+            "sites": by_federation[fid],
+            "latest_round": latest.get(fid),
+            "last_closed_at": closed.get(fid, (None, None))[0],
+            "last_close_seconds": closed.get(fid, (None, None))[1],
+        }
+        for fid, name in running
+    ]
+
+
 def ping(session: Session) -> None:
     session.execute(select(1))

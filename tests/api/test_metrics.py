@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import httpx
@@ -38,8 +39,8 @@ def parse_exposition(text: str) -> dict[str, dict]:
     return families
 
 
-def value(families: dict[str, dict], name: str, **labels: str) -> float:
-    return families[name]["samples"][tuple(sorted(labels.items()))]
+def value(families: dict[str, dict], family: str, /, **labels: str) -> float:
+    return families[family]["samples"][tuple(sorted(labels.items()))]
 
 
 def test_database_families_keep_their_labels_escaped_and_counters_named_total() -> None:
@@ -135,6 +136,17 @@ async def test_metrics_count_what_the_database_holds(
     assert value(metrics, "fedaudit_model_bytes", kind="global") == 2 * initial
     assert value(metrics, "fedaudit_model_bytes", kind="update") == len(state_bytes(update))
     assert value(metrics, "fedaudit_build_info", version="0.1.0") == 1
+    # the running federation's training-quality gauges; none for the waiting one
+    mine = {"federation": str(one.id), "name": "one"}
+    assert value(metrics, "fedaudit_federation_sites", **mine, status="trusted") == 1
+    assert value(metrics, "fedaudit_federation_sites", **mine, status="noisy") == 1
+    assert value(metrics, "fedaudit_federation_sites", **mine, status="suspect") == 0
+    assert value(metrics, "fedaudit_federation_round", **mine) == 0
+    assert all(
+        dict(key)["federation"] != str(two.id)
+        for key in metrics["fedaudit_federation_sites"]["samples"]
+    )
+    assert "fedaudit_federation_last_round_closed_timestamp_seconds" not in metrics  # none yet
 
     # a second replica over the same database answers the same
     replica = create_app(settings, run_reaper=False)
@@ -170,3 +182,16 @@ async def test_metrics_can_require_the_admin_token(settings: Settings) -> None:
 
 def test_metrics_setting_is_off_by_default() -> None:
     assert Settings(_env_file=None, admin_token=SecretStr("x" * 20)).metrics_require_admin is False
+
+
+async def test_a_closed_round_shows_in_the_federation_gauges(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, name="gauges", clients=("a", "b"))
+    before = time.time()
+    for name in ("a", "b"):
+        assert (await submit(api, fed, name, 0, tiny_state(1.0), 10)).status_code == 201
+    metrics = parse_exposition((await api.get("/metrics")).text)
+    mine = {"federation": str(fed.id), "name": "gauges"}
+    assert value(metrics, "fedaudit_federation_round", **mine) == 1  # round 1 opened
+    closed = value(metrics, "fedaudit_federation_last_round_closed_timestamp_seconds", **mine)
+    assert before - 1 <= closed <= time.time() + 1
+    assert value(metrics, "fedaudit_federation_last_round_close_seconds", **mine) >= 0

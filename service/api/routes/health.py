@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -40,7 +41,56 @@ def metrics_auth(request: Request, services: ServicesDep, credentials: Credentia
 
 def database_families(services: Any) -> list[MetricFamily]:
     """The families read from the database at a scrape (``prometheus.DatabaseCollector``)."""
-    return metric_families(ops.metrics_snapshot(services))
+    return metric_families(ops.metrics_snapshot(services)) + federation_families(
+        ops.running_federations(services)
+    )
+
+
+def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
+    """Training-quality gauges of the running federations only (a finished federation's
+    sites leave the series), labelled ``federation`` (id) and ``name``."""
+    sites: list[tuple[Mapping[str, str], float]] = []
+    latest: list[tuple[Mapping[str, str], float]] = []
+    closed_at: list[tuple[Mapping[str, str], float]] = []
+    close_seconds: list[tuple[Mapping[str, str], float]] = []
+    for fed in running:
+        labels = {"federation": fed["id"], "name": fed["name"]}
+        for status, n in sorted(fed["sites"].items()):
+            sites.append(({**labels, "status": status}, float(n)))
+        if fed["latest_round"] is not None:
+            latest.append((labels, float(fed["latest_round"])))
+        if fed["last_closed_at"] is not None:
+            closed_at.append((labels, fed["last_closed_at"].timestamp()))
+        if fed["last_close_seconds"] is not None:
+            close_seconds.append((labels, float(fed["last_close_seconds"])))
+    return [
+        MetricFamily(
+            "fedaudit_federation_sites",
+            "Sites of a running federation by effective status (trusted, suspect, noisy).",
+            "gauge",
+            sites,
+        ),
+        MetricFamily(
+            "fedaudit_federation_round",
+            "Index of a running federation's latest round (open or closed).",
+            "gauge",
+            latest,
+        ),
+        MetricFamily(
+            "fedaudit_federation_last_round_closed_timestamp_seconds",
+            "Unix time at which a running federation's latest closed round closed "
+            "(time() minus it: the seconds since).",
+            "gauge",
+            closed_at,
+        ),
+        MetricFamily(
+            "fedaudit_federation_last_round_close_seconds",
+            "Coordinator seconds spent closing a running federation's latest closed round "
+            "(aggregation and audit).",
+            "gauge",
+            close_seconds,
+        ),
+    ]
 
 
 def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
