@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -195,3 +198,25 @@ async def test_a_closed_round_shows_in_the_federation_gauges(api: httpx.AsyncCli
     closed = value(metrics, "fedaudit_federation_last_round_closed_timestamp_seconds", **mine)
     assert before - 1 <= closed <= time.time() + 1
     assert value(metrics, "fedaudit_federation_last_round_close_seconds", **mine) >= 0
+
+
+async def test_the_grafana_dashboard_queries_only_metrics_that_exist(
+    api: httpx.AsyncClient,
+) -> None:
+    # docker/grafana/fedaudit-dashboard.json: every metric its queries name is exposed (after a
+    # round has closed and a request was timed, so that every series has a sample).
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "docker/grafana/fedaudit-dashboard.json").read_text()
+    )
+    fed = await make_federation(api, name="grafana", clients=("a", "b"))
+    for name in ("a", "b"):
+        assert (await submit(api, fed, name, 0, tiny_state(1.0), 10)).status_code == 201
+    exposed = set(parse_exposition((await api.get("/metrics")).text))
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    named = {m for e in exprs for m in re.findall(r"\b(?:fedaudit|process)_[a-z_]+", e)}
+    assert named, "no metric found in the dashboard's queries"
+    assert named <= exposed, named - exposed
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "federation"} <= variables
