@@ -704,6 +704,8 @@ class EvidenceDetector:
             return None, "no accuracy evidence: not every site reported train_accuracy"
         if mode != "consensus":
             return None, "no accuracy evidence: the anchors orient the loss evidence only"
+        if k < 3:
+            return None, f"no accuracy evidence: {k} sites (it needs 3)"
         # Imported here: that module builds on this one's null fit and step-up rule.
         from service.audit.accuracy_evidence import accuracy_evidence
 

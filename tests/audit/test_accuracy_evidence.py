@@ -134,6 +134,15 @@ class TestInTheEvidenceDetector:
         assert not any(v.flag for v in result.verdicts)
         assert "set aside" in result.summary["accuracy_note"]
 
+    def test_two_sites_get_no_accuracy_evidence(self):
+        # min_clients 2: the loss evidence judges two sites; the accuracy test needs three.
+        loss, counts, sd = _flat_losses(2)
+        result = EvidenceDetector(mixture_check=False, accuracy_check=True, min_clients=2).fit(
+            loss, counts, sd, train_accuracy=[0.9, 0.2], num_samples=[120, 120]
+        )
+        assert not any(v.flag for v in result.verdicts if v is not None)
+        assert result.summary["accuracy_note"] == "no accuracy evidence: 2 sites (it needs 3)"
+
     def test_wrong_length_is_refused(self):
         loss, counts, sd = _flat_losses(6)
         with pytest.raises(InvalidInputError, match="entries"):
