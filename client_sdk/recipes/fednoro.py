@@ -70,6 +70,7 @@ __all__ = [
     "kd_weight",
     "log_class_prior",
     "logit_adjusted_cross_entropy",
+    "scaled_log_prior",
 ]
 
 
@@ -93,6 +94,15 @@ def log_class_prior(counts: torch.Tensor, absent: str = "rarest") -> torch.Tenso
         held = counts > 0
         prior = torch.where(held, prior, prior[held].min())
     return torch.log(prior)
+
+
+def scaled_log_prior(log_prior: torch.Tensor, tau: float) -> torch.Tensor:
+    """``tau * log_prior`` for the training offsets. An absent class's -inf (``"zero"``) stays
+    -inf for tau > 0 and becomes 0 for tau = 0 (no adjustment at all: plain cross-entropy over
+    every class), never ``0 * -inf = nan``."""
+    finite = torch.isfinite(log_prior)
+    absent = log_prior if tau > 0 else torch.zeros_like(log_prior)
+    return torch.where(finite, tau * log_prior, absent)
 
 
 def logit_adjusted_cross_entropy(
@@ -219,7 +229,7 @@ class FedNoRoRecipe:
             raise InvalidHyperparameterError("kd_temperature: too small")
         d = setup.data
         counts = class_counts(d.labels, ctx.num_classes)
-        log_prior = tau * log_class_prior(counts, absent).to(d.device)
+        log_prior = scaled_log_prior(log_class_prior(counts, absent).to(d.device), tau)
         # "held": the KL runs over the classes the site holds only (the paper's -inf offsets).
         held_prior = log_class_prior(counts, "zero").to(d.device)
         held_prior = torch.where(torch.isfinite(held_prior), tau * held_prior, held_prior)

@@ -16,6 +16,7 @@ from client_sdk.recipes import (
     logit_adjusted_cross_entropy,
 )
 from client_sdk.recipes.errors import RecipeError
+from client_sdk.recipes.fednoro import scaled_log_prior
 from tests.client_sdk.recipes.helpers import (
     frozen,
     linear,
@@ -150,6 +151,14 @@ class TestKnowledgeDistillation:
         assert kd_weight(10, 10, 0, 0.8) == pytest.approx(0.8)
 
 
+def test_scaled_log_prior_keeps_absent_classes_finite_only_when_tau_is_zero() -> None:
+    inf = float("inf")
+    prior = torch.tensor([-0.5, -2.0, -inf])
+    assert scaled_log_prior(prior, 0.5).tolist() == [-0.25, -1.0, -inf]
+    assert scaled_log_prior(prior, 1.0).tolist() == [-0.5, -2.0, -inf]
+    assert scaled_log_prior(prior, 0.0).tolist() == [0.0, 0.0, 0.0]
+
+
 class TestRecipe:
     @pytest.mark.parametrize(
         ("round_index", "role", "stage", "distilled"),
@@ -265,6 +274,20 @@ class TestRecipe:
             )
         )
         assert equal == same
+
+    def test_tau_zero_with_the_papers_prior_trains_without_nan(self) -> None:
+        # absent_class_prior "zero" gives class 2 (absent) -inf; 0 * -inf must not reach the
+        # loss: the offsets are all 0 and the round is plain cross-entropy.
+        data = make_data(24)
+        data.labels[:18] = 0
+        data.labels[18:] = 1
+        hp = {"batch_size": 8, "la_tau": 0.0, "absent_class_prior": "zero"}
+        report = get_recipe("fednoro").train(
+            tiny_mlp(), frozen(tiny_mlp()), data, make_context(hyperparameters=hp)
+        )
+        assert math.isfinite(report.train_loss)
+        assert report.logit_offset is not None
+        assert report.logit_offset.tolist() == [0.0, 0.0, 0.0]
 
     def test_the_report_carries_the_offsets_it_trained_with(self) -> None:
         # 24 samples: 18 of class 0, 6 of class 1, none of class 2 ("rarest": it takes
