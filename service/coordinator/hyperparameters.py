@@ -56,7 +56,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     absent_class_prior: Literal["rarest", "zero"] = "rarest"
     kd_samples: Literal["all", "contradicted"] = "all"
     kd_classes: Literal["held", "all"] = "held"
-    la_tau: UnitFloat = 1.0
+    la_tau: UnitFloat = 0.0
 
 
 class FedRNHyperparameters(CommonHyperparameters):

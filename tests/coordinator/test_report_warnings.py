@@ -56,11 +56,22 @@ def sites(*held: int, num_classes: int = 10) -> list[Any]:
     return [SimpleNamespace(class_counts=[10] * h + [0] * (num_classes - h)) for h in held]
 
 
-def federation(recipe: str, num_classes: int = 10, absent: str | None = "zero") -> Any:
-    hyperparameters = {} if absent is None else {"absent_class_prior": absent}
+def federation(
+    recipe: str, num_classes: int = 10, absent: str | None = "zero", la_tau: float | None = 1.0
+) -> Any:
+    hyperparameters: dict[str, Any] = {} if absent is None else {"absent_class_prior": absent}
+    if la_tau is not None:
+        hyperparameters["la_tau"] = la_tau
     return SimpleNamespace(
         num_classes=num_classes, config={"recipe": recipe, "hyperparameters": hyperparameters}
     )
+
+
+def test_no_logit_adjustment_no_warning() -> None:
+    # la_tau 0 (the default) or unset: the absent-class prior does not enter the training.
+    for tau in (0.0, None):
+        fed = federation("fednoro", la_tau=tau)
+        assert label_skew_warnings(fed, sites(2, 2, 2, 10, 2)) == []
 
 
 def test_two_classes_per_site_under_the_papers_fednoro_warns() -> None:

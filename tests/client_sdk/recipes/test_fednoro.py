@@ -192,7 +192,13 @@ class TestRecipe:
         # gets no gradient: its output bias stays exactly where it was. With "rarest" it is a
         # class to score below the true one, and plain SGD lowers its bias.
         before, after = _absent_class_bias_before_after(
-            {"batch_size": 8, "lr": 0.1, "momentum": 0.0, "absent_class_prior": absent},
+            {
+                "batch_size": 8,
+                "lr": 0.1,
+                "momentum": 0.0,
+                "absent_class_prior": absent,
+                "la_tau": 1.0,  # the paper's logit adjustment (the default is off)
+            },
             round_index=0,
             role=None,
         )
