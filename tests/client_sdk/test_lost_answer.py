@@ -5,6 +5,7 @@ loopback port): the network between them drops the answer (the update arrived) o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -53,23 +54,28 @@ class FlakyNetwork(httpx.HTTPTransport):
         raise httpx.ReadError("connection reset before the answer (dropped by the test's network)")
 
 
+def one_site_federation(admin: AdminClient, name: str, *, rounds: int) -> tuple[Any, Any]:
+    """A fedavg federation of one site ("site-a") on the tiny model: (federation, site)."""
+    federation = admin.create_federation(
+        {
+            "name": name,
+            "task": {"num_classes": 2, "input_shape": [4]},
+            "plan": {"rounds": rounds, "min_clients": 1},
+            "config": {"method": "fedavg", "hyperparameters": {"lr": 0.1, "local_epochs": 1}},
+            "seed": 2,
+        }
+    )
+    admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
+    return federation, admin.add_client(federation.id, "site-a")
+
+
 @pytest.mark.parametrize("lose", ["answer", "request"])
 def test_an_upload_without_answer_counts_once(tmp_path: Path, lose: str) -> None:
     with (
         CoordinatorProcess(tmp_path / "coord") as server,
         AdminClient(server.url, server.admin_token) as admin,
     ):
-        federation = admin.create_federation(
-            {
-                "name": f"lost-{lose}",
-                "task": {"num_classes": 2, "input_shape": [4]},
-                "plan": {"rounds": 3, "min_clients": 1},
-                "config": {"method": "fedavg", "hyperparameters": {"lr": 0.1, "local_epochs": 1}},
-                "seed": 2,
-            }
-        )
-        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
-        site = admin.add_client(federation.id, "site-a")
+        federation, site = one_site_federation(admin, f"lost-{lose}", rounds=3)
         token = site.token
         network = FlakyNetwork(lose)
         waits: list[float] = []

@@ -12,7 +12,12 @@ import pytest
 from client_sdk import AdminClient, Diagnostics, FederationClient, Participant
 from client_sdk.participant import state_to_bytes
 from service.simulation.coordinator_process import CoordinatorProcess
-from tests.client_sdk.test_lost_answer import FlakyNetwork, tiny_data, tiny_model
+from tests.client_sdk.test_lost_answer import (
+    FlakyNetwork,
+    one_site_federation,
+    tiny_data,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -23,17 +28,8 @@ def test_a_site_says_what_it_does_and_reads_its_verdict(tmp_path: Path) -> None:
         CoordinatorProcess(tmp_path / "coord") as server,
         AdminClient(server.url, server.admin_token) as admin,
     ):
-        federation = admin.create_federation(
-            {
-                "name": "progress",
-                "task": {"num_classes": 2, "input_shape": [4]},
-                "plan": {"rounds": 2, "min_clients": 1},
-                "config": {"method": "fedavg", "hyperparameters": {"lr": 0.1, "local_epochs": 1}},
-                "seed": 2,
-            }
-        )
-        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
-        token = admin.add_client(federation.id, "site-a").token
+        federation, site = one_site_federation(admin, "progress", rounds=2)
+        token = site.token
         # The network loses round 1's first upload: the site says the coordinator was
         # unreachable, then goes on.
         with httpx.Client(base_url=server.url, transport=FlakyNetwork("request")) as http:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from service.simulation.lying import true_label_losses
 from service.simulation.runner import simulate
-from service.simulation.scenario import ScenarioError, validate_scenario
+from service.simulation.scenario import Scenario, ScenarioError, validate_scenario
 
 
 def identity_model() -> nn.Module:
@@ -54,13 +55,12 @@ def test_lying_needs_a_positive_count() -> None:
     assert validate_scenario({"lying": {}}).lying is not None
 
 
-@pytest.mark.slow
-def test_a_lying_site_hides_from_the_loss_evidence_not_from_its_accuracy(tmp_path: Path) -> None:
-    # Digits, 8 IID sites, 3 with 80% of their labels flipped; the first of them (client-00
-    # is clean, so the liar is the lowest-index noisy site) reports its true labels' losses.
-    scenario = validate_scenario(
+def _liar_federation(name: str, method: dict[str, Any]) -> Scenario:
+    """Digits, 8 IID sites, 3 with 80% of their labels flipped; the first of them (by index)
+    reports its true labels' losses. 5 rounds, seed 1."""
+    return validate_scenario(
         {
-            "name": "liar",
+            "name": name,
             "dataset": "digits",
             "clients": 8,
             "partition": {"method": "iid"},
@@ -70,10 +70,15 @@ def test_a_lying_site_hides_from_the_loss_evidence_not_from_its_accuracy(tmp_pat
             },
             "lying": {"sites": 1},
             "training": {"rounds": 5, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
-            "methods": [{"method": "fednoro"}],
+            "methods": [method],
             "seeds": [1],
         }
     )
+
+
+@pytest.mark.slow
+def test_a_lying_site_hides_from_the_loss_evidence_not_from_its_accuracy(tmp_path: Path) -> None:
+    scenario = _liar_federation("liar", {"method": "fednoro"})
     (run,) = simulate(scenario, tmp_path / "out", plots=False).runs
     noisy = [c.name for c in run.clients if c.true_noisy]
     liars = [c.name for c in run.clients if c.lies_about_losses]
@@ -98,21 +103,8 @@ def test_the_accuracy_evidence_catches_the_lying_site(tmp_path: Path) -> None:
     # The same federation with the accuracy evidence switched on: from round 2 the primary
     # verdict flags every noisy site, the liar included, and no clean site; the liar's flag
     # comes from its accuracy, not from the losses it reported.
-    scenario = validate_scenario(
-        {
-            "name": "liar-caught",
-            "dataset": "digits",
-            "clients": 8,
-            "partition": {"method": "iid"},
-            "noise": {
-                "protocol": "rho_range",
-                "params": {"noisy_clients": 3, "lo": 0.8, "hi": 0.8},
-            },
-            "lying": {"sites": 1},
-            "training": {"rounds": 5, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
-            "methods": [{"method": "fednoro", "audit": {"evidence_accuracy_check": True}}],
-            "seeds": [1],
-        }
+    scenario = _liar_federation(
+        "liar-caught", {"method": "fednoro", "audit": {"evidence_accuracy_check": True}}
     )
     (run,) = simulate(scenario, tmp_path / "out", plots=False).runs
     noisy = {c.name for c in run.clients if c.true_noisy}
