@@ -10,6 +10,7 @@ runs on one machine: ``simulate`` and ``demo``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from datetime import datetime
@@ -92,12 +93,31 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _configure_logging(config: dict[str, Any]) -> None:
-    """Configure this process's logging (service.logs) just before the server runs: a ``serve``
-    that stops on a configuration error leaves the caller's logging as it was."""
+_SERVER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def _configure_logging(config: dict[str, Any]) -> list[tuple[str, list[Any], int, bool]]:
+    """Configure this process's logging (service.logs) for ``serve``; returns what it replaced
+    (handlers, level, propagation of the root and uvicorn's loggers) for :func:`_restore_logging`.
+    """
     import logging.config
 
+    before = []
+    for name in _SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        before.append((name, list(logger.handlers), logger.level, logger.propagate))
     logging.config.dictConfig(config)
+    return before
+
+
+def _restore_logging(before: list[tuple[str, list[Any], int, bool]]) -> None:
+    """Put back the logging :func:`_configure_logging` replaced: a ``serve`` that stops on an
+    error (a database not migrated, a port in use) leaves its caller's logging as it was."""
+    for name, handlers, level, propagate in before:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 @app.command()
@@ -145,6 +165,8 @@ def serve(
             f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}",
             soft_wrap=True,
         )
+    # From here every line has the configured format, the app's start-up included.
+    replaced = _configure_logging(logs)
     try:
         if workers > 1:
             parent = create_app(settings, run_reaper=False)  # fail fast on the migration check
@@ -155,7 +177,6 @@ def serve(
                 sweep_leftovers(parent.state.services)
                 os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
             parent.state.services.close()
-            _configure_logging(logs)
             uvicorn.run(
                 "service.main:create_app",
                 factory=True,
@@ -166,10 +187,8 @@ def serve(
                 **tls,
             )
         else:
-            app_ = create_app(settings)
-            _configure_logging(logs)
             uvicorn.run(
-                app_,
+                create_app(settings),
                 host=host or settings.host,
                 port=port if port is not None else settings.port,
                 log_level=settings.log_level.lower(),
@@ -177,7 +196,11 @@ def serve(
                 **tls,
             )
     except MigrationsNotAtHeadError as exc:
+        _restore_logging(replaced)
         _fail(str(exc))
+    except BaseException:
+        _restore_logging(replaced)
+        raise
 
 
 def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:

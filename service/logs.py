@@ -20,7 +20,7 @@ import sys
 from typing import Any, TextIO
 
 from sqlalchemy import event as sa_event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 __all__ = [
     "EVENT_LOGGER",
@@ -114,7 +114,7 @@ def log_committed_events() -> None:
     if sa_event.contains(Session, "after_commit", _after_commit):
         return
     sa_event.listen(Session, "after_commit", _after_commit)
-    sa_event.listen(Session, "after_rollback", _after_rollback)
+    sa_event.listen(Session, "after_transaction_end", _after_transaction_end)
 
 
 def _after_commit(session: Session) -> None:
@@ -126,5 +126,9 @@ def _after_commit(session: Session) -> None:
         log.info("%s: %s", fields["event"], message, extra=fields)
 
 
-def _after_rollback(session: Session) -> None:
-    session.info.pop(_PENDING, None)
+def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    # The outermost transaction ended: committed (its events were logged by _after_commit, which
+    # runs first), rolled back, or closed with the session; what is left was never committed. A
+    # savepoint's end leaves the outer transaction's events pending.
+    if transaction.parent is None:
+        session.info.pop(_PENDING, None)

@@ -825,10 +825,11 @@ class EvidenceDetector:
         accuracy_flags = np.zeros(k, dtype=bool)
         if accuracy is not None and status == "ok":
             union = flags | accuracy.flags
-            if union.sum() >= self.max_flagged_fraction * k:
+            share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
+            if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
                 accuracy_note = (
                     f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "
-                    "would be flagged"
+                    f"holding {share:.0%} of the samples would be flagged"
                 )
             else:
                 accuracy_flags = accuracy.flags & ~flags
@@ -839,7 +840,13 @@ class EvidenceDetector:
             zi = direction * z[i]
             verdicts.append(
                 ClientVerdict(
-                    score=float(chosen.z_high[i]),
+                    # A site flagged by its accuracy alone scores by that evidence: its loss
+                    # score is, by construction, unremarkable.
+                    score=float(
+                        max(chosen.z_high[i], accuracy.z[i])
+                        if accuracy is not None and accuracy_flags[i]
+                        else chosen.z_high[i]
+                    ),
                     # An abstention is no verdict: None, not False, so that the status rule does
                     # not count an inconclusive round as a clean one.
                     flag=bool(flags[i]) if status == "ok" else None,

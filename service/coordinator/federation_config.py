@@ -193,6 +193,8 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
         signals.add("per_class_loss")
     if "expertise" in detectors or recipe == "fedrn":
         signals.update({"train_accuracy", "probe_softmax"})
+    if "evidence" in detectors and audit_config.evidence_accuracy_check:
+        signals.add("train_accuracy")  # the accuracy evidence reads it
     if recipe == "rofl":
         signals.add("centroids")
     return {

@@ -829,6 +829,9 @@ def _result(fed: _Federation, data: PreparedData, report: dict[str, Any]) -> Run
             "sites reporting their true labels' losses: "
             + ", ".join(fed.names[k] for k in sorted(liars))
         )
+    asked = data.scenario.lying.sites if data.scenario.lying is not None else None
+    if isinstance(asked, int) and len(liars) < asked:
+        notes.append(f"lying.sites asked for {asked} liars; only {len(liars)} sites are noisy")
     run = RunResult(
         scenario=data.scenario.name,
         label=fed.spec.name,

@@ -310,6 +310,12 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _lying_needs_noise(self) -> Scenario:
+        if self.lying is not None and self.noise.protocol == "none":
+            raise ValueError("lying: the liars are noisy sites; set a noise protocol")
+        return self
+
+    @model_validator(mode="after")
     def _noisy_count_fits(self) -> Scenario:
         count = self.noise.params.get("noisy_clients")
         if isinstance(count, int) and count > self.clients:

@@ -107,6 +107,7 @@ class TestInTheEvidenceDetector:
         last = result.verdicts[7].evidence
         assert last["flagged_by_accuracy"] is True
         assert last["significant"] is False  # the loss evidence alone did not flag it
+        assert result.verdicts[7].score == pytest.approx(last["accuracy_z"])  # scored by it
         assert last["accuracy_gap"] == pytest.approx(0.4)
         assert result.summary["accuracy_flagged"] == 1
         assert result.summary["accuracy_centre"] == pytest.approx(0.95)
@@ -123,16 +124,34 @@ class TestInTheEvidenceDetector:
             assert "accuracy_z" not in result.verdicts[7].evidence
         assert missing.summary["accuracy_note"].startswith("no accuracy evidence")
 
-    def test_it_never_flags_half_the_sites(self):
-        # 4 of 8 sites far below: with the accuracy flags half the federation would be flagged,
-        # so they are set aside and said so.
+    def test_it_never_flags_max_flagged_fraction_of_the_sites(self):
+        # 4 of 9 sites far below: under the default one half they are flagged; with
+        # max_flagged_fraction 0.4 (4 >= 3.6) they are set aside, and the summary says so.
+        loss, counts, sd = _flat_losses(9)
+        acc = [0.95] * 5 + [0.3] * 4
+        flagged = EvidenceDetector(mixture_check=False, accuracy_check=True).fit(
+            loss, counts, sd, train_accuracy=acc, num_samples=[120] * 9
+        )
+        assert [v.flag for v in flagged.verdicts] == [False] * 5 + [True] * 4
+        strict = EvidenceDetector(
+            mixture_check=False, accuracy_check=True, max_flagged_fraction=0.4
+        )
+        aside = strict.fit(loss, counts, sd, train_accuracy=acc, num_samples=[120] * 9)
+        assert not any(v.flag for v in aside.verdicts)
+        assert aside.summary["accuracy_note"].startswith("accuracy evidence set aside: with it 4")
+
+    def test_it_never_flags_half_the_samples(self):
+        # 2 of 8 sites far below, but they hold 2 x 600 of the 1920 samples (their class counts
+        # are 200 per class): 62 % of the samples, so their flags are set aside.
         loss, counts, sd = _flat_losses(8)
-        acc = [0.95, 0.95, 0.95, 0.95, 0.96, 0.3, 0.3, 0.3]
-        result = EvidenceDetector(
-            mixture_check=False, accuracy_check=True, max_flagged_fraction=0.25
-        ).fit(loss, counts, sd, train_accuracy=acc, num_samples=[120] * 8)
+        counts[6:] = 200
+        sizes = counts.sum(axis=1).tolist()
+        acc = [0.95] * 6 + [0.3] * 2
+        result = EvidenceDetector(mixture_check=False, accuracy_check=True).fit(
+            loss, counts, sd, train_accuracy=acc, num_samples=sizes
+        )
         assert not any(v.flag for v in result.verdicts)
-        assert "set aside" in result.summary["accuracy_note"]
+        assert "holding 62% of the samples" in result.summary["accuracy_note"]
 
     def test_two_sites_get_no_accuracy_evidence(self):
         # min_clients 2: the loss evidence judges two sites; the accuracy test needs three.

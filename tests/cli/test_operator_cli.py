@@ -69,8 +69,9 @@ def test_model_init_writes_the_factory_state_as_safetensors(model_dir: Path) -> 
     )
     assert again.exit_code == 0, again.output
     other = CliRunner().invoke(
-        app, ["model", "init", "-m", "operator_models:make_model", "-o", "c.safetensors"]
-        + ["--seed", "1"]
+        app,
+        ["model", "init", "-m", "operator_models:make_model", "-o", "c.safetensors"]
+        + ["--seed", "1"],
     )
     assert other.exit_code == 0, other.output
     b, c = load_file(model_dir / "b.safetensors"), load_file(model_dir / "c.safetensors")
@@ -277,8 +278,6 @@ def test_the_operator_path_end_to_end(model_dir: Path) -> None:
         assert [int(r["id"]) for r in event_rows] == [e["id"] for e in trail]
         assert "federation.started" in cli("events", fid)
 
-        missing = runner.invoke(
-            app, ["rounds", "00000000-0000-0000-0000-000000000000"], env=env
-        )
+        missing = runner.invoke(app, ["rounds", "00000000-0000-0000-0000-000000000000"], env=env)
         assert missing.exit_code == 1
         assert "404" in missing.output

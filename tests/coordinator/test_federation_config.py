@@ -47,3 +47,14 @@ def test_noisy_set_for_the_aggregation(method: str, expected: str) -> None:
 def test_the_operators_audit_settings_win_over_the_method() -> None:
     data = FederationConfigInput(method="fedncl", audit={"aggregation_flags": "status"})
     assert resolve_config(data, rounds=30)["audit"]["aggregation_flags"] == "status"
+
+
+def test_the_accuracy_evidence_asks_the_sites_for_their_accuracy() -> None:
+    # Detectors without "expertise": the sites send train_accuracy only when the evidence
+    # detector's accuracy check is on (else the check would never have its input).
+    def signals(audit: dict) -> list[str]:
+        data = FederationConfigInput(method="fedavg", detectors=["evidence"], audit=audit)
+        return list(resolve_config(data, rounds=30)["signals"])
+
+    assert "train_accuracy" not in signals({})
+    assert "train_accuracy" in signals({"evidence_accuracy_check": True})

@@ -96,7 +96,14 @@ def test_an_event_is_logged_when_its_transaction_commits_only(
             repo.add_event(session, kind="test.kept", actor="test", message="kept")
             assert caplog.records == []
             session.commit()
+        # a session closed without committing, then used again: the closed one's event is gone
+        reused = sessions()
+        repo.add_event(reused, kind="test.closed", actor="test", message="never")
+        reused.close()
+        repo.add_event(reused, kind="test.reused", actor="test", message="reused")
+        reused.commit()
+        reused.close()
     finally:
         engine.dispose()
-    assert [r.getMessage() for r in caplog.records] == ["test.kept: kept"]
+    assert [r.getMessage() for r in caplog.records] == ["test.kept: kept", "test.reused: reused"]
     assert caplog.records[0].__dict__["event"] == "test.kept"

@@ -49,10 +49,13 @@ def test_a_declared_class_without_true_samples_gets_the_overall_loss() -> None:
     assert mean == pytest.approx(SMALL)
 
 
-def test_lying_needs_a_positive_count() -> None:
+def test_lying_needs_a_positive_count_and_noise() -> None:
+    noisy = {"protocol": "rho_range", "params": {"noisy_clients": 2, "lo": 0.5, "hi": 0.5}}
     with pytest.raises(ScenarioError, match="sites"):
-        validate_scenario({"lying": {"sites": 0}})
-    assert validate_scenario({"lying": {}}).lying is not None
+        validate_scenario({"lying": {"sites": 0}, "noise": noisy})
+    with pytest.raises(ScenarioError, match="set a noise protocol"):
+        validate_scenario({"lying": {}})
+    assert validate_scenario({"lying": {}, "noise": noisy}).lying is not None
 
 
 def _liar_federation(name: str, method: dict[str, Any]) -> Scenario:
