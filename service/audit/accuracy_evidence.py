@@ -26,9 +26,9 @@ one-sided ``p_k = 1 - Phi(z_k)``.
 ``min_gap`` above the centre. The floor does more than mark practical significance: the binomial
 null is too narrow for local models that memorise their data in some rounds and not in others
 (small sites, CNNs): on 6 clean BreastMNIST sites one site's error stood up to 0.21 above the
-others' with z up to 20, while sites with 40-50 % flipped labels stood 0.26-0.39 above, hence the
-detector's default floor of 0.25 (docs/algorithms.md). The loss evidence's
-detector adds these flags to its own (:class:`service.audit.evidence.EvidenceDetector`,
+others' with z up to 20, while sites with 40-50 % flipped labels, when significant, stood at
+least 0.26 above, hence the detector's default floor of 0.25 (docs/algorithms.md). The loss
+evidence's detector adds these flags to its own (:class:`service.audit.evidence.EvidenceDetector`,
 ``accuracy``), so the per-round false-alarm bound of the two together is the sum of the two
 levels (Bonferroni over the two tests).
 
