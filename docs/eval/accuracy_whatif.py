@@ -15,49 +15,33 @@ Usage (from the repository root; one directory per ``fedaudit simulate --out``):
 from __future__ import annotations
 
 import argparse
-import json
-import sqlite3
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from evidence_whatif import stored_runs  # noqa: E402
 
 from service.audit.accuracy_evidence import accuracy_evidence  # noqa: E402
 
 
-def _hex(value: object) -> str:
-    return str(value).replace("-", "")
-
-
 def replay(run_dir: Path, min_gap: float, q: float, verbose: bool) -> None:
-    db = run_dir / "coordinator" / "fedaudit.db"
-    if not db.is_file():
-        raise SystemExit(f"{db} not found: run fedaudit simulate with the coordinator data kept")
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    for path in sorted((run_dir / "runs").glob("*_seed*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        clients = sorted(data["clients"], key=lambda c: c["index"])
-        order = {_hex(c["client_id"]): i for i, c in enumerate(clients)}
+    for data, complete in stored_runs(run_dir):
+        clients = data["clients"]
         truth = np.array([c["true_noisy"] for c in clients], dtype=bool)
-        per_round: dict[int, dict[int, dict]] = defaultdict(dict)
-        query = "SELECT round_index, client_id, signals FROM model_update WHERE federation_id = ?"
-        for index, cid, signals in con.execute(query, (_hex(data["federation_id"]),)):
-            per_round[int(index)][order[_hex(cid)]] = json.loads(signals)
         warmup = int(data["config"]["warmup_rounds"])
         rounds = false_rounds = 0
         worst_clean = -np.inf
         first: dict[int, int] = {}
-        for index in sorted(per_round):
-            got = per_round[index]
-            if index < warmup or len(got) != len(clients):
+        for sig in complete:
+            index = sig[0]["_round"]
+            if index < warmup or any("train_accuracy" not in s for s in sig):
                 continue
-            if any("train_accuracy" not in s for s in got.values()):
-                continue
-            acc = [got[k]["train_accuracy"] for k in range(len(clients))]
-            n = [sum(got[k]["class_counts"]) for k in range(len(clients))]
+            acc = [s["train_accuracy"] for s in sig]
+            n = [sum(s["class_counts"]) for s in sig]
             ev = accuracy_evidence(acc, n, q=q, min_gap=min_gap)
             rounds += 1
             false_rounds += bool((ev.flags & ~truth).any())

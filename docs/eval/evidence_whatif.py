@@ -39,8 +39,10 @@ def _matrix(rows: list[list[float | None]]) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
 
 
-def load(run_dir: Path) -> list[dict[str, Any]]:
-    """Every run of one output directory, with its complete rounds' signals."""
+def stored_runs(run_dir: Path) -> list[tuple[dict[str, Any], list[list[dict[str, Any]]]]]:
+    """Every run of one ``fedaudit simulate --out`` directory: (its results JSON, with the
+    clients sorted by index; the signals of each round whose updates all arrived, in round
+    order, each a list in client order with the round index under ``"_round"``)."""
     db = run_dir / "coordinator" / "fedaudit.db"
     if not db.is_file():
         raise SystemExit(f"{db} not found: run fedaudit simulate with the coordinator data kept")
@@ -48,18 +50,28 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
     runs = []
     for path in sorted((run_dir / "runs").glob("*_seed*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
-        clients = sorted(data["clients"], key=lambda c: c["index"])
-        order = {_hex(c["client_id"]): i for i, c in enumerate(clients)}
+        data["clients"] = sorted(data["clients"], key=lambda c: c["index"])
+        order = {_hex(c["client_id"]): i for i, c in enumerate(data["clients"])}
         per_round: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
         query = "SELECT round_index, client_id, signals FROM model_update WHERE federation_id = ?"
         for index, cid, signals in con.execute(query, (_hex(data["federation_id"]),)):
             per_round[int(index)][order[_hex(cid)]] = json.loads(signals)
+        complete = [
+            [{**got[k], "_round": index} for k in range(len(order))]
+            for index, got in sorted(per_round.items())
+            if len(got) == len(order)
+        ]
+        runs.append((data, complete))
+    con.close()
+    return runs
+
+
+def load(run_dir: Path) -> list[dict[str, Any]]:
+    """Every run of one output directory, with its complete rounds' signals."""
+    runs = []
+    for data, complete in stored_runs(run_dir):
         rounds = []
-        for index in sorted(per_round):
-            got = per_round[index]
-            if len(got) != len(clients):
-                continue
-            sig = [got[k] for k in range(len(clients))]
+        for sig in complete:
             sd = (
                 _matrix([s["per_class_loss_sd"] for s in sig])
                 if all("per_class_loss_sd" in s for s in sig)
@@ -67,7 +79,7 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
             )
             rounds.append(
                 (
-                    index,
+                    sig[0]["_round"],
                     _matrix([s["per_class_loss"] for s in sig]),
                     np.asarray([s["class_counts"] for s in sig], dtype=np.int64),
                     sd,
@@ -77,11 +89,10 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
             {
                 "name": f"{run_dir.name}/{data['label']}_seed{data['seed']}",
                 "warmup": int(data["config"]["warmup_rounds"]),
-                "truth": np.asarray([c["true_noisy"] for c in clients], dtype=bool),
+                "truth": np.asarray([c["true_noisy"] for c in data["clients"]], dtype=bool),
                 "rounds": rounds,
             }
         )
-    con.close()
     return runs
 
 
