@@ -8,6 +8,9 @@
   of the same per-sample losses, per given label; ``None`` for a class with no sample. It gives
   the audit's calibrated evidence its within-site standard error, sd / sqrt(n - 1)
   (``service/audit/evidence.py``).
+- ``per_class_errors``: sent with ``per_class_loss``: per given label, how many of the samples the
+  same model (theta_G) assigns to another class (argmax of its logits); ``None`` for a class with
+  no sample. The audit's error-count evidence (``service/audit/error_evidence.py``) counts them.
 - ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k,
   eq. 8).
 - ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
@@ -113,6 +116,8 @@ class Signals:
         theta_G's mean cross-entropy per given label; None where the count is 0.
     per_class_loss_sd : list of (float or None) or None
         Standard deviation (ddof 0) of the same per-sample losses; None where the count is 0.
+    per_class_errors : list of (int or None) or None
+        Samples per given label that theta_G assigns to another class; None where the count is 0.
     train_loss : float or None
         Mean training cross-entropy of the recipe.
     train_accuracy : float or None
@@ -127,6 +132,7 @@ class Signals:
     class_counts: list[int]
     per_class_loss: list[float | None] | None = None
     per_class_loss_sd: list[float | None] | None = None
+    per_class_errors: list[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: list[list[float]] | None = None
@@ -135,7 +141,7 @@ class Signals:
     def to_json(self) -> dict[str, Any]:
         """Return the signals as a JSON object, leaving out those that were not computed."""
         out: dict[str, Any] = {"num_samples": self.num_samples, "class_counts": self.class_counts}
-        for name in sorted(OPTIONAL_SIGNALS | {"per_class_loss_sd"}):
+        for name in sorted(OPTIONAL_SIGNALS | {"per_class_loss_sd", "per_class_errors"}):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -281,6 +287,12 @@ def compute_signals(
         signals.per_class_loss_sd = [
             None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
             for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
+        ]
+        wrong = torch.zeros(num_classes, dtype=torch.int64, device=dev)
+        wrong.index_add_(0, d.labels, (logits.argmax(dim=1) != d.labels).to(torch.int64))
+        signals.per_class_errors = [
+            None if count == 0 else int(e)
+            for e, count in zip(wrong.tolist(), counts.tolist(), strict=True)
         ]
 
     if "train_loss" in required:

@@ -132,6 +132,7 @@ from service.audit._validation import (
 )
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.error_evidence import ErrorEvidence, error_evidence
 from service.audit.small_federation import worse_than_prior
 
 if TYPE_CHECKING:
@@ -421,6 +422,8 @@ class _Pass:
     flags: BoolArray
     q_values: FloatArray
     low: BoolArray
+    errors: ErrorEvidence | None = None
+    p_loss: FloatArray | None = None
 
 
 def _checked_inputs(
@@ -498,6 +501,13 @@ class EvidenceDetector:
         others' (:mod:`service.audit.accuracy_evidence`): a site that lies about its losses.
     min_accuracy_gap : float, default=0.25
         The accuracy test's practical-significance floor (absolute error above the centre).
+    error_check : bool, default=True
+        When every site reported ``per_class_errors``, combine the loss evidence with the
+        error-count evidence of :mod:`service.audit.error_evidence` (consensus mode; Bonferroni
+        over the two).
+    min_error_excess : float, default=0.05
+        The error-count test's practical-significance floor: a site's error rate must be at
+        least this far above the expected one (its total, or one class's).
     """
 
     method = "evidence"
@@ -515,6 +525,8 @@ class EvidenceDetector:
         mixture_check: bool = True,
         accuracy_check: bool = False,
         min_accuracy_gap: float = 0.25,
+        error_check: bool = True,
+        min_error_excess: float = 0.05,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -541,6 +553,10 @@ class EvidenceDetector:
         self.min_accuracy_gap = check_float(
             "min_accuracy_gap", min_accuracy_gap, min_value=0.0, max_value=1.0
         )
+        self.error_check = check_bool("error_check", error_check)
+        self.min_error_excess = check_float(
+            "min_error_excess", min_error_excess, min_value=0.0, max_value=1.0
+        )
 
     # ----------------------------------------------------------------------------------------
 
@@ -553,16 +569,30 @@ class EvidenceDetector:
         reference: BoolArray | None,
         direction: float,
         never: BoolArray,
+        wrong: IntArray | None = None,
     ) -> _Pass:
+        """One fit and its flags; with ``wrong`` (consensus mode only) the site's p-value is the
+        Bonferroni combination of the loss and the error-count evidence."""
         ev = class_evidence(
             loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
         )
-        p_high, z_high = site_p_values(ev.z, counts, direction, self.min_class_count)
+        p_loss, z_high = site_p_values(ev.z, counts, direction, self.min_class_count)
+        counted: ErrorEvidence | None = None
+        p_high = p_loss
+        if wrong is not None and reference is None:
+            counted = error_evidence(
+                wrong,
+                counts,
+                min_holders=self.min_holders,
+                exclude=exclude,
+                min_excess=self.min_error_excess,
+            )
+            p_high = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
         p_low, _ = site_p_values(ev.z, counts, -direction, self.min_class_count)
         low, _ = benjamini_hochberg(np.where(never, 1.0, p_low), self.q)
-        return _Pass(ev, p_high, z_high, flags, q_values, low)
+        return _Pass(ev, p_high, z_high, flags, q_values, low, counted, p_loss)
 
     def _consensus_reason(
         self,
@@ -720,6 +750,38 @@ class EvidenceDetector:
         return evidence, None
 
     @staticmethod
+    def _error_counts(per_class_errors: Any, counts: IntArray) -> IntArray | None:
+        """The error counts, checked against the class counts (None when not sent)."""
+        if per_class_errors is None:
+            return None
+        wrong = as_float_array("per_class_errors", per_class_errors, ndim=2, allow_nan=True)
+        if wrong.shape != counts.shape:
+            raise InvalidInputError(
+                f"per_class_errors: shape {wrong.shape} differs from class_counts {counts.shape}"
+            )
+        held = counts > 0
+        got = wrong[held]
+        if not np.isfinite(got).all() or (got != np.round(got)).any():
+            raise InvalidInputError("per_class_errors: expected an integer for every held class")
+        if (got < 0).any() or (got > counts[held]).any():
+            raise InvalidInputError(
+                "per_class_errors: a count is negative or exceeds the class's count"
+            )
+        return np.where(held, np.nan_to_num(wrong), 0).astype(np.int64)
+
+    @staticmethod
+    def _error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
+        """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
+        if counted is None:
+            return {}
+        return {
+            "errors": int(counted.observed[i]),
+            "errors_expected": float(counted.expected[i]),
+            "errors_z": float(counted.z[i]),
+            "errors_p_value": float(counted.p_value[i]),
+        }
+
+    @staticmethod
     def _accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
         """The accuracy evidence's part of a site's verdict (nothing when it was not used)."""
         if accuracy is None:
@@ -748,6 +810,7 @@ class EvidenceDetector:
         mixture: DetectionResult | None = None,
         train_accuracy: Any = None,
         num_samples: Any = None,
+        per_class_errors: Any = None,
     ) -> DetectionResult:
         """Judge one round.
 
@@ -767,6 +830,9 @@ class EvidenceDetector:
         train_accuracy, num_samples : array-like of shape (K,), optional
             Every site's local model's accuracy on its own labels and its sample count: with
             ``accuracy_check``, the accuracy evidence adds its flags in consensus mode.
+        per_class_errors : array-like of int of shape (K, C), optional
+            Every site's error counts of the global model per given label: with
+            ``error_check``, the consensus pass combines them with the loss evidence.
 
         Returns
         -------
@@ -793,8 +859,9 @@ class EvidenceDetector:
             weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
         )
 
-        first = self._pass(loss, counts, sd, None, None, 1.0, anchor)
-        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor)
+        wrong = self._error_counts(per_class_errors, counts) if self.error_check else None
+        first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
+        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
         chosen, mode, direction = second, "consensus", 1.0
         class_weight = counts.sum(axis=0).astype(np.float64)
         entered = np.isfinite(second.evidence.heterogeneity)
@@ -835,6 +902,12 @@ class EvidenceDetector:
                 accuracy_flags = accuracy.flags & ~flags
                 flags = union
         z = chosen.evidence.z
+        # The loss evidence's Stouffer z, or the error counts' z where that is larger.
+        loss_score = (
+            chosen.z_high
+            if chosen.errors is None
+            else np.maximum(chosen.z_high, chosen.errors.z)
+        )
         verdicts: list[ClientVerdict | None] = []
         for i in range(k):
             zi = direction * z[i]
@@ -843,9 +916,9 @@ class EvidenceDetector:
                     # A site flagged by its accuracy alone scores by that evidence: its loss
                     # score is, by construction, unremarkable.
                     score=float(
-                        max(chosen.z_high[i], accuracy.z[i])
+                        max(loss_score[i], accuracy.z[i])
                         if accuracy is not None and accuracy_flags[i]
-                        else chosen.z_high[i]
+                        else loss_score[i]
                     ),
                     # An abstention is no verdict: None, not False, so that the status rule does
                     # not count an inconclusive round as a clean one.
@@ -859,6 +932,7 @@ class EvidenceDetector:
                         "mean_loss": float(site_loss[i]),
                         "anchor": bool(anchor[i]),
                         "significant": bool(chosen.flags[i]),
+                        **self._error_entry(chosen.errors, i),
                         **self._accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
                     },
                 )
@@ -878,6 +952,8 @@ class EvidenceDetector:
             "anchors": int(anchor.sum()),
             "anchor_orientation": "inverted" if anchor_inverted else "consensus",
             "spreads_reported": sd is not None,
+            "errors_counted": chosen.errors is not None,
+            "errors_inflation": None if chosen.errors is None else chosen.errors.inflation,
             "accuracy_flagged": int(accuracy_flags.sum()),
             "accuracy_note": accuracy_note,
             "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,

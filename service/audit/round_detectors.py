@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from service.audit._typing import FloatArray
+from service.audit._typing import FloatArray, IntArray
 from service.audit.audit_config import DETECTORS, AuditConfig, evidence_detector
 from service.audit.blocks import RoundPass
 from service.audit.detection import DetectionResult
@@ -75,6 +75,12 @@ def _run_evidence(
     )
     # The accuracy evidence likewise needs every client's accuracy (else it is left out).
     accuracy = None if missing(data.ids, data.train_accuracy) else data.train_accuracy
+    # And the error counts every client's (a client without them leaves the round to the losses).
+    wrong = (
+        None
+        if any(v is None for v in data.per_class_errors)
+        else np.stack([cast(IntArray, v) for v in data.per_class_errors])
+    )
     return evidence_detector(config).fit(
         loss,
         data.class_counts,
@@ -83,6 +89,7 @@ def _run_evidence(
         mixture=mixture,
         train_accuracy=accuracy,
         num_samples=None if accuracy is None else data.num_samples,
+        per_class_errors=wrong,
     )
 
 

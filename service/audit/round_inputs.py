@@ -40,6 +40,9 @@ class ClientRoundData:
     per_class_loss_sd : array-like of shape (n_classes,), optional
         Standard deviation (ddof 0) of the same per-sample losses; NaN/None where the count is
         0 (the calibrated evidence's within-site standard error, ``service.audit.evidence``).
+    per_class_errors : array-like of int of shape (n_classes,), optional
+        Samples per given label that theta_G assigns to another class, 0 to the class's count;
+        NaN/None where the count is 0 (``service.audit.error_evidence``).
     train_loss : float, optional
         Mean training cross-entropy (Fed-NCL h_k).
     train_accuracy : float, optional
@@ -58,6 +61,7 @@ class ClientRoundData:
     state: StateReader
     per_class_loss: FloatArray | Sequence[float | None] | None = None
     per_class_loss_sd: FloatArray | Sequence[float | None] | None = None
+    per_class_errors: FloatArray | Sequence[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: FloatArray | Sequence[Sequence[float]] | None = None
@@ -90,6 +94,7 @@ class CheckedClients:
     class_counts: IntArray
     per_class_loss: list[FloatArray | None]
     per_class_loss_sd: list[FloatArray | None]
+    per_class_errors: list[IntArray | None]
     train_loss: list[float | None]
     train_accuracy: list[float | None]
     probes: list[FloatArray | None]
@@ -104,6 +109,7 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
     counts: list[IntArray] = []
     losses: list[FloatArray | None] = []
     spreads: list[FloatArray | None] = []
+    wrong: list[IntArray | None] = []
     train_loss: list[float | None] = []
     accuracy: list[float | None] = []
     probes: list[FloatArray | None] = []
@@ -135,6 +141,7 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
         spreads.append(
             _optional_row(f"{where}.per_class_loss_sd", client.per_class_loss_sd, row.size)
         )
+        wrong.append(_error_counts(f"{where}.per_class_errors", client.per_class_errors, row))
         train_loss.append(_optional_scalar(f"{where}.train_loss", client.train_loss, 0.0, None))
         accuracy.append(
             _optional_scalar(f"{where}.train_accuracy", client.train_accuracy, 0.0, 1.0)
@@ -151,6 +158,7 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
         class_counts=np.stack(counts) if counts else np.zeros((0, n_classes), dtype=np.int64),
         per_class_loss=losses,
         per_class_loss_sd=spreads,
+        per_class_errors=wrong,
         train_loss=train_loss,
         train_accuracy=accuracy,
         probes=probes,
@@ -167,6 +175,23 @@ def _optional_row(name: str, value: Any, n_classes: int) -> FloatArray | None:
     if array.size != n_classes:
         raise InvalidInputError(f"{name}: {array.size} classes, expected {n_classes}")
     return array
+
+
+def _error_counts(name: str, value: Any, counts: IntArray) -> IntArray | None:
+    """Per-class error counts: an integer from 0 to the count where the class is held (NaN or
+    anything where it is not; stored as 0)."""
+    if value is None:
+        return None
+    array = as_float_array(name, value, ndim=1, allow_nan=True)
+    if array.size != counts.size:
+        raise InvalidInputError(f"{name}: {array.size} classes, expected {counts.size}")
+    held = counts > 0
+    got = array[held]
+    if not np.isfinite(got).all() or (got != np.round(got)).any():
+        raise InvalidInputError(f"{name}: expected an integer for every held class")
+    if (got < 0).any() or (got > counts[held]).any():
+        raise InvalidInputError(f"{name}: a count is negative or exceeds the class's count")
+    return np.where(held, np.nan_to_num(array), 0).astype(np.int64)
 
 
 def _optional_scalar(name: str, value: Any, lo: float, hi: float | None) -> float | None:

@@ -62,6 +62,7 @@ def client_round_data(update: ModelUpdate, reader: Any) -> ClientRoundData:
         class_counts=np.asarray(signals["class_counts"], dtype=np.int64),
         per_class_loss=_array(per_class) if per_class is not None else None,
         per_class_loss_sd=_array(signals.get("per_class_loss_sd")),
+        per_class_errors=_array(signals.get("per_class_errors")),
         train_loss=signals.get("train_loss"),
         train_accuracy=signals.get("train_accuracy"),
         probe_softmax=_matrix(signals.get("probe_softmax")),

@@ -92,6 +92,27 @@ def _check_per_class(
             errors.append(_error([*loc, c], "must be null for a class with no sample"))
 
 
+def _check_error_counts(
+    errors: list[dict[str, Any]], values: Any, counts: list[int] | None, num_classes: int
+) -> None:
+    """per_class_errors: an integer from 0 to the class's count per held class, null elsewhere."""
+    loc: list[str | int] = ["metadata", "signals", "per_class_errors"]
+    if not isinstance(values, list) or len(values) != num_classes:
+        errors.append(_error(loc, f"must have {num_classes} entries"))
+        return
+    for c, value in enumerate(values):
+        present = counts is not None and counts[c] > 0
+        if value is None:
+            if present:
+                errors.append(_error([*loc, c], "null for a class the client holds"))
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            errors.append(_error([*loc, c], "must be a non-negative integer"))
+        elif counts is not None and not present:
+            errors.append(_error([*loc, c], "must be null for a class with no sample"))
+        elif counts is not None and value > counts[c]:
+            errors.append(_error([*loc, c], f"exceeds the class's count {counts[c]}"))
+
+
 def parse_metadata(raw: str | bytes) -> dict[str, Any]:
     too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
     try:
@@ -139,6 +160,7 @@ def validate_signals(
         "class_counts",
         "per_class_loss",
         "per_class_loss_sd",
+        "per_class_errors",
         "train_loss",
         "train_accuracy",
         "probe_softmax",
@@ -188,6 +210,15 @@ def validate_signals(
             _check_per_class(
                 errors, "per_class_loss_sd", spreads, counts if counts_ok else None, num_classes
             )
+
+    wrong = signals.get("per_class_errors")
+    if wrong is not None:
+        if losses is None:
+            errors.append(
+                _error(["metadata", "signals", "per_class_errors"], "sent without per_class_loss")
+            )
+        else:
+            _check_error_counts(errors, wrong, counts if counts_ok else None, num_classes)
 
     train_loss = signals.get("train_loss")
     if train_loss is not None and not (_finite(train_loss) and train_loss >= 0):

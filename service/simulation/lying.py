@@ -27,7 +27,7 @@ from client_sdk._models import Instructions
 from client_sdk.recipes import TrainReport
 from client_sdk.signals import Signals
 
-__all__ = ["LossLyingParticipant", "true_label_losses"]
+__all__ = ["LossLyingParticipant", "true_label_errors", "true_label_losses"]
 
 
 def true_label_losses(
@@ -63,6 +63,28 @@ def true_label_losses(
     return means, sds, overall_mean
 
 
+def true_label_errors(
+    global_model: nn.Module,
+    inputs: torch.Tensor,
+    true_labels: torch.Tensor,
+    declared_counts: list[int],
+) -> list[int | None]:
+    """per_class_errors as a clean site would report them: for each declared class, the global
+    model's error rate on the samples truly in it (on all samples when none is) times the
+    declared count, rounded; None for an undeclared class."""
+    with torch.no_grad():
+        wrong = (global_model(inputs).argmax(dim=1) != true_labels).double()
+    out: list[int | None] = []
+    for c, count in enumerate(declared_counts):
+        if count == 0:
+            out.append(None)
+            continue
+        chosen = wrong[true_labels == c]
+        rate = float((chosen if chosen.numel() else wrong).mean())
+        out.append(min(count, max(0, round(rate * count))))
+    return out
+
+
 class LossLyingParticipant(Participant):
     """A participant whose reported losses are those of its true labels (module docstring)."""
 
@@ -82,10 +104,15 @@ class LossLyingParticipant(Participant):
         means, sds, mean = true_label_losses(
             global_model, self.data.inputs, true_labels, signals.class_counts
         )
+        errors = true_label_errors(
+            global_model, self.data.inputs, true_labels, signals.class_counts
+        )
         global_model.train(was_training)
         if signals.per_class_loss is not None:
             signals.per_class_loss = means
             signals.per_class_loss_sd = sds
+        if signals.per_class_errors is not None:
+            signals.per_class_errors = errors
         if signals.train_loss is not None and math.isfinite(mean):
             signals.train_loss = mean
         return signals

@@ -155,6 +155,7 @@ def test_public_api_matches_all():
         "centroids",
         "detection",
         "detectors",
+        "error_evidence",
         "evidence",
         "pipeline",
         "reliability",

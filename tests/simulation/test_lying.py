@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from service.simulation.lying import true_label_losses
+from service.simulation.lying import true_label_errors, true_label_losses
 from service.simulation.runner import simulate
 from service.simulation.scenario import Scenario, ScenarioError, validate_scenario
 
@@ -47,6 +47,15 @@ def test_a_declared_class_without_true_samples_gets_the_overall_loss() -> None:
     assert means == [None, pytest.approx(SMALL)]
     assert sds == [None, pytest.approx(0.0)]
     assert mean == pytest.approx(SMALL)
+
+
+def test_errors_are_those_of_the_true_labels_scaled_to_the_declared_counts() -> None:
+    # argmax of the logits: [0, 1, 0]; against TRUE [0, 1, 1] only the third sample is wrong.
+    # True class 0: no error (0 of the 3 declared); true class 1: 1 of 2 wrong, times 4 declared.
+    assert true_label_errors(identity_model(), INPUTS, TRUE, [3, 4]) == [0, 2]
+    # An undeclared class gets None; a declared class truly empty gets the overall rate (1/3).
+    only_zero = torch.tensor([0, 0, 0])
+    assert true_label_errors(identity_model(), INPUTS, only_zero, [0, 6]) == [None, 2]
 
 
 def test_lying_needs_a_positive_count_and_noise() -> None:
