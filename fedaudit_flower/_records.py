@@ -6,7 +6,7 @@ metrics (one ``MetricRecord``). The message-API strategies (``FedAvg`` and the o
 every list a ``MetricRecord`` holds, so fedaudit's signals travel in a ``ConfigRecord`` under
 its own key (:data:`SIGNALS_KEY`), which those strategies ignore. Flower's records hold flat,
 homogeneous lists and no ``None``: a class without samples is NaN in ``per_class_loss`` and
-``per_class_loss_sd``, and a matrix (``probe_softmax``, ``centroids``) is sent row-major with
+``per_class_loss_sd`` and -1 in ``per_class_errors``, and a matrix (``probe_softmax``, ``centroids``) is sent row-major with
 its shape under ``<name>_shape``.
 
 Entries (``num_samples`` and ``class_counts`` always; the others when computed):
@@ -19,6 +19,7 @@ key                    type          meaning (``client_sdk.signals.Signals``)
 ``class_counts``       list of int   histogram of the given labels
 ``per_class_loss``     list of float theta_G's mean cross-entropy per given label (NaN: absent)
 ``per_class_loss_sd``  list of float its standard deviation, ddof 0 (NaN: absent)
+``per_class_errors``   list of int   theta_G's errors per given label (-1: absent)
 ``train_loss``         float         mean training cross-entropy
 ``train_accuracy``     float         theta_k's accuracy on its own labels
 ``probe_softmax``      list of float (P, C) softmax on the probe, row-major
@@ -68,6 +69,7 @@ class WireSignals:
     num_samples : int
     class_counts : list of int
     per_class_loss, per_class_loss_sd : list of (float or None), or None
+    per_class_errors : list of (int or None), or None
     train_loss, train_accuracy : float or None
     probe_softmax, centroids : list of list of float, or None
     """
@@ -76,6 +78,7 @@ class WireSignals:
     class_counts: list[int]
     per_class_loss: list[float | None] | None = None
     per_class_loss_sd: list[float | None] | None = None
+    per_class_errors: list[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: list[list[float]] | None = None
@@ -108,6 +111,9 @@ def encode_signals(signals: Any) -> ConfigRecord:
         value = getattr(signals, name)
         if value is not None:
             entries[name] = _nan_for_none(value)
+    errors = getattr(signals, "per_class_errors", None)
+    if errors is not None:
+        entries["per_class_errors"] = [-1 if v is None else int(v) for v in errors]
     for name in ("train_loss", "train_accuracy"):
         value = getattr(signals, name)
         if value is not None:
@@ -189,11 +195,21 @@ def decode_signals(record: Mapping[str, Any]) -> WireSignals:
         if values is not None and len(values) != len(counts):
             raise SignalsFormatError(f"{name}: {len(values)} classes, expected {len(counts)}")
         per_class[name] = None if values is None else [None if math.isnan(v) else v for v in values]
+    errors = record.get("per_class_errors")
+    if errors is not None and (
+        not isinstance(errors, list)
+        or not all(isinstance(e, int) and not isinstance(e, bool) and e >= -1 for e in errors)
+        or len(errors) != len(counts)
+    ):
+        raise SignalsFormatError(
+            f"per_class_errors: expected {len(counts)} ints, -1 or more (-1: absent)"
+        )
     return WireSignals(
         num_samples=_int(record, "num_samples"),
         class_counts=list(counts),
         per_class_loss=per_class["per_class_loss"],
         per_class_loss_sd=per_class["per_class_loss_sd"],
+        per_class_errors=None if errors is None else [None if e < 0 else e for e in errors],
         train_loss=_float(record, "train_loss"),
         train_accuracy=_float(record, "train_accuracy"),
         probe_softmax=_matrix(record, "probe_softmax"),

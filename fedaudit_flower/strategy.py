@@ -279,6 +279,7 @@ class FedAuditStrategy(Strategy):
             class_counts=signals.class_counts,
             per_class_loss=signals.per_class_loss,
             per_class_loss_sd=signals.per_class_loss_sd,
+            per_class_errors=signals.per_class_errors,
             train_loss=signals.train_loss,
             train_accuracy=signals.train_accuracy,
             probe_softmax=signals.probe_softmax,

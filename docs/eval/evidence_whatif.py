@@ -1,8 +1,10 @@
 """The calibrated evidence detector against FedNoRo's on signals sites actually sent.
 
 Reads the coordinator database that ``fedaudit simulate`` keeps (``<out>/coordinator``), takes
-every round whose updates all arrived, and judges it twice, with the product's
-``EvidenceDetector`` (defaults) and ``FedNoRoDetector`` (defaults), without status history.
+every round whose updates all arrived, and judges it with the product's ``EvidenceDetector``
+(defaults; with the sites' error counts when they sent them) and ``FedNoRoDetector``
+(defaults), without status history; where the error counts were sent, a third time with the
+evidence detector on the losses only (``error_check=False``).
 Only ``fedavg`` federations are a fair counterfactual (their flags do not feed back into training).
 
 Per run, after the warm-up: rounds with a false flag (a clean site flagged), mean and last-round
@@ -77,12 +79,18 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
                 if all("per_class_loss_sd" in s for s in sig)
                 else None
             )
+            errors = (
+                np.nan_to_num(_matrix([s["per_class_errors"] for s in sig])).astype(np.int64)
+                if all("per_class_errors" in s for s in sig)
+                else None
+            )
             rounds.append(
                 (
                     sig[0]["_round"],
                     _matrix([s["per_class_loss"] for s in sig]),
                     np.asarray([s["class_counts"] for s in sig], dtype=np.int64),
                     sd,
+                    errors,
                 )
             )
         runs.append(
@@ -104,11 +112,13 @@ def f1(flags: np.ndarray, truth: np.ndarray) -> float:
 
 def judge(run: dict[str, Any], kind: str) -> list[tuple[int, str, np.ndarray]]:
     out = []
-    for index, loss, counts, sd in run["rounds"]:
+    for index, loss, counts, sd, errors in run["rounds"]:
         if index < run["warmup"]:
             continue
         if kind == "evidence":
-            result = EvidenceDetector().fit(loss, counts, sd)
+            result = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
+        elif kind == "losses only":
+            result = EvidenceDetector(error_check=False).fit(loss, counts, sd)
         else:
             result = FedNoRoDetector().fit(np.where(counts > 0, loss, np.nan), counts).result_
         flags = np.asarray([bool(v.flag) if v is not None else False for v in result.verdicts])
@@ -124,7 +134,10 @@ def main(paths: list[str]) -> None:
         for run in load(Path(path)):
             truth = run["truth"]
             defined = bool(truth.any() and not truth.all())
-            for kind in ("fednoro", "evidence"):
+            kinds = ["fednoro", "evidence"]
+            if run["rounds"] and run["rounds"][0][4] is not None:
+                kinds.append("losses only")
+            for kind in kinds:
                 rows = judge(run, kind)
                 false_rounds = sum(1 for _, _, fl in rows if (fl & ~truth).any())
                 scores = [f1(fl, truth) for _, _, fl in rows] if defined else []

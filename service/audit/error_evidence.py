@@ -15,36 +15,46 @@ this round, before local training) assigns to another class (argmax). A wrong la
 learned to contradict is one error, and so is a clean site's hard sample; each counts once,
 whatever its loss.
 
-**Null model, class by class.** A clean holder's errors are binomial with the class's error rate
-``p_c``, shared by the clean holders. ``p_c`` is not known: it is estimated from the *other*
-holders of the class (the fit set: every holder, or those not flagged by a first pass), and its
-uncertainty is carried into the test by the beta-binomial posterior predictive distribution
-(Jeffreys prior Beta(1/2, 1/2) on ``p_c``, updated by the other holders' ``T`` errors in ``N``
-samples): ``e[k, c] ~ BetaBinomial(n[k, c], T + 1/2, N - T + 1/2)``. Classes held by fewer than
-``min_holders`` sites of the fit set do not enter.
+**Null model.** A clean site's errors in class c have mean ``n[k, c] p_c``, ``p_c`` the class's
+error rate shared by the clean holders; real clean sites also differ in how hard their data are
+(another scanner, other patients), so the site's rates are ``m_k p_c`` with a site factor
+``m_k ~ Gamma(1/phi, phi)`` (mean 1, variance ``phi``). A count is then negative binomial, mean
+``mu`` and variance ``mu + phi mu^2`` (the gamma-Poisson mixture, Greenwood and Yule, "An inquiry
+into the nature of frequency distributions", JRSS 1920; Poisson at ``phi = 0``), and so, to the
+same approximation, is the site's total ``E_k = sum_c e[k, c]`` with mean
+``lambda_k = sum_c n[k, c] p_c``. ``p_c`` is estimated from the *other* sites of the fit set that
+hold the class (leave-one-out: ``(T + 1/2) / (N + 1)`` for their ``T`` errors in ``N`` samples,
+never 0); the estimate's own sampling variance is added to the count's variance (as a dispersion
+``Var(sum_c n p_hat) / lambda^2``). Classes held by fewer than ``min_holders`` sites of the fit
+set do not enter.
 
-**One p-value per site.** The site's total ``E_k = sum_c e[k, c]`` over its entered classes is a
-sum of independent beta-binomials; its exact distribution is their convolution (computed up to
-the observed total, which is all the upper tail needs). The **mid-p** value
-``P(E > e) + P(E = e) / 2`` (Lancaster, "Significance tests in discrete distributions", JASA 1961)
-is used so that a site with no errors has p near one half rather than one, and a site with one
-error in a class where errors are rare is not called significant on that single sample.
-Like the loss evidence, the site's p-value also has a per-class part (the smallest per-class
-mid-p times the number of entered classes, Bonferroni: noise in one class), and the two parts are
-combined by Bonferroni: ``p_k = min(1, 2 min(p_total, m min_c p_c))``.
+**The fit set and phi.** The fit set starts as every site (or those the caller does not exclude:
+the detector's first pass's flags) and is trimmed, until it no longer changes, of the sites whose
+total is significant at ``trim`` (0.01) with ``phi = 0``: a noisy minority leaves it. Then ``phi``
+is fitted on the fit set and the fit set is recomputed from every site at the same level with that
+``phi`` (sites the spread explains come back), until it no longer changes. ``phi`` is fitted from
+the **lower tail** only (:func:`fit_dispersion`): the smallest ``phi`` at which as many sites
+have too few errors (mid-CDF below 1/4) as the model expects. Clean sites that differ spread both
+ways, noisy sites have only too many errors, so counting the sites with too few measures the spread
+without the noisy ones. More than half of the sites always stay in the fit set.
 
-**Between-site heterogeneity.** Real clean sites differ in how hard their data are (another
-scanner, other patients), which the binomial null does not allow for. The statistics are deflated
-by **genomic control** (Devlin and Roeder, "Genomic control for association studies", Biometrics
-1999, section 2): ``lambda = median(z_k^2) / 0.4549`` over the sites of the fit set (0.4549 the
-median of chi-square with one degree of freedom, ``z_k`` the normal quantile of the site's total
-mid-p), and when ``lambda > 1`` every z is divided by sqrt(lambda). The median is moved by a
-minority of noisy sites no more than by one site, so that a noisy minority does not hide itself.
+**One p-value per site.** The **mid-p** value of the total, ``P(E > e) + P(E = e) / 2``
+(Lancaster, "Significance tests in discrete distributions", JASA 1961), so that a site with one
+error where errors are rare is not called significant on that single sample. Like the loss
+evidence, the site's p-value also has a per-class part (the smallest per-class mid-p times the
+number of entered classes, Bonferroni: noise in one class), and the two parts are combined by
+Bonferroni: ``p_k = min(1, 2 min(p_total, m min_c p_c))``. A **floor** makes the evidence
+practical: the site's error rate (over its entered classes, or in the class) must be at least
+``min_excess`` (0.05) above the expected one, or that part's p-value is 1.
 
-**Limits.** Discrete counts with an estimated rate are exact only in the limit; the mid-p is
-slightly liberal on average and the genomic-control factor is estimated from the round's sites
-(noisy with 5 of them). A global model that has learned a site's wrong labels (memorised by the
-aggregate) does not contradict them, and the counts stay low; the loss evidence then sees no more.
+**Limits.** ``phi`` is treated as known; the negative binomial of a total over classes of
+different rates is an approximation. Counts cannot tell a clean site whose data are much harder
+from a noisy one: in simulation (``tests/audit/test_error_evidence.py``), with clean sites' error
+rates spread by a log-normal factor of standard deviation 0.3, rounds with a false flag stay
+at the null's level; at 0.6 they do not (the loss evidence alone fares no better there:
+docs/algorithms.md, "Error counts"). A global model that has learned a site's wrong labels
+(memorised by the aggregate) does not contradict them, and the counts stay low; the loss evidence
+then sees no more.
 A site that reports false counts is not caught here (issue 20's lying site: the accuracy evidence
 of :mod:`service.audit.accuracy_evidence`).
 """
@@ -54,21 +64,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import betaln, gammaln, ndtr, ndtri
+from scipy.special import ndtri
+from scipy.stats import nbinom, poisson
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 
-__all__ = ["CHI2_1_MEDIAN", "ErrorEvidence", "beta_binomial_pmf", "error_evidence"]
-
-CHI2_1_MEDIAN = 0.454936423119572
-"""Median of the chi-square distribution with one degree of freedom (Devlin and Roeder's 0.456)."""
+__all__ = ["ErrorEvidence", "error_evidence", "fit_dispersion", "mid_p", "ndtri_clipped"]
 
 _MAX_TRIMS = 10
 """Most trimming passes of the fit set (it stops earlier when nothing changes)."""
 
-_P_FLOOR = 1e-300
-"""Smallest p-value reported (the tails are computed as one minus a CDF, exact down to about
-1e-16; a smaller true p-value is reported as 1e-16 or less and the site is flagged either way)."""
+LOWER_TAIL = 0.25
+"""The lower tail :func:`fit_dispersion` counts sites in (mid-CDF below a quarter)."""
+
+_MAX_PHI = 1.0
+"""Largest dispersion fitted: clean sites' error rates spread with a coefficient of variation of
+1. Few sites with few errors each give the lower tail little to count, and the fit stops here."""
 
 
 @dataclass(frozen=True)
@@ -78,52 +89,94 @@ class ErrorEvidence:
     p_value: FloatArray
     """(K,) one-sided p-value per site; 1.0 for a site with no entered class."""
     z: FloatArray
-    """(K,) normal quantile of the site's total mid-p after genomic control; 0.0 likewise."""
+    """(K,) normal quantile of the site's total's mid-p (before the floor); 0.0 likewise."""
     expected: FloatArray
     """(K,) expected errors of the site over its entered classes under the null."""
     observed: IntArray
     """(K,) the site's errors over its entered classes."""
     class_rate: FloatArray
     """(C,) the fit set's pooled error rate per class; NaN for a class that did not enter."""
-    inflation: float
-    """Genomic control's lambda (>= 1.0: the factor the z^2 were divided by)."""
+    dispersion: float
+    """phi, the squared coefficient of variation of the clean sites' error rates."""
+    fit_set: BoolArray
+    """(K,) the sites the rates and ``dispersion`` were fitted on."""
 
 
-def beta_binomial_pmf(x: IntArray, n: IntArray, a: FloatArray, b: FloatArray) -> FloatArray:
-    """P(X = x) for X ~ BetaBinomial(n, a, b), elementwise; 0 outside 0 <= x <= n."""
-    x = np.asarray(x)
-    n = np.asarray(n)
-    inside = (x >= 0) & (x <= n)
-    xs = np.where(inside, x, 0)
-    log_choose = gammaln(n + 1.0) - gammaln(xs + 1.0) - gammaln(n - xs + 1.0)
-    log_p = log_choose + betaln(xs + a, n - xs + b) - betaln(a, b)
-    return np.where(inside, np.exp(log_p), 0.0)
+def mid_p(observed: FloatArray, mean: FloatArray, phi: FloatArray | float) -> FloatArray:
+    """P(X > x) + P(X = x) / 2 for X negative binomial with this mean and dispersion phi
+    (variance mean + phi mean^2; Poisson where phi = 0), elementwise."""
+    x = np.asarray(observed, dtype=np.float64)
+    mu = np.asarray(mean, dtype=np.float64)
+    phi_a = np.broadcast_to(np.asarray(phi, dtype=np.float64), np.broadcast(x, mu).shape)
+    poisson_p = poisson.sf(x, mu) + 0.5 * poisson.pmf(x, mu)
+    r = 1.0 / np.maximum(phi_a, 1e-12)
+    q = r / (r + mu)
+    nb_p = nbinom.sf(x, r, q) + 0.5 * nbinom.pmf(x, r, q)
+    return np.asarray(np.where(phi_a > 0, nb_p, poisson_p), dtype=np.float64)
 
 
-def _mid_p(pmfs: FloatArray, observed: int) -> float:
-    """Mid-p of the sum of independent counts whose pmfs (rows, on 0..observed) are given."""
-    total = np.ones(1)
-    for row in pmfs:
-        total = np.convolve(total, row)[: observed + 1]
-    below = float(total[:observed].sum()) if observed > 0 else 0.0
-    return min(1.0, max(1.0 - below - 0.5 * float(total[observed]), _P_FLOOR))
+def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Per count: whether its mid-CDF P(X < x) + P(X = x) / 2 is below ``LOWER_TAIL``, and the
+    probability of that event under the model (negative binomial, mean mu, dispersion phi)."""
+    r = 1.0 / np.maximum(phi, 1e-12)
+    q = r / (r + mu)
+    top = int(np.max(x)) + 1
+    grid = np.arange(top + 1, dtype=np.float64)[None, :]
+    pmf = nbinom.pmf(grid, r[:, None], q[:, None])
+    below = np.cumsum(pmf, axis=1) - pmf
+    in_tail = below + 0.5 * pmf < LOWER_TAIL
+    seen = np.take_along_axis(in_tail, x.astype(np.int64)[:, None], axis=1)[:, 0]
+    return seen.astype(np.float64), (pmf * in_tail).sum(axis=1)
 
 
-def _class_fits(
-    errors: IntArray, counts: IntArray, exclude: BoolArray | None, min_holders: int
-) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
-    """Per site and class the predictive's (a, b), the pooled rate per class, and the fit set.
+def fit_dispersion(observed: FloatArray, mean: FloatArray, extra: FloatArray) -> float:
+    """The site factor's dispersion phi, from the **lower tail** only: the smallest phi in
+    [0, ``_MAX_PHI``] at which as many sites are in their lower tail (mid-CDF below
+    ``LOWER_TAIL``) as the model expects (negative binomial, dispersions ``phi + extra``;
+    ``extra`` the part the estimated means contribute). Clean sites that differ spread both ways;
+    noisy sites only have too many errors, so counting the sites with too few leaves them out:
+    a noisy minority does not widen phi, and the rest of the sites' spread does."""
+    x = np.asarray(observed, dtype=np.float64)
+    mu = np.asarray(mean, dtype=np.float64)
+    ex = np.asarray(extra, dtype=np.float64)
+    keep = mu > 0
+    x, mu, ex = x[keep], mu[keep], ex[keep]
+    if x.size < 2:
+        return 0.0
 
-    A holder in the fit set is compared with the fit set without itself (leave-one-out)."""
+    def surplus(phi: float) -> float:
+        seen, expected = _lower_tail(x, mu, phi + ex)
+        return float(seen.sum() - expected.sum())
+
+    if surplus(0.0) <= 0.0:
+        return 0.0
+    if surplus(_MAX_PHI) > 0.0:
+        return _MAX_PHI
+    lo, hi = 0.0, _MAX_PHI
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        if surplus(mid) > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _class_rates(
+    errors: IntArray, counts: IntArray, fit_sites: BoolArray, min_holders: int
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per site and class the expected rate (NaN where the class does not enter) and the
+    samples it was estimated from, and the fit set's pooled rate per class. A holder in the fit
+    set is compared with the fit set without itself (leave-one-out); the rate is
+    (T + 1/2) / (N + 1), never 0."""
     k, c_count = counts.shape
     held = counts > 0
-    a = np.full((k, c_count), np.nan)
-    b = np.full((k, c_count), np.nan)
+    expected = np.full((k, c_count), np.nan)
+    support = np.full((k, c_count), np.nan)
     rate = np.full(c_count, np.nan)
-    in_fit = np.zeros((k, c_count), dtype=bool)
     for c in range(c_count):
         rows = held[:, c]
-        fit = rows if exclude is None else rows & ~exclude
+        fit = rows & fit_sites
         if int(fit.sum()) < min_holders:
             fit = rows
         if int(fit.sum()) < min_holders:
@@ -132,35 +185,10 @@ def _class_fits(
         n_all = float(counts[fit, c].sum())
         t = np.where(fit, t_all - errors[:, c], t_all)
         n = np.where(fit, n_all - counts[:, c], n_all)
-        a[rows, c] = t[rows] + 0.5
-        b[rows, c] = n[rows] - t[rows] + 0.5
+        expected[rows, c] = (t[rows] + 0.5) / (n[rows] + 1.0)
+        support[rows, c] = n[rows] + 1.0
         rate[c] = t_all / n_all
-        in_fit[:, c] = fit
-    return a, b, rate, in_fit
-
-
-def _tails(
-    errors: IntArray, counts: IntArray, a: FloatArray, b: FloatArray, per_class: bool
-) -> tuple[FloatArray, FloatArray]:
-    """Per site the mid-p of its total, and (when ``per_class``) per entered class the mid-p of
-    that class's count (NaN where the class did not enter)."""
-    k = counts.shape[0]
-    entered = np.isfinite(a)
-    observed = np.where(entered, errors, 0).sum(axis=1)
-    p_total = np.ones(k)
-    p_class = np.full(counts.shape, np.nan)
-    for i in range(k):
-        classes = np.flatnonzero(entered[i])
-        if classes.size == 0:
-            continue
-        grid = np.arange(observed[i] + 1)[None, :]
-        n = counts[i, classes][:, None]
-        pmfs = beta_binomial_pmf(grid, n, a[i, classes][:, None], b[i, classes][:, None])
-        p_total[i] = _mid_p(pmfs, int(observed[i]))
-        if per_class:
-            for j, c in enumerate(classes):
-                p_class[i, c] = _mid_p(pmfs[j : j + 1, : errors[i, c] + 1], int(errors[i, c]))
-    return p_total, p_class
+    return expected, support, rate
 
 
 def error_evidence(
@@ -182,51 +210,68 @@ def error_evidence(
     min_holders : int
         Sites of the fit set that must hold a class for it to enter.
     exclude : ndarray of bool of shape (K,), optional
-        Sites left out of the fits from the start (their p-values are still computed).
+        Sites left out of the fit set from the start (their p-values are still computed).
     trim : float
-        The fit set is then trimmed, until it no longer changes, of the sites whose total's
-        mid-p against the others is below ``trim`` (module docstring, "Null model"), as long as
-        more than half of the sites remain.
+        The level at which a site leaves the fit set (module docstring, "The fit set").
+    min_excess : float
+        The practical-significance floor on the error rate's excess (module docstring).
     """
     k = counts.shape[0]
     given = np.ones(k, dtype=bool) if exclude is None else ~np.asarray(exclude, dtype=bool)
     fit_sites = given
-    for _ in range(_MAX_TRIMS):
-        a, b, _, _ = _class_fits(errors, counts, ~fit_sites, min_holders)
-        p_raw, _ = _tails(errors, counts, a, b, per_class=False)
-        trimmed = fit_sites & (p_raw >= trim)
-        if 2 * int(trimmed.sum()) <= k or bool((trimmed == fit_sites).all()):
+    phi = 0.0
+    # Stage "poisson": trim with phi = 0 until nothing changes (a noisy minority leaves the fit);
+    # stage "dispersion": fit phi on what stays, let back the sites it explains, and again.
+    stage = "poisson"
+    seen: list[BoolArray] = []
+    for _ in range(2 * _MAX_TRIMS):
+        rates, support, class_rate = _class_rates(errors, counts, fit_sites, min_holders)
+        entered = np.isfinite(rates)
+        has = entered.any(axis=1)
+        n_in = np.where(entered, counts, 0)
+        mean = n_in * np.nan_to_num(rates)
+        observed = np.where(entered, errors, 0).sum(axis=1)
+        expected = mean.sum(axis=1)
+        # The estimated rates' own variance as a dispersion: Var(sum n p_hat) / (sum n p)^2.
+        est_var = np.where(
+            entered, n_in**2 * np.nan_to_num(rates) / np.nan_to_num(support, nan=1.0), 0.0
+        )
+        extra = est_var.sum(axis=1) / np.maximum(expected, 1e-12) ** 2
+        if stage == "dispersion":
+            fit = fit_sites & has
+            phi = fit_dispersion(observed[fit], expected[fit], extra[fit])
+        p_total = np.where(has, mid_p(observed, np.maximum(expected, 1e-12), phi + extra), 1.0)
+        trimmed = given & (p_total >= trim)
+        if 2 * int(trimmed.sum()) <= k:
             break
+        if any(bool((trimmed == f).all()) for f in seen) or bool((trimmed == fit_sites).all()):
+            if stage == "dispersion":
+                break
+            stage, seen = "dispersion", []
+            continue
+        seen.append(fit_sites)
         fit_sites = trimmed
-    a, b, rate, _ = _class_fits(errors, counts, ~fit_sites, min_holders)
-    entered = np.isfinite(a)
-    has = entered.any(axis=1)
-    mean = np.where(entered, a / (a + b), 0.0)
-    n_in = np.where(entered, counts, 0)
-    observed = np.where(entered, errors, 0).sum(axis=1).astype(np.int64)
-    expected = (n_in * mean).sum(axis=1)
-    p_total, p_class = _tails(errors, counts, a, b, per_class=True)
-    # Genomic control from every site's total (before the floor) outside the given exclusion.
-    z_total = -ndtri(p_total)
-    gc = has & given if (has & given).any() else has
-    inflation = 1.0
-    if gc.any():
-        inflation = max(1.0, float(np.median(np.square(z_total[gc]))) / CHI2_1_MEDIAN)
-    scale = float(np.sqrt(inflation))
-    z = np.where(has, z_total / scale, 0.0)
-    # The practical-significance floor: only an error rate at least min_excess above the
-    # expected one is evidence (per site for the total, per class for the per-class part).
-    total_ok = (observed - expected) >= min_excess * np.maximum(n_in.sum(axis=1), 1)
-    class_ok = entered & (errors - counts * mean >= min_excess * counts)
-    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * entered.sum(axis=1)
-    z_one = -ndtri(np.clip(p_one, _P_FLOOR, 1.0 - 1e-16)) / scale
-    p_site = np.minimum(1.0, 2.0 * np.minimum(np.where(total_ok, ndtr(-z), 1.0), ndtr(-z_one)))
-    p_site = np.where(has, p_site, 1.0)
+    # Per class the estimated rate's variance as a dispersion: 1 / (rate * samples behind it).
+    behind = np.nan_to_num(support, nan=1.0) * np.nan_to_num(rates)
+    class_extra = np.where(entered, 1.0 / np.maximum(behind, 1e-12), 0.0)
+    p_class = np.where(entered, mid_p(errors, np.maximum(mean, 1e-12), phi + class_extra), 1.0)
+    # The floor: an error rate at least min_excess above the expected one, for the total and
+    # for each class.
+    total_ok = observed - expected >= min_excess * np.maximum(n_in.sum(axis=1), 1)
+    class_ok = entered & (errors - mean >= min_excess * counts)
+    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(entered.sum(axis=1), 1)
+    p_site = np.minimum(1.0, 2.0 * np.minimum(np.where(total_ok, p_total, 1.0), p_one))
     return ErrorEvidence(
-        p_value=np.asarray(p_site, dtype=np.float64),
-        z=np.asarray(z, dtype=np.float64),
+        p_value=np.asarray(np.where(has, p_site, 1.0), dtype=np.float64),
+        z=np.asarray(np.where(has, -ndtri_clipped(p_total), 0.0), dtype=np.float64),
         expected=np.asarray(expected, dtype=np.float64),
-        observed=observed,
-        class_rate=rate,
-        inflation=inflation,
+        observed=np.asarray(observed, dtype=np.int64),
+        class_rate=class_rate,
+        dispersion=phi,
+        fit_set=fit_sites,
     )
+
+
+def ndtri_clipped(p: FloatArray) -> FloatArray:
+    """The standard normal quantile of p, with p kept in [1e-300, 1 - 1e-16]."""
+    return np.asarray(ndtri(np.clip(p, 1e-300, 1.0 - 1e-16)), dtype=np.float64)

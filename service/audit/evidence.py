@@ -904,9 +904,7 @@ class EvidenceDetector:
         z = chosen.evidence.z
         # The loss evidence's Stouffer z, or the error counts' z where that is larger.
         loss_score = (
-            chosen.z_high
-            if chosen.errors is None
-            else np.maximum(chosen.z_high, chosen.errors.z)
+            chosen.z_high if chosen.errors is None else np.maximum(chosen.z_high, chosen.errors.z)
         )
         verdicts: list[ClientVerdict | None] = []
         for i in range(k):
@@ -953,7 +951,7 @@ class EvidenceDetector:
             "anchor_orientation": "inverted" if anchor_inverted else "consensus",
             "spreads_reported": sd is not None,
             "errors_counted": chosen.errors is not None,
-            "errors_inflation": None if chosen.errors is None else chosen.errors.inflation,
+            "errors_dispersion": None if chosen.errors is None else chosen.errors.dispersion,
             "accuracy_flagged": int(accuracy_flags.sum()),
             "accuracy_note": accuracy_note,
             "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,

@@ -72,6 +72,13 @@ def extra_tensor() -> dict[str, np.ndarray]:
         (tiny_state(1.0), {"signal_overrides": {"train_loss": None}}, "required"),
         (tiny_state(1.0), {"signal_overrides": {"train_accuracy": 1.5}}, "[0, 1]"),
         (tiny_state(1.0), {"signal_overrides": {"per_class_loss": [0.1]}}, "2 entries"),
+        (tiny_state(1.0), {"signal_overrides": {"per_class_errors": [6, 0]}}, "count 5"),
+        (tiny_state(1.0), {"signal_overrides": {"per_class_errors": [1.5, 0]}}, "integer"),
+        (
+            tiny_state(1.0),
+            {"signal_overrides": {"per_class_loss": None, "per_class_errors": [1, 0]}},
+            "without per_class_loss",
+        ),
         (tiny_state(1.0), {"extra": {"surprise": 1}}, "unknown field"),
     ],
     ids=[
@@ -85,6 +92,9 @@ def extra_tensor() -> dict[str, np.ndarray]:
         "missing-required-signal",
         "accuracy-range",
         "loss-length",
+        "errors-above-count",
+        "errors-not-integer",
+        "errors-without-loss",
         "unknown-field",
     ],
 )

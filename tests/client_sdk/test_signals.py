@@ -70,6 +70,16 @@ def test_per_class_loss_by_hand_with_the_global_model() -> None:
     assert out.per_class_loss[2] is None
 
 
+def test_per_class_errors_by_hand_with_the_global_model() -> None:
+    # theta_G = identity: predictions = argmax x = [0, 1, 2, 1, 0]; labels [0, 0, 0, 1, 1]
+    # -> class 0: samples 2 and 3 wrong (2 errors); class 1: sample 5 wrong (1); class 2: none.
+    x = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0, 1.0, 0], [1.0, 0, 0]])
+    data = LocalData(x, torch.tensor([0, 0, 0, 1, 1]))
+    out = signals_for({"per_class_loss"}, data=data, local_model=Exploding())
+    assert out.per_class_errors == [2, 1, None]
+    assert out.to_json()["per_class_errors"] == [2, 1, None]
+
+
 def test_train_accuracy_by_hand_with_the_local_model() -> None:
     # theta_k = identity: predictions = argmax x = [0, 1, 2, 0]; labels [0, 1, 0, 2]
     # -> correct, correct, wrong, wrong = 2 / 4 = 0.5
