@@ -6,8 +6,8 @@ metrics (one ``MetricRecord``). The message-API strategies (``FedAvg`` and the o
 every list a ``MetricRecord`` holds, so fedaudit's signals travel in a ``ConfigRecord`` under
 its own key (:data:`SIGNALS_KEY`), which those strategies ignore. Flower's records hold flat,
 homogeneous lists and no ``None``: a class without samples is NaN in ``per_class_loss`` and
-``per_class_loss_sd`` and -1 in ``per_class_errors``, and a matrix (``probe_softmax``, ``centroids``) is sent row-major with
-its shape under ``<name>_shape``.
+``per_class_loss_sd`` and -1 in ``per_class_errors``, and a matrix (``probe_softmax``,
+``centroids``) is sent row-major with its shape under ``<name>_shape``.
 
 Entries (``num_samples`` and ``class_counts`` always; the others when computed):
 

@@ -1,4 +1,4 @@
-"""Error-count evidence: hand-checked beta-binomial tails, properties, a simulated false-alarm rate."""
+"""Error-count evidence: hand-checked tails, properties, simulated false-alarm rate and power."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ def test_mid_p_by_hand() -> None:
     )
     # Negative binomial with mean 1 and phi = 1 is geometric: P(X = x) = 2^-(x + 1).
     # mid-p(0) = 1/2 + 1/4 = 0.75; mid-p(2) = P(X > 2) + P(2) / 2 = 1/8 + 1/16.
-    assert mid_p(np.array([0.0, 2.0]), np.array([1.0, 1.0]), 1.0) == pytest.approx(
-        [0.75, 0.1875]
-    )
+    assert mid_p(np.array([0.0, 2.0]), np.array([1.0, 1.0]), 1.0) == pytest.approx([0.75, 0.1875])
 
 
 def test_fit_dispersion_sees_a_spread_in_the_lower_tail_only() -> None:
