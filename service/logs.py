@@ -9,7 +9,7 @@ dictionary that also takes over uvicorn's loggers (its server and access lines),
 
 Every event of the audit trail (a round opened or closed, a site flagged, an inconclusive audit,
 a site error, a refused update, ...) is logged once at INFO by the logger ``fedaudit.events``
-when the transaction that recorded it commits (:func:`log_committed_events`): a rolled-back
+when the transaction that recorded it commits (:mod:`service.store.event_log`): a rolled-back
 event leaves no line.
 """
 
@@ -19,20 +19,8 @@ import logging
 import sys
 from typing import Any, TextIO
 
-from sqlalchemy import event as sa_event
-from sqlalchemy.orm import Session, SessionTransaction
+__all__ = ["CurrentStderr", "NoColour", "log_config"]
 
-__all__ = [
-    "EVENT_LOGGER",
-    "CurrentStderr",
-    "NoColour",
-    "log_committed_events",
-    "log_config",
-    "remember_event",
-]
-
-EVENT_LOGGER = "fedaudit.events"
-_PENDING = "fedaudit_pending_event_logs"
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _JSON_RENAME = {"asctime": "time", "levelname": "level", "name": "logger"}
@@ -95,40 +83,3 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "uvicorn.access": uvicorn,
         },
     }
-
-
-def remember_event(session: Session, event: Any) -> None:
-    """Keep an event added in this transaction, to be logged when it commits (its fields are
-    copied now: after the commit the row's attributes are expired and cannot be loaded)."""
-    fields = {
-        "event": event.kind,
-        "federation_id": None if event.federation_id is None else str(event.federation_id),
-        "round_id": None if event.round_id is None else str(event.round_id),
-        "client_id": None if event.client_id is None else str(event.client_id),
-    }
-    session.info.setdefault(_PENDING, []).append((str(event.message), fields))
-
-
-def log_committed_events() -> None:
-    """Log the remembered events of every session's transaction once it commits (idempotent)."""
-    if sa_event.contains(Session, "after_commit", _after_commit):
-        return
-    sa_event.listen(Session, "after_commit", _after_commit)
-    sa_event.listen(Session, "after_transaction_end", _after_transaction_end)
-
-
-def _after_commit(session: Session) -> None:
-    pending = session.info.pop(_PENDING, None)
-    if not pending:
-        return
-    log = logging.getLogger(EVENT_LOGGER)
-    for message, fields in pending:
-        log.info("%s: %s", fields["event"], message, extra=fields)
-
-
-def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
-    # The outermost transaction ended: committed (its events were logged by _after_commit, which
-    # runs first), rolled back, or closed with the session; what is left was never committed. A
-    # savepoint's end leaves the outer transaction's events pending.
-    if transaction.parent is None:
-        session.info.pop(_PENDING, None)

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
-from service.logs import remember_event
 from service.store.base import utcnow
+from service.store.event_log import remember_event
 from service.store.models import (
     AuditResult,
     Client,
