@@ -235,6 +235,8 @@ class FedNoRoRecipe:
         counts = class_counts(d.labels, ctx.num_classes)
         log_prior = scaled_log_prior(log_class_prior(counts, absent).to(d.device), tau)
         # "held": the KL runs over the classes the site holds only (the paper's -inf offsets).
+        # The -inf stay at any tau, 0 included (where the CE's offsets become 0): they mark which
+        # classes the KL runs over, not how strongly the prior adjusts the held ones.
         held_prior = log_class_prior(counts, "zero").to(d.device)
         held_prior = torch.where(torch.isfinite(held_prior), tau * held_prior, held_prior)
         kd_prior = held_prior if kd_classes == "held" else log_prior
