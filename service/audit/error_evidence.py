@@ -102,7 +102,7 @@ class ErrorEvidence:
     """(K,) the sites the rates and ``dispersion`` were fitted on."""
 
 
-def mid_p(observed: FloatArray, mean: FloatArray, phi: FloatArray | float) -> FloatArray:
+def mid_p(observed: FloatArray | IntArray, mean: FloatArray, phi: FloatArray | float) -> FloatArray:
     """P(X > x) + P(X = x) / 2 for X negative binomial with this mean and dispersion phi
     (variance mean + phi mean^2; Poisson where phi = 0), elementwise."""
     x = np.asarray(observed, dtype=np.float64)

@@ -801,6 +801,93 @@ class EvidenceDetector:
         order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")
         return [int(c) for c in order if tested[c] and 2.0 * ndtr(-z[c]) * m <= self.q]
 
+    @staticmethod
+    def _informativeness(
+        loss: FloatArray, counts: IntArray, sizes: FloatArray
+    ) -> tuple[float, FloatArray, float]:
+        """(entropy H of the label histogram, each site's mean loss, the weighted median over
+        sites of 1 - L_k / H): how much the consensus model beats the label prior."""
+        prior = counts.sum(axis=0).astype(np.float64)
+        prior = prior[prior > 0] / prior.sum()
+        entropy = float(-(prior * np.log(prior)).sum())
+        held = counts > 0
+        site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
+        informativeness = (
+            weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
+        )
+        return entropy, site_loss, informativeness
+
+    @staticmethod
+    def _heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
+        """I^2 of the classes that entered, weighted by their samples (0.0: none entered)."""
+        class_weight = counts.sum(axis=0).astype(np.float64)
+        entered = np.isfinite(evidence.heterogeneity)
+        if not entered.any():
+            return 0.0
+        weighted = evidence.heterogeneity[entered] * class_weight[entered]
+        return float(weighted.sum() / class_weight[entered].sum())
+
+    def _add_accuracy(
+        self, flags: BoolArray, accuracy: AccuracyEvidence, sizes: FloatArray
+    ) -> tuple[BoolArray, BoolArray, str | None]:
+        """The flags with the accuracy evidence's added, the sites it added, and a note when it
+        was set aside (it would have flagged ``max_flagged_fraction`` of the sites or samples)."""
+        k = flags.size
+        union = flags | accuracy.flags
+        share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
+        if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
+            note = (
+                f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "
+                f"holding {share:.0%} of the samples would be flagged"
+            )
+            return flags, np.zeros(k, dtype=bool), note
+        return union, accuracy.flags & ~flags, None
+
+    def _verdicts(
+        self,
+        chosen: _Pass,
+        direction: float,
+        flags: BoolArray | None,
+        counts: IntArray,
+        site_loss: FloatArray,
+        anchor: BoolArray,
+        accuracy: AccuracyEvidence | None,
+        accuracy_flags: BoolArray,
+    ) -> list[ClientVerdict | None]:
+        """One verdict per site; ``flags`` None: the round abstained (every flag None, so that
+        the status rule does not count an inconclusive round as a clean one)."""
+        # The loss evidence's Stouffer z, or the error counts' z where that is larger.
+        score = (
+            chosen.z_high if chosen.errors is None else np.maximum(chosen.z_high, chosen.errors.z)
+        )
+        verdicts: list[ClientVerdict | None] = []
+        for i in range(counts.shape[0]):
+            zi = direction * chosen.evidence.z[i]
+            if accuracy is not None and accuracy_flags[i]:
+                # Flagged by its accuracy alone: its loss score is, by construction, unremarkable.
+                score_i = max(score[i], accuracy.z[i])
+            else:
+                score_i = score[i]
+            verdicts.append(
+                ClientVerdict(
+                    score=float(score_i),
+                    flag=None if flags is None else bool(flags[i]),
+                    evidence={
+                        "p_value": float(chosen.p_high[i]),
+                        "q_value": float(chosen.q_values[i]),
+                        "stouffer_z": float(chosen.z_high[i]),
+                        "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
+                        "noisy_classes": self._noisy_classes(zi, counts[i]),
+                        "mean_loss": float(site_loss[i]),
+                        "anchor": bool(anchor[i]),
+                        "significant": bool(chosen.flags[i]),
+                        **self._error_entry(chosen.errors, i),
+                        **self._accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
+                    },
+                )
+            )
+        return verdicts
+
     def fit(
         self,
         per_class_loss: Any,
@@ -850,29 +937,13 @@ class EvidenceDetector:
         loss = np.where(held, loss, np.nan)
         sizes = counts.sum(axis=1).astype(np.float64)
 
-        # Informativeness of the consensus model on the sites' own data.
-        prior = counts.sum(axis=0).astype(np.float64)
-        prior = prior[prior > 0] / prior.sum()
-        entropy = float(-(prior * np.log(prior)).sum())
-        site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
-        informativeness = (
-            weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
-        )
+        entropy, site_loss, informativeness = self._informativeness(loss, counts, sizes)
 
         wrong = self._error_counts(per_class_errors, counts) if self.error_check else None
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
         second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
         chosen, mode, direction = second, "consensus", 1.0
-        class_weight = counts.sum(axis=0).astype(np.float64)
-        entered = np.isfinite(second.evidence.heterogeneity)
-        heterogeneity = (
-            float(
-                (second.evidence.heterogeneity[entered] * class_weight[entered]).sum()
-                / class_weight[entered].sum()
-            )
-            if entered.any()
-            else 0.0
-        )
+        heterogeneity = self._heterogeneity(second.evidence, counts)
         split = self._mixture_split(loss, counts, mixture) if self.mixture_check else None
         reason = self._consensus_reason(
             second, sizes, entropy, informativeness, heterogeneity, split
@@ -891,50 +962,17 @@ class EvidenceDetector:
         accuracy, accuracy_note = self._accuracy(train_accuracy, num_samples, k, anchor, mode)
         accuracy_flags = np.zeros(k, dtype=bool)
         if accuracy is not None and status == "ok":
-            union = flags | accuracy.flags
-            share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
-            if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
-                accuracy_note = (
-                    f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "
-                    f"holding {share:.0%} of the samples would be flagged"
-                )
-            else:
-                accuracy_flags = accuracy.flags & ~flags
-                flags = union
-        z = chosen.evidence.z
-        # The loss evidence's Stouffer z, or the error counts' z where that is larger.
-        loss_score = (
-            chosen.z_high if chosen.errors is None else np.maximum(chosen.z_high, chosen.errors.z)
+            flags, accuracy_flags, accuracy_note = self._add_accuracy(flags, accuracy, sizes)
+        verdicts = self._verdicts(
+            chosen,
+            direction,
+            flags if status == "ok" else None,
+            counts,
+            site_loss,
+            anchor,
+            accuracy,
+            accuracy_flags,
         )
-        verdicts: list[ClientVerdict | None] = []
-        for i in range(k):
-            zi = direction * z[i]
-            verdicts.append(
-                ClientVerdict(
-                    # A site flagged by its accuracy alone scores by that evidence: its loss
-                    # score is, by construction, unremarkable.
-                    score=float(
-                        max(loss_score[i], accuracy.z[i])
-                        if accuracy is not None and accuracy_flags[i]
-                        else loss_score[i]
-                    ),
-                    # An abstention is no verdict: None, not False, so that the status rule does
-                    # not count an inconclusive round as a clean one.
-                    flag=bool(flags[i]) if status == "ok" else None,
-                    evidence={
-                        "p_value": float(chosen.p_high[i]),
-                        "q_value": float(chosen.q_values[i]),
-                        "stouffer_z": float(chosen.z_high[i]),
-                        "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
-                        "noisy_classes": self._noisy_classes(zi, counts[i]),
-                        "mean_loss": float(site_loss[i]),
-                        "anchor": bool(anchor[i]),
-                        "significant": bool(chosen.flags[i]),
-                        **self._error_entry(chosen.errors, i),
-                        **self._accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
-                    },
-                )
-            )
         summary: dict[str, Any] = {
             "verdict": status,
             "reason": reason,
