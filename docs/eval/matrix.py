@@ -2,7 +2,8 @@
 
 Each scenario file runs the configured method (``fednoro``) against ``fedavg`` on identical data
 (its ``methods``). For every scenario and seed this script runs ``fedaudit simulate`` as a
-subprocess (``--no-plots --no-progress --no-keep-coordinator-data``) into
+subprocess (``--no-plots --no-progress --no-keep-coordinator-data``; ``--keep-coordinator-data``
+keeps the databases, for ``docs/eval/evidence_whatif.py``) into
 ``OUT/<scenario>/seed<S>/``, skips the runs already finished (a ``results.json`` there), and then
 writes ``OUT/matrix.md`` (the tables and what each number means) and ``OUT/matrix.json`` (the
 same numbers, per seed too). Every figure is read from the simulator's own outputs: the run
@@ -102,7 +103,12 @@ def is_finished(directory: Path) -> bool:
 
 
 def simulate_command(
-    fedaudit: str, job: Job, rounds: int, out: Path, datasets_dir: str | None
+    fedaudit: str,
+    job: Job,
+    rounds: int,
+    out: Path,
+    datasets_dir: str | None,
+    keep_data: bool = False,
 ) -> list[str]:
     """The ``fedaudit simulate`` arguments of ``job``."""
     command = [
@@ -111,8 +117,10 @@ def simulate_command(
         "--rounds", str(rounds),
         "--seeds", str(job.seed),
         "--out", str(job.directory(out)),
-        "--no-plots", "--no-progress", "--no-keep-coordinator-data",
+        "--no-plots", "--no-progress",
     ]  # fmt: skip
+    if not keep_data:
+        command.append("--no-keep-coordinator-data")
     if job.clean:
         command += ["--noise", "none", "--method", BASELINE]
     if datasets_dir:
@@ -514,6 +522,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenarios", type=Path, default=SCENARIO_DIR)
     parser.add_argument("--datasets-dir", help="passed on to fedaudit simulate")
     parser.add_argument(
+        "--keep-coordinator-data",
+        action="store_true",
+        help="keep each run's coordinator database (the sites' signals, for the what-if replays "
+        "of docs/eval/evidence_whatif.py; about 10-100 MB a run)",
+    )
+    parser.add_argument(
         "--fedaudit", default=str(Path(sys.executable).parent / "fedaudit"), help="the CLI"
     )
     args = parser.parse_args(argv)
@@ -531,7 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished", flush=True)
 
         def work(job: Job) -> None:
-            command = simulate_command(args.fedaudit, job, args.rounds, out, args.datasets_dir)
+            command = simulate_command(
+                args.fedaudit, job, args.rounds, out, args.datasets_dir, args.keep_coordinator_data
+            )
             rc, wall = run_job(command, job.directory(out))
             tag = "clean " if job.clean else ""
             print(f"{job.name} {tag}seed {job.seed}: rc {rc}, {wall:.0f} s", flush=True)
