@@ -12,8 +12,8 @@ from sqlalchemy import Engine
 
 from service.errors import MigrationsNotAtHeadError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS_DIR = REPO_ROOT / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+"""The Alembic revisions, inside the package (an installed wheel carries them)."""
 
 
 def alembic_config(url: str) -> Config:
