@@ -290,3 +290,49 @@ def test_cli_simulate_a_custom_function_data_set_prints_the_detection_summary(tm
     assert [r["round"] for r in run["detection_per_round"]] == [0, 1]
     assert run["first_detection"]["noisy_sites"] == 1
     assert set(run["false_alarms"]) >= {"first_false_flag_round", "worst_round", "sites"}
+
+
+@pytest.mark.slow
+def test_three_sites_one_with_shuffled_labels_is_flagged_with_the_defaults(tmp_path: Path):
+    # README's federation has three sites; issue 21 point 4: with the default configuration a site
+    # whose labels are all replaced at random is flagged (the small-federation rule of the
+    # evidence detector: worse than the label prior), the two clean sites never, and the flags
+    # cost the noisy site its weight.
+    scenario = tmp_path / "three.json"
+    scenario.write_text(
+        json.dumps(
+            {
+                "name": "three",
+                "dataset": "digits",
+                "clients": 3,
+                "partition": {"method": "iid"},
+                "noise": {
+                    "protocol": "rho_range",
+                    "params": {"noisy_clients": 1, "lo": 1.0, "hi": 1.0},
+                    "flip": "symmetric_any",
+                },
+                "training": {"rounds": 8},
+                "methods": [{"method": "fednoro"}],
+                "seeds": [0],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    args = ["simulate", "--scenario", str(scenario), "--out", str(out), "--no-progress"]
+    result = runner.invoke(app, [*args, "--no-plots"])
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "runs" / "fednoro_seed0.json").read_text())
+    noisy = [c["name"] for c in run["clients"] if c["true_noisy"]]
+    assert len(noisy) == 1
+    after = [r for r in run["rounds"] if r["index"] >= run["config"]["warmup_rounds"]]
+    assert after, "no round after the warm-up"
+    for rnd in after:
+        assert rnd["primary"] == "evidence"
+        for client in rnd["clients"]:
+            if client["name"] not in noisy:
+                assert client["primary_flag"] is not True, (rnd["index"], client["name"])
+    last = {c["name"]: c for c in after[-1]["clients"]}
+    assert last[noisy[0]]["primary_flag"] is True
+    assert last[noisy[0]]["status"] == "noisy"
+    clean_weights = [c["weight"] for name, c in last.items() if name != noisy[0]]
+    assert last[noisy[0]]["weight"] < min(clean_weights)
