@@ -117,16 +117,19 @@ def mid_p(observed: FloatArray | IntArray, mean: FloatArray, phi: FloatArray | f
 
 def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Per count: whether its mid-CDF P(X < x) + P(X = x) / 2 is below ``LOWER_TAIL``, and the
-    probability of that event under the model (negative binomial, mean mu, dispersion phi)."""
+    probability of that event under the model (negative binomial, mean mu, dispersion phi).
+
+    The mid-CDF grows with x, so the event is x <= t for the largest such t: with q the
+    ``LOWER_TAIL`` quantile (the smallest x with P(X <= x) >= ``LOWER_TAIL``), every x < q
+    qualifies and no x > q does; t is q when q itself qualifies, else q - 1, and the event's
+    probability is P(X <= t) (0 when t < 0)."""
     r = 1.0 / np.maximum(phi, 1e-12)
-    q = r / (r + mu)
-    top = int(np.max(x)) + 1
-    grid = np.arange(top + 1, dtype=np.float64)[None, :]
-    pmf = nbinom.pmf(grid, r[:, None], q[:, None])
-    below = np.cumsum(pmf, axis=1) - pmf
-    in_tail = below + 0.5 * pmf < LOWER_TAIL
-    seen = np.take_along_axis(in_tail, x.astype(np.int64)[:, None], axis=1)[:, 0]
-    return seen.astype(np.float64), (pmf * in_tail).sum(axis=1)
+    p = r / (r + mu)
+    q = nbinom.ppf(LOWER_TAIL, r, p)
+    at_q = 0.5 * (nbinom.cdf(q, r, p) + nbinom.cdf(q - 1.0, r, p))
+    t = np.where(at_q < LOWER_TAIL, q, q - 1.0)
+    chance = np.where(t >= 0.0, nbinom.cdf(t, r, p), 0.0)
+    return (x <= t).astype(np.float64), np.asarray(chance, dtype=np.float64)
 
 
 def fit_dispersion(observed: FloatArray, mean: FloatArray, extra: FloatArray) -> float:
