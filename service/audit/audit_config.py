@@ -70,11 +70,11 @@ fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
     evidence_q, evidence_min_clients, evidence_min_informativeness, \
 evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count, \
 evidence_mixture_check, evidence_accuracy_check, evidence_min_accuracy_gap, \
-evidence_error_check, evidence_min_error_excess
+evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
         :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
         ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
         ``min_class_count``, ``mixture_check``, ``accuracy_check``, ``min_accuracy_gap``,
-        ``error_check``, ``min_error_excess``): the
+        ``error_check``, ``min_error_excess``, ``min_error_sites``): the
         calibrated evidence with a stated
         false-alarm rate, abstention and trust anchors.
     fednoro_confirmed_groups : bool
@@ -152,6 +152,7 @@ evidence_error_check, evidence_min_error_excess
     evidence_min_accuracy_gap: float = 0.25
     evidence_error_check: bool = True
     evidence_min_error_excess: float = 0.05
+    evidence_min_error_sites: int = 10
     fednoro_confirmed_groups: bool = True
     fednoro_separation_groups: str = "all_fits"
     fedncl_beta: float = 1.0
@@ -347,4 +348,5 @@ def evidence_detector(config: AuditConfig) -> EvidenceDetector:
         min_accuracy_gap=config.evidence_min_accuracy_gap,
         error_check=config.evidence_error_check,
         min_error_excess=config.evidence_min_error_excess,
+        min_error_sites=config.evidence_min_error_sites,
     )

@@ -185,3 +185,15 @@ def test_bad_error_counts_are_refused(change, match) -> None:
     loss, counts, sd, errors = _mild_round()
     with pytest.raises(InvalidInputError, match=match):
         EvidenceDetector().fit(loss, counts, sd, per_class_errors=change(errors))
+
+
+def test_the_counts_need_min_error_sites() -> None:
+    # Nine of the mild round's sites: below the default of 10, the counts stay out (and site 0,
+    # whose losses are like the others', is not flagged); at min_error_sites=9 they enter.
+    loss, counts, sd, errors = (a[:9] for a in _mild_round())
+    few = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
+    assert few.summary["errors_counted"] is False
+    assert not any(v.flag for v in few.verdicts if v is not None)
+    enough = EvidenceDetector(min_error_sites=9).fit(loss, counts, sd, per_class_errors=errors)
+    assert enough.summary["errors_counted"] is True
+    assert [i for i, v in enumerate(enough.verdicts) if v is not None and v.flag] == [0]
