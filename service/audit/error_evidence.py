@@ -36,14 +36,19 @@ is fitted on the fit set and the fit set is recomputed from every site at the sa
 the **lower tail** only (:func:`fit_dispersion`): the smallest ``phi`` at which as many sites
 have too few errors (mid-CDF below 1/4) as the model expects. Clean sites that differ spread both
 ways, noisy sites have only too many errors, so counting the sites with too few measures the spread
-without the noisy ones. More than half of the sites always stay in the fit set.
+without the noisy ones. Trimming stops (and phi is fitted on the fit set as it is) when it would
+leave half of the sites or fewer.
 
 **One p-value per site.** The **mid-p** value of the total, ``P(E > e) + P(E = e) / 2``
-(Lancaster, "Significance tests in discrete distributions", JASA 1961), so that a site with one
-error where errors are rare is not called significant on that single sample. Like the loss
-evidence, the site's p-value also has a per-class part (the smallest per-class mid-p times the
-number of entered classes, Bonferroni: noise in one class), and the two parts are combined by
-Bonferroni: ``p_k = min(1, 2 min(p_total, m min_c p_c))``. A **floor** makes the evidence
+(Lancaster, "Significance tests in discrete distributions", JASA 1961): half the point mass of
+the observed count is left out, so it is *smaller* than the exact ``P(E >= e)`` and not a valid
+p-value in the strict sense (its mean under the null is 1/2; for a small expected count and one
+error it is about half the exact value). What keeps one error where errors are rare from being
+significant is the estimated rate's own variance and the floor below. Like the loss evidence,
+the site's p-value also has a per-class part (the smallest per-class mid-p times the number of
+classes the site holds at least ``min_class_count`` (5) samples of, Bonferroni: noise in one
+class), and the two parts are combined by Bonferroni: ``p_k = min(1, 2 min(p_total, m min_c
+p_c))``. A **floor** makes the evidence
 practical: the site's error rate (over its entered classes, or in the class) must be at least
 ``min_excess`` (0.05) above the expected one, or that part's p-value is 1.
 
@@ -89,7 +94,7 @@ class ErrorEvidence:
     p_value: FloatArray
     """(K,) one-sided p-value per site; 1.0 for a site with no entered class."""
     z: FloatArray
-    """(K,) normal quantile of the site's total's mid-p (before the floor); 0.0 likewise."""
+    """(K,) the site's p-value as a normal quantile (after the floor); 0.0 likewise."""
     expected: FloatArray
     """(K,) expected errors of the site over its entered classes under the null."""
     observed: IntArray
@@ -202,6 +207,7 @@ def error_evidence(
     exclude: BoolArray | None = None,
     trim: float = 0.01,
     min_excess: float = 0.05,
+    min_class_count: int = 5,
 ) -> ErrorEvidence:
     """The error-count evidence of one round (module docstring).
 
@@ -218,6 +224,8 @@ def error_evidence(
         The level at which a site leaves the fit set (module docstring, "The fit set").
     min_excess : float
         The practical-significance floor on the error rate's excess (module docstring).
+    min_class_count : int
+        Samples a site must hold of a class for that class alone to count (the per-class part).
     """
     k = counts.shape[0]
     given = np.ones(k, dtype=bool) if exclude is None else ~np.asarray(exclude, dtype=bool)
@@ -245,28 +253,40 @@ def error_evidence(
             phi = fit_dispersion(observed[fit], expected[fit], extra[fit])
         p_total = np.where(has, mid_p(observed, np.maximum(expected, 1e-12), phi + extra), 1.0)
         trimmed = given & (p_total >= trim)
-        if 2 * int(trimmed.sum()) <= k:
-            break
-        if any(bool((trimmed == f).all()) for f in seen) or bool((trimmed == fit_sites).all()):
+        # Stop trimming when it is stable, cycles, or would leave half of the sites or fewer:
+        # in the first stage that means going on to fit phi on the current fit set (sites that
+        # differ in difficulty make the phi = 0 trim remove many clean sites; phi is for them).
+        over = 2 * int(trimmed.sum()) <= k
+        if (
+            over
+            or any(bool((trimmed == f).all()) for f in seen)
+            or bool((trimmed == fit_sites).all())
+        ):
             if stage == "dispersion":
                 break
             stage, seen = "dispersion", []
             continue
         seen.append(fit_sites)
         fit_sites = trimmed
+    else:
+        # Out of iterations: the rates and p-values above belong to the previous fit set.
+        fit_sites = seen[-1] if seen else fit_sites
     # Per class the estimated rate's variance as a dispersion: 1 / (rate * samples behind it).
+    # Only classes of at least min_class_count samples enter the per-class part (as in the loss
+    # evidence: one error among a handful of samples clears any floor on the rate).
     behind = np.nan_to_num(support, nan=1.0) * np.nan_to_num(rates)
     class_extra = np.where(entered, 1.0 / np.maximum(behind, 1e-12), 0.0)
-    p_class = np.where(entered, mid_p(errors, np.maximum(mean, 1e-12), phi + class_extra), 1.0)
+    per_class = entered & (counts >= min_class_count)
+    p_class = np.where(per_class, mid_p(errors, np.maximum(mean, 1e-12), phi + class_extra), 1.0)
     # The floor: an error rate at least min_excess above the expected one, for the total and
     # for each class.
     total_ok = observed - expected >= min_excess * np.maximum(n_in.sum(axis=1), 1)
-    class_ok = entered & (errors - mean >= min_excess * counts)
-    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(entered.sum(axis=1), 1)
+    class_ok = per_class & (errors - mean >= min_excess * counts)
+    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
     p_site = np.minimum(1.0, 2.0 * np.minimum(np.where(total_ok, p_total, 1.0), p_one))
     return ErrorEvidence(
         p_value=np.asarray(np.where(has, p_site, 1.0), dtype=np.float64),
-        z=np.asarray(np.where(has, -ndtri_clipped(p_total), 0.0), dtype=np.float64),
+        z=np.asarray(np.where(has, -ndtri_clipped(np.where(has, p_site, 1.0)), 0.0)),
         expected=np.asarray(expected, dtype=np.float64),
         observed=np.asarray(observed, dtype=np.int64),
         class_rate=class_rate,

@@ -593,6 +593,7 @@ class EvidenceDetector:
                 min_holders=self.min_holders,
                 exclude=exclude,
                 min_excess=self.min_error_excess,
+                min_class_count=self.min_class_count,
             )
             p_high = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
         p_high = np.where(never, 1.0, p_high)

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+import service
 from service.api.prometheus import DatabaseCollector, MetricFamily, render
 from service.config import Settings
 from service.main import create_app
@@ -143,7 +144,7 @@ async def test_metrics_count_what_the_database_holds(
     initial = len(state_bytes(tiny_state(0.0)))
     assert value(metrics, "fedaudit_model_bytes", kind="global") == 2 * initial
     assert value(metrics, "fedaudit_model_bytes", kind="update") == len(state_bytes(update))
-    assert value(metrics, "fedaudit_build_info", version="0.1.0") == 1
+    assert value(metrics, "fedaudit_build_info", version=service.__version__) == 1
     # the running federation's training-quality gauges; none for the waiting one
     mine = {"federation": str(one.id), "name": "one"}
     assert value(metrics, "fedaudit_federation_sites", **mine, status="trusted") == 1

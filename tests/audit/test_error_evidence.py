@@ -197,3 +197,16 @@ def test_the_counts_need_min_error_sites() -> None:
     enough = EvidenceDetector(min_error_sites=9).fit(loss, counts, sd, per_class_errors=errors)
     assert enough.summary["errors_counted"] is True
     assert [i for i, v in enumerate(enough.verdicts) if v is not None and v.flag] == [0]
+
+
+def test_phi_is_fitted_when_the_poisson_trim_would_remove_half_of_the_sites() -> None:
+    # Twenty clean sites of 2000 samples whose error rates differ by a gamma factor of variance
+    # 0.25 (phi): with phi = 0 most of them are "significant" against the others, so trimming
+    # stops at half the sites; phi must still be fitted on what stays (it was left at 0).
+    rng = np.random.default_rng(2)
+    counts = np.full((20, 1), 2000)
+    rates = 0.05 * rng.gamma(4.0, 0.25, size=(20, 1))
+    errors = rng.binomial(counts, rates)
+    ev = error_evidence(errors, counts)
+    assert ev.dispersion > 0.05
+    assert 2 * int(ev.fit_set.sum()) > 20
