@@ -11,7 +11,9 @@ for both (the default). FedNoRo's mixture abstention is off (the simulation has 
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/error_counts_simulation.py [ROUNDS]
+    .venv/bin/python docs/eval/error_counts_simulation.py [ROUNDS] [--large]
+
+``--large`` runs the clean rows with larger sites instead (300 and 1000 samples, spread 0.3).
 """
 
 from __future__ import annotations
@@ -85,14 +87,14 @@ def measure(
     )
 
 
-def main(rounds: int) -> None:
+def main(rounds: int, large: bool = False) -> None:
     mild = {i: 0.1 + 0.04 * i for i in range(6)}
     print(
         "| sites | classes | samples | spread | noisy rates | false-alarm rounds, losses | "
         "false-alarm rounds, both | found, losses | found, both |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for k, c, n, spread, noisy in (
+    settings: tuple[tuple[int, int, int, float, dict[int, float]], ...] = (
         (20, 10, 70, 0.0, {}),
         (20, 10, 70, 0.3, {}),
         (20, 10, 70, 0.6, {}),
@@ -100,9 +102,13 @@ def main(rounds: int) -> None:
         (20, 10, 70, 0.0, mild),
         (20, 10, 70, 0.3, mild),
         (50, 10, 30, 0.0, {7: 0.5}),
-    ):
+    )
+    if large:
+        settings = ((20, 10, 300, 0.3, {}), (20, 10, 1000, 0.3, {}), (10, 10, 1000, 0.3, {}))
+    for k, c, n, spread, noisy in settings:
         print(measure(k, c, n, spread, noisy, rounds), flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 150)
+    numbers = [a for a in sys.argv[1:] if a != "--large"]
+    main(int(numbers[0]) if numbers else 150, "--large" in sys.argv[1:])
