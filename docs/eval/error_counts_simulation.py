@@ -72,9 +72,10 @@ def measure(
     found = {"losses": np.zeros(len(noisy)), "both": np.zeros(len(noisy))}
     for _ in range(rounds):
         loss, counts, sd, errors = federation(rng, k, c, n, base, spread, noisy)
-        for kind, extra in (("losses", {}), ("both", {"per_class_errors": errors})):
+        for kind in ("losses", "both"):
             detector = EvidenceDetector(mixture_check=False, error_check=kind == "both")
-            result = detector.fit(loss, counts, sd, **extra)
+            wrong = errors if kind == "both" else None
+            result = detector.fit(loss, counts, sd, per_class_errors=wrong)
             flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
             alarms[kind] += bool((flags & ~truth).any())
             found[kind] += flags[list(noisy)]
