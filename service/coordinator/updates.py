@@ -75,8 +75,11 @@ def _check_per_class(
     values: Any,
     counts: list[int] | None,
     num_classes: int,
+    *,
+    counted: bool = False,
 ) -> None:
-    """A per-class signal: one finite non-negative number per held class, null elsewhere."""
+    """A per-class signal: one value per held class, null elsewhere. A finite non-negative
+    number; with ``counted``, an integer from 0 to the class's count (``per_class_errors``)."""
     loc: list[str | int] = ["metadata", "signals", name]
     if not isinstance(values, list) or len(values) != num_classes:
         errors.append(_error(loc, f"must have {num_classes} entries"))
@@ -86,30 +89,13 @@ def _check_per_class(
         if value is None:
             if present:
                 errors.append(_error([*loc, c], "null for a class the client holds"))
-        elif not (_finite(value) and value >= 0):
+        elif counted and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            errors.append(_error([*loc, c], "must be a non-negative integer"))
+        elif not counted and not (_finite(value) and value >= 0):
             errors.append(_error([*loc, c], "must be a finite non-negative number"))
         elif counts is not None and not present:
             errors.append(_error([*loc, c], "must be null for a class with no sample"))
-
-
-def _check_error_counts(
-    errors: list[dict[str, Any]], values: Any, counts: list[int] | None, num_classes: int
-) -> None:
-    """per_class_errors: an integer from 0 to the class's count per held class, null elsewhere."""
-    loc: list[str | int] = ["metadata", "signals", "per_class_errors"]
-    if not isinstance(values, list) or len(values) != num_classes:
-        errors.append(_error(loc, f"must have {num_classes} entries"))
-        return
-    for c, value in enumerate(values):
-        present = counts is not None and counts[c] > 0
-        if value is None:
-            if present:
-                errors.append(_error([*loc, c], "null for a class the client holds"))
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            errors.append(_error([*loc, c], "must be a non-negative integer"))
-        elif counts is not None and not present:
-            errors.append(_error([*loc, c], "must be null for a class with no sample"))
-        elif counts is not None and value > counts[c]:
+        elif counted and counts is not None and value > counts[c]:
             errors.append(_error([*loc, c], f"exceeds the class's count {counts[c]}"))
 
 
@@ -218,7 +204,14 @@ def validate_signals(
                 _error(["metadata", "signals", "per_class_errors"], "sent without per_class_loss")
             )
         else:
-            _check_error_counts(errors, wrong, counts if counts_ok else None, num_classes)
+            _check_per_class(
+                errors,
+                "per_class_errors",
+                wrong,
+                counts if counts_ok else None,
+                num_classes,
+                counted=True,
+            )
 
     train_loss = signals.get("train_loss")
     if train_loss is not None and not (_finite(train_loss) and train_loss >= 0):
