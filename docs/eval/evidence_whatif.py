@@ -116,7 +116,9 @@ def judge(run: dict[str, Any], kind: str) -> list[tuple[int, str, np.ndarray]]:
         if index < run["warmup"]:
             continue
         if kind == "evidence":
-            result = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
+            result = EvidenceDetector(error_check=True).fit(
+                loss, counts, sd, per_class_errors=errors
+            )
         elif kind == "losses only":
             result = EvidenceDetector(error_check=False).fit(loss, counts, sd)
         else:

@@ -150,7 +150,7 @@ evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
     evidence_mixture_check: bool = True
     evidence_accuracy_check: bool = False
     evidence_min_accuracy_gap: float = 0.25
-    evidence_error_check: bool = True
+    evidence_error_check: bool = False
     evidence_min_error_excess: float = 0.05
     evidence_min_error_sites: int = 10
     fednoro_confirmed_groups: bool = True

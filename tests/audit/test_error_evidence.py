@@ -159,7 +159,7 @@ def test_the_detector_combines_the_counts_with_the_losses() -> None:
     loss, counts, sd, errors = _mild_round()
     plain = EvidenceDetector().fit(loss, counts, sd)
     assert not any(v.flag for v in plain.verdicts if v is not None)
-    counted = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
+    counted = EvidenceDetector(error_check=True).fit(loss, counts, sd, per_class_errors=errors)
     assert counted.status == "ok"
     assert [i for i, v in enumerate(counted.verdicts) if v is not None and v.flag] == [0]
     first = counted.verdicts[0]
@@ -167,7 +167,7 @@ def test_the_detector_combines_the_counts_with_the_losses() -> None:
     assert first.evidence["errors"] == 24
     assert first.evidence["errors_expected"] == pytest.approx(4 * 20 * 10.5 / 381.0)
     assert counted.summary["errors_counted"] is True
-    off = EvidenceDetector(error_check=False).fit(loss, counts, sd, per_class_errors=errors)
+    off = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)  # off by default
     assert not any(v.flag for v in off.verdicts if v is not None)
     assert off.summary["errors_counted"] is False
 
@@ -184,17 +184,19 @@ def test_the_detector_combines_the_counts_with_the_losses() -> None:
 def test_bad_error_counts_are_refused(change, match) -> None:
     loss, counts, sd, errors = _mild_round()
     with pytest.raises(InvalidInputError, match=match):
-        EvidenceDetector().fit(loss, counts, sd, per_class_errors=change(errors))
+        EvidenceDetector(error_check=True).fit(loss, counts, sd, per_class_errors=change(errors))
 
 
 def test_the_counts_need_min_error_sites() -> None:
     # Nine of the mild round's sites: below the default of 10, the counts stay out (and site 0,
     # whose losses are like the others', is not flagged); at min_error_sites=9 they enter.
     loss, counts, sd, errors = (a[:9] for a in _mild_round())
-    few = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
+    few = EvidenceDetector(error_check=True).fit(loss, counts, sd, per_class_errors=errors)
     assert few.summary["errors_counted"] is False
     assert not any(v.flag for v in few.verdicts if v is not None)
-    enough = EvidenceDetector(min_error_sites=9).fit(loss, counts, sd, per_class_errors=errors)
+    enough = EvidenceDetector(error_check=True, min_error_sites=9).fit(
+        loss, counts, sd, per_class_errors=errors
+    )
     assert enough.summary["errors_counted"] is True
     assert [i for i, v in enumerate(enough.verdicts) if v is not None and v.flag] == [0]
 
