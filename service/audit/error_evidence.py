@@ -67,14 +67,23 @@ of :mod:`service.audit.accuracy_evidence`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtri
 from scipy.stats import nbinom, poisson
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit._validation import InvalidInputError, as_float_array
 
-__all__ = ["ErrorEvidence", "error_evidence", "fit_dispersion", "mid_p", "ndtri_clipped"]
+__all__ = [
+    "ErrorEvidence",
+    "checked_error_counts",
+    "error_evidence",
+    "fit_dispersion",
+    "mid_p",
+    "ndtri_clipped",
+]
 
 _MAX_TRIMS = 10
 """Most trimming passes of the fit set (it stops earlier when nothing changes)."""
@@ -105,6 +114,24 @@ class ErrorEvidence:
     """phi, the squared coefficient of variation of the clean sites' error rates."""
     fit_set: BoolArray
     """(K,) the sites the rates and ``dispersion`` were fitted on."""
+
+
+def checked_error_counts(name: str, value: Any, counts: IntArray) -> IntArray:
+    """Error counts of the shape of ``counts`` (one site's row or the round's matrix), checked:
+    an integer from 0 to the class's count wherever the class is held; anything (NaN, None)
+    where it is not, stored as 0. Raises :class:`InvalidInputError` otherwise."""
+    array = as_float_array(name, value, ndim=counts.ndim, allow_nan=True)
+    if array.shape != counts.shape:
+        raise InvalidInputError(
+            f"{name}: shape {array.shape} differs from class_counts {counts.shape}"
+        )
+    held = counts > 0
+    got = array[held]
+    if not np.isfinite(got).all() or (got != np.round(got)).any():
+        raise InvalidInputError(f"{name}: expected an integer for every held class")
+    if (got < 0).any() or (got > counts[held]).any():
+        raise InvalidInputError(f"{name}: a count is negative or exceeds the class's count")
+    return np.where(held, np.nan_to_num(array), 0).astype(np.int64)
 
 
 def mid_p(observed: FloatArray | IntArray, mean: FloatArray, phi: FloatArray | float) -> FloatArray:

@@ -132,7 +132,7 @@ from service.audit._validation import (
 )
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
-from service.audit.error_evidence import ErrorEvidence, error_evidence
+from service.audit.error_evidence import ErrorEvidence, checked_error_counts, error_evidence
 from service.audit.small_federation import worse_than_prior
 
 if TYPE_CHECKING:
@@ -758,26 +758,6 @@ class EvidenceDetector:
         return evidence, None
 
     @staticmethod
-    def _error_counts(per_class_errors: Any, counts: IntArray) -> IntArray | None:
-        """The error counts, checked against the class counts (None when not sent)."""
-        if per_class_errors is None:
-            return None
-        wrong = as_float_array("per_class_errors", per_class_errors, ndim=2, allow_nan=True)
-        if wrong.shape != counts.shape:
-            raise InvalidInputError(
-                f"per_class_errors: shape {wrong.shape} differs from class_counts {counts.shape}"
-            )
-        held = counts > 0
-        got = wrong[held]
-        if not np.isfinite(got).all() or (got != np.round(got)).any():
-            raise InvalidInputError("per_class_errors: expected an integer for every held class")
-        if (got < 0).any() or (got > counts[held]).any():
-            raise InvalidInputError(
-                "per_class_errors: a count is negative or exceeds the class's count"
-            )
-        return np.where(held, np.nan_to_num(wrong), 0).astype(np.int64)
-
-    @staticmethod
     def _error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
         """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
         if counted is None:
@@ -947,7 +927,11 @@ class EvidenceDetector:
 
         entropy, site_loss, informativeness = self._informativeness(loss, counts, sizes)
 
-        wrong = self._error_counts(per_class_errors, counts) if self.error_check else None
+        wrong = (
+            checked_error_counts("per_class_errors", per_class_errors, counts)
+            if self.error_check and per_class_errors is not None
+            else None
+        )
         if wrong is not None and k < self.min_error_sites:
             wrong = None  # too few sites to estimate their spread (``min_error_sites``)
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)

@@ -18,6 +18,7 @@ from service.audit._validation import (
     as_int_array,
     check_float,
 )
+from service.audit.error_evidence import checked_error_counts
 from service.audit.state import StateReader
 
 __all__ = ["ClientRoundData", "StatusHistory"]
@@ -141,7 +142,11 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
         spreads.append(
             _optional_row(f"{where}.per_class_loss_sd", client.per_class_loss_sd, row.size)
         )
-        wrong.append(_error_counts(f"{where}.per_class_errors", client.per_class_errors, row))
+        wrong.append(
+            None
+            if client.per_class_errors is None
+            else checked_error_counts(f"{where}.per_class_errors", client.per_class_errors, row)
+        )
         train_loss.append(_optional_scalar(f"{where}.train_loss", client.train_loss, 0.0, None))
         accuracy.append(
             _optional_scalar(f"{where}.train_accuracy", client.train_accuracy, 0.0, 1.0)
@@ -175,23 +180,6 @@ def _optional_row(name: str, value: Any, n_classes: int) -> FloatArray | None:
     if array.size != n_classes:
         raise InvalidInputError(f"{name}: {array.size} classes, expected {n_classes}")
     return array
-
-
-def _error_counts(name: str, value: Any, counts: IntArray) -> IntArray | None:
-    """Per-class error counts: an integer from 0 to the count where the class is held (NaN or
-    anything where it is not; stored as 0)."""
-    if value is None:
-        return None
-    array = as_float_array(name, value, ndim=1, allow_nan=True)
-    if array.size != counts.size:
-        raise InvalidInputError(f"{name}: {array.size} classes, expected {counts.size}")
-    held = counts > 0
-    got = array[held]
-    if not np.isfinite(got).all() or (got != np.round(got)).any():
-        raise InvalidInputError(f"{name}: expected an integer for every held class")
-    if (got < 0).any() or (got > counts[held]).any():
-        raise InvalidInputError(f"{name}: a count is negative or exceeds the class's count")
-    return np.where(held, np.nan_to_num(array), 0).astype(np.int64)
 
 
 def _optional_scalar(name: str, value: Any, lo: float, hi: float | None) -> float | None:

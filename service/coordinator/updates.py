@@ -186,31 +186,16 @@ def validate_signals(
         _check_per_class(
             errors, "per_class_loss", losses, counts if counts_ok else None, num_classes
         )
-    spreads = signals.get("per_class_loss_sd")
-    if spreads is not None:
+    # Sent with per_class_loss only: its spread, and its error counts (integers up to the count).
+    for name, counted in (("per_class_loss_sd", False), ("per_class_errors", True)):
+        values = signals.get(name)
+        if values is None:
+            continue
         if losses is None:
-            errors.append(
-                _error(["metadata", "signals", "per_class_loss_sd"], "sent without per_class_loss")
-            )
+            errors.append(_error(["metadata", "signals", name], "sent without per_class_loss"))
         else:
             _check_per_class(
-                errors, "per_class_loss_sd", spreads, counts if counts_ok else None, num_classes
-            )
-
-    wrong = signals.get("per_class_errors")
-    if wrong is not None:
-        if losses is None:
-            errors.append(
-                _error(["metadata", "signals", "per_class_errors"], "sent without per_class_loss")
-            )
-        else:
-            _check_per_class(
-                errors,
-                "per_class_errors",
-                wrong,
-                counts if counts_ok else None,
-                num_classes,
-                counted=True,
+                errors, name, values, counts if counts_ok else None, num_classes, counted=counted
             )
 
     train_loss = signals.get("train_loss")
