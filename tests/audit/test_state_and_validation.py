@@ -162,6 +162,7 @@ def test_public_api_matches_all():
         "round_detectors",
         "round_inputs",
         "schedules",
+        "site_factor",
         "small_federation",
         "sorted_blocks",
         "state",
