@@ -116,7 +116,8 @@ as good as the consensus it is measured against. The audit abstains when
 
 **Trust anchors** (beyond the papers): sites an admin marks as curated. Anchors are never flagged.
 When the consensus verdict is inconclusive, or the anchors look noisy against the consensus (each
-anchor's Stouffer z positive and its site p-value passing BH at ``q`` among the anchors), the
+anchor's site-level z (Stouffer's below 10 sites) positive and its site p-value passing BH at
+``q`` among the anchors), the
 anchors become the reference: each
 class's centre is the anchors' precision-weighted mean loss, the noisy direction is away from the
 anchors (*lower* loss than the anchors when the anchors look noisy to the consensus: the global
@@ -470,7 +471,10 @@ class _Pass:
     site: SiteFactor
     p_high: FloatArray
     z_high: FloatArray
-    """(K,) the site-level z in the pass's direction (0.0 for a site without one): the score."""
+    """(K,) in the pass's direction: the site-level z (0.0 for a site without one), or below
+    ``SITE_LEVEL_MIN_SITES`` sites Stouffer's z; whether the site is above the consensus."""
+    site_level: bool
+    """Whether the site-level part entered the p-value (``SITE_LEVEL_MIN_SITES`` sites)."""
     stouffer: FloatArray
     flags: BoolArray
     q_values: FloatArray
@@ -691,6 +695,7 @@ class EvidenceDetector:
             site,
             p_high,
             z_high,
+            site_level,
             stouffer,
             flags,
             q_values,
@@ -763,7 +768,8 @@ class EvidenceDetector:
         """Anchor mode (module docstring, "Trust anchors"): the anchored pass when it replaces the
         consensus (else None), whether the anchors look noisy to the consensus, and the reason
         the verdict abstains (None: it does not)."""
-        # An anchor "looks noisy" to the consensus when its site-level z is positive and its
+        # An anchor "looks noisy" to the consensus when its z (site-level, or Stouffer's below
+        # SITE_LEVEL_MIN_SITES sites) is positive and its
         # loss p-value passes BH among the anchors.
         anchor_p, anchor_z = consensus.p_loss[anchor], consensus.z_high[anchor]
         looks_noisy = benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)
@@ -961,8 +967,12 @@ class EvidenceDetector:
                     evidence={
                         "p_value": float(chosen.p_high[i]),
                         "q_value": float(chosen.q_values[i]),
-                        "site_z": float(chosen.z_high[i]),
-                        "site_factor": (float(relative[i]) if np.isfinite(relative[i]) else None),
+                        "site_z": (float(chosen.z_high[i]) + 0.0 if chosen.site_level else None),
+                        "site_factor": (
+                            float(relative[i])
+                            if chosen.site_level and np.isfinite(relative[i])
+                            else None
+                        ),
                         "stouffer_z": float(chosen.stouffer[i]),
                         "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
                         "noisy_classes": self._noisy_classes(zi, counts[i]),
@@ -1089,8 +1099,10 @@ class EvidenceDetector:
             "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,
             "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
             "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
-            "site_tau": math.sqrt(chosen.site.tau2),
-            "site_df": None if math.isinf(chosen.site.df) else chosen.site.df,
+            "site_tau": math.sqrt(chosen.site.tau2) if chosen.site_level else None,
+            "site_df": (
+                None if not chosen.site_level or math.isinf(chosen.site.df) else chosen.site.df
+            ),
         }
         return DetectionResult(
             method=self.method,

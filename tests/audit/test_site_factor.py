@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import ndtr
+from scipy.stats import t as student_t
 
 from service.audit.evidence import EvidenceDetector
 from service.audit.site_factor import (
@@ -31,9 +33,11 @@ def test_shortest_half_ignores_a_far_minority():
 
 def test_truncated_target():
     assert truncated_mad_target(math.inf) == pytest.approx(0.6744897501960817)
-    # P(|Z| < m | Z < 2) = 1/2 at m = 0.65670 (computed by hand with the normal CDF:
-    # (Phi(0.6567) - Phi(-0.6567)) / Phi(2) = 0.48836 / 0.97725 = 0.4997).
+    # P(|Z| < m | Z < 2) = 1/2 at m = 0.65670 (by hand with the normal CDF:
+    # (Phi(0.6567) - Phi(-0.6567)) / Phi(2) = 0.48863 / 0.97725 = 0.5000).
     assert truncated_mad_target(2.0) == pytest.approx(0.65670, abs=1e-4)
+    # At 2.5: (Phi(0.6696) - Phi(-0.6696)) / Phi(2.5) = 0.49689 / 0.99379 = 0.5000.
+    assert truncated_mad_target(2.5) == pytest.approx(0.6696, abs=1e-4)
 
 
 def test_fit_site_null_by_hand():
@@ -67,15 +71,18 @@ def test_one_site_four_times_the_consensus_by_hand():
     # variance 10 * 0.09 / 9 = 0.1 per class, V = 20 * 0.1 = 2, E = 3: var(e) = 2 / 9.
     np.testing.assert_allclose(result.x, [0, 0, 0, 0, math.log(4.0)], atol=1e-12)
     np.testing.assert_allclose(result.within, 2.0 / 9.0)
-    # The shortest half is the four zeros (tau 0), the fifth site is at z >= 2 and leaves the
-    # fit: the four clean sites, centre 0, tau 0, var(centre) = pi / 2 * 4 * (2 / 9) / 16.
-    assert result.fitted.tolist() == [True, True, True, True, False]
+    # The shortest half is the four zeros (tau 0): the fifth site at z = log 4 / sqrt(2/9 + pi/45)
+    # = 2.565 >= 2.5 leaves the fit; on the four, centre 0, tau 0, var(centre) = pi / 36, and
+    # its z falls to log 4 / sqrt(2/9 + pi/36) = 2.492 < 2.5: it comes back, the loop would
+    # alternate, and the larger set (all five) is kept: var(centre) = pi / 2 * 5 * (2/9) / 25.
+    assert result.fitted.all()
     assert (result.centre, result.tau2) == (0.0, 0.0)
-    assert result.var_centre == pytest.approx(math.pi / 36)
-    assert result.z[4] == pytest.approx(math.log(4.0) / math.sqrt(2.0 / 9.0 + math.pi / 36))
-    assert result.df == 3  # four sites in the fit: Student t with 3 degrees of freedom
-    assert result.p_values()[4] == pytest.approx(_t3_tail(result.z[4]))
-    assert result.p_values(-1.0)[4] == pytest.approx(1.0 - _t3_tail(result.z[4]))
+    assert result.var_centre == pytest.approx(math.pi / 45)
+    assert result.z[4] == pytest.approx(math.log(4.0) / math.sqrt(2.0 / 9.0 + math.pi / 45))
+    # Five sites in the fit: 0.37 * 4 = 1.48 degrees of freedom (a median-based scale).
+    assert result.df == pytest.approx(1.48)
+    assert result.p_values()[4] == pytest.approx(student_t.sf(result.z[4], 1.48))
+    assert result.p_values(-1.0)[4] == pytest.approx(1.0 - student_t.sf(result.z[4], 1.48))
     assert not result.shrunken_shift().any()  # tau 0: nothing to adjust
 
 
@@ -115,7 +122,7 @@ def test_a_spread_between_sites_is_estimated_and_gives_t_tails():
     loss, counts, sd, centres = _five_sites(factors)
     result = site_factor(loss, counts * 100, sd, centres, np.zeros(2))
     assert result.tau2 > 0.01  # a log spread of 0.4 with little sampling error
-    assert result.df == result.fitted.sum() - 1
+    assert result.df == pytest.approx(max(0.37 * (result.fitted.sum() - 1), 1.0))
     shift = result.shrunken_shift()
     assert shift.any()
     assert np.all(np.abs(shift) <= np.abs(result.x - result.centre) + 1e-12)
@@ -158,8 +165,61 @@ def test_mild_noise_among_homogeneous_sites_is_still_found():
     assert false_alarms <= 1
 
 
+def test_the_t_tail_used_is_students():
+    # Closed form for 3 degrees of freedom, checked against the reference the module uses.
+    for t in (0.5, 2.0, 4.0):
+        assert student_t.sf(t, 3) == pytest.approx(_t3_tail(t), rel=1e-10)
+
+
 def _t3_tail(t: float) -> float:
     """P(T > t) for Student's t with 3 degrees of freedom, in closed form:
     1/2 - (atan(u) + u / (1 + u^2)) / pi with u = t / sqrt(3)."""
     u = t / math.sqrt(3.0)
     return 0.5 - (math.atan(u) + u / (1.0 + u * u)) / math.pi
+
+
+def _p_from_shown_fields(verdict, counts_row, min_class_count=5):
+    """min(1, 2 min(P(Z > stouffer_z), m min_c P(Z > class_z))) from a verdict's own fields."""
+
+    pairs = zip(verdict.evidence["class_z"], counts_row, strict=True)
+    zs = [(z, n) for z, n in pairs if z is not None]
+    single = [z for z, n in zs if n >= min_class_count]
+    p_class = min(1.0, min(ndtr(-z) for z in single) * len(single)) if single else 1.0
+    return min(1.0, 2.0 * min(ndtr(-verdict.evidence["stouffer_z"]), p_class))
+
+
+@pytest.mark.parametrize("n_sites", [5, 9])
+def test_below_ten_sites_the_site_part_stays_out(n_sites):
+    """With fewer than 10 sites the p-value is the Stouffer and per-class combination of the
+    classes as reported, as before the site-level part; the site fields are null."""
+    rng = np.random.default_rng(n_sites)
+    base = rng.uniform(0.005, 0.08, size=4)
+    loss, counts, sd, _ = federation(rng, n_sites, 4, 200, base, 0.3, {0: 0.3})
+    result = EvidenceDetector(mixture_check=False).fit(loss, counts, sd)
+    assert result.summary["site_tau"] is None
+    assert result.summary["site_df"] is None
+    for verdict, row in zip(result.verdicts, counts, strict=True):
+        assert verdict.evidence["site_z"] is None
+        assert verdict.evidence["site_factor"] is None
+        assert verdict.evidence["p_value"] == pytest.approx(_p_from_shown_fields(verdict, row))
+
+
+def test_from_ten_sites_the_site_part_enters():
+    rng = np.random.default_rng(10)
+    base = rng.uniform(0.005, 0.08, size=4)
+    loss, counts, sd, _ = federation(rng, 10, 4, 200, base, 0.0, {0: 0.4})
+    result = EvidenceDetector(mixture_check=False).fit(loss, counts, sd)
+    assert result.summary["site_df"] is not None
+    noisy = result.verdicts[0].evidence
+    assert noisy["site_factor"] > 2.0  # 40 % wrong labels at several nats each
+    assert noisy["site_z"] > 3.0
+    assert result.verdicts[0].flag
+
+
+def test_without_spreads_nothing_is_trimmed_and_nothing_adjusted():
+    loss, counts, sd, centres = _five_sites([1.0, 1.2, 0.9, 1.1, 4.0])
+    result = site_factor(loss, counts, None, centres, np.zeros(2))
+    assert not result.within.any()  # no sampling variance without spreads
+    assert result.fitted.all()  # the median rule on every site, no trim
+    assert result.centre == pytest.approx(math.log(1.1))
+    assert not result.shrunken_shift().any()
