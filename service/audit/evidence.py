@@ -79,8 +79,8 @@ The status rule across rounds (:func:`~service.audit.detection.next_status`) the
 flagged rounds before the aggregation treats a site as noisy. With sites that differ in
 difficulty the site-level part brings the false alarms down but not to q: simulated, 20 clean
 sites of 1,000 samples whose difficulty differs by a log-normal factor of spread 0.3 see a false
-flag in about a tenth of the rounds (``docs/eval/error_counts_simulation.py --large``; it was
-three quarters before the site-level part).
+flag in 3 % of the rounds, 10 such sites in 17 % (``docs/eval/error_counts_simulation.py
+--large``; 78 % and 53 % before the site-level part).
 
 **Abstention** (``status="inconclusive"``, nobody flagged: every flag None, the scores and
 evidence kept, the reason stated): the evidence is only

@@ -258,7 +258,8 @@ def site_factor(
         nan = np.full(k, np.nan)
         return SiteFactor(x, within, math.nan, 0.0, 0.0, math.inf, nan, fit_rows)
     if reference is not None and int(fit_rows.sum()) < 3:
-        # One or two anchors: x is 0 for them by construction; no spread to estimate.
+        # One or two anchors: their losses are the centres (x about 0 for them); no spread to
+        # estimate, the normal tail.
         usable = ok & (within > 0)
         z = np.where(usable, x / np.sqrt(np.where(usable, within, 1.0)), np.nan)
         return SiteFactor(x, within, 0.0, 0.0, 0.0, math.inf, z, fit_rows)
