@@ -38,8 +38,8 @@ class held mostly by noisy sites does not make its clean holders look wrong.
 
 **One p-value per site**, the smallest of three parts times three (Bonferroni, valid whatever
 their dependence): ``p_k = min(1, 3 * min(p_site, p_stouffer, m * min_c p_c))``; in a round of
-fewer than 10 sites (:data:`SITE_LEVEL_MIN_SITES`) without the site part and the adjustment,
-``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
+fewer than 10 sites (:data:`SITE_LEVEL_MIN_SITES`), and in anchored mode, without the site part
+and the adjustment, ``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
 
 * ``p_site``: the site as a whole (:mod:`service.audit.site_factor`): its total loss against the
   total its class mix predicts, on the log scale, against a between-site spread of difficulty
@@ -373,10 +373,11 @@ def class_evidence(
 
 SITE_LEVEL_MIN_SITES = 10
 """Sites a round needs for the site-level part (:mod:`service.audit.site_factor`) to enter the
-p-value. Its between-site spread is fitted from the sites and judged with Student's t on their
-number: with 5 to 8 sites (3 to 7 degrees of freedom) the tail is so wide that noisy sites went
-unfound (stress matrix, 3 seeds: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few
-sites cannot tell a harder site from a noisy one anyway. Below it the p-value is
+p-value (consensus mode only). Its between-site spread is fitted from the sites and judged with
+Student's t on their number: with 5 to 8 sites the tail is so wide that noisy sites went unfound
+(stress matrix, 3 seeds, measured with m - 1 degrees of freedom, more than the 0.37 (m - 1) used
+now: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites cannot tell a harder
+site from a noisy one anyway. Below it, and in anchored mode, the p-value is
 ``min(1, 2 min(p_stouffer, m min_c p_c))`` on the classes as reported."""
 
 SMALL_CLASS_Z_CAP = 3.0
@@ -474,7 +475,8 @@ class _Pass:
     """(K,) in the pass's direction: the site-level z (0.0 for a site without one), or below
     ``SITE_LEVEL_MIN_SITES`` sites Stouffer's z; whether the site is above the consensus."""
     site_level: bool
-    """Whether the site-level part entered the p-value (``SITE_LEVEL_MIN_SITES`` sites)."""
+    """Whether the site-level part entered the p-value (consensus mode, ``SITE_LEVEL_MIN_SITES``
+    sites)."""
     stouffer: FloatArray
     flags: BoolArray
     q_values: FloatArray
@@ -644,7 +646,9 @@ class EvidenceDetector:
             loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
         )
         site = site_factor(loss, counts, sd, ev.mu, ev.var_mu, exclude=exclude, reference=reference)
-        site_level = loss.shape[0] >= SITE_LEVEL_MIN_SITES
+        # Consensus mode only: in anchored mode tau would come from the few anchors, and with
+        # 0.37 (anchors - 1) degrees of freedom the site part's tail is too wide to find anyone.
+        site_level = reference is None and loss.shape[0] >= SITE_LEVEL_MIN_SITES
         shift = site.shrunken_shift() if site_level else np.zeros(loss.shape[0])
         class_z = ev.z
         if np.any(shift != 0.0):

@@ -6,8 +6,8 @@ independent (Stouffer's sum of per-class z) counts that one site-wide difference
 with 1,000 samples per site and clean sites whose error rates differ by a log-normal factor of
 spread 0.3, a clean site was flagged in 77 % of the rounds
 (``docs/eval/error_counts_simulation.py --large``). This module tests the site as a whole
-against a between-site spread it estimates. The evidence detector uses it from 10 sites on
-(:data:`service.audit.evidence.SITE_LEVEL_MIN_SITES`).
+against a between-site spread it estimates. The evidence detector uses it from 10 sites on, in
+consensus mode (:data:`service.audit.evidence.SITE_LEVEL_MIN_SITES`).
 
 **Signal.** The site's observed total loss ``O_k = sum_c n[k, c] L[k, c]`` against the total
 expected from its class mix and the classes' consensus losses, ``E_k = sum_c n[k, c] mu_c`` (the

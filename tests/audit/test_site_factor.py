@@ -222,3 +222,23 @@ def test_without_spreads_nothing_is_trimmed_and_nothing_adjusted():
     assert result.fitted.all()  # the median rule on every site, no trim
     assert result.centre == pytest.approx(math.log(1.1))
     assert not result.shrunken_shift().any()
+
+
+def test_anchored_mode_keeps_the_class_combination():
+    """Ten sites, six of them noisy at 50 % (a noisy majority: the consensus abstains) and one
+    clean anchor: the anchors become the reference, and anchored mode judges with Stouffer's and
+    the per-class part on the classes as reported, without the site part (its spread would come
+    from the anchors alone)."""
+    rng = np.random.default_rng(4)
+    base = rng.uniform(0.005, 0.08, size=4)
+    noisy = dict.fromkeys(range(6), 0.5)
+    loss, counts, sd, _ = federation(rng, 10, 4, 200, base, 0.0, noisy)
+    anchors = [False] * 9 + [True]
+    result = EvidenceDetector().fit(loss, counts, sd, anchors=anchors)
+    assert result.summary["mode"] == "anchored"
+    assert result.summary["anchor_orientation"] == "consensus"
+    assert result.summary["site_tau"] is None
+    for verdict, row in zip(result.verdicts, counts, strict=True):
+        assert verdict.evidence["site_z"] is None
+        assert verdict.evidence["p_value"] == pytest.approx(_p_from_shown_fields(verdict, row))
+    assert [bool(v.flag) for v in result.verdicts] == [i in noisy for i in range(10)]
