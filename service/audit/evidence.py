@@ -58,8 +58,8 @@ and the adjustment, ``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
   (noise in one class; only classes of which the site holds at least ``min_class_count``
   samples).
 
-The verdict shows the site-level ``site_z`` (the score, or the per-class part's z-equivalent
-where larger), ``site_factor`` (the site's loss over what its class mix predicts), the
+The verdict shows the site-level ``site_z`` (the score is it, or the per-class part's
+z-equivalent where larger), ``site_factor`` (the site's loss over what its class mix predicts), the
 Stouffer z, and the class z *as reported* (against each class's consensus, not adjusted for the
 site: where the site's loss is high).
 
@@ -262,8 +262,6 @@ class ClassEvidence:
     """(C,) fitted between-site spreads; NaN for a class that did not enter."""
     heterogeneity: FloatArray
     """(C,) I^2 = tau^2 / (tau^2 + median sampling variance of the holders); NaN likewise."""
-    var_mu: FloatArray
-    """(C,) the variance of each fitted centre; NaN likewise."""
 
 
 def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -> FloatArray:
@@ -328,7 +326,6 @@ def class_evidence(
     mu_out = np.full(c_count, np.nan)
     tau_out = np.full(c_count, np.nan)
     i2_out = np.full(c_count, np.nan)
-    var_mu_out = np.full(c_count, np.nan)
     for c in range(c_count):
         rows = held[:, c]
         if reference is not None:
@@ -361,14 +358,12 @@ def class_evidence(
             if scale2 <= 0.0:
                 continue
             variance = within[rows, c] * scale2 + var_mu * scale2
-            var_mu *= scale2
             tau2 = 0.0
         z[rows, c] = (per_class_loss[rows, c] - mu) / np.sqrt(variance)
         mu_out[c] = mu
         tau_out[c] = math.sqrt(tau2)
         i2_out[c] = tau2 / (tau2 + float(np.median(within[rows, c])))
-        var_mu_out[c] = var_mu
-    return ClassEvidence(z=z, mu=mu_out, tau=tau_out, heterogeneity=i2_out, var_mu=var_mu_out)
+    return ClassEvidence(z=z, mu=mu_out, tau=tau_out, heterogeneity=i2_out)
 
 
 SITE_LEVEL_MIN_SITES = 10
@@ -469,14 +464,13 @@ class _Pass:
     """The class-level fit of the losses as reported (centres, spreads, I^2)."""
     class_z: FloatArray
     """(K, C) the class z given each site's difficulty (:mod:`service.audit.site_factor`)."""
-    site: SiteFactor
+    site: SiteFactor | None
+    """The site-level test; None where it does not enter (below ``SITE_LEVEL_MIN_SITES`` sites,
+    anchored mode)."""
     p_high: FloatArray
     z_high: FloatArray
     """(K,) in the pass's direction: the site-level z (0.0 for a site without one), or below
     ``SITE_LEVEL_MIN_SITES`` sites Stouffer's z; whether the site is above the consensus."""
-    site_level: bool
-    """Whether the site-level part entered the p-value (consensus mode, ``SITE_LEVEL_MIN_SITES``
-    sites)."""
     stouffer: FloatArray
     flags: BoolArray
     q_values: FloatArray
@@ -645,13 +639,16 @@ class EvidenceDetector:
         ev = class_evidence(
             loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
         )
-        site = site_factor(loss, counts, sd, ev.mu, ev.var_mu, exclude=exclude, reference=reference)
         # Consensus mode only: in anchored mode tau would come from the few anchors, and with
         # 0.37 (anchors - 1) degrees of freedom the site part's tail is too wide to find anyone.
-        site_level = reference is None and loss.shape[0] >= SITE_LEVEL_MIN_SITES
-        shift = site.shrunken_shift() if site_level else np.zeros(loss.shape[0])
+        site = (
+            site_factor(loss, counts, sd, ev.mu, exclude=exclude)
+            if reference is None and loss.shape[0] >= SITE_LEVEL_MIN_SITES
+            else None
+        )
         class_z = ev.z
-        if np.any(shift != 0.0):
+        shift = None if site is None else site.shrunken_shift()
+        if shift is not None and np.any(shift != 0.0):
             scale = np.exp(-shift)[:, None]
             class_z = class_evidence(
                 loss * scale,
@@ -662,22 +659,23 @@ class EvidenceDetector:
                 reference=reference,
             ).z
 
-        def loss_p(d: float) -> FloatArray:
+        def loss_p(d: float) -> tuple[FloatArray, FloatArray, FloatArray]:
+            """(the site's loss p-value, its Stouffer z, its per-class part) in direction d."""
+            stouffer = site_p_values(class_z, counts, d, self.min_class_count)[1]
             p_class = class_p_values(class_z, counts, d, self.min_class_count)
-            p_stouffer = ndtr(-site_p_values(class_z, counts, d, self.min_class_count)[1])
-            if not site_level:
-                return np.asarray(np.minimum(1.0, 2.0 * np.minimum(p_class, p_stouffer)))
-            parts = np.minimum(np.minimum(site.p_values(d), p_class), p_stouffer)
-            return np.asarray(np.minimum(1.0, 3.0 * parts))
+            if site is None:
+                p = np.minimum(1.0, 2.0 * np.minimum(p_class, ndtr(-stouffer)))
+            else:
+                parts = np.minimum(np.minimum(site.p_values(d), p_class), ndtr(-stouffer))
+                p = np.minimum(1.0, 3.0 * parts)
+            return np.asarray(p), stouffer, p_class
 
-        p_loss = loss_p(direction)
-        p_class = class_p_values(class_z, counts, direction, self.min_class_count)
-        z_high = np.where(np.isfinite(site.z), direction * site.z, 0.0)
-        if not site_level:
-            z_high = np.asarray(site_p_values(class_z, counts, direction, self.min_class_count)[1])
+        p_loss, stouffer, p_class = loss_p(direction)
+        z_high = (
+            stouffer if site is None else np.where(np.isfinite(site.z), direction * site.z, 0.0)
+        )
         class_score = -ndtri(np.clip(2.0 * p_class, 1e-300, 1.0))  # -inf where p is 1
         score = np.maximum(z_high, class_score)
-        _, stouffer = site_p_values(class_z, counts, direction, self.min_class_count)
         counted: ErrorEvidence | None = None
         p_high = p_loss
         if wrong is not None and reference is None:
@@ -692,14 +690,13 @@ class EvidenceDetector:
             p_high = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
-        low, _ = benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)), self.q)
+        low, _ = benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)
         return _Pass(
             ev,
             class_z,
             site,
             p_high,
             z_high,
-            site_level,
             stouffer,
             flags,
             q_values,
@@ -953,7 +950,8 @@ class EvidenceDetector:
         the status rule does not count an inconclusive round as a clean one)."""
         # The loss evidence's score, or the error counts' z where that is larger.
         score = chosen.score if chosen.errors is None else np.maximum(chosen.score, chosen.errors.z)
-        relative = np.exp(chosen.site.x - chosen.site.centre)
+        site = chosen.site
+        relative = None if site is None else np.exp(site.x - site.centre)
         verdicts: list[ClientVerdict | None] = []
         for i in range(counts.shape[0]):
             # Shown: each class against its consensus, as reported (where the site's loss is
@@ -971,10 +969,11 @@ class EvidenceDetector:
                     evidence={
                         "p_value": float(chosen.p_high[i]),
                         "q_value": float(chosen.q_values[i]),
-                        "site_z": (float(chosen.z_high[i]) + 0.0 if chosen.site_level else None),
+                        # + 0.0: no -0.0 in the JSON of an inverted pass.
+                        "site_z": None if site is None else float(chosen.z_high[i]) + 0.0,
                         "site_factor": (
                             float(relative[i])
-                            if chosen.site_level and np.isfinite(relative[i])
+                            if relative is not None and np.isfinite(relative[i])
                             else None
                         ),
                         "stouffer_z": float(chosen.stouffer[i]),
@@ -1103,9 +1102,9 @@ class EvidenceDetector:
             "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,
             "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
             "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
-            "site_tau": math.sqrt(chosen.site.tau2) if chosen.site_level else None,
+            "site_tau": None if chosen.site is None else math.sqrt(chosen.site.tau2),
             "site_df": (
-                None if not chosen.site_level or math.isinf(chosen.site.df) else chosen.site.df
+                None if chosen.site is None or math.isinf(chosen.site.df) else chosen.site.df
             ),
         }
         return DetectionResult(

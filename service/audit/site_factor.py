@@ -29,9 +29,8 @@ labels, which would hide them, and on sites of 30-70 samples it is a handful of 
 Nor the variance at the observed ``O_k``, ``V_k / (O_k E_k)``: a clean site that drew twice its
 share of hard samples then looked precise and far, z 3.7 where a Poisson tail gives 0.02.)
 An error of the class centres ``mu_c``
-shifts every site's ``x`` alike, and the median below absorbs it; in anchored mode, where the
-centres are the anchors' losses, it is added to each site's variance,
-``sum_c n[k, c]^2 var(mu_c) / E_k^2``.
+shifts every site's ``x`` alike, and the median below absorbs it. (Consensus mode only: the
+evidence detector's anchored mode does not use this test.)
 
 **Fit, robust to a noisy minority.** A first centre and spread come from the shortest interval
 holding just over half of the sites' ``x`` (:func:`shortest_half`). Then, on the sites with
@@ -56,8 +55,7 @@ coefficient of variation of 0.47 from round to round, and with ``m_fit - 1`` deg
 review's simulation). Also where the estimate is tau = 0: on
 digits sites holding two classes each, a clean site whose one class was persistently harder
 than its three other holders (tau_c estimated 0 from them) stood at z 3.3 among 15 clean sites
-in five rounds running. Only in anchored mode with fewer than three anchors, where no spread is
-estimated, the normal is used.
+in five rounds running.
 
 **The classes given the site.** The class-level test then compares each class with what is
 expected *of this site*: its losses divided by its shrunken factor
@@ -167,7 +165,7 @@ class SiteFactor:
     tau2: float
     var_centre: float
     df: float
-    """Degrees of freedom of the t reference (inf: normal)."""
+    """Degrees of freedom of the t reference (inf, the normal, only when no site has a ratio)."""
     z: FloatArray
     """(K,) standardised excess; NaN where x is NaN."""
     fitted: BoolArray
@@ -204,10 +202,8 @@ def site_factor(
     counts: IntArray,
     sd: FloatArray | None,
     centres: FloatArray,
-    centre_variance: FloatArray,
     *,
     exclude: BoolArray | None = None,
-    reference: BoolArray | None = None,
 ) -> SiteFactor:
     """The site-level test of the module docstring.
 
@@ -218,14 +214,10 @@ def site_factor(
     sd : ndarray of shape (K, C) or None
         Reported per-sample spreads; None: no sampling variance (module docstring, last
         paragraph).
-    centres, centre_variance : ndarray of shape (C,)
-        The class-level fit's consensus loss per class and its variance; NaN for a class that
-        did not enter.
+    centres : ndarray of shape (C,)
+        The class-level fit's consensus loss per class; NaN for a class that did not enter.
     exclude : ndarray of bool of shape (K,), optional
         Sites left out of the fit (their z is still computed), unless fewer than 3 would remain.
-    reference : ndarray of bool of shape (K,), optional
-        Anchor mode: the centre and tau come from these sites alone (tau = 0 and the normal with
-        fewer than three), with no trimming.
     """
     k = loss.shape[0]
     n = counts.astype(np.float64)
@@ -237,32 +229,19 @@ def site_factor(
     safe_o, safe_e = np.where(ok, observed, 1.0), np.where(ok, expected, 1.0)
     x = np.where(ok, np.log(safe_o / safe_e), np.nan)
 
-    base = ok if reference is None else ok & reference
-    fit_rows = base if exclude is None else base & ~exclude
-    if int(fit_rows.sum()) < 3 and reference is None:
-        fit_rows = base
+    fit_rows = ok if exclude is None else ok & ~exclude
+    if int(fit_rows.sum()) < 3:
+        fit_rows = ok
     if sd is None:
         within = np.zeros(k)
     else:
         pooled = _pooled_sample_variance(counts, sd, fit_rows)
         v = np.where(entered, n * pooled[None, :], 0.0).sum(axis=1)
         within = np.where(ok, v / np.square(safe_e), np.nan)
-    if reference is not None:
-        # The anchors' losses are the class centres: their error shifts every site's x alike
-        # and is part of each site's uncertainty (in consensus mode the median of x absorbs it).
-        var_mu = np.where(np.isfinite(centre_variance), centre_variance, 0.0)
-        common = np.where(entered, np.square(n) * var_mu[None, :], 0.0).sum(axis=1)
-        within = within + np.where(ok, common / safe_e**2, 0.0)
 
     if not fit_rows.any():
         nan = np.full(k, np.nan)
         return SiteFactor(x, within, math.nan, 0.0, 0.0, math.inf, nan, fit_rows)
-    if reference is not None and int(fit_rows.sum()) < 3:
-        # One or two anchors: their losses are the centres (x about 0 for them); no spread to
-        # estimate, the normal tail.
-        usable = ok & (within > 0)
-        z = np.where(usable, x / np.sqrt(np.where(usable, within, 1.0)), np.nan)
-        return SiteFactor(x, within, 0.0, 0.0, 0.0, math.inf, z, fit_rows)
 
     def standardised(centre: float, tau2: float, var_centre: float) -> FloatArray:
         scale = np.sqrt(tau2 + within + var_centre)
@@ -271,7 +250,7 @@ def site_factor(
         )
 
     fitted = fit_rows.copy()
-    trim = reference is None and sd is not None
+    trim = sd is not None
     if trim and int(fit_rows.sum()) >= 3:
         # Start from the shortest half: a noisy minority (40 % of the sites far above) bends
         # the median and the MAD so far that the noisy sites stay inside z < 2.

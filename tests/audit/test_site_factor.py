@@ -66,7 +66,7 @@ def _five_sites(factors: list[float]) -> tuple[np.ndarray, ...]:
 
 def test_one_site_four_times_the_consensus_by_hand():
     loss, counts, sd, centres = _five_sites([1.0, 1.0, 1.0, 1.0, 4.0])
-    result = site_factor(loss, counts, sd, centres, np.zeros(2))
+    result = site_factor(loss, counts, sd, centres)
     # O / E = factor, so x = 0 for four sites and log 4 for the fifth. Pooled per-sample
     # variance 10 * 0.09 / 9 = 0.1 per class, V = 20 * 0.1 = 2, E = 3: var(e) = 2 / 9.
     np.testing.assert_allclose(result.x, [0, 0, 0, 0, math.log(4.0)], atol=1e-12)
@@ -89,29 +89,29 @@ def test_one_site_four_times_the_consensus_by_hand():
 def test_sites_in_another_order_get_the_same_z():
     loss, counts, sd, centres = _five_sites([1.0, 1.3, 0.8, 1.1, 4.0])
     order = np.array([3, 0, 4, 2, 1])
-    a = site_factor(loss, counts, sd, centres, np.zeros(2))
-    b = site_factor(loss[order], counts[order], sd[order], centres, np.zeros(2))
+    a = site_factor(loss, counts, sd, centres)
+    b = site_factor(loss[order], counts[order], sd[order], centres)
     np.testing.assert_allclose(b.z, a.z[order])
 
 
 def test_losses_in_other_units_change_nothing():
     # Multiplying every loss, spread and centre by 7 leaves O / E and V / E^2 as they were.
     loss, counts, sd, centres = _five_sites([1.0, 1.3, 0.8, 1.1, 4.0])
-    a = site_factor(loss, counts, sd, centres, np.zeros(2))
-    b = site_factor(7 * loss, counts, 7 * sd, 7 * centres, np.zeros(2))
+    a = site_factor(loss, counts, sd, centres)
+    b = site_factor(7 * loss, counts, 7 * sd, 7 * centres)
     np.testing.assert_allclose(b.z, a.z)
 
 
 def test_all_equal_sites_have_z_zero():
     loss, counts, sd, centres = _five_sites([1.0] * 5)
-    result = site_factor(loss, counts, sd, centres, np.zeros(2))
+    result = site_factor(loss, counts, sd, centres)
     np.testing.assert_allclose(result.z, 0.0)
     assert (result.p_values() == 0.5).all()
 
 
 def test_a_site_with_no_class_in_the_fit_has_no_z():
     loss, counts, sd, centres = _five_sites([1.0, 1.0, 1.0, 1.0, 1.0])
-    result = site_factor(loss, counts, sd, np.array([np.nan, np.nan]), np.zeros(2))
+    result = site_factor(loss, counts, sd, np.array([np.nan, np.nan]))
     assert np.isnan(result.z).all()
     assert (result.p_values() == 1.0).all()
 
@@ -120,7 +120,7 @@ def test_a_spread_between_sites_is_estimated_and_gives_t_tails():
     rng = np.random.default_rng(3)
     factors = np.exp(rng.normal(0.0, 0.4, size=12)).tolist()
     loss, counts, sd, centres = _five_sites(factors)
-    result = site_factor(loss, counts * 100, sd, centres, np.zeros(2))
+    result = site_factor(loss, counts * 100, sd, centres)
     assert result.tau2 > 0.01  # a log spread of 0.4 with little sampling error
     assert result.df == pytest.approx(max(0.37 * (result.fitted.sum() - 1), 1.0))
     shift = result.shrunken_shift()
@@ -217,7 +217,7 @@ def test_from_ten_sites_the_site_part_enters():
 
 def test_without_spreads_nothing_is_trimmed_and_nothing_adjusted():
     loss, counts, sd, centres = _five_sites([1.0, 1.2, 0.9, 1.1, 4.0])
-    result = site_factor(loss, counts, None, centres, np.zeros(2))
+    result = site_factor(loss, counts, None, centres)
     assert not result.within.any()  # no sampling variance without spreads
     assert result.fitted.all()  # the median rule on every site, no trim
     assert result.centre == pytest.approx(math.log(1.1))
