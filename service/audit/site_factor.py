@@ -27,7 +27,8 @@ classes' own between-site spreads tau_c are not added: tau absorbs what the site
 needs.) (Each site's own variance is not used: a noisy site's is large *because* of its wrong
 labels, which would hide them, and on sites of 30-70 samples it is a handful of hard samples.
 Nor the variance at the observed ``O_k``, ``V_k / (O_k E_k)``: a clean site that drew twice its
-share of hard samples then looked precise and far, z 3.7 where a Poisson tail gives 0.02.)
+share of hard samples then looked precise and far: z 3.7, where the Poisson tail of 10 or more
+hard samples against 4.8 expected is 0.025.)
 An error of the class centres ``mu_c``
 shifts every site's ``x`` alike, and the median below absorbs it. (Consensus mode only: the
 evidence detector's anchored mode does not use this test.)
