@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from safetensors.numpy import save
 
 from client_sdk import AdminClient, FederationClient, UpdateReceipt
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.store.blobs import DirectoryBlobStore
 
 NUM_CLASSES = 10

@@ -61,7 +61,7 @@ from sqlalchemy import create_engine, text
 
 from client_sdk import AdminClient, FederationClient
 from client_sdk._client import DEFAULT_TIMEOUT
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "conv.weight": (8, 3, 5, 5),

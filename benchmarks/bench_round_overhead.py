@@ -63,9 +63,9 @@ from _coordinator import (
 from threadpoolctl import threadpool_limits
 
 from client_sdk import AdminClient
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.audit import AuditConfig, ClientRoundData, run_audit
 from service.coordinator.tensors import SafetensorsReader
-from service.simulation.coordinator_process import CoordinatorProcess
 
 
 def read_all(paths: list[Path], buffer: bytearray) -> int:

@@ -57,7 +57,7 @@ from _coordinator import (
 )
 from numpy.typing import NDArray
 
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 
 SINK_APP = textwrap.dedent(
     """

@@ -495,7 +495,7 @@ class Participant:
     ) -> Signals:
         """The round's signals (:func:`client_sdk.signals.compute_signals` on this site's data).
 
-        The one place a simulated dishonest site (``service.simulation``) changes what it
+        The one place a simulated dishonest site (``fedaudit_sim``) changes what it
         reports; a real site has no reason to override it.
         """
         return compute_signals(

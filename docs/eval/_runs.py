@@ -10,11 +10,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.simulation.results import mean_std  # noqa: E402
+from fedaudit_sim.results import mean_std  # noqa: E402
 
 
 def run_json_paths(run_dir: Path) -> list[Path]:
-    """``<run_dir>/runs/<label>_seed<seed>.json`` (``service.simulation.results``), sorted."""
+    """``<run_dir>/runs/<label>_seed<seed>.json`` (``fedaudit_sim.results``), sorted."""
     return sorted((run_dir / "runs").glob("*_seed*.json"))
 
 

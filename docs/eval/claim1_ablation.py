@@ -73,8 +73,8 @@ if str(REPO) not in sys.path:
 
 from _runs import fmt, run_json_paths  # noqa: E402
 
+from fedaudit_sim.metrics import auroc, detection_metrics  # noqa: E402
 from service.audit import FedNoRoDetector  # noqa: E402
-from service.simulation.metrics import auroc, detection_metrics  # noqa: E402
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

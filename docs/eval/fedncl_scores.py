@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _runs import load_run_jsons  # noqa: E402
 
-from service.simulation.metrics import auroc, detection_metrics  # noqa: E402
+from fedaudit_sim.metrics import auroc, detection_metrics  # noqa: E402
 
 
 def per_round(run: dict[str, Any]) -> tuple[list[float | None], list[dict[str, float]]]:

@@ -79,13 +79,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from claim1_ablation import indicator, load_runs  # noqa: E402
 
+from fedaudit_sim.metrics import detection_metrics  # noqa: E402
 from service.audit import FedNoRoDetector  # noqa: E402
 from service.audit.detectors.separation import (  # noqa: E402
     ashman_d,
     class_standardised_excess,
     null_separation_threshold,
 )
-from service.simulation.metrics import detection_metrics  # noqa: E402
 
 Rule = Callable[[float | None, int, int], bool]
 

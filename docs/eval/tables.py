@@ -1,6 +1,6 @@
 """Markdown tables for docs/evaluation.md from a ``fedaudit simulate --out`` directory.
 
-Reads ``<dir>/runs/<label>_seed<seed>.json`` (written by ``service.simulation.results``) and
+Reads ``<dir>/runs/<label>_seed<seed>.json`` (written by ``fedaudit_sim.results``) and
 prints, per method, mean ± std over seeds of:
 
 - model quality: best and last-10% accuracy and balanced accuracy;

@@ -3,7 +3,7 @@ still gives away.
 
 The per-class loss evidence (:mod:`service.audit.evidence`) reads losses the site reports. A
 site that trains on wrong labels but reports the losses a clean site would (issue 20's attack;
-``service.simulation.lying``) is invisible to it. Its local model, though, cannot fit its wrong
+``fedaudit_sim.lying``) is invisible to it. Its local model, though, cannot fit its wrong
 labels as well as a clean site's model fits its right ones: the local model's accuracy on the
 site's own labels (FedRN's data expertise, Kim et al., CIKM 2022, eq. 4, before its min-max
 normalisation) stays low. This module turns that accuracy into a calibrated per-site test with

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.api.openapi import DEFAULT_OUTPUT, build_spec, render
+from service.openapi_spec import DEFAULT_OUTPUT, build_spec, render
 
 
 def test_committed_spec_matches_the_app() -> None:

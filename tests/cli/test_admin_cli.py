@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.cli import app
-from service.simulation.coordinator_process import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 

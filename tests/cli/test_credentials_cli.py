@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from client_sdk import AdminClient, AuthenticationError, FederationClient
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.cli import app
 from service.config import get_settings
-from service.simulation.coordinator_process import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 

@@ -167,7 +167,7 @@ def _csv_rows(text: str) -> list[dict[str, str]]:
 @pytest.mark.slow
 def test_the_operator_path_end_to_end(model_dir: Path) -> None:
     from client_sdk import FederationClient
-    from service.simulation.coordinator_process import CoordinatorProcess
+    from fedaudit_sim.coordinator_process import CoordinatorProcess
 
     runner = CliRunner()
     with CoordinatorProcess(model_dir / "coord") as server:

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from service.cli import render_report
+from client_sdk.report_table import render_report
 
 
 def report(statistic: str | None) -> dict[str, Any]:

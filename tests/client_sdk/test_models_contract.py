@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from client_sdk import _models as sdk
-from service.api.openapi import DEFAULT_OUTPUT
+from service.openapi_spec import DEFAULT_OUTPUT
 
 SPEC = json.loads(DEFAULT_OUTPUT.read_text(encoding="utf-8"))
 SCHEMAS = SPEC["components"]["schemas"]

@@ -18,7 +18,7 @@ from torch import nn
 from client_sdk import AdminClient, FederationClient, Participant
 from client_sdk.participant import state_to_bytes
 from client_sdk.recipes import LocalData
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 

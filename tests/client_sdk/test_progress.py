@@ -11,7 +11,7 @@ import pytest
 
 from client_sdk import AdminClient, Diagnostics, FederationClient, Participant
 from client_sdk.participant import state_to_bytes
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.client_sdk.test_lost_answer import (
     FlakyNetwork,
     one_site_federation,

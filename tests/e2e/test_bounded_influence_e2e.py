@@ -12,7 +12,7 @@ import pytest
 
 from client_sdk import AdminClient, FederationClient, UnprocessableEntityError
 from client_sdk.participant import state_to_bytes
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.e2e.test_federation_e2e import tiny_model
 
 pytestmark = pytest.mark.slow

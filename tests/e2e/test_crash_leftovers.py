@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from client_sdk import AdminClient, FederationClient
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.e2e.test_federation_e2e import create_federation, submit_round, tiny_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.db]

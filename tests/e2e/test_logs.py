@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from client_sdk import AdminClient, FederationClient
 from client_sdk.participant import state_to_bytes
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.store import repositories as repo
 from service.store.event_log import EVENT_LOGGER, log_committed_events
 from service.store.session import make_engine

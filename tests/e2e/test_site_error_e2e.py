@@ -19,7 +19,7 @@ from client_sdk import (
 )
 from client_sdk.participant import state_to_bytes
 from client_sdk.recipes import LocalData
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 

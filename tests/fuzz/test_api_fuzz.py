@@ -30,7 +30,7 @@ import pytest
 
 from client_sdk import AdminClient, FederationClient
 from client_sdk.participant import state_to_bytes
-from service.simulation.coordinator_process import CoordinatorProcess
+from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.e2e.test_federation_e2e import tiny_model
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.slow, pytest.mark.db]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from service.simulation.commands import build_scenario, select_methods
-from service.simulation.presets import get_preset
-from service.simulation.scenario import ScenarioError
+from fedaudit_sim.commands import build_scenario, select_methods
+from fedaudit_sim.presets import get_preset
+from fedaudit_sim.scenario import ScenarioError
 
 # --------------------------------------------------------------------------------------------
 # command-line assembly

@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.simulation.datasets import (
+from fedaudit_sim.datasets import (
     DatasetFormatError,
     DatasetNotFoundError,
     load_callable,
     load_npz,
     split_arrays,
 )
-from service.simulation.runner import prepare_data
-from service.simulation.scenario import ScenarioError, apply_overrides, validate_scenario
+from fedaudit_sim.runner import prepare_data
+from fedaudit_sim.scenario import ScenarioError, apply_overrides, validate_scenario
 
 
 def blobs(n_per_class: int = 10, classes: int = 2, features: int = 3) -> tuple[Any, Any]:
@@ -240,7 +240,7 @@ def test_overrides_switch_between_custom_and_built_in_data():
 
 
 def test_the_example_scenario_is_valid_and_prepares(monkeypatch: pytest.MonkeyPatch):
-    from service.simulation.scenario import load_scenario
+    from fedaudit_sim.scenario import load_scenario
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)  # the example's function path is relative to the repository root

@@ -1,4 +1,4 @@
-"""Tests of service.simulation.datasets: sklearn loaders, file loaders, checksums, IDX parsing."""
+"""Tests of fedaudit_sim.datasets: sklearn loaders, file loaders, checksums, IDX parsing."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.simulation import datasets
-from service.simulation.datasets import (
+from fedaudit_sim import datasets
+from fedaudit_sim.datasets import (
     DatasetChecksumError,
     DatasetError,
     DatasetFormatError,

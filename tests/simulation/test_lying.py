@@ -1,4 +1,4 @@
-"""Simulated sites that report the losses of their true labels (service.simulation.lying)."""
+"""Simulated sites that report the losses of their true labels (fedaudit_sim.lying)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from service.simulation.lying import true_label_errors, true_label_losses
-from service.simulation.runner import simulate
-from service.simulation.scenario import Scenario, ScenarioError, validate_scenario
+from fedaudit_sim.lying import true_label_errors, true_label_losses
+from fedaudit_sim.runner import simulate
+from fedaudit_sim.scenario import Scenario, ScenarioError, validate_scenario
 
 
 def identity_model() -> nn.Module:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.simulation.scenario import load_scenario
+from fedaudit_sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

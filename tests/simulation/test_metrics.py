@@ -1,11 +1,11 @@
-"""Tests of service.simulation.metrics against hand-computed values."""
+"""Tests of fedaudit_sim.metrics against hand-computed values."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from service.simulation.metrics import (
+from fedaudit_sim.metrics import (
     MetricInputError,
     accuracy,
     auroc,

@@ -1,4 +1,4 @@
-"""Tests of service.simulation.models: shapes, heads, seeding, training, the torchvision path."""
+"""Tests of fedaudit_sim.models: shapes, heads, seeding, training, the torchvision path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from service.simulation.models import (
+from fedaudit_sim.models import (
     MLP,
     ModelConfigError,
     SmallCNN,

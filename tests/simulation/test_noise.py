@@ -1,11 +1,11 @@
-"""Tests of service.simulation.noise: client noise levels, label flips, injection reports."""
+"""Tests of fedaudit_sim.noise: client noise levels, label flips, injection reports."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from service.simulation.noise import (
+from fedaudit_sim.noise import (
     NOISE_PROTOCOLS,
     NoiseError,
     flip_labels,

@@ -1,4 +1,4 @@
-"""The public surface of service.simulation: re-exports, lazy imports, import boundaries."""
+"""The public surface of fedaudit_sim: re-exports, lazy imports, import boundaries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import service.simulation as simulation
+import fedaudit_sim as simulation
 
 _PACKAGE_DIR = Path(simulation.__file__).parent
 _ALLOWED_THIRD_PARTY = {"numpy", "scipy", "sklearn", "torch", "threadpoolctl"}
@@ -20,23 +20,22 @@ _PURE_MODULES = ("__init__", "datasets", "partition", "noise", "models", "metric
 def test_every_exported_name_resolves_to_its_module_object():
     for name in simulation.__all__:
         value = getattr(simulation, name)
-        module = importlib.import_module(f"service.simulation.{simulation._MODULE_OF[name]}")
+        module = importlib.import_module(f"fedaudit_sim.{simulation._MODULE_OF[name]}")
         assert value is getattr(module, name), name
     assert set(simulation.__all__) == set(simulation._MODULE_OF)
 
 
 def test_partition_is_the_function_even_after_importing_the_module():
-    import service.simulation.partition  # noqa: F401  (binds the submodule on first import)
-    from service.simulation import partition
+    import fedaudit_sim.partition  # noqa: F401  (binds the submodule on first import)
+    from fedaudit_sim import partition
 
     assert callable(partition)
-    assert partition.__module__ == "service.simulation.partition"
+    assert partition.__module__ == "fedaudit_sim.partition"
 
 
 def test_metrics_alone_does_not_import_torch_or_sklearn():
     code = (
-        "import sys, service.simulation.metrics; "
-        "print('torch' in sys.modules, 'sklearn' in sys.modules)"
+        "import sys, fedaudit_sim.metrics; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
@@ -45,7 +44,7 @@ def test_metrics_alone_does_not_import_torch_or_sklearn():
 
 
 def test_modules_import_only_numpy_scipy_sklearn_torch():
-    # The contract: no fastapi, sqlalchemy, httpx, pydantic, and no other service.* package.
+    # The contract: no fastapi, sqlalchemy, httpx, pydantic, and nothing of the service.
     # (threadpoolctl ships with scikit-learn and is used to pin its BLAS/OpenMP threads.)
     for path in (_PACKAGE_DIR / f"{name}.py" for name in _PURE_MODULES):
         tree = ast.parse(path.read_text())
@@ -58,7 +57,6 @@ def test_modules_import_only_numpy_scipy_sklearn_torch():
                 continue
             for root in roots:
                 top = root.split(".")[0]
-                if top == "service":
-                    assert root.startswith("service.simulation"), (path.name, root)
-                elif top not in sys.stdlib_module_names:
+                assert top != "service", (path.name, root)
+                if top != "fedaudit_sim" and top not in sys.stdlib_module_names:
                     assert top in _ALLOWED_THIRD_PARTY, (path.name, root)

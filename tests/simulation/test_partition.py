@@ -1,11 +1,11 @@
-"""Tests of service.simulation.partition against the definitions of ALGORITHMS.md section 6."""
+"""Tests of fedaudit_sim.partition against the definitions of ALGORITHMS.md section 6."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from service.simulation.partition import (
+from fedaudit_sim.partition import (
     PARTITION_METHODS,
     PartitionError,
     as_generator,

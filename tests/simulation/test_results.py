@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.simulation.results import (
+from fedaudit_sim.results import (
     ClientRecord,
     ClientRoundRecord,
     RoundRecord,
@@ -413,7 +413,7 @@ def test_write_outputs_writes_every_file_and_valid_pngs(tmp_path: Path):
 
 
 def test_per_class_heat_map_is_skipped_without_losses(tmp_path: Path):
-    from service.simulation.results import plot_per_class_loss
+    from fedaudit_sim.results import plot_per_class_loss
 
     run = make_run()
     for record in run.rounds:
@@ -453,7 +453,7 @@ def test_fednoro_class_z_is_correlated_when_present():
 
 
 def test_csv_rows_must_share_their_columns(tmp_path: Path):
-    from service.simulation.results import _write_rows
+    from fedaudit_sim.results import _write_rows
 
     _write_rows(tmp_path / "ok.csv", [{"a": 1, "b": None}, {"a": 2.5, "b": True}])
     assert (tmp_path / "ok.csv").read_text() == "a,b\n1,\n2.5,1\n"

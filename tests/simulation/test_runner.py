@@ -13,8 +13,8 @@ from torch import nn
 
 from client_sdk import APIStatusError, ProblemDetails
 from client_sdk.participant import state_to_bytes
-from service.simulation.datasets import Dataset, DataSplit
-from service.simulation.runner import (
+from fedaudit_sim.datasets import Dataset, DataSplit
+from fedaudit_sim.runner import (
     _ClientRound,
     _create_federation,
     _Federation,
@@ -24,7 +24,7 @@ from service.simulation.runner import (
     per_class_losses,
     prepare_data,
 )
-from service.simulation.scenario import MethodSpec, ScenarioError, validate_scenario
+from fedaudit_sim.scenario import MethodSpec, ScenarioError, validate_scenario
 
 SCENARIO = {
     "dataset": "wine",

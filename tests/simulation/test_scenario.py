@@ -1,4 +1,4 @@
-"""Scenario files, presets and command-line overrides (service.simulation.scenario/presets)."""
+"""Scenario files, presets and command-line overrides (fedaudit_sim.scenario/presets)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.simulation.presets import PRESET_NAMES, get_preset, preset_data
-from service.simulation.scenario import (
+from fedaudit_sim.presets import PRESET_NAMES, get_preset, preset_data
+from fedaudit_sim.scenario import (
     MethodSpec,
     Scenario,
     ScenarioError,

@@ -19,9 +19,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from fedaudit_sim.runner import RoundEvent, simulate
+from fedaudit_sim.scenario import TrainingSpec, validate_scenario
 from service.cli import app
-from service.simulation.runner import RoundEvent, simulate
-from service.simulation.scenario import TrainingSpec, validate_scenario
 
 SCENARIO = {
     "name": "e2e",

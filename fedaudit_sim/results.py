@@ -4,7 +4,7 @@ docs/evaluation.md, "How the figures are made". A :class:`RunResult` is one meth
 run with one seed; it holds, per round, what the coordinator's stored audit said about every
 client next to the ground truth, and the global model's accuracy on the clean test split.
 :func:`summarise_run` turns it into the metrics docs/evaluation.md uses (all computed with
-``service.simulation.metrics``):
+``fedaudit_sim.metrics``):
 
 - Detection, per round (``detection_per_round``), after the federation's warm-up
   (``round >= warmup_rounds``, the resolved value the coordinator stored) and at the last round:
@@ -60,13 +60,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from service.simulation.metrics import (
+from fedaudit_sim.metrics import (
     auroc,
     detection_scores,
     spearman,
     summarise_curve,
 )
-from service.simulation.noise import CONTINUOUS_PROTOCOLS
+from fedaudit_sim.noise import CONTINUOUS_PROTOCOLS
 
 __all__ = [
     "DETECTOR_NAMES",

@@ -9,7 +9,7 @@ It is a pydantic model with ``extra="forbid"`` at every level, so a typo in a sc
 error that names the offending key instead of a silently ignored setting.
 
 Scenarios come from a YAML or JSON file (:func:`load_scenario`), from a preset
-(``service.simulation.presets``) or from command-line flags (:func:`apply_overrides`); all three
+(``fedaudit_sim.presets``) or from command-line flags (:func:`apply_overrides`); all three
 end in :func:`validate_scenario`, which raises :class:`ScenarioError` with one line per problem.
 
 What is checked here and what is left to the coordinator: partition and noise parameter *names*
@@ -31,9 +31,9 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from service.simulation.datasets import DATASET_NAMES
-from service.simulation.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, noise_levels
-from service.simulation.partition import PARTITION_METHODS, PARTITION_PARAMS
+from fedaudit_sim.datasets import DATASET_NAMES
+from fedaudit_sim.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, noise_levels
+from fedaudit_sim.partition import PARTITION_METHODS, PARTITION_PARAMS
 
 __all__ = [
     "CUSTOM_DATASET",
@@ -78,7 +78,7 @@ class _Strict(BaseModel):
 
 
 class CustomDataSpec(_Strict):
-    """A custom data set from arrays (``dataset: custom``; ``service.simulation.datasets``).
+    """A custom data set from arrays (``dataset: custom``; ``fedaudit_sim.datasets``).
 
     Exactly one source: ``npz`` (a file with arrays ``x``, ``y`` and optionally ``x_test``,
     ``y_test``; a relative path is taken from the working directory, as ``data_dir``) or
@@ -113,7 +113,7 @@ class CustomDataSpec(_Strict):
 
 
 class PartitionSpec(_Strict):
-    """How samples are split among clients (``service.simulation.partition``)."""
+    """How samples are split among clients (``fedaudit_sim.partition``)."""
 
     method: Literal[PARTITION_METHODS] = "iid"  # type: ignore[valid-type]
     params: dict[str, Scalar] = Field(default_factory=dict)
@@ -131,7 +131,7 @@ class PartitionSpec(_Strict):
 
 
 class NoiseSpec(_Strict):
-    """Client noise levels and the label flip (``service.simulation.noise``)."""
+    """Client noise levels and the label flip (``fedaudit_sim.noise``)."""
 
     protocol: Literal[NOISE_PROTOCOLS] = "none"  # type: ignore[valid-type]
     params: dict[str, Scalar] = Field(default_factory=dict)
@@ -164,7 +164,7 @@ class NoiseSpec(_Strict):
 
 
 class LyingSpec(_Strict):
-    """Noisy sites that report the losses of their true labels (``service.simulation.lying``)."""
+    """Noisy sites that report the losses of their true labels (``fedaudit_sim.lying``)."""
 
     sites: Literal["noisy"] | int = Field(
         default="noisy",
@@ -180,7 +180,7 @@ class LyingSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    """The model every client trains (``service.simulation.models.build_model``)."""
+    """The model every client trains (``fedaudit_sim.models.build_model``)."""
 
     name: str | None = Field(
         default=None, description="'mlp', 'cnn' or 'tv:<name>'; default cnn for images, else mlp"
@@ -191,7 +191,7 @@ class ModelSpec(_Strict):
 class TrainingSpec(_Strict):
     """Schedule and local optimiser (sent as the federation's common hyper-parameters).
 
-    The defaults are the reference scenarios' shared schedule (``service.simulation.presets``
+    The defaults are the reference scenarios' shared schedule (``fedaudit_sim.presets``
     argues it): 100 rounds of 5 local epochs, SGD with lr 0.05, momentum 0.5, batch 32. A scenario
     that leaves ``training`` out is therefore run the way V1-V6 were measured. (Before, the
     defaults were the coordinator's generic ones, 20 rounds of 1 epoch at lr 0.01, with which the

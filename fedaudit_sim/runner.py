@@ -65,26 +65,26 @@ from client_sdk import (
 )
 from client_sdk.participant import Participant, load_state_bytes, state_to_bytes
 from client_sdk.recipes import LocalData, RecipeError
-from service.simulation.datasets import (
+from fedaudit_sim.datasets import (
     DatasetError,
     DataSplit,
     load_callable,
     load_dataset,
     load_npz,
 )
-from service.simulation.lying import LossLyingParticipant
-from service.simulation.metrics import accuracy, balanced_accuracy
-from service.simulation.models import ModelConfigError, TorchvisionNotInstalledError, build_model
-from service.simulation.noise import NoiseError, NoiseReport, inject_noise, noise_levels
-from service.simulation.partition import PartitionError, partition
-from service.simulation.results import (
+from fedaudit_sim.lying import LossLyingParticipant
+from fedaudit_sim.metrics import accuracy, balanced_accuracy
+from fedaudit_sim.models import ModelConfigError, TorchvisionNotInstalledError, build_model
+from fedaudit_sim.noise import NoiseError, NoiseReport, inject_noise, noise_levels
+from fedaudit_sim.partition import PartitionError, partition
+from fedaudit_sim.results import (
     ClientRecord,
     ClientRoundRecord,
     RoundRecord,
     RunResult,
     summarise_run,
 )
-from service.simulation.scenario import MethodSpec, Scenario, ScenarioError
+from fedaudit_sim.scenario import MethodSpec, Scenario, ScenarioError
 
 __all__ = [
     "LONG_POLL_S",
@@ -889,7 +889,7 @@ def simulate(
     ----------
     scenario : Scenario
     out_dir : pathlib.Path
-        Where ``scenario.json`` and the results (``service.simulation.results.write_outputs``)
+        Where ``scenario.json`` and the results (``fedaudit_sim.results.write_outputs``)
         are written; created if missing.
     data_dir : pathlib.Path, optional
         The coordinator's data directory.
@@ -911,8 +911,8 @@ def simulate(
         The coordinator failed a round or did not answer; the message ends with its log. (A
         client whose training fails stops only its own run: see ``on_failure``.)
     """
-    from service.simulation.coordinator_process import CoordinatorProcess, CoordinatorStartError
-    from service.simulation.results import write_outputs
+    from fedaudit_sim.coordinator_process import CoordinatorProcess, CoordinatorStartError
+    from fedaudit_sim.results import write_outputs
 
     started = time.perf_counter()
     torch.set_num_threads(1)

@@ -1,12 +1,13 @@
 """``fedaudit simulate`` and ``fedaudit demo`` (docs/operator-guide.md, "Simulating a federation").
 
-Both are plain typer command functions; ``service/cli.py`` registers them. This module imports
-only typer and the standard library at import time (the coordinator process imports the CLI
-module too); the simulator is imported when a command runs.
+Both are plain typer command functions, entry points of the group ``fedaudit.commands``
+(``pyproject.toml``), which ``service/cli.py`` adds to the ``fedaudit`` command. This module
+imports only typer, rich and the SDK's report table at import time (every ``fedaudit`` command,
+the coordinator process's too, loads it); the simulator is imported when a command runs.
 
 ``simulate`` builds a scenario from a file (``--scenario``), a preset (``--preset``) or the
 defaults, applies the flags on top, selects the method configurations (``--method`` or
-``--compare``), runs it (:func:`service.simulation.runner.simulate`) with a progress bar, prints
+``--compare``), runs it (:func:`fedaudit_sim.runner.simulate`) with a progress bar, prints
 the comparison table and says where the results are.
 
 ``demo`` runs the ``demo`` preset (V1's federation: digits, 20 clients, 8 of them noisy;
@@ -18,24 +19,24 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from client_sdk.report_table import output_console, render_report
+
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from service.simulation.results import RunResult
-    from service.simulation.runner import RoundEvent, RunFailure, SimulationOutcome
-    from service.simulation.scenario import MethodSpec, Scenario
+    from fedaudit_sim.results import RunResult
+    from fedaudit_sim.runner import RoundEvent, RunFailure, SimulationOutcome
+    from fedaudit_sim.scenario import MethodSpec, Scenario
 
 __all__ = [
     "build_scenario",
-    "make_demo",
-    "output_console",
+    "demo",
     "run_demo",
     "select_methods",
     "simulate",
@@ -54,7 +55,7 @@ def _csv_list(text: str | None) -> list[str] | None:
 
 
 def _parse_seeds(seed: int | None, seeds: str | None) -> list[int] | None:
-    from service.simulation.scenario import ScenarioError
+    from fedaudit_sim.scenario import ScenarioError
 
     if seed is not None and seeds is not None:
         raise ScenarioError("give --seed or --seeds, not both")
@@ -70,7 +71,7 @@ def _parse_seeds(seed: int | None, seeds: str | None) -> list[int] | None:
 
 
 def _parse_class_map(text: str | None) -> dict[int, int] | None:
-    from service.simulation.scenario import ScenarioError
+    from fedaudit_sim.scenario import ScenarioError
 
     if text is None:
         return None
@@ -93,7 +94,7 @@ def _custom_data_overrides(
 ) -> dict[str, Any]:
     """The ``dataset`` (and ``custom_data``) overrides of --dataset, --data-npz and
     --data-function."""
-    from service.simulation.scenario import CUSTOM_DATASET, ScenarioError
+    from fedaudit_sim.scenario import CUSTOM_DATASET, ScenarioError
 
     if npz is not None and function is not None:
         raise ScenarioError("give --data-npz or --data-function, not both")
@@ -124,7 +125,7 @@ def select_methods(
     ScenarioError
         A label is neither a configuration of the scenario nor a preset.
     """
-    from service.simulation.scenario import METHOD_PRESETS, MethodSpec, ScenarioError
+    from fedaudit_sim.scenario import METHOD_PRESETS, MethodSpec, ScenarioError
 
     if labels is None:
         chosen = list(scenario.methods)
@@ -170,8 +171,8 @@ def build_scenario(
     ScenarioError
         Both a file and a preset, or any invalid setting (the message names it).
     """
-    from service.simulation.presets import get_preset
-    from service.simulation.scenario import (
+    from fedaudit_sim.presets import get_preset
+    from fedaudit_sim.scenario import (
         Scenario,
         ScenarioError,
         apply_overrides,
@@ -249,7 +250,7 @@ class _ProgressDisplay:
 def _run(
     scenario: Scenario, out_dir: Path, *, console: Console, progress: bool, plots: bool
 ) -> SimulationOutcome:
-    from service.simulation.runner import simulate as run_simulation
+    from fedaudit_sim.runner import simulate as run_simulation
 
     display = _ProgressDisplay(console, scenario, progress)
     try:
@@ -271,24 +272,13 @@ def _default_out(prefix: str) -> Path:
 
 
 def _check_out(out: Path) -> None:
-    from service.simulation.scenario import ScenarioError
+    from fedaudit_sim.scenario import ScenarioError
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ScenarioError(
             f"--out {str(out)!r} exists and is not an empty directory; choose a new one "
             "(results and the coordinator's database are written there)"
         )
-
-
-def output_console() -> Console:
-    """Standard output; when it is not a terminal (a file, a pipe) tables get 120 columns
-    instead of rich's default 80, so the report does not wrap."""
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal and console.width < 120:
-        console = Console(width=120)
-    return console
 
 
 def _fail(console: Console, message: str, code: int) -> typer.Exit:
@@ -460,9 +450,9 @@ def simulate(
     ] = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
-    from service.simulation.results import comparison_table, detection_lines
-    from service.simulation.runner import SimulationError
-    from service.simulation.scenario import ScenarioError, parse_key_values
+    from fedaudit_sim.results import comparison_table, detection_lines
+    from fedaudit_sim.runner import SimulationError
+    from fedaudit_sim.scenario import ScenarioError, parse_key_values
 
     console = output_console()
     try:
@@ -580,38 +570,22 @@ def _truth_line(run: RunResult) -> str:
     return f"ground truth: {len(noisy)} of {len(run.clients)} clients are noisy: {rates}"
 
 
-#: Renders the coordinator's noisy-client report JSON as a table, with a true-noise column when
-#: given the realised rates by client name (``service.cli.render_report``).
-ReportRenderer = Callable[[dict[str, Any], dict[str, float] | None], Any]
-
-
-def make_demo(render_report: ReportRenderer) -> Callable[..., None]:
-    """The ``demo`` command, printing the report with ``render_report``.
-
-    The renderer is passed in (``service/cli.py`` passes its own) because this package must not
-    import the CLI module, which imports the coordinator's code (import contract "the
-    simulator talks to the coordinator over HTTP only").
-    """
-
-    def demo(
-        out: Annotated[
-            Path | None,
-            typer.Option(help="Output directory (default: a new one here)", show_default=False),
-        ] = None,
-        seed: Annotated[int, typer.Option(help="Seed of data, partition, noise and model")] = 0,
-        rounds: Annotated[
-            int | None, typer.Option(help="Rounds (default 20)", show_default=False)
-        ] = None,
-        progress: Annotated[bool, typer.Option(help="Show the progress bar")] = True,
-    ) -> None:
-        """Watch the audit catch noisy clients: 20 simulated hospitals, 8 with noisy labels."""
-        run_demo(render_report, out=out, seed=seed, rounds=rounds, progress=progress)
-
-    return demo
+def demo(
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output directory (default: a new one here)", show_default=False),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of data, partition, noise and model")] = 0,
+    rounds: Annotated[
+        int | None, typer.Option(help="Rounds (default 20)", show_default=False)
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar")] = True,
+) -> None:
+    """Watch the audit catch noisy clients: 20 simulated hospitals, 8 with noisy labels."""
+    run_demo(out=out, seed=seed, rounds=rounds, progress=progress)
 
 
 def run_demo(
-    render_report: ReportRenderer,
     *,
     out: Path | None = None,
     seed: int = 0,
@@ -625,10 +599,10 @@ def run_demo(
     typer.Exit
         Code 2 for a bad setting, 1 when a federation failed.
     """
-    from service.simulation.presets import get_preset
-    from service.simulation.results import comparison_table, detection_lines
-    from service.simulation.runner import SimulationError
-    from service.simulation.scenario import ScenarioError, TrainingSpec, apply_overrides
+    from fedaudit_sim.presets import get_preset
+    from fedaudit_sim.results import comparison_table, detection_lines
+    from fedaudit_sim.runner import SimulationError
+    from fedaudit_sim.scenario import ScenarioError, TrainingSpec, apply_overrides
 
     console = output_console()
     try:

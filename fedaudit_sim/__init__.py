@@ -3,11 +3,11 @@
 the papers' partitions and noise protocols, and the data sets and metrics of docs/evaluation.md.
 These modules import numpy, scipy, scikit-learn and torch only.
 
-The names below are re-exported lazily (PEP 562): ``import service.simulation.metrics`` does not
-pay for importing torch, and ``from service.simulation import build_model`` imports only
+The names below are re-exported lazily (PEP 562): ``import fedaudit_sim.metrics`` does not
+pay for importing torch, and ``from fedaudit_sim import build_model`` imports only
 ``models``. The partition names are imported eagerly (numpy only, cheap) because the function
 ``partition`` shares its name with its module: binding it here, after the submodule is loaded,
-makes ``service.simulation.partition`` the function however the package is first imported.
+makes ``fedaudit_sim.partition`` the function however the package is first imported.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from service.simulation.partition import (
+from fedaudit_sim.partition import (
     PARTITION_METHODS,
     PartitionError,
     as_generator,
@@ -29,7 +29,7 @@ from service.simulation.partition import (
 )
 
 if TYPE_CHECKING:
-    from service.simulation.datasets import (
+    from fedaudit_sim.datasets import (
         DATASET_NAMES,
         Dataset,
         DatasetChecksumError,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         default_data_dir,
         load_dataset,
     )
-    from service.simulation.metrics import (
+    from fedaudit_sim.metrics import (
         CurveSummary,
         DetectionOutcome,
         DetectionScores,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         spearman,
         summarise_curve,
     )
-    from service.simulation.models import (
+    from fedaudit_sim.models import (
         MLP,
         ModelConfigError,
         SmallCNN,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
         build_model,
         classifier_head,
     )
-    from service.simulation.noise import (
+    from fedaudit_sim.noise import (
         CONTINUOUS_PROTOCOLS,
         FLIP_TYPES,
         NOISE_PROTOCOLS,

@@ -77,7 +77,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
-from service.simulation.partition import RngLike, as_generator
+from fedaudit_sim.partition import RngLike, as_generator
 
 __all__ = [
     "CONTINUOUS_PROTOCOLS",

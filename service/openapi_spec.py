@@ -1,4 +1,8 @@
-"""Export the OpenAPI spec: ``python -m service.api.openapi`` or ``fedaudit openapi``."""
+"""Export the OpenAPI spec: ``fedaudit openapi`` or ``python -m service.openapi_spec``.
+
+It builds the whole app (``service.main``), so it sits beside ``main`` and not in ``service.api``,
+which never imports the module that assembles it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from pydantic import SecretStr
 
 from service.config import Settings
 
-DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
+DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "openapi" / "openapi.json"
 
 
 def build_spec() -> dict[str, Any]:
@@ -29,10 +33,12 @@ def build_spec() -> dict[str, Any]:
 
 
 def render(spec: dict[str, Any]) -> str:
+    """The spec as the committed file holds it: sorted keys, two-space indent, final newline."""
     return json.dumps(spec, sort_keys=True, indent=2) + "\n"
 
 
 def write_spec(output: Path = DEFAULT_OUTPUT) -> None:
+    """Write the spec to ``output`` (the committed ``openapi/openapi.json`` by default)."""
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render(build_spec()), encoding="utf-8")
 

@@ -15,7 +15,7 @@ schedule is one shared choice, not tuned per scenario:
   stopped falling with the rate, which momentum 0.5 restored (the scenario files in
   ``docs/eval/schedule/``);
 - ``lr = 0.05``, ``batch_size = 32``: the models are the small normalisation-free CNN/MLP of
-  ``service.simulation.models`` on a few dozen to a few hundred samples per client; with the
+  ``fedaudit_sim.models`` on a few dozen to a few hundred samples per client; with the
   coordinator's default lr 0.01 the V1 federation needs about three times as many rounds to
   reach the same accuracy (measured with momentum 0.9: 0.50 vs 0.90 test accuracy after 8
   rounds), which would not fit "minutes on a 2-core CPU";
@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Final
 
-from service.simulation.scenario import Scenario, ScenarioError, TrainingSpec, validate_scenario
+from fedaudit_sim.scenario import Scenario, ScenarioError, TrainingSpec, validate_scenario
 
 __all__ = ["PRESET_NAMES", "get_preset", "preset_data"]
 

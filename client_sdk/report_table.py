@@ -1,0 +1,149 @@
+"""The noisy-client report as a terminal table, for anyone who reads reports with the SDK.
+
+``render_report`` takes the JSON report of ``GET /federations/{id}/report``
+(``AdminClient.get_json``) and returns a rich table: one row per site with its status, how often
+it was flagged, each detector's latest score, the classes that look noisy and its aggregation
+weight; the caption says how the latest round was judged. ``fedaudit report`` prints it, and so
+does the simulator's ``fedaudit demo`` (with the true noise rates beside the verdicts).
+
+Only rich is imported, not torch: an operator's script that prints reports stays light.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["SITE_ERRORS_SHOWN", "output_console", "render_report"]
+
+
+def output_console() -> Console:
+    """Standard output; when it is not a terminal (a file, a pipe) tables get 120 columns
+    instead of rich's default 80, so the report does not wrap."""
+    console = Console()
+    if not console.is_terminal and console.width < 120:
+        console = Console(width=120)
+    return console
+
+
+_SCORE_NAMES = {
+    "class_z": "class-standardised loss excess (standard errors; about N(0, 1) when clean)",
+    "mean_loss": "mean loss on the site's own labels",
+}
+"""What FedNoRo's graded score is, by its ``separation_statistic``."""
+
+
+def _separation_text(summary: dict[str, Any]) -> str:
+    """ ", Ashman's D 6.8 (needs 12.0)" from FedNoRo's summary; empty without a D.
+
+    When the mixture's fits proposed several groups (``groups_tested``), it says so and which
+    one the D belongs to: "(needs 5.8; 2 groups judged, this one from 4 of 9 fits)".
+    """
+    separation = summary.get("ashman_d")
+    if not isinstance(separation, int | float):
+        return ""
+    needed = summary.get("separation_threshold")
+    if not isinstance(needed, int | float):
+        return f", Ashman's D {separation:.1f}"
+    confirmed = ", the group already noisy" if summary.get("separation_confirmed_group") else ""
+    judged, votes, fits = (summary.get(k) for k in ("groups_tested", "vote_count", "n_fits"))
+    groups = (
+        f"; {judged} groups judged, this one from {votes} of {fits} fits"
+        if isinstance(judged, int) and judged > 1
+        else ""
+    )
+    return f", Ashman's D {separation:.1f} (needs {needed:.1f}{confirmed}{groups})"
+
+
+def _inconsistent_text(row: dict[str, Any]) -> str:
+    """ "3 (2026-11-25 09:12)" for a site with refused inconsistent claims; "-" for none."""
+    count = row.get("inconsistent_updates") or 0
+    if not count:
+        return "-"
+    last = row.get("last_inconsistent_at")
+    if isinstance(last, str):  # the JSON report: an ISO 8601 timestamp
+        last = datetime.fromisoformat(last.replace("Z", "+00:00"))
+    when = f" ({last:%Y-%m-%d %H:%M})" if isinstance(last, datetime) else ""
+    return f"[bold red]{count}[/]{escape(when)}"
+
+
+SITE_ERRORS_SHOWN = 3
+"""The latest site errors the report table shows (the JSON report has more)."""
+
+
+def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
+    """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
+    latest = data.get("latest") or {}
+    # Names, reasons and warnings are data, not console markup (escape: "site[a]" stays whole).
+    title = escape(
+        f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
+        f"{data['primary_detector']}"
+    )
+    if data.get("status") == "failed":
+        title += escape(f"; FAILED: {data.get('status_reason') or 'no reason recorded'}")
+    caption = ""
+    if latest:
+        summary = latest.get("primary_summary") or {}
+        caption = (
+            f"round {latest['round']}: {latest['primary_detector']} {latest['primary_status']}"
+            + (f" ({latest['primary_reason']})" if latest.get("primary_reason") else "")
+            + _separation_text(summary)
+            + (
+                f"; FedNoRo score = {_SCORE_NAMES.get(statistic, statistic)}"
+                if isinstance(statistic := summary.get("separation_statistic"), str)
+                else ""
+            )
+            + f"; aggregation {latest.get('aggregation_rule')}"
+            + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
+            + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
+        )
+    for error in (data.get("site_errors") or [])[:SITE_ERRORS_SHOWN]:
+        first_line = (str(error.get("message") or "").splitlines() or [""])[0][:200]
+        caption += (
+            f"\nSITE ERROR: {error.get('name')} round {error.get('round')} "
+            f"({error.get('stage')}): {error.get('error_type')}: {first_line}"
+        )
+    table = Table(title=title, caption=escape(caption.lstrip("\n")))
+    table.add_column("client", no_wrap=True)
+    table.add_column("status")
+    if truth is not None:
+        table.add_column("true noise", justify="right")
+    table.add_column("flagged", justify="right")
+    table.add_column("evidence z", justify="right")
+    table.add_column("FedNoRo score", justify="right")
+    table.add_column("Fed-NCL q", justify="right")
+    table.add_column("expertise", justify="right")
+    table.add_column("noisy classes")
+    table.add_column("weight", justify="right")
+    # Updates refused for num_samples / class_counts inconsistent with the join: shown when any.
+    refused = any(row.get("inconsistent_updates") for row in data["clients"])
+    if refused:
+        table.add_column("inconsistent claims (last)")
+    styles = {"noisy": "bold red", "suspect": "yellow", "trusted": "green"}
+
+    def number(value: Any, fmt: str = ".2f") -> str:
+        return "-" if value is None else format(float(value), fmt)
+
+    for row in data["clients"]:
+        scores = row.get("latest_scores") or {}
+        status = row["status"] + (" (pinned)" if row.get("pinned_status") else "")
+        cells = [escape(row["name"]), f"[{styles.get(row['status'], '')}]{escape(status)}[/]"]
+        if truth is not None:
+            cells.append(number(truth.get(row["name"])))
+        cells += [
+            f"{row['times_flagged']}/{row['rounds_audited']}",
+            number(scores.get("evidence")),
+            number(scores.get("fednoro")),
+            number(scores.get("fedncl"), ".3g"),
+            number(row.get("reliability")),
+            escape(", ".join(row.get("noisy_classes") or []) or "-"),
+            number(row.get("last_weight"), ".3f"),
+        ]
+        if refused:
+            cells.append(_inconsistent_text(row))
+        table.add_row(*cells)
+    return table
