@@ -36,7 +36,7 @@ from scipy.special import ndtr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.audit.evidence import benjamini_hochberg  # noqa: E402
+from service.audit.class_null import benjamini_hochberg  # noqa: E402
 
 
 def _hex(value: object) -> str:

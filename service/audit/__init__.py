@@ -22,6 +22,7 @@ from service.audit.aggregators.weight_cap import (
 )
 from service.audit.audit_config import DETECTORS, PRIMARY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
+from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
 from service.audit.detectors.expertise import expertise, expertise_detection
 from service.audit.detectors.fedncl import (
@@ -36,7 +37,7 @@ from service.audit.detectors.separation import (
     class_standardised_excess,
     null_separation_threshold,
 )
-from service.audit.evidence import EvidenceDetector, benjamini_hochberg
+from service.audit.evidence import EvidenceDetector
 from service.audit.pipeline import AuditOutcome, run_audit
 from service.audit.reliability import (
     NeighborSets,

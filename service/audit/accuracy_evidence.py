@@ -15,7 +15,7 @@ and ``eps_k`` the binomial sampling error, variance ``p_k (1 - p_k) / n_k`` at t
 ``p_k = (mu0 n_k + 1) / (n_k + 2)`` (the centre ``mu0``, the plain median, shrunk away from 0 and 1
 by one success and one failure, so that a federation whose sites all fit perfectly still has a
 sampling variance). ``mu`` and ``tau^2`` are fitted robustly with
-:func:`service.audit.evidence.fit_class_null` (weighted median, Paule-Mandel with the median),
+:func:`service.audit.class_null.fit_class_null` (weighted median, Paule-Mandel with the median),
 so that a minority of noisy sites moves neither, and
 
     z_k = (e_k - mu) / sqrt(tau^2 + p_k (1 - p_k) / n_k + var(mu)),
@@ -49,7 +49,7 @@ from scipy.stats import norm
 
 from service.audit._typing import BoolArray, FloatArray
 from service.audit._validation import InvalidInputError, as_float_array
-from service.audit.evidence import benjamini_hochberg, fit_class_null
+from service.audit.class_null import benjamini_hochberg, fit_class_null
 
 __all__ = ["AccuracyEvidence", "accuracy_evidence"]
 

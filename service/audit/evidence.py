@@ -14,27 +14,13 @@ losses. A wrong label on a sample the model has learned costs several nats, so l
 ``L[k, c]`` on the classes that received wrong labels; a site is compared **only on the classes it
 holds** (label skew: a site with 2 of 10 classes is judged on those 2).
 
-**Null model, class by class** (a random-effects meta-analysis model, DerSimonian and Laird,
-"Meta-analysis in clinical trials", 1986, eq. 1): for the clean holders of class c,
-
-    L[k, c] = mu_c + u_kc + e_kc,   u_kc ~ N(0, tau_c^2),   e_kc ~ N(0, sigma_c^2 / n[k, c]),
-
-``sigma_c^2 / n[k, c]`` being the site's sampling variance: the pooled sample variance of the
-holders' per-sample losses, or the site's own where larger (:func:`_within_variance`; without
-``s``, 1 / n[k, c] times a scale fitted from the holders' spread, :func:`class_evidence`) and
-``tau_c`` the between-site spread that real sites have even with clean
-labels (other scanners, other patients). ``mu_c`` and ``tau_c`` are fitted **robustly**: ``mu_c``
-is the weighted median, and ``tau_c^2`` the smallest value at which the median absolute
-standardised residual reaches the normal's 0.6745 (the Paule-Mandel estimator, Paule and Mandel,
-"Consensus values and weighting factors", 1982, with the median in place of the sum of squares), so
-that a minority of noisy sites moves neither. The standardised excess is
-
-    z[k, c] = (L[k, c] - mu_c) / sqrt(tau_c^2 + sigma_c^2 / n[k, c] + var(mu_c)),
-
-about N(0, 1) for a clean site (``var(mu_c)`` is the median's sampling variance,
-pi / 2 / sum_k w_kc with w the inverse variances). The fit runs twice: the second pass leaves
-out of each class's fit the sites the first pass flagged (where enough holders remain), so that a
-class held mostly by noisy sites does not make its clean holders look wrong.
+**Null model, class by class** (:mod:`service.audit.class_null`): for the clean holders of
+class c, ``L[k, c] = mu_c + u_kc + e_kc`` (a random-effects meta-analysis model, DerSimonian and
+Laird, 1986, eq. 1) with a between-site spread ``tau_c`` and each site's sampling variance,
+``mu_c`` and ``tau_c`` fitted robustly, and the standardised excess ``z[k, c]``, about N(0, 1)
+for a clean site. The fit runs twice: the second pass leaves out of each class's fit the sites
+the first pass flagged (where enough holders remain), so that a class held mostly by noisy sites
+does not make its clean holders look wrong.
 
 **One p-value per site**, the smallest of three parts times three (Bonferroni, valid whatever
 their dependence): ``p_k = min(1, 3 * min(p_site, p_stouffer, m * min_c p_c))``; in a round of
@@ -82,37 +68,11 @@ sites of 1,000 samples whose difficulty differs by a log-normal factor of spread
 flag in 3 % of the rounds, 10 such sites in 17 % (``docs/eval/error_counts_simulation.py
 --large``; 78 % and 53 % before the site-level part).
 
-**Abstention** (``status="inconclusive"``, nobody flagged: every flag None, the scores and
-evidence kept, the reason stated): the evidence is only
-as good as the consensus it is measured against. The audit abstains when
-
-* (``undetermined``, no verdicts) fewer than ``min_clients`` sites reported;
-* the global model does not beat the label prior on the median site's own data: the weighted
-  median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
-  label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``;
-  the model has not learned yet, or it learned the labels' noise;
-* the sites disagree far beyond sampling error (only with reported spreads; without them the
-  fitted scale absorbs the spread and I^2 is 0): Higgins and Thompson's I^2 ("Quantifying
-  heterogeneity in a meta-analysis", Statistics in Medicine 2002, eq. 9, here tau^2 over tau^2
-  plus the median sampling variance), weighted over the classes by their samples, above
-  ``max_heterogeneity`` (0.9): two camps of equal size, or a spread of noise rates with no clean
-  core, leave no consensus (the robust fit then takes the gap for heterogeneity and flags
-  nobody, and saying "ok" would hide that);
-* the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
-  more of the sites or of the samples;
-* FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
-  separation guard: :class:`~service.audit.detectors.fednoro.FedNoRoDetector`), run as a
-  cross-check, splits the sites into two separated groups and the higher-loss group is not a
-  clear minority (``max_flagged_fraction`` of the sites or of the samples). A noisy majority
-  whose rates vary (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the
-  noisy group and widens ``tau_c``, so that no site is significantly above or below it, while
-  the clean minority stays a tight group below the others: the mixture sees the two groups, and
-  the evidence alone would have said "ok";
-* the evidence points both ways: some sites are significantly *above* the consensus and other
-  sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
-  than clean, so a significant lower tail among the unflagged means the consensus itself is
-  noisy. (A flagged site may have classes below the consensus: a pair flip c -> c + 1 leaves a
-  site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
+**Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
+the evidence is measured against is suspect: too few sites, a model that does not beat the label
+prior, sites that disagree far beyond sampling error, a flagged group that is not a clear
+minority (by the evidence or by FedNoRo's loss mixture), or evidence that points both ways. The
+rules and their reasons: :mod:`service.audit.evidence_abstention`.
 
 **Trust anchors** (beyond the papers): sites an admin marks as curated. Anchors are never flagged.
 When the consensus verdict is inconclusive, or the anchors look noisy against the consensus (each
@@ -136,7 +96,6 @@ holds gives no evidence in anchor mode.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -145,226 +104,32 @@ from scipy.special import ndtr, ndtri
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import (
     InvalidInputError,
-    as_float_array,
-    as_int_array,
     check_bool,
     check_float,
     check_int,
 )
-from service.audit.detection import ClientVerdict, DetectionResult
-from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.class_null import (
+    benjamini_hochberg,
+    class_evidence,
+    class_p_values,
+    site_p_values,
+)
+from service.audit.detection import DetectionResult
 from service.audit.error_evidence import ErrorEvidence, checked_error_counts, error_evidence
-from service.audit.site_factor import SiteFactor, site_factor
+from service.audit.evidence_abstention import (
+    class_heterogeneity,
+    consensus_reason,
+    mixture_split,
+    model_informativeness,
+)
+from service.audit.evidence_verdicts import EvidencePass, checked_inputs, site_verdicts
+from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
 
 if TYPE_CHECKING:
     from service.audit.accuracy_evidence import AccuracyEvidence
 
-__all__ = [
-    "ClassNull",
-    "EvidenceDetector",
-    "benjamini_hochberg",
-    "SITE_LEVEL_MIN_SITES",
-    "SMALL_CLASS_Z_CAP",
-    "class_evidence",
-    "class_p_values",
-    "fit_class_null",
-    "site_p_values",
-    "weighted_median",
-]
-
-MAD_NORMAL = 0.6744897501960817
-"""Median of |Z| for Z ~ N(0, 1): the target of the robust tau fit."""
-
-MEDIAN_EFFICIENCY = math.pi / 2.0
-"""Asymptotic variance of a normal sample's median over that of its mean."""
-
-_TAU_BISECTIONS = 60
-
-
-def weighted_median(values: FloatArray, weights: FloatArray) -> float:
-    """The lower weighted median: the smallest value whose cumulative weight reaches half.
-
-    Values of zero weight are left out (at least one weight must be positive). Ties in the
-    cumulative weight at exactly one half take the midpoint of the two values, so that two equal
-    weights give the ordinary median.
-    """
-    keep = weights > 0
-    values, weights = values[keep], weights[keep]
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w)
-    half = 0.5 * cum[-1]
-    i = int(np.searchsorted(cum, half, side="left"))
-    if i + 1 < v.size and math.isclose(cum[i], half, rel_tol=1e-12, abs_tol=0.0):
-        return float(0.5 * (v[i] + v[i + 1]))
-    return float(v[i])
-
-
-@dataclass(frozen=True)
-class ClassNull:
-    """The fitted null of one class: centre, between-site variance, the centre's variance."""
-
-    mu: float
-    tau2: float
-    var_mu: float
-    """Sampling variance of the weighted median: pi / 2 / sum of the inverse variances."""
-
-
-def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
-    """Robust random-effects fit of one class (module docstring, "Null model").
-
-    Parameters
-    ----------
-    values : ndarray of shape (m,)
-        The holders' mean losses, m >= 1.
-    within : ndarray of shape (m,)
-        Each holder's sampling variance sigma^2 / n (> 0). Without the SDK's spreads the caller
-        passes 1 / n and uses only the centre: :func:`class_evidence` then fits a common scale
-        instead of ``tau2``.
-
-    Returns
-    -------
-    ClassNull
-        ``tau2`` is 0 when the within variances already explain the spread (median absolute
-        standardised residual <= 0.6745).
-    """
-
-    def residual_median(tau2: float) -> tuple[float, float, FloatArray]:
-        w = 1.0 / (within + tau2)
-        mu = weighted_median(values, w)
-        return float(np.median(np.abs(values - mu) * np.sqrt(w))), mu, w
-
-    med, mu, w = residual_median(0.0)
-    tau2 = 0.0
-    if med > MAD_NORMAL and values.size >= 3:
-        lo, hi = 0.0, float(np.square(values - np.median(values)).max()) / MAD_NORMAL**2 + 1e-300
-        for _ in range(_TAU_BISECTIONS):
-            mid = 0.5 * (lo + hi)
-            if residual_median(mid)[0] > MAD_NORMAL:
-                lo = mid
-            else:
-                hi = mid
-        tau2 = hi
-        _, mu, w = residual_median(tau2)
-    return ClassNull(mu=mu, tau2=tau2, var_mu=MEDIAN_EFFICIENCY / float(w.sum()))
-
-
-@dataclass(frozen=True)
-class ClassEvidence:
-    """Per-site, per-class standardised excess and what produced it."""
-
-    z: FloatArray
-    """(K, C); NaN where the site does not hold the class or the class did not enter."""
-    mu: FloatArray
-    """(C,) fitted centres; NaN for a class that did not enter."""
-    tau: FloatArray
-    """(C,) fitted between-site spreads; NaN for a class that did not enter."""
-    heterogeneity: FloatArray
-    """(C,) I^2 = tau^2 / (tau^2 + median sampling variance of the holders); NaN likewise."""
-
-
-def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -> FloatArray:
-    """The sampling variance of L[k, c] per holder: max(s_kc^2, sigma_c^2) / n[k, c].
-
-    sigma_c^2 is the pooled sample variance (ddof 1, weights n - 1) of every holder of the
-    class: the mean of the variances, not their median, and each site's own variance (ddof 1)
-    is used where it is larger (Welch's unequal-variance standard error, "The generalization of
-    Student's problem when several different population variances are involved", Biometrika
-    1947). The per-sample loss is very skewed (most samples near 0, a few hard ones at several
-    nats), so a site's mean loss moves with how many hard samples it happens to hold, and so does
-    its own variance; with the median site's variance, two clean sites of a six-site
-    BreastMNIST federation holding three hard samples each instead of one got z of 4-5.
-    Without reported spreads: 1 / n[k, c] (the scale is fitted by :func:`class_evidence`).
-    """
-    n = counts.astype(np.float64)
-    if sd is None:
-        return np.where(held, 1.0 / np.maximum(n, 1.0), np.nan)
-    out = np.full(counts.shape, np.nan)
-    for c in range(counts.shape[1]):
-        rows = held[:, c]
-        if not rows.any():
-            continue
-        nk = n[rows, c]
-        own = np.square(sd[rows, c]) * nk / np.maximum(nk - 1.0, 1.0)
-        dof = float(np.maximum(nk - 1.0, 0.0).sum())
-        pooled = float((np.square(sd[rows, c]) * nk).sum() / dof) if dof > 0 else 0.0
-        out[rows, c] = np.maximum(np.maximum(own, pooled), 1e-12) / nk
-    return out
-
-
-def class_evidence(
-    per_class_loss: FloatArray,
-    counts: IntArray,
-    sd: FloatArray | None = None,
-    *,
-    min_holders: int = 3,
-    exclude: BoolArray | None = None,
-    reference: BoolArray | None = None,
-) -> ClassEvidence:
-    """z[k, c] for every site and held class (module docstring, "Null model").
-
-    Parameters
-    ----------
-    per_class_loss, counts : ndarray of shape (K, C)
-    sd : ndarray of shape (K, C), optional
-        Reported per-sample spreads; None fits sigma_c from the sites' spread instead.
-    min_holders : int
-        A class enters when at least this many sites hold it (in the fit's reference set).
-    exclude : ndarray of bool of shape (K,), optional
-        Sites left out of the fits (their z is still computed); ignored for a class where fewer
-        than ``min_holders`` would remain.
-    reference : ndarray of bool of shape (K,), optional
-        Anchor mode: each class's centre is the precision-weighted mean of these sites' losses
-        (a class none of them holds does not enter), and tau_c is fitted among them when at least
-        three hold the class, else taken as 0.
-    """
-    k, c_count = per_class_loss.shape
-    held = counts > 0
-    within = _within_variance(counts, sd, held)
-    z = np.full((k, c_count), np.nan)
-    mu_out = np.full(c_count, np.nan)
-    tau_out = np.full(c_count, np.nan)
-    i2_out = np.full(c_count, np.nan)
-    for c in range(c_count):
-        rows = held[:, c]
-        if reference is not None:
-            ref = rows & reference
-            if not ref.any():
-                continue
-            if int(ref.sum()) >= 3:
-                fit = fit_class_null(per_class_loss[ref, c], within[ref, c])
-                tau2 = fit.tau2
-            else:
-                tau2 = 0.0
-            w = 1.0 / (within[ref, c] + tau2)
-            mu = float((w * per_class_loss[ref, c]).sum() / w.sum())
-            var_mu = 1.0 / float(w.sum())
-            variance = within[rows, c] + tau2 + var_mu
-        else:
-            fit_rows = rows if exclude is None else rows & ~exclude
-            if int(fit_rows.sum()) < min_holders:
-                fit_rows = rows
-            if int(fit_rows.sum()) < min_holders:
-                continue
-            fit = fit_class_null(per_class_loss[fit_rows, c], within[fit_rows, c])
-            mu, tau2, var_mu = fit.mu, fit.tau2, fit.var_mu
-            variance = within[rows, c] + tau2 + var_mu
-        if sd is None and reference is None:
-            # No reported spreads: 1 / n carries the shape of the variance only; its scale is the
-            # robust spread of sqrt(n) * (L - mu) over the holders.
-            resid = (per_class_loss[rows, c] - mu) / np.sqrt(within[rows, c])
-            scale2 = float(np.median(np.abs(resid)) / MAD_NORMAL) ** 2
-            if scale2 <= 0.0:
-                continue
-            variance = within[rows, c] * scale2 + var_mu * scale2
-            tau2 = 0.0
-        z[rows, c] = (per_class_loss[rows, c] - mu) / np.sqrt(variance)
-        mu_out[c] = mu
-        tau_out[c] = math.sqrt(tau2)
-        i2_out[c] = tau2 / (tau2 + float(np.median(within[rows, c])))
-    return ClassEvidence(z=z, mu=mu_out, tau=tau_out, heterogeneity=i2_out)
-
+__all__ = ["SITE_LEVEL_MIN_SITES", "EvidenceDetector"]
 
 SITE_LEVEL_MIN_SITES = 10
 """Sites a round needs for the site-level part (:mod:`service.audit.site_factor`) to enter the
@@ -374,149 +139,6 @@ Student's t on their number: with 5 to 8 sites the tail is so wide that noisy si
 now: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites cannot tell a harder
 site from a noisy one anyway. Below it, and in anchored mode, the p-value is
 ``min(1, 2 min(p_stouffer, m min_c p_c))`` on the classes as reported."""
-
-SMALL_CLASS_Z_CAP = 3.0
-"""Largest |z| a class held fewer than ``min_class_count`` times brings into Stouffer's part.
-
-The normal tail is wrong for the mean of a handful of samples of a very skewed loss: on clean
-digit federations one hard sample of a class a site held once gave that class z = 10-30 (a
-normal p of 1e-23 to 1e-197, where one hard sample among a few is a matter of a few percent)
-and flagged the site through Stouffer. Capping such a class at 3 keeps the normal in the bulk,
-where it is fair (P(Z > 3) = 0.13 %), and refuses to trust its extreme tail. Cantelli's
-distribution-free bound was tried first and dropped: it turns a z of 1.5-3 into 0.6-1.3, and a
-small site whose every class is a little noisy (29 samples over 10 classes, 50-70 % wrong) was
-then never flagged."""
-
-
-def site_p_values(
-    z: FloatArray, counts: IntArray, direction: float = 1.0, min_class_count: int = 1
-) -> tuple[FloatArray, FloatArray]:
-    """One-sided p-value and Stouffer statistic per site (module docstring, "One p-value").
-
-    Parameters
-    ----------
-    z : ndarray of shape (K, C)
-        NaN where the class does not count for the site.
-    counts : ndarray of shape (K, C)
-        Stouffer's weights are sqrt(counts).
-    direction : {1.0, -1.0}
-        1: evidence of a *higher* loss than the null; -1: of a lower one.
-    min_class_count : int, default=1
-        A class enters the per-class (Bonferroni) part only where the site holds at least this
-        many samples of it. Every class enters Stouffer's part, a class with fewer samples with
-        its z capped at +-``SMALL_CLASS_Z_CAP`` (3).
-
-    Returns
-    -------
-    p : ndarray of shape (K,)
-        1.0 for a site with no class that counts.
-    stouffer : ndarray of shape (K,)
-        Signed Stouffer statistic (in the direction given); 0.0 for such a site.
-    """
-    valid = np.isfinite(z)
-    zd = np.where(valid, direction * z, 0.0)
-    few = valid & (counts < min_class_count)
-    zs = np.where(few, np.clip(zd, -SMALL_CLASS_Z_CAP, SMALL_CLASS_Z_CAP), zd)
-    w = np.where(valid, np.sqrt(counts.astype(np.float64)), 0.0)
-    norm = np.sqrt(np.square(w).sum(axis=1))
-    stouffer = np.divide((w * zs).sum(axis=1), norm, out=np.zeros(z.shape[0]), where=norm > 0)
-    p_stouffer = ndtr(-stouffer)
-    m = valid.sum(axis=1)
-    p_min = class_p_values(z, counts, direction, min_class_count)
-    p = np.minimum(1.0, 2.0 * np.minimum(p_stouffer, p_min))
-    p = np.where(m > 0, p, 1.0)
-    return np.asarray(p, dtype=np.float64), np.asarray(stouffer, dtype=np.float64)
-
-
-def class_p_values(
-    z: FloatArray, counts: IntArray, direction: float = 1.0, min_class_count: int = 1
-) -> FloatArray:
-    """Per site, the Bonferroni part of the class evidence: the smallest one-sided normal p of
-    the classes it holds at least ``min_class_count`` samples of, times their number (at most 1;
-    1.0 for a site with no such class)."""
-    valid = np.isfinite(z)
-    single = valid & (counts >= min_class_count)
-    per_class_p = np.where(single, ndtr(-np.where(valid, direction * z, 0.0)), 1.0)
-    p_min = np.minimum(1.0, per_class_p.min(axis=1) * np.maximum(single.sum(axis=1), 1))
-    return np.asarray(p_min, dtype=np.float64)
-
-
-def benjamini_hochberg(p_values: FloatArray, q: float) -> tuple[BoolArray, FloatArray]:
-    """Benjamini-Hochberg step-up rule at level q (1995, section 3).
-
-    Returns the rejections and the adjusted p-values (q-values): reject i iff q_i <= q.
-    """
-    p = np.asarray(p_values, dtype=np.float64)
-    m = p.size
-    if m == 0:
-        return np.zeros(0, dtype=bool), np.zeros(0)
-    order = np.argsort(p, kind="stable")
-    ranked = p[order] * m / np.arange(1, m + 1)
-    adjusted_sorted = np.minimum.accumulate(ranked[::-1])[::-1]
-    adjusted = np.empty(m)
-    adjusted[order] = np.minimum(adjusted_sorted, 1.0)
-    return adjusted <= q, adjusted
-
-
-@dataclass(frozen=True)
-class _Pass:
-    evidence: ClassEvidence
-    """The class-level fit of the losses as reported (centres, spreads, I^2)."""
-    class_z: FloatArray
-    """(K, C) the class z given each site's difficulty (:mod:`service.audit.site_factor`)."""
-    site: SiteFactor | None
-    """The site-level test; None where it does not enter (below ``SITE_LEVEL_MIN_SITES`` sites,
-    anchored mode)."""
-    p_high: FloatArray
-    z_high: FloatArray
-    """(K,) in the pass's direction: the site-level z (0.0 for a site without one), or below
-    ``SITE_LEVEL_MIN_SITES`` sites Stouffer's z; whether the site is above the consensus."""
-    stouffer: FloatArray
-    flags: BoolArray
-    q_values: FloatArray
-    low: BoolArray
-    p_loss: FloatArray
-    score: FloatArray
-    """(K,) the site z, or the z-equivalent of its per-class part where that is larger."""
-    errors: ErrorEvidence | None = None
-
-
-def _checked_inputs(
-    per_class_loss: Any, class_counts: Any, per_class_loss_sd: Any, anchors: Any
-) -> tuple[FloatArray, IntArray, FloatArray | None, BoolArray]:
-    """The round's arrays, checked: (loss, counts, spreads or None, anchors as booleans)."""
-    loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
-    counts = as_int_array("class_counts", class_counts, ndim=2)
-    if counts.shape != loss.shape:
-        raise InvalidInputError(
-            f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
-        )
-    if (counts < 0).any():
-        raise InvalidInputError("class_counts: negative count")
-    held = counts > 0
-    if (~np.isfinite(loss) & held).any():
-        raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
-    if (loss[held] < 0).any():
-        raise InvalidInputError("per_class_loss: negative loss")
-    k = loss.shape[0]
-    sd: FloatArray | None = None
-    if per_class_loss_sd is not None:
-        sd = as_float_array("per_class_loss_sd", per_class_loss_sd, ndim=2, allow_nan=True)
-        if sd.shape != loss.shape:
-            raise InvalidInputError(
-                f"per_class_loss_sd: shape {sd.shape} differs from per_class_loss {loss.shape}"
-            )
-        if (~np.isfinite(sd) & held).any() or (sd[held] < 0).any():
-            raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
-    anchor = np.zeros(k, dtype=bool)
-    if anchors is not None:
-        raw = np.asarray(anchors).reshape(-1)
-        if raw.size and raw.dtype.kind != "b":
-            raise InvalidInputError("anchors: expected booleans")
-        anchor = raw.astype(bool)
-        if anchor.shape != (k,):
-            raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
-    return loss, counts, sd, anchor
 
 
 class EvidenceDetector:
@@ -632,7 +254,7 @@ class EvidenceDetector:
         direction: float,
         never: BoolArray,
         wrong: IntArray | None = None,
-    ) -> _Pass:
+    ) -> EvidencePass:
         """One fit and its flags (module docstring, "One p-value per site"); with ``wrong``
         (consensus mode only) the site's p-value is the Bonferroni combination of the loss and
         the error-count evidence."""
@@ -691,7 +313,7 @@ class EvidenceDetector:
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
         low, _ = benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)
-        return _Pass(
+        return EvidencePass(
             ev,
             class_z,
             site,
@@ -706,66 +328,15 @@ class EvidenceDetector:
             counted,
         )
 
-    def _consensus_reason(
-        self,
-        result: _Pass,
-        sizes: FloatArray,
-        entropy: float,
-        informativeness: float,
-        heterogeneity: float,
-        mixture: BoolArray | None,
-    ) -> str | None:
-        """Why the consensus verdict abstains (module docstring, "Abstention"); None: it holds.
-
-        ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
-        """
-        k = sizes.size
-        n_flag = int(result.flags.sum())
-        share = float(sizes[result.flags].sum() / sizes.sum())
-        below = int((result.low & ~result.flags).sum())
-        if entropy <= 0:
-            return "every label belongs to one class: nothing to compare"
-        if informativeness < self.min_informativeness:
-            return (
-                f"the global model does not beat the label prior on the median site's data "
-                f"(1 - loss/H = {informativeness:.3f} < {self.min_informativeness}): it has not "
-                "learned yet, or it learned the noise"
-            )
-        if heterogeneity > self.max_heterogeneity:
-            return (
-                f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
-                f"{self.max_heterogeneity}): no consensus to measure against"
-            )
-        if mixture is not None and mixture.any():
-            n_mix = int(mixture.sum())
-            mix_share = float(sizes[mixture].sum() / sizes.sum())
-            if n_mix >= self.max_flagged_fraction * k or mix_share >= self.max_flagged_fraction:
-                return (
-                    f"FedNoRo's loss mixture splits the sites into two separated groups and the "
-                    f"higher-loss group is not a clear minority ({n_mix} of {k} sites, "
-                    f"{mix_share:.0%} of the samples): the consensus may be the noisy side"
-                )
-        if n_flag >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
-            return (
-                f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
-                f"sites, {share:.0%} of the samples)"
-            )
-        if n_flag > 0 and below > 0:
-            return (
-                f"the evidence points both ways: {n_flag} site(s) significantly above the "
-                f"consensus and {below} other(s) significantly below it"
-            )
-        return None
-
     def _anchored(
         self,
         loss: FloatArray,
         counts: IntArray,
         sd: FloatArray | None,
         anchor: BoolArray,
-        consensus: _Pass,
+        consensus: EvidencePass,
         reason: str | None,
-    ) -> tuple[_Pass | None, bool, str | None]:
+    ) -> tuple[EvidencePass | None, bool, str | None]:
         """Anchor mode (module docstring, "Trust anchors"): the anchored pass when it replaces the
         consensus (else None), whether the anchors look noisy to the consensus, and the reason
         the verdict abstains (None: it does not)."""
@@ -791,20 +362,6 @@ class EvidenceDetector:
         if not np.isfinite(anchored.evidence.mu).any():
             return None, inverted, why + "; no anchor holds a class the others hold"
         return anchored, inverted, None
-
-    @staticmethod
-    def _mixture_split(
-        loss: FloatArray, counts: IntArray, mixture: DetectionResult | None
-    ) -> BoolArray | None:
-        """The sites FedNoRo's detector flags (``mixture``, or a fit with its defaults and its
-        calibrated separation guard); None when it is undetermined."""
-        if mixture is None:
-            if (counts.sum(axis=1) == 0).any():
-                return None  # the mixture needs a sample from every site
-            mixture = FedNoRoDetector().fit(loss, counts).result_
-        if mixture.status != "ok" or len(mixture.verdicts) != loss.shape[0]:
-            return None
-        return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
 
     def _too_few_sites(
         self, loss: FloatArray, counts: IntArray, sd: FloatArray | None, anchor: BoolArray
@@ -860,65 +417,6 @@ class EvidenceDetector:
         )
         return evidence, None
 
-    @staticmethod
-    def _error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
-        """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
-        if counted is None:
-            return {}
-        return {
-            "errors": int(counted.observed[i]),
-            "errors_expected": float(counted.expected[i]),
-            "errors_z": float(counted.z[i]),
-            "errors_p_value": float(counted.p_value[i]),
-        }
-
-    @staticmethod
-    def _accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
-        """The accuracy evidence's part of a site's verdict (nothing when it was not used)."""
-        if accuracy is None:
-            return {}
-        return {
-            "accuracy_z": float(accuracy.z[i]),
-            "accuracy_p_value": float(accuracy.p_value[i]),
-            "accuracy_gap": float(accuracy.gap[i]),
-            "flagged_by_accuracy": added,
-        }
-
-    def _noisy_classes(self, z: FloatArray, counts: IntArray) -> list[int]:
-        """The site's classes whose loss alone is significantly above the class consensus
-        (one-sided normal p times the number of classes it holds ``min_class_count`` samples
-        of, doubled, at most q), highest z first: where the wrong labels are."""
-        tested = np.isfinite(z) & (counts >= self.min_class_count)
-        m = max(int(tested.sum()), 1)
-        order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")
-        return [int(c) for c in order if tested[c] and 2.0 * ndtr(-z[c]) * m <= self.q]
-
-    @staticmethod
-    def _informativeness(
-        loss: FloatArray, counts: IntArray, sizes: FloatArray
-    ) -> tuple[float, FloatArray, float]:
-        """(entropy H of the label histogram, each site's mean loss, the weighted median over
-        sites of 1 - L_k / H): how much the consensus model beats the label prior."""
-        prior = counts.sum(axis=0).astype(np.float64)
-        prior = prior[prior > 0] / prior.sum()
-        entropy = float(-(prior * np.log(prior)).sum())
-        held = counts > 0
-        site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
-        informativeness = (
-            weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
-        )
-        return entropy, site_loss, informativeness
-
-    @staticmethod
-    def _heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
-        """I^2 of the classes that entered, weighted by their samples (0.0: none entered)."""
-        class_weight = counts.sum(axis=0).astype(np.float64)
-        entered = np.isfinite(evidence.heterogeneity)
-        if not entered.any():
-            return 0.0
-        weighted = evidence.heterogeneity[entered] * class_weight[entered]
-        return float(weighted.sum() / class_weight[entered].sum())
-
     def _add_accuracy(
         self, flags: BoolArray, accuracy: AccuracyEvidence, sizes: FloatArray
     ) -> tuple[BoolArray, BoolArray, str | None]:
@@ -934,60 +432,6 @@ class EvidenceDetector:
             )
             return flags, np.zeros(k, dtype=bool), note
         return union, accuracy.flags & ~flags, None
-
-    def _verdicts(
-        self,
-        chosen: _Pass,
-        direction: float,
-        flags: BoolArray | None,
-        counts: IntArray,
-        site_loss: FloatArray,
-        anchor: BoolArray,
-        accuracy: AccuracyEvidence | None,
-        accuracy_flags: BoolArray,
-    ) -> list[ClientVerdict | None]:
-        """One verdict per site; ``flags`` None: the round abstained (every flag None, so that
-        the status rule does not count an inconclusive round as a clean one)."""
-        # The loss evidence's score, or the error counts' z where that is larger.
-        score = chosen.score if chosen.errors is None else np.maximum(chosen.score, chosen.errors.z)
-        site = chosen.site
-        relative = None if site is None else np.exp(site.x - site.centre)
-        verdicts: list[ClientVerdict | None] = []
-        for i in range(counts.shape[0]):
-            # Shown: each class against its consensus, as reported (where the site's loss is
-            # high); the per-class test itself reads the class z given the site's difficulty.
-            zi = direction * chosen.evidence.z[i]
-            if accuracy is not None and accuracy_flags[i]:
-                # Flagged by its accuracy alone: its loss score is, by construction, unremarkable.
-                score_i = max(score[i], accuracy.z[i])
-            else:
-                score_i = score[i]
-            verdicts.append(
-                ClientVerdict(
-                    score=float(score_i),
-                    flag=None if flags is None else bool(flags[i]),
-                    evidence={
-                        "p_value": float(chosen.p_high[i]),
-                        "q_value": float(chosen.q_values[i]),
-                        # + 0.0: no -0.0 in the JSON of an inverted pass.
-                        "site_z": None if site is None else float(chosen.z_high[i]) + 0.0,
-                        "site_factor": (
-                            float(relative[i])
-                            if relative is not None and np.isfinite(relative[i])
-                            else None
-                        ),
-                        "stouffer_z": float(chosen.stouffer[i]),
-                        "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
-                        "noisy_classes": self._noisy_classes(zi, counts[i]),
-                        "mean_loss": float(site_loss[i]),
-                        "anchor": bool(anchor[i]),
-                        "significant": bool(chosen.flags[i]),
-                        **self._error_entry(chosen.errors, i),
-                        **self._accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
-                    },
-                )
-            )
-        return verdicts
 
     def fit(
         self,
@@ -1028,7 +472,7 @@ class EvidenceDetector:
             Method ``"evidence"``; status ``"ok"``, ``"inconclusive"`` (every verdict present,
             every flag None, the reason stated) or ``"undetermined"`` (no verdicts).
         """
-        loss, counts, sd, anchor = _checked_inputs(
+        loss, counts, sd, anchor = checked_inputs(
             per_class_loss, class_counts, per_class_loss_sd, anchors
         )
         held = counts > 0
@@ -1038,7 +482,7 @@ class EvidenceDetector:
         loss = np.where(held, loss, np.nan)
         sizes = counts.sum(axis=1).astype(np.float64)
 
-        entropy, site_loss, informativeness = self._informativeness(loss, counts, sizes)
+        entropy, site_loss, informativeness = model_informativeness(loss, counts, sizes)
 
         wrong = (
             checked_error_counts("per_class_errors", per_class_errors, counts)
@@ -1050,10 +494,18 @@ class EvidenceDetector:
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
         second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
         chosen, mode, direction = second, "consensus", 1.0
-        heterogeneity = self._heterogeneity(second.evidence, counts)
-        split = self._mixture_split(loss, counts, mixture) if self.mixture_check else None
-        reason = self._consensus_reason(
-            second, sizes, entropy, informativeness, heterogeneity, split
+        heterogeneity = class_heterogeneity(second.evidence, counts)
+        split = mixture_split(loss, counts, mixture) if self.mixture_check else None
+        reason = consensus_reason(
+            second,
+            sizes,
+            entropy,
+            informativeness,
+            heterogeneity,
+            split,
+            min_informativeness=self.min_informativeness,
+            max_heterogeneity=self.max_heterogeneity,
+            max_flagged_fraction=self.max_flagged_fraction,
         )
         anchor_inverted = False
         if anchor.any() and entropy > 0:
@@ -1070,7 +522,7 @@ class EvidenceDetector:
         accuracy_flags = np.zeros(k, dtype=bool)
         if accuracy is not None and status == "ok":
             flags, accuracy_flags, accuracy_note = self._add_accuracy(flags, accuracy, sizes)
-        verdicts = self._verdicts(
+        verdicts = site_verdicts(
             chosen,
             direction,
             flags if status == "ok" else None,
@@ -1079,6 +531,8 @@ class EvidenceDetector:
             anchor,
             accuracy,
             accuracy_flags,
+            q=self.q,
+            min_class_count=self.min_class_count,
         )
         summary: dict[str, Any] = {
             "verdict": status,

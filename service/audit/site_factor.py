@@ -39,7 +39,7 @@ holding just over half of the sites' ``x`` (:func:`shortest_half`). Then, on the
 vote: inverse-variance weights would hand the median to the noisy sites, whose large loss is
 measured *more* precisely on the log scale) and ``tau^2`` the smallest value at which their
 median absolute standardised residual reaches its normal value (the Paule-Mandel estimator with
-the median, as :func:`service.audit.evidence.fit_class_null`), corrected for the truncation (the
+the median, as :func:`service.audit.class_null.fit_class_null`), corrected for the truncation (the
 median of ``|Z|`` for a normal cut above 2.5 is 0.6696); repeated until that set is stable (all
 sites when it would keep half of them or fewer; the larger of two sets the loop alternates
 between). The cut is 2.5 rather than 2: when the first scale comes out small, clean sites fall

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from service.audit._validation import InvalidInputError
+from service.audit.class_null import benjamini_hochberg
 from service.audit.error_evidence import error_evidence, fit_dispersion, mid_p
-from service.audit.evidence import EvidenceDetector, benjamini_hochberg
+from service.audit.evidence import EvidenceDetector
 
 
 def test_mid_p_by_hand() -> None:

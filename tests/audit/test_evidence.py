@@ -19,15 +19,15 @@ from service.audit import (
     InvalidParameterError,
     run_audit,
 )
-from service.audit.detection import ClientVerdict, DetectionResult
-from service.audit.evidence import (
+from service.audit.class_null import (
     SMALL_CLASS_Z_CAP,
-    EvidenceDetector,
     benjamini_hochberg,
     fit_class_null,
     site_p_values,
     weighted_median,
 )
+from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.evidence import EvidenceDetector
 
 
 class TestWeightedMedian:

@@ -1,0 +1,144 @@
+"""When the evidence detector abstains instead of accusing.
+
+The detector (:class:`~service.audit.evidence.EvidenceDetector`) abstains with
+``status="inconclusive"``: nobody flagged (every flag None), the scores and evidence kept, the
+reason stated. The evidence is only as good as the consensus it is measured against. The audit
+abstains when
+
+* (``undetermined``, no verdicts) fewer than ``min_clients`` sites reported;
+* the global model does not beat the label prior on the median site's own data: the weighted
+  median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
+  label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``;
+  the model has not learned yet, or it learned the labels' noise;
+* the sites disagree far beyond sampling error (only with reported spreads; without them the
+  fitted scale absorbs the spread and I^2 is 0): Higgins and Thompson's I^2 ("Quantifying
+  heterogeneity in a meta-analysis", Statistics in Medicine 2002, eq. 9, here tau^2 over tau^2
+  plus the median sampling variance), weighted over the classes by their samples, above
+  ``max_heterogeneity`` (0.9): two camps of equal size, or a spread of noise rates with no clean
+  core, leave no consensus (the robust fit then takes the gap for heterogeneity and flags
+  nobody, and saying "ok" would hide that);
+* the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
+  more of the sites or of the samples;
+* FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
+  separation guard: :class:`~service.audit.detectors.fednoro.FedNoRoDetector`), run as a
+  cross-check, splits the sites into two separated groups and the higher-loss group is not a
+  clear minority (``max_flagged_fraction`` of the sites or of the samples). A noisy majority
+  whose rates vary (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the
+  noisy group and widens ``tau_c``, so that no site is significantly above or below it, while
+  the clean minority stays a tight group below the others: the mixture sees the two groups, and
+  the evidence alone would have said "ok";
+* the evidence points both ways: some sites are significantly *above* the consensus and other
+  sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
+  than clean, so a significant lower tail among the unflagged means the consensus itself is
+  noisy. (A flagged site may have classes below the consensus: a pair flip c -> c + 1 leaves a
+  site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit.class_null import ClassEvidence, weighted_median
+from service.audit.detection import DetectionResult
+from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.evidence_verdicts import EvidencePass
+
+__all__ = ["class_heterogeneity", "consensus_reason", "mixture_split", "model_informativeness"]
+
+
+def model_informativeness(
+    loss: FloatArray, counts: IntArray, sizes: FloatArray
+) -> tuple[float, FloatArray, float]:
+    """(entropy H of the label histogram, each site's mean loss, the weighted median over
+    sites of 1 - L_k / H): how much the consensus model beats the label prior."""
+    prior = counts.sum(axis=0).astype(np.float64)
+    prior = prior[prior > 0] / prior.sum()
+    entropy = float(-(prior * np.log(prior)).sum())
+    held = counts > 0
+    site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
+    informativeness = (
+        weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
+    )
+    return entropy, site_loss, informativeness
+
+
+def class_heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
+    """I^2 of the classes that entered, weighted by their samples (0.0: none entered)."""
+    class_weight = counts.sum(axis=0).astype(np.float64)
+    entered = np.isfinite(evidence.heterogeneity)
+    if not entered.any():
+        return 0.0
+    weighted = evidence.heterogeneity[entered] * class_weight[entered]
+    return float(weighted.sum() / class_weight[entered].sum())
+
+
+def mixture_split(
+    loss: FloatArray, counts: IntArray, mixture: DetectionResult | None
+) -> BoolArray | None:
+    """The sites FedNoRo's detector flags (``mixture``, or a fit with its defaults and its
+    calibrated separation guard); None when it is undetermined."""
+    if mixture is None:
+        if (counts.sum(axis=1) == 0).any():
+            return None  # the mixture needs a sample from every site
+        mixture = FedNoRoDetector().fit(loss, counts).result_
+    if mixture.status != "ok" or len(mixture.verdicts) != loss.shape[0]:
+        return None
+    return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
+
+
+def consensus_reason(
+    result: EvidencePass,
+    sizes: FloatArray,
+    entropy: float,
+    informativeness: float,
+    heterogeneity: float,
+    mixture: BoolArray | None,
+    *,
+    min_informativeness: float,
+    max_heterogeneity: float,
+    max_flagged_fraction: float,
+) -> str | None:
+    """Why the consensus verdict abstains (module docstring); None: it holds.
+
+    ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
+    """
+    k = sizes.size
+    n_flag = int(result.flags.sum())
+    share = float(sizes[result.flags].sum() / sizes.sum())
+    below = int((result.low & ~result.flags).sum())
+    if entropy <= 0:
+        return "every label belongs to one class: nothing to compare"
+    if informativeness < min_informativeness:
+        return (
+            f"the global model does not beat the label prior on the median site's data "
+            f"(1 - loss/H = {informativeness:.3f} < {min_informativeness}): it has not "
+            "learned yet, or it learned the noise"
+        )
+    if heterogeneity > max_heterogeneity:
+        return (
+            f"the sites disagree far beyond sampling error (I^2 = {heterogeneity:.2f} > "
+            f"{max_heterogeneity}): no consensus to measure against"
+        )
+    if mixture is not None and mixture.any():
+        n_mix = int(mixture.sum())
+        mix_share = float(sizes[mixture].sum() / sizes.sum())
+        if n_mix >= max_flagged_fraction * k or mix_share >= max_flagged_fraction:
+            return (
+                f"FedNoRo's loss mixture splits the sites into two separated groups and the "
+                f"higher-loss group is not a clear minority ({n_mix} of {k} sites, "
+                f"{mix_share:.0%} of the samples): the consensus may be the noisy side"
+            )
+    if n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
+        return (
+            f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
+            f"sites, {share:.0%} of the samples)"
+        )
+    if n_flag > 0 and below > 0:
+        return (
+            f"the evidence points both ways: {n_flag} site(s) significantly above the "
+            f"consensus and {below} other(s) significantly below it"
+        )
+    return None

@@ -1,0 +1,186 @@
+"""The evidence detector's parts around the statistics: its checked inputs, one pass's result,
+and what each site's verdict shows.
+
+:class:`~service.audit.evidence.EvidenceDetector` (module docstring there) runs the passes and
+decides; this module holds what it reads in and writes out, so that the detector's module reads
+as the decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.special import ndtr
+
+from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit._validation import InvalidInputError, as_float_array, as_int_array
+from service.audit.class_null import ClassEvidence
+from service.audit.detection import ClientVerdict
+from service.audit.error_evidence import ErrorEvidence
+from service.audit.site_factor import SiteFactor
+
+if TYPE_CHECKING:
+    from service.audit.accuracy_evidence import AccuracyEvidence
+
+__all__ = [
+    "EvidencePass",
+    "checked_inputs",
+    "noisy_classes",
+    "site_verdicts",
+]
+
+
+@dataclass(frozen=True)
+class EvidencePass:
+    """One pass of the detector over a round, in one direction (the detector's ``_pass``)."""
+
+    evidence: ClassEvidence
+    """The class-level fit of the losses as reported (centres, spreads, I^2)."""
+    class_z: FloatArray
+    """(K, C) the class z given each site's difficulty (:mod:`service.audit.site_factor`)."""
+    site: SiteFactor | None
+    """The site-level test; None where it does not enter (below ``SITE_LEVEL_MIN_SITES`` sites,
+    anchored mode)."""
+    p_high: FloatArray
+    z_high: FloatArray
+    """(K,) in the pass's direction: the site-level z (0.0 for a site without one), or below
+    ``SITE_LEVEL_MIN_SITES`` sites Stouffer's z; whether the site is above the consensus."""
+    stouffer: FloatArray
+    flags: BoolArray
+    q_values: FloatArray
+    low: BoolArray
+    p_loss: FloatArray
+    score: FloatArray
+    """(K,) the site z, or the z-equivalent of its per-class part where that is larger."""
+    errors: ErrorEvidence | None = None
+
+
+def checked_inputs(
+    per_class_loss: Any, class_counts: Any, per_class_loss_sd: Any, anchors: Any
+) -> tuple[FloatArray, IntArray, FloatArray | None, BoolArray]:
+    """The round's arrays, checked: (loss, counts, spreads or None, anchors as booleans)."""
+    loss = as_float_array("per_class_loss", per_class_loss, ndim=2, allow_nan=True)
+    counts = as_int_array("class_counts", class_counts, ndim=2)
+    if counts.shape != loss.shape:
+        raise InvalidInputError(
+            f"class_counts: shape {counts.shape} differs from per_class_loss {loss.shape}"
+        )
+    if (counts < 0).any():
+        raise InvalidInputError("class_counts: negative count")
+    held = counts > 0
+    if (~np.isfinite(loss) & held).any():
+        raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
+    if (loss[held] < 0).any():
+        raise InvalidInputError("per_class_loss: negative loss")
+    k = loss.shape[0]
+    sd: FloatArray | None = None
+    if per_class_loss_sd is not None:
+        sd = as_float_array("per_class_loss_sd", per_class_loss_sd, ndim=2, allow_nan=True)
+        if sd.shape != loss.shape:
+            raise InvalidInputError(
+                f"per_class_loss_sd: shape {sd.shape} differs from per_class_loss {loss.shape}"
+            )
+        if (~np.isfinite(sd) & held).any() or (sd[held] < 0).any():
+            raise InvalidInputError("per_class_loss_sd: missing or negative for a held class")
+    anchor = np.zeros(k, dtype=bool)
+    if anchors is not None:
+        raw = np.asarray(anchors).reshape(-1)
+        if raw.size and raw.dtype.kind != "b":
+            raise InvalidInputError("anchors: expected booleans")
+        anchor = raw.astype(bool)
+        if anchor.shape != (k,):
+            raise InvalidInputError(f"anchors: {anchor.size} entries for {k} clients")
+    return loss, counts, sd, anchor
+
+
+def noisy_classes(z: FloatArray, counts: IntArray, q: float, min_class_count: int) -> list[int]:
+    """The site's classes whose loss alone is significantly above the class consensus
+    (one-sided normal p times the number of classes it holds ``min_class_count`` samples
+    of, doubled, at most q), highest z first: where the wrong labels are."""
+    tested = np.isfinite(z) & (counts >= min_class_count)
+    m = max(int(tested.sum()), 1)
+    order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")
+    return [int(c) for c in order if tested[c] and 2.0 * ndtr(-z[c]) * m <= q]
+
+
+def error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
+    """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
+    if counted is None:
+        return {}
+    return {
+        "errors": int(counted.observed[i]),
+        "errors_expected": float(counted.expected[i]),
+        "errors_z": float(counted.z[i]),
+        "errors_p_value": float(counted.p_value[i]),
+    }
+
+
+def accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
+    """The accuracy evidence's part of a site's verdict (nothing when it was not used)."""
+    if accuracy is None:
+        return {}
+    return {
+        "accuracy_z": float(accuracy.z[i]),
+        "accuracy_p_value": float(accuracy.p_value[i]),
+        "accuracy_gap": float(accuracy.gap[i]),
+        "flagged_by_accuracy": added,
+    }
+
+
+def site_verdicts(
+    chosen: EvidencePass,
+    direction: float,
+    flags: BoolArray | None,
+    counts: IntArray,
+    site_loss: FloatArray,
+    anchor: BoolArray,
+    accuracy: AccuracyEvidence | None,
+    accuracy_flags: BoolArray,
+    *,
+    q: float,
+    min_class_count: int,
+) -> list[ClientVerdict | None]:
+    """One verdict per site; ``flags`` None: the round abstained (every flag None, so that
+    the status rule does not count an inconclusive round as a clean one)."""
+    # The loss evidence's score, or the error counts' z where that is larger.
+    score = chosen.score if chosen.errors is None else np.maximum(chosen.score, chosen.errors.z)
+    site = chosen.site
+    relative = None if site is None else np.exp(site.x - site.centre)
+    verdicts: list[ClientVerdict | None] = []
+    for i in range(counts.shape[0]):
+        # Shown: each class against its consensus, as reported (where the site's loss is
+        # high); the per-class test itself reads the class z given the site's difficulty.
+        zi = direction * chosen.evidence.z[i]
+        if accuracy is not None and accuracy_flags[i]:
+            # Flagged by its accuracy alone: its loss score is, by construction, unremarkable.
+            score_i = max(score[i], accuracy.z[i])
+        else:
+            score_i = score[i]
+        verdicts.append(
+            ClientVerdict(
+                score=float(score_i),
+                flag=None if flags is None else bool(flags[i]),
+                evidence={
+                    "p_value": float(chosen.p_high[i]),
+                    "q_value": float(chosen.q_values[i]),
+                    # + 0.0: no -0.0 in the JSON of an inverted pass.
+                    "site_z": None if site is None else float(chosen.z_high[i]) + 0.0,
+                    "site_factor": (
+                        float(relative[i])
+                        if relative is not None and np.isfinite(relative[i])
+                        else None
+                    ),
+                    "stouffer_z": float(chosen.stouffer[i]),
+                    "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
+                    "noisy_classes": noisy_classes(zi, counts[i], q, min_class_count),
+                    "mean_loss": float(site_loss[i]),
+                    "anchor": bool(anchor[i]),
+                    "significant": bool(chosen.flags[i]),
+                    **error_entry(chosen.errors, i),
+                    **accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
+                },
+            )
+        )
+    return verdicts
