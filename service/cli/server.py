@@ -1,0 +1,189 @@
+"""``fedaudit serve``, ``db upgrade`` and ``openapi``: the coordinator's side."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from service.cli._app import (
+    app,
+    db_app,
+    err,
+    fail,
+    stdout,
+)
+
+_SERVER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def _configure_logging(config: dict[str, Any]) -> list[tuple[str, list[Any], int, bool]]:
+    """Configure this process's logging (service.logs) for ``serve``; returns what it replaced
+    (handlers, level, propagation of the root and uvicorn's loggers) for :func:`_restore_logging`.
+    """
+    import logging.config
+
+    before = []
+    for name in _SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        before.append((name, list(logger.handlers), logger.level, logger.propagate))
+    logging.config.dictConfig(config)
+    return before
+
+
+def _restore_logging(before: list[tuple[str, list[Any], int, bool]]) -> None:
+    """Put back the logging :func:`_configure_logging` replaced: a ``serve`` that stops on an
+    error (a database not migrated, a port in use) leaves its caller's logging as it was."""
+    for name, handlers, level, propagate in before:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (FEDAUDIT_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (FEDAUDIT_PORT)")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificate: serve https (FEDAUDIT_TLS_CERTFILE)", metavar="FILE"),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(help="PEM private key of --tls-cert (FEDAUDIT_TLS_KEYFILE)", metavar="FILE"),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM CA bundle: require client certificates it signed, mutual TLS "
+            "(FEDAUDIT_TLS_CLIENT_CA)",
+            metavar="FILE",
+        ),
+    ] = None,
+) -> None:
+    """Run the coordinator (the database must be migrated: `fedaudit db upgrade`)."""
+    import uvicorn
+
+    from service.config import get_settings
+    from service.errors import MigrationsNotAtHeadError
+    from service.logs import log_config
+    from service.main import create_app
+
+    settings = get_settings()
+    logs = log_config(settings.log_level, settings.log_format)
+    tls = _tls_options(
+        tls_cert or settings.tls_certfile,
+        tls_key or settings.tls_keyfile,
+        tls_client_ca or settings.tls_client_ca,
+    )
+    if settings.admin_token is None:
+        token = settings.admin_secret()
+        # worker processes read their settings from the environment: give them the same token
+        os.environ["FEDAUDIT_ADMIN_TOKEN"] = token
+        err.print(
+            f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}",
+            soft_wrap=True,
+        )
+    # From here every line has the configured format, the app's start-up included.
+    replaced = _configure_logging(logs)
+    try:
+        if workers > 1:
+            parent = create_app(settings, run_reaper=False)  # fail fast on the migration check
+            if settings.startup_sweep:
+                # once, here: a worker that uvicorn restarts must not sweep its siblings' uploads
+                from service.coordinator.housekeeping import sweep_leftovers
+
+                sweep_leftovers(parent.state.services)
+                os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
+            parent.state.services.close()
+            uvicorn.run(
+                "service.main:create_app",
+                factory=True,
+                host=host or settings.host,
+                port=port if port is not None else settings.port,
+                workers=workers,
+                log_config=logs,
+                **tls,
+            )
+        else:
+            uvicorn.run(
+                create_app(settings),
+                host=host or settings.host,
+                port=port if port is not None else settings.port,
+                log_level=settings.log_level.lower(),
+                log_config=logs,
+                **tls,
+            )
+    except MigrationsNotAtHeadError as exc:
+        _restore_logging(replaced)
+        fail(str(exc))
+    except BaseException:
+        _restore_logging(replaced)
+        raise
+
+
+def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:
+    """uvicorn's TLS arguments, or a clear error for an incomplete or unreadable configuration.
+
+    Each file is loaded here, before the server binds, so that a wrong path or a key that does
+    not match its certificate stops ``serve`` with the reason instead of a traceback.
+    """
+    import ssl
+
+    if cert is None and key is None:
+        if client_ca is not None:
+            fail("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is on top of https)")
+        return {}
+    if cert is None or key is None:
+        fail("--tls-cert and --tls-key go together (FEDAUDIT_TLS_CERTFILE, FEDAUDIT_TLS_KEYFILE)")
+    for label, path in (("certificate", cert), ("key", key), ("client CA", client_ca)):
+        if path is not None and not path.is_file():
+            fail(f"TLS {label} {path}: no such file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(cert), str(key))
+        if client_ca is not None:
+            context.load_verify_locations(str(client_ca))
+    except (ssl.SSLError, ValueError) as exc:
+        fail(f"TLS: cannot load the certificate, key or client CA: {exc}")
+    options: dict[str, Any] = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    if client_ca is not None:
+        options["ssl_ca_certs"] = str(client_ca)
+        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return options
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Apply the database migrations (default: up to head)."""
+    from service.config import get_settings
+    from service.store.migrate import upgrade
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url, revision)
+    stdout().print(f"database at {revision}: {_redact(settings.resolved_database_url)}")
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@app.command()
+def openapi(
+    output: Annotated[Path, typer.Option(help="Where to write the spec")] = Path(
+        "openapi/openapi.json"
+    ),
+) -> None:
+    """Write the OpenAPI spec of the HTTP API."""
+    from service.openapi_spec import write_spec
+
+    write_spec(output)
+    stdout().print(f"wrote {output}")
