@@ -30,7 +30,7 @@ from client_sdk.report_table import output_console, render_report
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from fedaudit_sim.results import RunResult
+    from fedaudit_sim.records import RunResult
     from fedaudit_sim.runner import RoundEvent, RunFailure, SimulationOutcome
     from fedaudit_sim.scenario import MethodSpec, Scenario
 
@@ -450,7 +450,7 @@ def simulate(
     ] = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
-    from fedaudit_sim.results import comparison_table, detection_lines
+    from fedaudit_sim.comparison import comparison_table, detection_lines
     from fedaudit_sim.runner import SimulationError
     from fedaudit_sim.scenario import ScenarioError, parse_key_values
 
@@ -599,8 +599,8 @@ def run_demo(
     typer.Exit
         Code 2 for a bad setting, 1 when a federation failed.
     """
+    from fedaudit_sim.comparison import comparison_table, detection_lines
     from fedaudit_sim.presets import get_preset
-    from fedaudit_sim.results import comparison_table, detection_lines
     from fedaudit_sim.runner import SimulationError
     from fedaudit_sim.scenario import ScenarioError, TrainingSpec, apply_overrides
 

@@ -77,14 +77,9 @@ from fedaudit_sim.metrics import accuracy, balanced_accuracy
 from fedaudit_sim.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from fedaudit_sim.noise import NoiseError, NoiseReport, inject_noise, noise_levels
 from fedaudit_sim.partition import PartitionError, partition
-from fedaudit_sim.results import (
-    ClientRecord,
-    ClientRoundRecord,
-    RoundRecord,
-    RunResult,
-    summarise_run,
-)
+from fedaudit_sim.records import ClientRecord, ClientRoundRecord, RoundRecord, RunResult
 from fedaudit_sim.scenario import MethodSpec, Scenario, ScenarioError
+from fedaudit_sim.summaries import summarise_run
 
 __all__ = [
     "LONG_POLL_S",
