@@ -30,8 +30,9 @@ from client_sdk.report_table import output_console, render_report
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from fedaudit_sim.federation import RoundEvent, RunFailure
     from fedaudit_sim.records import RunResult
-    from fedaudit_sim.runner import RoundEvent, RunFailure, SimulationOutcome
+    from fedaudit_sim.runner import SimulationOutcome
     from fedaudit_sim.scenario import MethodSpec, Scenario
 
 __all__ = [
@@ -451,7 +452,7 @@ def simulate(
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
     from fedaudit_sim.comparison import comparison_table, detection_lines
-    from fedaudit_sim.runner import SimulationError
+    from fedaudit_sim.federation import SimulationError
     from fedaudit_sim.scenario import ScenarioError, parse_key_values
 
     console = output_console()
@@ -600,8 +601,8 @@ def run_demo(
         Code 2 for a bad setting, 1 when a federation failed.
     """
     from fedaudit_sim.comparison import comparison_table, detection_lines
+    from fedaudit_sim.federation import SimulationError
     from fedaudit_sim.presets import get_preset
-    from fedaudit_sim.runner import SimulationError
     from fedaudit_sim.scenario import ScenarioError, TrainingSpec, apply_overrides
 
     console = output_console()

@@ -19,7 +19,7 @@ from fedaudit_sim.datasets import (
     load_npz,
     split_arrays,
 )
-from fedaudit_sim.runner import prepare_data
+from fedaudit_sim.preparation import prepare_data
 from fedaudit_sim.scenario import ScenarioError, apply_overrides, validate_scenario
 
 
