@@ -32,7 +32,8 @@ from fedaudit_sim.datasets import (
 )
 from fedaudit_sim.metrics import accuracy, balanced_accuracy
 from fedaudit_sim.models import ModelConfigError, TorchvisionNotInstalledError, build_model
-from fedaudit_sim.noise import NoiseError, NoiseReport, inject_noise, noise_levels
+from fedaudit_sim.noise import NoiseReport, inject_noise
+from fedaudit_sim.noise_protocols import NoiseError, noise_levels
 from fedaudit_sim.partition import PartitionError, partition
 from fedaudit_sim.scenario import Scenario, ScenarioError
 

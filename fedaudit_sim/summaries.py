@@ -58,7 +58,7 @@ from fedaudit_sim.metrics import (
     spearman,
     summarise_curve,
 )
-from fedaudit_sim.noise import CONTINUOUS_PROTOCOLS
+from fedaudit_sim.noise_protocols import CONTINUOUS_PROTOCOLS
 from fedaudit_sim.records import RoundRecord, RunResult, clean_json
 
 __all__ = [

@@ -14,7 +14,16 @@ _PACKAGE_DIR = Path(simulation.__file__).parent
 _ALLOWED_THIRD_PARTY = {"numpy", "scipy", "sklearn", "torch", "threadpoolctl"}
 # The pure building blocks; other modules of the package (the simulator's process plumbing) are
 # allowed other dependencies.
-_PURE_MODULES = ("__init__", "datasets", "partition", "noise", "models", "metrics")
+_PURE_MODULES = (
+    "__init__",
+    "datasets",
+    "partition",
+    "noise",
+    "noise_protocols",
+    "label_flips",
+    "models",
+    "metrics",
+)
 
 
 def test_every_exported_name_resolves_to_its_module_object():
