@@ -23,13 +23,9 @@ from torch import nn
 
 from client_sdk.participant import load_state_bytes, state_to_bytes
 from client_sdk.recipes import LocalData
-from fedaudit_sim.datasets import (
-    DatasetError,
-    DataSplit,
-    load_callable,
-    load_dataset,
-    load_npz,
-)
+from fedaudit_sim.custom_data import load_callable, load_npz
+from fedaudit_sim.data_splits import DatasetError, DataSplit
+from fedaudit_sim.datasets import load_dataset
 from fedaudit_sim.metrics import accuracy, balanced_accuracy
 from fedaudit_sim.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from fedaudit_sim.noise import NoiseReport, inject_noise
