@@ -7,8 +7,9 @@ the coordinator process's too, loads it); the simulator is imported when a comma
 
 ``simulate`` builds a scenario from a file (``--scenario``), a preset (``--preset``) or the
 defaults, applies the flags on top, selects the method configurations (``--method`` or
-``--compare``), runs it (:func:`fedaudit_sim.runner.simulate`) with a progress bar, prints
-the comparison table and says where the results are.
+``--compare``; the flags and these steps are ``fedaudit_sim.simulate_flags``), runs it
+(:func:`fedaudit_sim.runner.simulate`) with a progress bar, prints the comparison table and says
+where the results are.
 
 ``demo`` runs the ``demo`` preset (V1's federation: digits, 20 clients, 8 of them noisy;
 FedNoRo against FedAvg on identical data), then prints the coordinator's noisy-client report next
@@ -26,170 +27,21 @@ import typer
 from rich.markup import escape
 
 from client_sdk.report_table import output_console, render_report
+from fedaudit_sim import simulate_flags as flag
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from fedaudit_sim.results import RunResult
-    from fedaudit_sim.runner import RoundEvent, RunFailure, SimulationOutcome
-    from fedaudit_sim.scenario import MethodSpec, Scenario
+    from fedaudit_sim.federation import RoundEvent, RunFailure
+    from fedaudit_sim.records import RunResult
+    from fedaudit_sim.runner import SimulationOutcome
+    from fedaudit_sim.scenario import Scenario
 
 __all__ = [
-    "build_scenario",
     "demo",
     "run_demo",
-    "select_methods",
     "simulate",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# building the scenario from the flags
-
-
-def _csv_list(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    items = [part.strip() for part in text.split(",") if part.strip()]
-    return items or None
-
-
-def _parse_seeds(seed: int | None, seeds: str | None) -> list[int] | None:
-    from fedaudit_sim.scenario import ScenarioError
-
-    if seed is not None and seeds is not None:
-        raise ScenarioError("give --seed or --seeds, not both")
-    if seed is not None:
-        return [seed]
-    items = _csv_list(seeds)
-    if items is None:
-        return None
-    try:
-        return [int(item) for item in items]
-    except ValueError:
-        raise ScenarioError(f"--seeds {seeds!r}: expected comma-separated integers") from None
-
-
-def _parse_class_map(text: str | None) -> dict[int, int] | None:
-    from fedaudit_sim.scenario import ScenarioError
-
-    if text is None:
-        return None
-    mapping: dict[int, int] = {}
-    for item in _csv_list(text) or []:
-        source, sep, target = item.partition(":")
-        try:
-            if not sep:
-                raise ValueError(item)
-            mapping[int(source)] = int(target)
-        except ValueError:
-            raise ScenarioError(
-                f"--class-map {text!r}: expected SOURCE:TARGET pairs such as 3:5,9:4"
-            ) from None
-    return mapping
-
-
-def _custom_data_overrides(
-    dataset: str | None, npz: Path | None, function: str | None
-) -> dict[str, Any]:
-    """The ``dataset`` (and ``custom_data``) overrides of --dataset, --data-npz and
-    --data-function."""
-    from fedaudit_sim.scenario import CUSTOM_DATASET, ScenarioError
-
-    if npz is not None and function is not None:
-        raise ScenarioError("give --data-npz or --data-function, not both")
-    if npz is None and function is None:
-        return {"dataset": dataset}
-    if dataset is not None and dataset != CUSTOM_DATASET:
-        raise ScenarioError(
-            f"--dataset {dataset!r} and a custom data set (--data-npz/--data-function) conflict"
-        )
-    source = {"npz": str(npz)} if npz is not None else {"function": function}
-    return {"dataset": CUSTOM_DATASET, "custom_data": source}
-
-
-def select_methods(
-    scenario: Scenario,
-    labels: list[str] | None,
-    overrides: dict[str, Any],
-) -> list[MethodSpec]:
-    """The method configurations to run.
-
-    Each label names a method configuration of the scenario or, failing that, a coordinator
-    method preset (``fedavg``, ``fednoro``, ...). ``overrides`` (``aggregation``,
-    ``primary_detector``, ``warmup_rounds``, ``hyperparameters``, ``audit``; None = not given)
-    apply to every selected configuration; dict values are merged.
-
-    Raises
-    ------
-    ScenarioError
-        A label is neither a configuration of the scenario nor a preset.
-    """
-    from fedaudit_sim.scenario import METHOD_PRESETS, MethodSpec, ScenarioError
-
-    if labels is None:
-        chosen = list(scenario.methods)
-    else:
-        chosen = []
-        known = {m.name: m for m in scenario.methods}
-        for label in labels:
-            if label in known:
-                chosen.append(known[label])
-            elif label in METHOD_PRESETS:
-                chosen.append(MethodSpec(method=label))
-            else:
-                raise ScenarioError(
-                    f"method {label!r} is neither a method of scenario {scenario.name!r} "
-                    f"({', '.join(known)}) nor a coordinator preset ({', '.join(METHOD_PRESETS)})"
-                )
-    result = []
-    for spec in chosen:
-        data = spec.model_dump()
-        for key, value in overrides.items():
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
-        result.append(data)
-    return [MethodSpec.model_validate(d) for d in result]
-
-
-def build_scenario(
-    *,
-    scenario_file: Path | None = None,
-    preset: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    methods: list[str] | None = None,
-    method_overrides: dict[str, Any] | None = None,
-) -> Scenario:
-    """The scenario the flags describe: file or preset (or defaults), then overrides.
-
-    Raises
-    ------
-    ScenarioError
-        Both a file and a preset, or any invalid setting (the message names it).
-    """
-    from fedaudit_sim.presets import get_preset
-    from fedaudit_sim.scenario import (
-        Scenario,
-        ScenarioError,
-        apply_overrides,
-        load_scenario,
-    )
-
-    if scenario_file is not None and preset is not None:
-        raise ScenarioError("give --scenario or --preset, not both")
-    if scenario_file is not None:
-        scenario = load_scenario(scenario_file)
-    elif preset is not None:
-        scenario = get_preset(preset)
-    else:
-        scenario = Scenario()
-    scenario = apply_overrides(scenario, overrides or {})
-    selected = select_methods(scenario, methods, method_overrides or {})
-    return apply_overrides(scenario, {"methods": [m.model_dump() for m in selected]})
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,211 +143,65 @@ def _fail(console: Console, message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-# --------------------------------------------------------------------------------------------
-# commands
-
-
 def simulate(
-    scenario_file: Annotated[
-        Path | None,
-        typer.Option("--scenario", help="Scenario file (YAML or JSON)", show_default=False),
-    ] = None,
-    preset: Annotated[
-        str | None, typer.Option(help="Reference scenario: V1..V6 or demo", show_default=False)
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        typer.Option(
-            help="digits, breast_cancer, wine, pneumoniamnist, breastmnist, mnist (custom: "
-            "see --data-npz, --data-function)",
-            show_default=False,
-        ),
-    ] = None,
-    data_npz: Annotated[
-        Path | None,
-        typer.Option(
-            help="Custom data set: an .npz file with arrays x, y (optionally x_test, y_test)",
-            show_default=False,
-        ),
-    ] = None,
-    data_function: Annotated[
-        str | None,
-        typer.Option(
-            help="Custom data set: MODULE:FUNCTION (or FILE.py:FUNCTION) returning (x, y) or "
-            "((x_train, y_train), (x_test, y_test))",
-            show_default=False,
-        ),
-    ] = None,
-    clients: Annotated[
-        int | None, typer.Option(help="Number of clients", show_default=False)
-    ] = None,
-    partition: Annotated[
-        str | None,
-        typer.Option(
-            help="iid, shards, k_classes, dirichlet, bernoulli_dirichlet, lognormal_quantity",
-            show_default=False,
-        ),
-    ] = None,
-    partition_param: Annotated[
-        list[str] | None,
-        typer.Option(help="Partition parameter KEY=VALUE (repeatable), e.g. beta=0.5"),
-    ] = None,
-    noise: Annotated[
-        str | None,
-        typer.Option(
-            help="Client noise protocol: none, linear, rho_tau, rho_range, bernoulli, "
-            "truncated_gaussian, clipped_gaussian, uniform_all",
-            show_default=False,
-        ),
-    ] = None,
-    noise_param: Annotated[
-        list[str] | None,
-        typer.Option(help="Noise parameter KEY=VALUE (repeatable), e.g. rho=0.4"),
-    ] = None,
-    noisy_clients: Annotated[
-        int | None,
-        typer.Option(
-            help="Exactly this many noisy clients, drawn by the seed (rho_tau, rho_range, "
-            "bernoulli; replaces rho / p)",
-            show_default=False,
-        ),
-    ] = None,
-    flip: Annotated[
-        str | None,
-        typer.Option(
-            help="Label flip: symmetric, symmetric_any, pairflip, asymmetric, instance",
-            show_default=False,
-        ),
-    ] = None,
-    class_map: Annotated[
-        str | None,
-        typer.Option(help="Asymmetric flips: SOURCE:TARGET,... e.g. 3:5,9:4", show_default=False),
-    ] = None,
-    noise_threshold: Annotated[
-        float | None,
-        typer.Option(
-            help="Continuous protocols: realised rate counted as noisy", show_default=False
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(help="mlp, cnn or tv:<torchvision name>", show_default=False),
-    ] = None,
-    model_param: Annotated[
-        list[str] | None, typer.Option(help="Model option KEY=VALUE (repeatable)")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(help="Rounds (scenario default 100)", show_default=False)
-    ] = None,
-    local_epochs: Annotated[
-        int | None,
-        typer.Option(help="Local epochs per round (scenario default 5)", show_default=False),
-    ] = None,
-    lr: Annotated[
-        float | None, typer.Option(help="Learning rate (scenario default 0.05)", show_default=False)
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Local batch size (scenario default 32)", show_default=False)
-    ] = None,
-    momentum: Annotated[
-        float | None, typer.Option(help="SGD momentum (scenario default 0.5)", show_default=False)
-    ] = None,
-    method: Annotated[
-        str | None,
-        typer.Option(help="Run one method (a scenario method or a preset)", show_default=False),
-    ] = None,
-    compare: Annotated[
-        str | None,
-        typer.Option(
-            help="Run several methods on identical data, e.g. fedavg,fednoro", show_default=False
-        ),
-    ] = None,
-    aggregation: Annotated[
-        str | None, typer.Option(help="Aggregation override for every method", show_default=False)
-    ] = None,
-    primary_detector: Annotated[
-        str | None, typer.Option(help="Primary detector override", show_default=False)
-    ] = None,
-    warmup_rounds: Annotated[
-        int | None, typer.Option(help="Warm-up rounds override", show_default=False)
-    ] = None,
-    hp: Annotated[
-        list[str] | None,
-        typer.Option("--hp", help="Recipe hyper-parameter KEY=VALUE (repeatable)"),
-    ] = None,
-    audit: Annotated[
-        list[str] | None,
-        typer.Option(help="Audit configuration KEY=VALUE (repeatable), e.g. fednoro_seeds=[0]"),
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="One seed", show_default=False)] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="Several seeds, e.g. 0,1,2", show_default=False)
-    ] = None,
-    datasets_dir: Annotated[
-        Path | None,
-        typer.Option(help="Directory of the file-based data sets", show_default=False),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Output directory (default: a new one here)", show_default=False),
-    ] = None,
-    plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar")] = True,
-    keep_coordinator_data: Annotated[
-        bool,
-        typer.Option(
-            help="Keep the coordinator's data directory (database, every model and update: "
-            "large for many clients and rounds)"
-        ),
-    ] = True,
+    scenario_file: flag.ScenarioFile = None,
+    preset: flag.Preset = None,
+    dataset: flag.Dataset = None,
+    data_npz: flag.DataNpz = None,
+    data_function: flag.DataFunction = None,
+    clients: flag.Clients = None,
+    partition: flag.Partition = None,
+    partition_param: flag.PartitionParam = None,
+    noise: flag.Noise = None,
+    noise_param: flag.NoiseParam = None,
+    noisy_clients: flag.NoisyClients = None,
+    flip: flag.Flip = None,
+    class_map: flag.ClassMap = None,
+    noise_threshold: flag.NoiseThreshold = None,
+    model: flag.Model = None,
+    model_param: flag.ModelParam = None,
+    rounds: flag.Rounds = None,
+    local_epochs: flag.LocalEpochs = None,
+    lr: flag.Lr = None,
+    batch_size: flag.BatchSize = None,
+    momentum: flag.Momentum = None,
+    method: flag.Method = None,
+    compare: flag.Compare = None,
+    aggregation: flag.Aggregation = None,
+    primary_detector: flag.PrimaryDetector = None,
+    warmup_rounds: flag.WarmupRounds = None,
+    hp: flag.Hp = None,
+    audit: flag.Audit = None,
+    seed: flag.Seed = None,
+    seeds: flag.Seeds = None,
+    datasets_dir: flag.DatasetsDir = None,
+    out: flag.Out = None,
+    plots: flag.Plots = True,
+    progress: flag.Progress = True,
+    keep_coordinator_data: flag.KeepCoordinatorData = True,
 ) -> None:
     """Simulate whole federations through the real HTTP API and score the audit."""
-    from fedaudit_sim.results import comparison_table, detection_lines
-    from fedaudit_sim.runner import SimulationError
-    from fedaudit_sim.scenario import ScenarioError, parse_key_values
+    # locals() holds exactly the parameters here: every flag, by name.
+    _simulate(flag.SimulateFlags(**locals()))
+
+
+def _simulate(flags: flag.SimulateFlags) -> None:
+    """Build the scenario the flags describe, run it and print the outcome (:func:`simulate`).
+
+    Raises
+    ------
+    typer.Exit
+        Code 2 for a bad setting, 1 when a federation or a run failed.
+    """
+    from fedaudit_sim.federation import SimulationError
+    from fedaudit_sim.scenario import ScenarioError
 
     console = output_console()
     try:
-        overrides: dict[str, Any] = {
-            **_custom_data_overrides(dataset, data_npz, data_function),
-            "data_dir": None if datasets_dir is None else str(datasets_dir),
-            "clients": clients,
-            "partition.method": partition,
-            "partition.params": parse_key_values(partition_param, option="--partition-param")
-            or None,
-            "noise.protocol": noise,
-            "noise.params": parse_key_values(noise_param, option="--noise-param") or None,
-            "noise.noisy_clients": noisy_clients,
-            "noise.flip": flip,
-            "noise.class_map": _parse_class_map(class_map),
-            "noise.threshold": noise_threshold,
-            "model.name": model,
-            "model.params": parse_key_values(model_param, option="--model-param") or None,
-            "training.rounds": rounds,
-            "training.local_epochs": local_epochs,
-            "training.lr": lr,
-            "training.batch_size": batch_size,
-            "training.momentum": momentum,
-            "seeds": _parse_seeds(seed, seeds),
-        }
-        if method is not None and compare is not None:
-            raise ScenarioError("give --method or --compare, not both")
-        labels = [method] if method is not None else _csv_list(compare)
-        method_overrides: dict[str, Any] = {
-            "aggregation": aggregation,
-            "primary_detector": primary_detector,
-            "warmup_rounds": warmup_rounds,
-            "hyperparameters": parse_key_values(hp, option="--hp") or None,
-            "audit": parse_key_values(audit, option="--audit") or None,
-        }
-        scenario = build_scenario(
-            scenario_file=scenario_file,
-            preset=preset,
-            overrides=overrides,
-            methods=labels,
-            method_overrides=method_overrides,
+        scenario = flags.scenario()
+        out_dir = (
+            flags.out if flags.out is not None else _default_out(f"simulation-{scenario.name}")
         )
-        out_dir = out if out is not None else _default_out(f"simulation-{scenario.name}")
         _check_out(out_dir)
         console.print(
             f"scenario [bold]{escape(scenario.name)}[/]: {escape(_dataset_text(scenario))}, "
@@ -505,11 +211,27 @@ def simulate(
             f"{', '.join(m.name for m in scenario.methods)}; seeds "
             f"{', '.join(map(str, scenario.seeds))}"
         )
-        outcome = _run(scenario, out_dir, console=console, progress=progress, plots=plots)
+        outcome = _run(
+            scenario, out_dir, console=console, progress=flags.progress, plots=flags.plots
+        )
     except ScenarioError as exc:
         raise _fail(console, str(exc), 2) from None
     except SimulationError as exc:
         raise _fail(console, str(exc), 1) from None
+    _print_outcome(console, scenario, outcome, keep_coordinator_data=flags.keep_coordinator_data)
+
+
+def _print_outcome(
+    console: Console,
+    scenario: Scenario,
+    outcome: SimulationOutcome,
+    *,
+    keep_coordinator_data: bool,
+) -> None:
+    """Print the comparison and the detection lines, remove the coordinator's data unless it is
+    kept, say where everything is, and fail (code 1) when a run failed."""
+    from fedaudit_sim.comparison import comparison_table, detection_lines
+
     if outcome.runs:
         console.print(comparison_table(outcome.runs, title=f"scenario {scenario.name}"))
         for run in outcome.runs:
@@ -531,6 +253,7 @@ def simulate(
 
 
 def _dataset_text(scenario: Scenario) -> str:
+    """The scenario's data set in words (a custom one names its file or function)."""
     custom = scenario.custom_data
     if custom is None:
         return str(scenario.dataset)
@@ -563,6 +286,7 @@ def _print_where(console: Console, outcome: SimulationOutcome) -> None:
 
 
 def _truth_line(run: RunResult) -> str:
+    """The ground truth of a run in one line: which clients are noisy, at what rate."""
     noisy = [c for c in run.clients if c.true_noisy]
     if not noisy:
         return "ground truth: no noisy client"
@@ -599,9 +323,9 @@ def run_demo(
     typer.Exit
         Code 2 for a bad setting, 1 when a federation failed.
     """
+    from fedaudit_sim.comparison import comparison_table, detection_lines
+    from fedaudit_sim.federation import SimulationError
     from fedaudit_sim.presets import get_preset
-    from fedaudit_sim.results import comparison_table, detection_lines
-    from fedaudit_sim.runner import SimulationError
     from fedaudit_sim.scenario import ScenarioError, TrainingSpec, apply_overrides
 
     console = output_console()
@@ -642,4 +366,3 @@ def run_demo(
             f"FedNoRo's keeps rising (docs/evaluation.md). `fedaudit demo --rounds "
             f"{reference_rounds}` shows it (a few minutes)."
         )
-    _print_where(console, outcome)

@@ -32,7 +32,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedaudit_sim.datasets import DATASET_NAMES
-from fedaudit_sim.noise import FLIP_TYPES, NOISE_PROTOCOLS, NoiseError, noise_levels
+from fedaudit_sim.label_flips import FLIP_TYPES
+from fedaudit_sim.noise_protocols import NOISE_PROTOCOLS, NoiseError, noise_levels
 from fedaudit_sim.partition import PARTITION_METHODS, PARTITION_PARAMS
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fedaudit_sim.results import mean_std  # noqa: E402
+from fedaudit_sim.comparison import mean_std  # noqa: E402
 
 
 def run_json_paths(run_dir: Path) -> list[Path]:

@@ -7,7 +7,7 @@ keeps the databases, for ``docs/eval/evidence_whatif.py``) into
 ``OUT/<scenario>/seed<S>/``, skips the runs already finished (a ``results.json`` there), and then
 writes ``OUT/matrix.md`` (the tables and what each number means) and ``OUT/matrix.json`` (the
 same numbers, per seed too). Every figure is read from the simulator's own outputs: the run
-summaries of ``results.json`` (``fedaudit_sim.results.summarise_run``) and, for the
+summaries of ``results.json`` (``fedaudit_sim.summaries.summarise_run``) and, for the
 primary detector's status per round (``inconclusive``), the per-run JSON beside it. Nothing about
 detection is recomputed here; the script only averages over seeds and compares with the targets.
 

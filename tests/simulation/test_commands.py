@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fedaudit_sim.commands import build_scenario, select_methods
 from fedaudit_sim.presets import get_preset
 from fedaudit_sim.scenario import ScenarioError
+from fedaudit_sim.simulate_flags import build_scenario, select_methods
 
 # --------------------------------------------------------------------------------------------
 # command-line assembly
@@ -57,3 +57,16 @@ def test_build_scenario_from_preset_and_flags(tmp_path: Path):
     with pytest.raises(ScenarioError, match="not both"):
         build_scenario(scenario_file=path, preset="V1")
     assert build_scenario(scenario_file=path).clients == 4
+
+
+def test_the_flags_are_exactly_the_parameters_of_simulate():
+    # fedaudit simulate passes locals() to SimulateFlags: the two lists must not drift apart.
+    import dataclasses
+    import inspect
+
+    from fedaudit_sim.commands import simulate
+    from fedaudit_sim.simulate_flags import SimulateFlags
+
+    assert [f.name for f in dataclasses.fields(SimulateFlags)] == list(
+        inspect.signature(simulate).parameters
+    )

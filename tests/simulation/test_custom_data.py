@@ -1,4 +1,4 @@
-"""Custom data sets from arrays: the .npz file and the named function (datasets.py, scenario).
+"""Custom data sets from arrays: the .npz file and the named function (custom_data.py, scenario).
 
 The arrays are small and written by hand or by a seeded generator, so every expected size and
 value can be worked out in the comments.
@@ -12,14 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedaudit_sim.datasets import (
-    DatasetFormatError,
-    DatasetNotFoundError,
-    load_callable,
-    load_npz,
-    split_arrays,
-)
-from fedaudit_sim.runner import prepare_data
+from fedaudit_sim.custom_data import load_callable, load_npz, split_arrays
+from fedaudit_sim.data_splits import DatasetFormatError, DatasetNotFoundError
+from fedaudit_sim.preparation import prepare_data
 from fedaudit_sim.scenario import ScenarioError, apply_overrides, validate_scenario
 
 

@@ -1,4 +1,5 @@
-"""Run records, metrics, JSON/CSV writers, the comparison table and plots (results.py).
+"""Run records, metrics, JSON/CSV writers, the comparison table and plots (records.py,
+summaries.py, results.py, comparison.py, plots.py).
 
 The runs here are written by hand: four clients a, b (clean), c (rate 0.5) and d (rate 0.8),
 three rounds, a one-round warm-up. Every expected number is worked out in the comments.
@@ -15,20 +16,10 @@ from typing import Any
 
 import pytest
 
-from fedaudit_sim.results import (
-    ClientRecord,
-    ClientRoundRecord,
-    RoundRecord,
-    RunResult,
-    comparison_rows,
-    comparison_table,
-    detection_lines,
-    round_metrics,
-    summarise_run,
-    write_outputs,
-    write_run_csv,
-    write_run_json,
-)
+from fedaudit_sim.comparison import comparison_rows, comparison_table, detection_lines
+from fedaudit_sim.records import ClientRecord, ClientRoundRecord, RoundRecord, RunResult
+from fedaudit_sim.results import write_outputs, write_run_csv, write_run_json
+from fedaudit_sim.summaries import round_metrics, summarise_run
 
 RATES = {"a": 0.0, "b": 0.0, "c": 0.5, "d": 0.8}
 
@@ -413,7 +404,7 @@ def test_write_outputs_writes_every_file_and_valid_pngs(tmp_path: Path):
 
 
 def test_per_class_heat_map_is_skipped_without_losses(tmp_path: Path):
-    from fedaudit_sim.results import plot_per_class_loss
+    from fedaudit_sim.plots import plot_per_class_loss
 
     run = make_run()
     for record in run.rounds:

@@ -1,4 +1,5 @@
-"""The simulator's data preparation, evaluation and audit parsing (runner.py), no processes."""
+"""The simulator's data preparation, evaluation and audit parsing (preparation.py,
+round_records.py, federation.py), no processes."""
 
 from __future__ import annotations
 
@@ -14,16 +15,9 @@ from torch import nn
 from client_sdk import APIStatusError, ProblemDetails
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.datasets import Dataset, DataSplit
-from fedaudit_sim.runner import (
-    _ClientRound,
-    _create_federation,
-    _Federation,
-    _round_record,
-    client_names,
-    evaluate_state,
-    per_class_losses,
-    prepare_data,
-)
+from fedaudit_sim.federation import Federation, create_federation
+from fedaudit_sim.preparation import client_names, evaluate_state, per_class_losses, prepare_data
+from fedaudit_sim.round_records import ClientRound, round_record
 from fedaudit_sim.scenario import MethodSpec, ScenarioError, validate_scenario
 
 SCENARIO = {
@@ -226,7 +220,7 @@ def _summary(precision: float | None = None) -> SimpleNamespace:
 def test_round_record_maps_the_stored_audit_by_client_id():
     names = ["client-00", "client-01", "client-02"]
     ids = {name: str(uuid.UUID(int=i + 1)) for i, name in enumerate(names)}
-    fed = _Federation(
+    fed = Federation(
         spec=MethodSpec(method="fednoro"),
         federation_id="f",
         config={"warmup_rounds": 1},
@@ -280,12 +274,12 @@ def test_round_record_maps_the_stored_audit_by_client_id():
     trained = (
         1.5,
         [
-            _ClientRound(role="clean", summary=_summary()),
-            _ClientRound(role="clean", summary=_summary(0.9)),
-            _ClientRound(role="noisy", summary=_summary()),
+            ClientRound(role="clean", summary=_summary()),
+            ClientRound(role="clean", summary=_summary(0.9)),
+            ClientRound(role="noisy", summary=_summary()),
         ],
     )
-    record = _round_record(fed, 4, info, {"client-02": "suspect"}, (0.8, 0.7), trained)
+    record = round_record(fed, 4, info, {"client-02": "suspect"}, (0.8, 0.7), trained)
     by_name = {c.name: c for c in record.clients}
     c0, c1, c2 = by_name["client-00"], by_name["client-01"], by_name["client-02"]
     assert (c0.primary_flag, c1.primary_flag, c2.primary_flag) == (False, None, True)
@@ -324,7 +318,7 @@ def test_a_refused_method_configuration_is_a_scenario_error_with_the_problem():
 
     data = prepare_data(validate_scenario(SCENARIO), 0)
     with httpx.Client() as http, pytest.raises(ScenarioError) as info:
-        _create_federation(
+        create_federation(
             RefusingAdmin(),  # type: ignore[arg-type]
             http,
             data,

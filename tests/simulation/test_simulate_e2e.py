@@ -19,7 +19,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedaudit_sim.runner import RoundEvent, simulate
+from fedaudit_sim.federation import RoundEvent
+from fedaudit_sim.runner import simulate
 from fedaudit_sim.scenario import TrainingSpec, validate_scenario
 from service.cli import app
 
