@@ -1,7 +1,7 @@
 """``fedaudit simulate`` and ``fedaudit demo`` (docs/operator-guide.md, "Simulating a federation").
 
 Both are plain typer command functions, entry points of the group ``fedaudit.commands``
-(``pyproject.toml``), which ``service/cli.py`` adds to the ``fedaudit`` command. This module
+(``pyproject.toml``), which ``service/cli/`` adds to the ``fedaudit`` command. This module
 imports only typer, rich and the SDK's report table at import time (every ``fedaudit`` command,
 the coordinator process's too, loads it); the simulator is imported when a command runs.
 
