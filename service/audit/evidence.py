@@ -95,8 +95,7 @@ holds gives no evidence in anchor mode.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -122,7 +121,12 @@ from service.audit.evidence_abstention import (
     mixture_split,
     model_informativeness,
 )
-from service.audit.evidence_verdicts import EvidencePass, checked_inputs, site_verdicts
+from service.audit.evidence_verdicts import (
+    EvidencePass,
+    checked_inputs,
+    pass_summary,
+    site_verdicts,
+)
 from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
 
@@ -139,6 +143,19 @@ Student's t on their number: with 5 to 8 sites the tail is so wide that noisy si
 now: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites cannot tell a harder
 site from a noisy one anyway. Below it, and in anchored mode, the p-value is
 ``min(1, 2 min(p_stouffer, m min_c p_c))`` on the classes as reported."""
+
+
+class _Decision(NamedTuple):
+    """What :meth:`EvidenceDetector._decide` settled: the pass the verdicts come from, its mode
+    and direction, why the round abstains (None: it does not), and what the rules read."""
+
+    chosen: EvidencePass
+    mode: Literal["consensus", "anchored"]
+    direction: float
+    reason: str | None
+    heterogeneity: float
+    split: BoolArray | None
+    anchor_inverted: bool
 
 
 class EvidenceDetector:
@@ -433,6 +450,50 @@ class EvidenceDetector:
             return flags, np.zeros(k, dtype=bool), note
         return union, accuracy.flags & ~flags, None
 
+    def _decide(
+        self,
+        loss: FloatArray,
+        counts: IntArray,
+        sd: FloatArray | None,
+        anchor: BoolArray,
+        wrong: IntArray | None,
+        sizes: FloatArray,
+        entropy: float,
+        informativeness: float,
+        mixture: DetectionResult | None,
+    ) -> _Decision:
+        """The consensus passes, the abstention rules, then anchored mode where it applies."""
+        first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
+        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
+        heterogeneity = class_heterogeneity(second.evidence, counts)
+        split = mixture_split(loss, counts, mixture) if self.mixture_check else None
+        reason = consensus_reason(
+            second,
+            sizes,
+            entropy,
+            informativeness,
+            heterogeneity,
+            split,
+            min_informativeness=self.min_informativeness,
+            max_heterogeneity=self.max_heterogeneity,
+            max_flagged_fraction=self.max_flagged_fraction,
+        )
+        if not (anchor.any() and entropy > 0):
+            return _Decision(second, "consensus", 1.0, reason, heterogeneity, split, False)
+        anchored, inverted, reason = self._anchored(loss, counts, sd, anchor, second, reason)
+        if anchored is None:
+            return _Decision(second, "consensus", 1.0, reason, heterogeneity, split, inverted)
+        direction = -1.0 if inverted else 1.0
+        return _Decision(anchored, "anchored", direction, reason, heterogeneity, split, inverted)
+
+    def _error_counts(self, per_class_errors: Any, counts: IntArray) -> IntArray | None:
+        """The checked error counts when they enter (``error_check``, sent, and at least
+        ``min_error_sites`` sites to estimate their spread); else None."""
+        if not self.error_check or per_class_errors is None:
+            return None
+        wrong = checked_error_counts("per_class_errors", per_class_errors, counts)
+        return wrong if counts.shape[0] >= self.min_error_sites else None
+
     def fit(
         self,
         per_class_loss: Any,
@@ -484,38 +545,11 @@ class EvidenceDetector:
 
         entropy, site_loss, informativeness = model_informativeness(loss, counts, sizes)
 
-        wrong = (
-            checked_error_counts("per_class_errors", per_class_errors, counts)
-            if self.error_check and per_class_errors is not None
-            else None
+        wrong = self._error_counts(per_class_errors, counts)
+        decision = self._decide(
+            loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture
         )
-        if wrong is not None and k < self.min_error_sites:
-            wrong = None  # too few sites to estimate their spread (``min_error_sites``)
-        first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
-        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
-        chosen, mode, direction = second, "consensus", 1.0
-        heterogeneity = class_heterogeneity(second.evidence, counts)
-        split = mixture_split(loss, counts, mixture) if self.mixture_check else None
-        reason = consensus_reason(
-            second,
-            sizes,
-            entropy,
-            informativeness,
-            heterogeneity,
-            split,
-            min_informativeness=self.min_informativeness,
-            max_heterogeneity=self.max_heterogeneity,
-            max_flagged_fraction=self.max_flagged_fraction,
-        )
-        anchor_inverted = False
-        if anchor.any() and entropy > 0:
-            anchored, anchor_inverted, reason = self._anchored(
-                loss, counts, sd, anchor, second, reason
-            )
-            if anchored is not None:
-                chosen, mode = anchored, "anchored"
-                direction = -1.0 if anchor_inverted else 1.0
-
+        chosen, mode, reason = decision.chosen, decision.mode, decision.reason
         status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
         flags = chosen.flags & (status == "ok")
         accuracy, accuracy_note = self._accuracy(train_accuracy, num_samples, k, anchor, mode)
@@ -524,7 +558,7 @@ class EvidenceDetector:
             flags, accuracy_flags, accuracy_note = self._add_accuracy(flags, accuracy, sizes)
         verdicts = site_verdicts(
             chosen,
-            direction,
+            decision.direction,
             flags if status == "ok" else None,
             counts,
             site_loss,
@@ -540,26 +574,17 @@ class EvidenceDetector:
             "mode": mode,
             "q": self.q,
             "flagged": int(flags.sum()),
-            "significant_high": int(chosen.flags.sum()),
-            "significant_low": int(chosen.low.sum()),
             "informativeness": informativeness,
-            "heterogeneity": heterogeneity,
-            "mixture_flagged": None if split is None else int(split.sum()),
+            "heterogeneity": decision.heterogeneity,
+            "mixture_flagged": None if decision.split is None else int(decision.split.sum()),
             "label_entropy": entropy,
             "anchors": int(anchor.sum()),
-            "anchor_orientation": "inverted" if anchor_inverted else "consensus",
+            "anchor_orientation": "inverted" if decision.anchor_inverted else "consensus",
             "spreads_reported": sd is not None,
-            "errors_counted": chosen.errors is not None,
-            "errors_dispersion": None if chosen.errors is None else chosen.errors.dispersion,
             "accuracy_flagged": int(accuracy_flags.sum()),
             "accuracy_note": accuracy_note,
             "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,
-            "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
-            "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
-            "site_tau": None if chosen.site is None else math.sqrt(chosen.site.tau2),
-            "site_df": (
-                None if chosen.site is None or math.isinf(chosen.site.df) else chosen.site.df
-            ),
+            **pass_summary(chosen),
         }
         return DetectionResult(
             method=self.method,

@@ -8,6 +8,7 @@ as the decision.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "EvidencePass",
     "checked_inputs",
     "noisy_classes",
+    "pass_summary",
     "site_verdicts",
 ]
 
@@ -184,3 +186,20 @@ def site_verdicts(
             )
         )
     return verdicts
+
+
+def pass_summary(chosen: EvidencePass) -> dict[str, Any]:
+    """The round summary's part that describes the chosen pass: how many sites it found
+    significantly above and below, whether the error counts entered, each class's fitted centre
+    and spread, and the site-level spread and degrees of freedom (None where not used)."""
+    site = chosen.site
+    return {
+        "significant_high": int(chosen.flags.sum()),
+        "significant_low": int(chosen.low.sum()),
+        "errors_counted": chosen.errors is not None,
+        "errors_dispersion": None if chosen.errors is None else chosen.errors.dispersion,
+        "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
+        "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
+        "site_tau": None if site is None else math.sqrt(site.tau2),
+        "site_df": None if site is None or math.isinf(site.df) else site.df,
+    }
