@@ -5,7 +5,8 @@ Order: idempotent replay, round state, selection, duplicate, declared sha256, te
 class_counts against the site's join (within the federation's ``max_sample_drift``). Only then
 is the blob stored and the row inserted, in a transaction that first locks the round against a
 concurrent close; a blob whose transaction does not commit is removed again. A rejected request
-changes nothing but the event trail, which records why.
+changes nothing but the event trail, which records why. The metadata's checks are in
+:mod:`service.coordinator.update_metadata`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -30,6 +30,7 @@ from service.coordinator.tensors import (
     non_finite_tensors,
     read_manifest,
 )
+from service.coordinator.update_metadata import parse_metadata, problem, validate_signals
 from service.errors import (
     CoordinatorError,
     DuplicateUpdateError,
@@ -40,14 +41,10 @@ from service.errors import (
     RoundClosedError,
     UpdateRejectedError,
 )
-from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
 from service.store import repositories as repo
 from service.store.models import Client, Federation, ModelUpdate, Round
 
 log = logging.getLogger(__name__)
-
-PROBABILITY_TOLERANCE = 1e-3
-MAX_METRICS = 64
 
 
 @dataclass(frozen=True)
@@ -63,204 +60,6 @@ class StagedUpload:
 class SubmitResult:
     update: ModelUpdate
     created: bool
-
-
-def _error(loc: list[Any], msg: str) -> dict[str, Any]:
-    return {"loc": loc, "msg": msg}
-
-
-def _check_per_class(
-    errors: list[dict[str, Any]],
-    name: str,
-    values: Any,
-    counts: list[int] | None,
-    num_classes: int,
-    *,
-    counted: bool = False,
-) -> None:
-    """A per-class signal: one value per held class, null elsewhere. A finite non-negative
-    number; with ``counted``, an integer from 0 to the class's count (``per_class_errors``)."""
-    loc: list[str | int] = ["metadata", "signals", name]
-    if not isinstance(values, list) or len(values) != num_classes:
-        errors.append(_error(loc, f"must have {num_classes} entries"))
-        return
-    for c, value in enumerate(values):
-        present = counts is not None and counts[c] > 0
-        if value is None:
-            if present:
-                errors.append(_error([*loc, c], "null for a class the client holds"))
-        elif counted and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            errors.append(_error([*loc, c], "must be a non-negative integer"))
-        elif not counted and not (_finite(value) and value >= 0):
-            errors.append(_error([*loc, c], "must be a finite non-negative number"))
-        elif counts is not None and not present:
-            errors.append(_error([*loc, c], "must be null for a class with no sample"))
-        elif counted and counts is not None and value > counts[c]:
-            errors.append(_error([*loc, c], f"exceeds the class's count {counts[c]}"))
-
-
-def parse_metadata(raw: str | bytes) -> dict[str, Any]:
-    too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
-    try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise UpdateRejectedError(
-            f"metadata is {too_deep}", errors=[_error(["metadata"], too_deep)]
-        ) from None
-    except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
-        raise UpdateRejectedError(
-            f"metadata is not valid JSON: {exc}", errors=[_error(["metadata"], str(exc))]
-        ) from None
-    if json_depth_exceeds(data):
-        raise UpdateRejectedError(
-            f"metadata is {too_deep}", errors=[_error(["metadata"], too_deep)]
-        )
-    if not isinstance(data, dict):
-        raise UpdateRejectedError(
-            "metadata must be a JSON object", errors=[_error(["metadata"], "not an object")]
-        )
-    return data
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def validate_signals(
-    metadata: dict[str, Any], federation: Federation
-) -> tuple[int, dict[str, Any], dict[str, Any]]:
-    """Check the metadata's numbers against the federation; return (n, signals, metrics)."""
-    errors: list[dict[str, Any]] = []
-    num_classes = federation.num_classes
-    n = metadata.get("num_samples")
-    if not (isinstance(n, int) and not isinstance(n, bool) and 0 < n <= INT32_MAX):
-        errors.append(
-            _error(["metadata", "num_samples"], f"must be an integer from 1 to {INT32_MAX}")
-        )
-        n = None
-    signals = metadata.get("signals")
-    if not isinstance(signals, dict):
-        errors.append(_error(["metadata", "signals"], "must be an object"))
-        raise UpdateRejectedError("signals are missing", errors=errors)
-    known = {
-        "class_counts",
-        "per_class_loss",
-        "per_class_loss_sd",
-        "per_class_errors",
-        "train_loss",
-        "train_accuracy",
-        "probe_softmax",
-        "centroids",
-    }
-    for key in sorted(set(signals) - known):
-        errors.append(_error(["metadata", "signals", key], "unknown signal"))
-    for key in federation.config["signals"]:
-        if signals.get(key) is None:
-            errors.append(_error(["metadata", "signals", key], "required by this federation"))
-
-    counts: Any = signals.get("class_counts")
-    counts_ok = (
-        isinstance(counts, list)
-        and len(counts) == num_classes
-        and all(
-            isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= INT32_MAX for c in counts
-        )
-    )
-    if not counts_ok:
-        errors.append(
-            _error(
-                ["metadata", "signals", "class_counts"],
-                f"must be {num_classes} integers from 0 to {INT32_MAX}",
-            )
-        )
-    elif n is not None and sum(counts) != n:
-        errors.append(
-            _error(
-                ["metadata", "signals", "class_counts"],
-                f"sums to {sum(counts)} but num_samples is {n}",
-            )
-        )
-
-    losses = signals.get("per_class_loss")
-    if losses is not None:
-        _check_per_class(
-            errors, "per_class_loss", losses, counts if counts_ok else None, num_classes
-        )
-    # Sent with per_class_loss only: its spread, and its error counts (integers up to the count).
-    for name, counted in (("per_class_loss_sd", False), ("per_class_errors", True)):
-        values = signals.get(name)
-        if values is None:
-            continue
-        if losses is None:
-            errors.append(_error(["metadata", "signals", name], "sent without per_class_loss"))
-        else:
-            _check_per_class(
-                errors, name, values, counts if counts_ok else None, num_classes, counted=counted
-            )
-
-    train_loss = signals.get("train_loss")
-    if train_loss is not None and not (_finite(train_loss) and train_loss >= 0):
-        errors.append(
-            _error(["metadata", "signals", "train_loss"], "must be a finite non-negative number")
-        )
-    accuracy = signals.get("train_accuracy")
-    if accuracy is not None and not (_finite(accuracy) and 0.0 <= accuracy <= 1.0):
-        errors.append(_error(["metadata", "signals", "train_accuracy"], "must be in [0, 1]"))
-
-    probe = signals.get("probe_softmax")
-    if probe is not None:
-        loc = ["metadata", "signals", "probe_softmax"]
-        size = int(federation.config["probe_size"])
-        rows_ok = (
-            isinstance(probe, list)
-            and len(probe) == size
-            and all(isinstance(r, list) and len(r) == num_classes for r in probe)
-        )
-        if not rows_ok:
-            errors.append(_error(loc, f"must be {size} rows of {num_classes} probabilities"))
-        else:
-            for i, row in enumerate(probe):
-                if not all(_finite(p) and -1e-6 <= p <= 1 + 1e-6 for p in row):
-                    errors.append(_error([*loc, i], "probabilities must be in [0, 1]"))
-                elif abs(sum(row) - 1.0) > PROBABILITY_TOLERANCE:
-                    errors.append(_error([*loc, i], f"sums to {sum(row):.6f}, not 1"))
-
-    centroids = signals.get("centroids")
-    if centroids is not None:
-        loc = ["metadata", "signals", "centroids"]
-        ok = (
-            isinstance(centroids, list)
-            and len(centroids) == num_classes
-            and all(isinstance(r, list) and r for r in centroids)
-            and len({len(r) for r in centroids}) == 1
-            and all(_finite(v) for r in centroids for v in r)
-        )
-        if not ok:
-            errors.append(_error(loc, f"must be {num_classes} equal-length rows of finite numbers"))
-
-    metrics = metadata.get("metrics", {})
-    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
-        errors.append(_error(["metadata", "metrics"], f"must be an object of <= {MAX_METRICS}"))
-        metrics = {}
-    else:
-        for key, value in metrics.items():
-            if not (1 <= len(key) <= 64) or name_problem(key) is not None:
-                errors.append(
-                    _error(["metadata", "metrics"], "names must be 1-64 printable characters")
-                )
-            elif not (value is None or _finite(value)):
-                errors.append(_error(["metadata", "metrics", key], "finite number"))
-    for key in sorted(set(metadata) - {"num_samples", "sha256", "signals", "metrics"}):
-        errors.append(_error(["metadata", key], "unknown field"))
-    if errors:
-        raise UpdateRejectedError(
-            f"the update's metadata is invalid ({len(errors)} problems; first: "
-            f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
-            errors=errors,
-        )
-    assert n is not None
-    clean = {k: v for k, v in signals.items() if v is not None}
-    return n, clean, dict(metrics)
 
 
 def join_drift_errors(
@@ -280,7 +79,7 @@ def join_drift_errors(
     errors: list[dict[str, Any]] = []
     if abs(num_samples - joined_samples) > allowed:
         errors.append(
-            _error(
+            problem(
                 ["metadata", "num_samples"],
                 f"{num_samples} is not within {drift:g} x the {joined_samples} samples declared "
                 f"at join (at most {allowed:g} more or fewer)",
@@ -289,7 +88,7 @@ def join_drift_errors(
     distance = sum(abs(int(a) - int(b)) for a, b in zip(class_counts, joined_counts, strict=True))
     if distance > allowed:
         errors.append(
-            _error(
+            problem(
                 ["metadata", "signals", "class_counts"],
                 f"differs from the class counts declared at join by {distance} samples in all "
                 f"(sum of absolute differences); at most {allowed:g} allowed",
@@ -309,7 +108,7 @@ def check_join_consistency(
     if joined_samples is None or joined_counts is None:
         raise InconsistentUpdateError(
             "this site has declared no sample counts: join before submitting",
-            errors=[_error(["metadata", "num_samples"], "no join declaration to compare with")],
+            errors=[problem(["metadata", "num_samples"], "no join declaration to compare with")],
         )
     errors = join_drift_errors(num_samples, class_counts, joined_samples, joined_counts, drift)
     if errors:
@@ -415,7 +214,7 @@ def _submit(
     if not (1 <= len(idempotency_key) <= 200):
         raise UpdateRejectedError(
             "the Idempotency-Key header must be 1-200 characters",
-            errors=[_error(["header", "Idempotency-Key"], "1-200 characters")],
+            errors=[problem(["header", "Idempotency-Key"], "1-200 characters")],
         )
     metadata = parse_metadata(metadata_raw)
     digest = request_hash(metadata, staged.sha256)
@@ -428,52 +227,16 @@ def _submit(
                 "this Idempotency-Key was used for a different update",
                 update_id=str(previous.id),
             )
-        federation = repo.get_federation(session, federation_id)
-        assert federation is not None
-        rnd = repo.get_round_by_index(session, federation_id, round_index)
-        if rnd is None:
-            raise NotFoundError(
-                f"round {round_index} does not exist", **_open_round_hint(session, federation_id)
-            )
-        _check_round(session, rnd, client)
-        model_in = repo.get_model_version(session, rnd.model_in_id)
-        assert model_in is not None
-        expected_manifest = model_in.manifest
-        site = repo.get_client(session, client.id)
-        assert site is not None
-        joined_samples = site.num_samples
-        joined_counts = None if site.class_counts is None else [int(c) for c in site.class_counts]
+        context = _round_context(session, federation_id, round_index, client)
+    federation, rnd = context.federation, context.round
 
-    declared = metadata.get("sha256")
-    if declared != staged.sha256:
-        raise UpdateRejectedError(
-            f"declared sha256 {declared!r} does not match the received state ({staged.sha256})",
-            errors=[_error(["metadata", "sha256"], "does not match the state's bytes")],
-        )
-    try:
-        manifest = read_manifest(staged.path)
-    except SafetensorsFormatError as exc:
-        raise UpdateRejectedError(
-            f"the state is not usable safetensors: {exc}", errors=[_error(["state"], str(exc))]
-        ) from None
-    differences = manifest_differences(expected_manifest, manifest)
-    if differences:
-        raise UpdateRejectedError(
-            f"the state does not match the global model: {'; '.join(differences[:5])}",
-            errors=[_error(["state"], d) for d in differences[:50]],
-        )
-    bad = non_finite_tensors(staged.path, manifest)
-    if bad:
-        raise UpdateRejectedError(
-            f"non-finite values (NaN or infinity) in {', '.join(bad[:5])}",
-            errors=[_error(["state", name], "non-finite values") for name in bad[:50]],
-        )
+    _check_state_file(metadata, staged, context.manifest)
     num_samples, signals, metrics = validate_signals(metadata, federation)
     check_join_consistency(
         num_samples,
         signals["class_counts"],
-        joined_samples,
-        joined_counts,
+        context.joined_samples,
+        context.joined_counts,
         float(federation.config["max_sample_drift"]),
     )
 
@@ -508,21 +271,87 @@ def _submit(
             )
             repo.add(session, update)
             repo.touch_client(session, client.id, services.clock())
-            repo.add_event(
-                session,
-                kind="update.accepted",
-                actor=f"client:{client.id}",
-                message=f"update for round {round_index} accepted from {client.name!r}",
-                federation_id=federation_id,
-                round_id=rnd.id,
-                client_id=client.id,
-                data={"update_id": str(update.id), "sha256": staged.sha256, "size": staged.size},
-            )
+            _log_accepted(session, update, client)
     except IntegrityError:
         raise DuplicateUpdateError(
             f"an update for round {round_index} was already accepted from this client"
         ) from None
     return SubmitResult(update, created=True)
+
+
+class _RoundContext(NamedTuple):
+    """What an update is checked against, read in one short session: the federation, the open
+    round, the global model's tensor manifest, and what the site declared when it joined."""
+
+    federation: Federation
+    round: Round
+    manifest: Any
+    joined_samples: int | None
+    joined_counts: list[int] | None
+
+
+def _round_context(
+    session: Session, federation_id: uuid.UUID, round_index: int, client: Client
+) -> _RoundContext:
+    """The context of an update for ``round_index``; raises when that round does not exist, is
+    not open, did not select the client, or already has its update."""
+    federation = repo.get_federation(session, federation_id)
+    assert federation is not None
+    rnd = repo.get_round_by_index(session, federation_id, round_index)
+    if rnd is None:
+        raise NotFoundError(
+            f"round {round_index} does not exist", **_open_round_hint(session, federation_id)
+        )
+    _check_round(session, rnd, client)
+    model_in = repo.get_model_version(session, rnd.model_in_id)
+    assert model_in is not None
+    site = repo.get_client(session, client.id)
+    assert site is not None
+    joined_counts = None if site.class_counts is None else [int(c) for c in site.class_counts]
+    return _RoundContext(federation, rnd, model_in.manifest, site.num_samples, joined_counts)
+
+
+def _check_state_file(metadata: dict[str, Any], staged: StagedUpload, expected: Any) -> None:
+    """The received state against the metadata and the global model: the declared sha256, a
+    readable safetensors header, the same tensors (names, shapes, dtypes), finite values."""
+    declared = metadata.get("sha256")
+    if declared != staged.sha256:
+        raise UpdateRejectedError(
+            f"declared sha256 {declared!r} does not match the received state ({staged.sha256})",
+            errors=[problem(["metadata", "sha256"], "does not match the state's bytes")],
+        )
+    try:
+        manifest = read_manifest(staged.path)
+    except SafetensorsFormatError as exc:
+        raise UpdateRejectedError(
+            f"the state is not usable safetensors: {exc}", errors=[problem(["state"], str(exc))]
+        ) from None
+    differences = manifest_differences(expected, manifest)
+    if differences:
+        raise UpdateRejectedError(
+            f"the state does not match the global model: {'; '.join(differences[:5])}",
+            errors=[problem(["state"], d) for d in differences[:50]],
+        )
+    bad = non_finite_tensors(staged.path, manifest)
+    if bad:
+        raise UpdateRejectedError(
+            f"non-finite values (NaN or infinity) in {', '.join(bad[:5])}",
+            errors=[problem(["state", name], "non-finite values") for name in bad[:50]],
+        )
+
+
+def _log_accepted(session: Session, update: ModelUpdate, client: Client) -> None:
+    """The audit trail's ``update.accepted`` event of ``update``."""
+    repo.add_event(
+        session,
+        kind="update.accepted",
+        actor=f"client:{client.id}",
+        message=f"update for round {update.round_index} accepted from {client.name!r}",
+        federation_id=update.federation_id,
+        round_id=update.round_id,
+        client_id=client.id,
+        data={"update_id": str(update.id), "sha256": update.sha256, "size": update.size_bytes},
+    )
 
 
 def _check_round(session: Session, rnd: Round, client: Client) -> None:
