@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
+from sqlalchemy import Engine
 
 from service import __version__
 from service.api import problems, prometheus
@@ -45,11 +46,48 @@ def _operation_id(route: APIRoute) -> str:
     return f"{tag}-{route.name}"
 
 
-def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
-    """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
-    settings = settings or get_settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    log_committed_events()
+def _with_problem_responses(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI's schema with the answers this app really gives: problem details for 422 (not
+    FastAPI's HTTPValidationError), 429 where a token is taken, 400 for an unreadable body, 503
+    where the database is read. Changes ``schema`` in place and returns it."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["ProblemDetails"] = ProblemDetails.model_json_schema()
+    # FastAPI documents request validation errors as HTTPValidationError JSON; this app
+    # answers them (like every error) with problem details.
+    problem = {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            response = operation.get("responses", {}).get("422")
+            if response is not None:
+                response["content"] = {"application/problem+json": problem}
+    # Every route that takes a token can refuse it for a throttled address.
+    throttled = problems.PROBLEM_429[429]
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if "401" in operation.get("responses", {}):
+                operation["responses"].setdefault("429", copy.deepcopy(throttled))
+    # A body that cannot be decoded (not UTF-8, not JSON, nested too deep for the
+    # parser) is answered 400 before the body's schema is checked.
+    unreadable = problems.PROBLEM_400[400]
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if "requestBody" in operation:
+                operation["responses"].setdefault("400", copy.deepcopy(unreadable))
+    # Every route that reads the database can find the connection pool exhausted.
+    busy = problems.PROBLEM_503[503]
+    for path, operations in schema.get("paths", {}).items():
+        if path in DATABASE_FREE_PATHS:
+            continue
+        for operation in operations.values():
+            operation.setdefault("responses", {}).setdefault("503", copy.deepcopy(busy))
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    return schema
+
+
+def _migrated_engine(settings: Settings) -> Engine:
+    """The database engine with its pool settings; with ``check_migrations``, refused (and
+    disposed) unless the schema is at the latest revision."""
     engine = make_engine(
         settings.resolved_database_url,
         pool_size=settings.db_pool_size,
@@ -62,6 +100,15 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         except Exception:
             engine.dispose()
             raise
+    return engine
+
+
+def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
+    """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
+    settings = settings or get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    log_committed_events()
+    engine = _migrated_engine(settings)
     services = Services.create(settings, make_sessionmaker(engine))
 
     @asynccontextmanager
@@ -127,39 +174,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
                 description=app.description,
                 routes=app.routes,
             )
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components["ProblemDetails"] = ProblemDetails.model_json_schema()
-            # FastAPI documents request validation errors as HTTPValidationError JSON; this app
-            # answers them (like every error) with problem details.
-            problem = {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}
-            for operations in schema.get("paths", {}).values():
-                for operation in operations.values():
-                    response = operation.get("responses", {}).get("422")
-                    if response is not None:
-                        response["content"] = {"application/problem+json": problem}
-            # Every route that takes a token can refuse it for a throttled address.
-            throttled = problems.PROBLEM_429[429]
-            for operations in schema.get("paths", {}).values():
-                for operation in operations.values():
-                    if "401" in operation.get("responses", {}):
-                        operation["responses"].setdefault("429", copy.deepcopy(throttled))
-            # A body that cannot be decoded (not UTF-8, not JSON, nested too deep for the
-            # parser) is answered 400 before the body's schema is checked.
-            unreadable = problems.PROBLEM_400[400]
-            for operations in schema.get("paths", {}).values():
-                for operation in operations.values():
-                    if "requestBody" in operation:
-                        operation["responses"].setdefault("400", copy.deepcopy(unreadable))
-            # Every route that reads the database can find the connection pool exhausted.
-            busy = problems.PROBLEM_503[503]
-            for path, operations in schema.get("paths", {}).items():
-                if path in DATABASE_FREE_PATHS:
-                    continue
-                for operation in operations.values():
-                    operation.setdefault("responses", {}).setdefault("503", copy.deepcopy(busy))
-            for name in ("HTTPValidationError", "ValidationError"):
-                components.pop(name, None)
-            app.openapi_schema = schema
+            app.openapi_schema = _with_problem_responses(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
