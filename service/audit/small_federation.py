@@ -102,47 +102,23 @@ def worse_than_prior(
     significant, q_values = adjust(p, q)
     informativeness = 1.0 - site_loss / entropy if entropy > 0 else np.full(k, -np.inf)
 
-    reason: str | None = None
     n_flag = int(significant.sum())
-    share = float(sizes[significant].sum() / sizes.sum())
-    others = ~significant
-    if entropy <= 0:
-        reason = "every label belongs to one class: nothing to compare"
-    elif n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
-        reason = (
-            f"the sites worse than the label prior are not a clear minority ({n_flag} of {k} "
-            f"sites, {share:.0%} of the samples)"
-        )
-    elif (
-        n_flag
-        and (median := _weighted_median(informativeness[others], sizes[others]))
-        < min_other_informativeness
-    ):
-        reason = (
-            f"the global model does not clearly beat the label prior on the other sites either "
-            f"(median 1 - loss/H = {median:.3f} < {min_other_informativeness})"
-        )
+    reason = _abstention_reason(
+        entropy,
+        significant,
+        sizes,
+        informativeness,
+        max_flagged_fraction=max_flagged_fraction,
+        min_other_informativeness=min_other_informativeness,
+    )
     status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
 
-    verdicts: list[ClientVerdict | None] = []
-    for i in range(k):
-        excess = np.where(held[i], loss[i] - class_prior_loss, -np.inf)
-        worse = [int(c) for c in np.argsort(-excess, kind="stable") if excess[c] > 0]
-        verdicts.append(
-            ClientVerdict(
-                score=float(z[i]),
-                flag=bool(significant[i]) if status == "ok" else None,
-                evidence={
-                    "p_value": float(p[i]),
-                    "q_value": float(q_values[i]),
-                    "mean_loss": float(site_loss[i]),
-                    "prior_loss": entropy,
-                    "loss_over_prior": float(site_loss[i] / entropy) if entropy > 0 else None,
-                    "noisy_classes": worse if significant[i] else [],
-                    "significant": bool(significant[i]),
-                },
-            )
+    verdicts: list[ClientVerdict | None] = [
+        _verdict(
+            i, loss, held, class_prior_loss, z, p, q_values, site_loss, entropy, significant, status
         )
+        for i in range(k)
+    ]
     return DetectionResult(
         method="evidence",
         status=status,
@@ -158,5 +134,72 @@ def worse_than_prior(
             "informativeness": (
                 _weighted_median(informativeness, sizes) if math.isfinite(entropy) else None
             ),
+        },
+    )
+
+
+def _abstention_reason(
+    entropy: float,
+    significant: BoolArray,
+    sizes: FloatArray,
+    informativeness: FloatArray,
+    *,
+    max_flagged_fraction: float,
+    min_other_informativeness: float,
+) -> str | None:
+    """Why the small-federation verdict abstains (None: it does not): one label class only, the
+    sites worse than the prior are not a clear minority, or the model does not clearly beat the
+    prior on the other sites either."""
+    k = significant.size
+    n_flag = int(significant.sum())
+    share = float(sizes[significant].sum() / sizes.sum())
+    others = ~significant
+    if entropy <= 0:
+        return "every label belongs to one class: nothing to compare"
+    if n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
+        return (
+            f"the sites worse than the label prior are not a clear minority ({n_flag} of {k} "
+            f"sites, {share:.0%} of the samples)"
+        )
+    if (
+        n_flag
+        and (median := _weighted_median(informativeness[others], sizes[others]))
+        < min_other_informativeness
+    ):
+        return (
+            f"the global model does not clearly beat the label prior on the other sites either "
+            f"(median 1 - loss/H = {median:.3f} < {min_other_informativeness})"
+        )
+    return None
+
+
+def _verdict(
+    i: int,
+    loss: FloatArray,
+    held: BoolArray,
+    class_prior_loss: FloatArray,
+    z: FloatArray,
+    p: FloatArray,
+    q_values: FloatArray,
+    site_loss: FloatArray,
+    entropy: float,
+    significant: BoolArray,
+    status: str,
+) -> ClientVerdict:
+    """Site ``i``'s verdict; its noisy classes (where flagged) are those whose loss exceeds the
+    prior's, largest excess first."""
+    excess = np.where(held[i], loss[i] - class_prior_loss, -np.inf)
+    worse = [int(c) for c in np.argsort(-excess, kind="stable") if excess[c] > 0]
+    return ClientVerdict(
+        score=float(z[i]),
+        flag=bool(significant[i]) if status == "ok" else None,
+        evidence={
+            "p_value": float(p[i]),
+            "q_value": float(q_values[i]),
+            "mean_loss": float(site_loss[i]),
+            "prior_loss": entropy,
+            "loss_over_prior": float(site_loss[i] / entropy) if entropy > 0 else None,
+            "noisy_classes": worse if significant[i] else [],
+            "significant": bool(significant[i]),
         },
     )
