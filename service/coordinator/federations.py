@@ -26,6 +26,7 @@ from service.coordinator.model_fit import fit_problems
 from service.coordinator.notify import mark_changed
 from service.coordinator.services import Services
 from service.coordinator.tensors import (
+    Manifest,
     SafetensorsFormatError,
     non_finite_tensors,
     read_manifest,
@@ -126,6 +127,50 @@ def create_federation(
     return federation
 
 
+def _federation_before_first_round(session: Session, federation_id: uuid.UUID) -> Federation:
+    """The federation, locked, while its initial model may still be replaced (no round opened,
+    not finished or failed); raises otherwise."""
+    federation = repo.lock_federation(session, federation_id)
+    if federation is None:
+        raise NotFoundError(f"federation {federation_id} does not exist")
+    session.refresh(federation)  # the locked row's values
+    if federation.status in ("finished", "failed"):
+        raise FederationStateError(
+            f"federation {federation.name!r} has {federation.status}; its initial model can no "
+            "longer be replaced"
+        )
+    if federation.status not in ("created", "waiting") or repo.count_rounds(session, federation.id):
+        raise FederationStateError(
+            f"federation {federation.name!r} has opened its first round (status "
+            f"{federation.status}): the sites have the initial model, which can no longer be "
+            "replaced"
+        )
+    return federation
+
+
+def _checked_initial_model(staged: Path, federation: Federation) -> Manifest:
+    """The initial model's tensor manifest once it is usable safetensors that fits the task
+    (``model_fit.fit_problems``) with finite values; raises ``InvalidModelError`` otherwise."""
+    try:
+        manifest = read_manifest(staged)
+    except SafetensorsFormatError as exc:
+        raise InvalidModelError(f"the initial model is not usable safetensors: {exc}") from None
+    problems = fit_problems(
+        manifest,
+        num_classes=federation.num_classes,
+        hyperparameters=(federation.config or {}).get("hyperparameters"),
+    )
+    if problems:
+        raise InvalidModelError(
+            "the initial model cannot fit the task: " + "; ".join(p["msg"] for p in problems),
+            errors=problems,
+        )
+    bad = non_finite_tensors(staged, manifest)
+    if bad:
+        raise InvalidModelError(f"the initial model has non-finite values in {bad[:5]}")
+    return manifest
+
+
 def upload_initial_model(
     services: Services,
     session: Session,
@@ -144,38 +189,8 @@ def upload_initial_model(
     transaction; its blob key is returned (None when nothing was replaced) so that the caller
     can remove the blob once the transaction has committed.
     """
-    federation = repo.lock_federation(session, federation_id)
-    if federation is None:
-        raise NotFoundError(f"federation {federation_id} does not exist")
-    session.refresh(federation)  # the locked row's values
-    if federation.status in ("finished", "failed"):
-        raise FederationStateError(
-            f"federation {federation.name!r} has {federation.status}; its initial model can no "
-            "longer be replaced"
-        )
-    if federation.status not in ("created", "waiting") or repo.count_rounds(session, federation.id):
-        raise FederationStateError(
-            f"federation {federation.name!r} has opened its first round (status "
-            f"{federation.status}): the sites have the initial model, which can no longer be "
-            "replaced"
-        )
-    try:
-        manifest = read_manifest(staged)
-    except SafetensorsFormatError as exc:
-        raise InvalidModelError(f"the initial model is not usable safetensors: {exc}") from None
-    problems = fit_problems(
-        manifest,
-        num_classes=federation.num_classes,
-        hyperparameters=(federation.config or {}).get("hyperparameters"),
-    )
-    if problems:
-        raise InvalidModelError(
-            "the initial model cannot fit the task: " + "; ".join(p["msg"] for p in problems),
-            errors=problems,
-        )
-    bad = non_finite_tensors(staged, manifest)
-    if bad:
-        raise InvalidModelError(f"the initial model has non-finite values in {bad[:5]}")
+    federation = _federation_before_first_round(session, federation_id)
+    manifest = _checked_initial_model(staged, federation)
     previous = (
         repo.get_model_version(session, federation.current_model_id)
         if federation.current_model_id is not None
