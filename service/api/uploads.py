@@ -105,6 +105,69 @@ async def receive_raw(request: Request, directory: Path, limit: int) -> StagedUp
         raise
 
 
+class _Parts:
+    """The multipart parser's callbacks: the metadata part kept in memory (at most
+    ``MAX_METADATA_BYTES``), the state part streamed to ``writer``; any other part, or a part
+    sent twice, is refused."""
+
+    def __init__(self, writer: _TempWriter) -> None:
+        self.writer = writer
+        self.metadata = bytearray()
+        self.seen: set[str] = set()
+        self.name: str | None = None
+        self.headers: dict[bytes, bytes] = {}
+        self.header_field = b""
+        self.header_value = b""
+
+    def callbacks(self) -> Any:
+        """The callbacks by the names ``multipart.MultipartParser`` calls them."""
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+        }
+
+    def on_part_begin(self) -> None:
+        self.headers = {}
+        self.name = None
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self.header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self.header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self.headers[self.header_field.lower()] = self.header_value
+        self.header_field = b""
+        self.header_value = b""
+
+    def on_headers_finished(self) -> None:
+        _, disp = parse_options_header(self.headers.get(b"content-disposition", b""))
+        name = disp.get(b"name", b"").decode("utf-8", "replace")
+        if name not in ("metadata", "state"):
+            raise BadRequestError(f"unexpected multipart part {name!r}")
+        if name in self.seen:
+            raise BadRequestError(f"the part {name!r} appears twice")
+        self.seen.add(name)
+        self.name = name
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self.name == "metadata":
+            if len(self.metadata) + len(chunk) > MAX_METADATA_BYTES:
+                raise PayloadTooLargeError(
+                    f"the metadata part exceeds {MAX_METADATA_BYTES} bytes",
+                    limit=MAX_METADATA_BYTES,
+                )
+            self.metadata.extend(chunk)
+        elif self.name == "state":
+            self.writer.add(chunk)
+
+
 async def receive_update(
     request: Request, directory: Path, limit: int
 ) -> tuple[bytes, StagedUpload]:
@@ -115,59 +178,10 @@ async def receive_update(
             "an update must be multipart/form-data with the parts 'metadata' and 'state'"
         )
     _check_declared_length(request, limit)
-    state: dict[str, Any] = {"name": None, "header_field": b"", "header_value": b"", "headers": {}}
-    metadata = bytearray()
     writer = await _TempWriter.open(directory)
-    seen: set[str] = set()
+    parts = _Parts(writer)
     total = 0
-
-    def on_part_begin() -> None:
-        state["headers"] = {}
-        state["name"] = None
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        state["header_field"] += data[start:end]
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        state["header_value"] += data[start:end]
-
-    def on_header_end() -> None:
-        state["headers"][state["header_field"].lower()] = state["header_value"]
-        state["header_field"] = b""
-        state["header_value"] = b""
-
-    def on_headers_finished() -> None:
-        disposition = state["headers"].get(b"content-disposition", b"")
-        _, disp = parse_options_header(disposition)
-        name = disp.get(b"name", b"").decode("utf-8", "replace")
-        if name not in ("metadata", "state"):
-            raise BadRequestError(f"unexpected multipart part {name!r}")
-        if name in seen:
-            raise BadRequestError(f"the part {name!r} appears twice")
-        seen.add(name)
-        state["name"] = name
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        chunk = data[start:end]
-        if state["name"] == "metadata":
-            if len(metadata) + len(chunk) > MAX_METADATA_BYTES:
-                raise PayloadTooLargeError(
-                    f"the metadata part exceeds {MAX_METADATA_BYTES} bytes",
-                    limit=MAX_METADATA_BYTES,
-                )
-            metadata.extend(chunk)
-        elif state["name"] == "state":
-            writer.add(chunk)
-
-    callbacks: Any = {
-        "on_part_begin": on_part_begin,
-        "on_header_field": on_header_field,
-        "on_header_value": on_header_value,
-        "on_header_end": on_header_end,
-        "on_headers_finished": on_headers_finished,
-        "on_part_data": on_part_data,
-    }
-    parser = MultipartParser(params[b"boundary"], callbacks)
+    parser = MultipartParser(params[b"boundary"], parts.callbacks())
     try:
         async for chunk in request.stream():
             total += len(chunk)
@@ -179,12 +193,12 @@ async def receive_update(
             if writer.should_flush:
                 await writer.flush()
         parser.finalize()
-        missing = {"metadata", "state"} - seen
+        missing = {"metadata", "state"} - parts.seen
         if missing:
             raise BadRequestError(f"the multipart body lacks the part(s) {sorted(missing)}")
         if writer.size == 0:
             raise BadRequestError("the 'state' part is empty")
-        return bytes(metadata), await writer.close()
+        return bytes(parts.metadata), await writer.close()
     except (BadRequestError, PayloadTooLargeError):
         writer.discard()
         raise
