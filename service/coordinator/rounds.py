@@ -370,28 +370,53 @@ def _close_claimed(
         bool(outcome.result["in_warmup"]),
         verdict=_primary_status(outcome.result),
     )
+    _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
+    _record_abstention(session, federation.id, rnd, outcome.result)
+    _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
+    rnd.coordinator_seconds = time.perf_counter() - started
+
+
+def _log_closed(
+    session: Session,
+    rnd: Round,
+    reason: str,
+    updates: int,
+    model_out_id: uuid.UUID,
+    outcome: audits.RoundOutcome,
+) -> None:
+    """The audit trail's ``round.closed`` event: why, how many updates, the aggregation."""
     repo.add_event(
         session,
         kind="round.closed",
         actor="system",
         message=(
-            f"round {rnd.index} closed ({reason}) with {len(updates)} updates; "
+            f"round {rnd.index} closed ({reason}) with {updates} updates; "
             f"aggregation {outcome.rule}"
             + (f" (fallback: {outcome.fallback_reason})" if outcome.fallback_reason else "")
         ),
-        federation_id=federation.id,
+        federation_id=rnd.federation_id,
         round_id=rnd.id,
         data={
             "index": rnd.index,
             "reason": reason,
-            "updates": len(updates),
-            "model_out": str(model_out.id),
+            "updates": updates,
+            "model_out": str(model_out_id),
             "aggregation_rule": outcome.rule,
             "weights": outcome.weights_by_client,
             "fallback": outcome.fallback_reason,
         },
     )
-    _record_abstention(session, federation.id, rnd, outcome.result)
+
+
+def _finish_or_open_next(
+    session: Session,
+    federation: Federation,
+    rnd: Round,
+    model_out: ModelVersion,
+    now: datetime,
+    audit_row: AuditResult,
+) -> None:
+    """After the last round the federation is finished; otherwise the next round opens."""
     if rnd.index + 1 >= federation.rounds:
         federation.status = "finished"
         repo.add_event(
@@ -411,7 +436,6 @@ def _close_claimed(
             now=now,
             previous_audit=audit_row,
         )
-    rnd.coordinator_seconds = time.perf_counter() - started
 
 
 def _update_statuses(
