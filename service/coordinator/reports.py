@@ -1,11 +1,8 @@
-"""Noisy-client reports, client histories, pins, re-runs and what-if aggregations.
+"""Noisy-client reports, client histories and diagnostics, a round's view, the report as CSV.
 
-Everything here reads the stored audit results and updates; nothing but a pin or an anchor
-changes state. The functions that take `Services` are the use cases the routes call, each in a
-session or transaction of its own (committed here); those that take a `Session` are their steps
-and leave the commit to their caller.
-Re-runs and what-ifs recompute an audit or an aggregation of a past round from its stored
-updates (the same code path as the round close) and return the result without storing it.
+Everything here reads the stored audit results and updates and changes nothing; each function
+takes the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
+are in :mod:`service.coordinator.overrides`.
 """
 
 from __future__ import annotations
@@ -19,14 +16,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.audit import DETECTORS, AuditConfig, InvalidParameterError
-from service.coordinator import audits, queries
+from service.audit import DETECTORS
 from service.coordinator.rounds import effective_status, get_round
-from service.coordinator.services import Services
-from service.coordinator.tensors import SafetensorsReader
-from service.errors import BadRequestError, InconsistentUpdateError, NotFoundError
+from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
-from service.store.base import utcnow
 from service.store.models import AuditResult, Client, Federation
 
 
@@ -84,6 +77,72 @@ def _client_view(
     }
 
 
+def _report_row(
+    federation: Federation,
+    client: Client,
+    found: tuple[AuditResult, int] | None,
+    names: dict[str, str],
+    inconsistent: dict[uuid.UUID, tuple[int, Any]],
+) -> dict[str, Any]:
+    """One client's row of the report; ``found``: its latest audit and its position there."""
+    latest = None if found is None else _client_view(federation, client, *found)
+    history = [
+        {
+            "round": h.get("round"),
+            "in_warmup": bool(h.get("in_warmup")),
+            "primary": h.get("primary"),
+            "verdict": h.get("verdict"),
+            **{d: h.get(d) for d in DETECTORS if d in h},
+        }
+        for h in (client.flag_history or [])
+    ]
+    counted = [h for h in history if not h["in_warmup"]]
+    neighbors = None
+    if latest is not None and latest["neighbors"]:
+        neighbors = [
+            {**n, "name": names.get(n["client_id"], n["client_id"])} for n in latest["neighbors"]
+        ]
+    return {
+        "client_id": str(client.id),
+        "name": client.name,
+        "status": effective_status(client),
+        "detected_status": client.status,
+        "pinned_status": client.pinned_status,
+        "pin_reason": client.pin_reason,
+        "num_samples": client.num_samples,
+        "times_flagged": sum(1 for h in counted if h["primary"] is True),
+        "rounds_audited": len(counted),
+        "flag_history": history,
+        "latest_round": None if latest is None else latest["round"],
+        "latest_flags": None if latest is None else latest["flags"],
+        "latest_scores": None if latest is None else latest["scores"],
+        "noisy_classes": [] if latest is None else latest["noisy_classes"],
+        "reliability": None if latest is None else latest["reliability"],
+        "neighbors": neighbors,
+        "last_weight": None if latest is None else latest["weight"],
+        "inconsistent_updates": inconsistent.get(client.id, (0, None))[0],
+        "last_inconsistent_at": inconsistent.get(client.id, (0, None))[1],
+    }
+
+
+def _latest_summary(
+    last: AuditResult, federation: Federation, clients: list[Client]
+) -> dict[str, Any]:
+    """The report's ``latest``: how the last audited round was judged and aggregated."""
+    primary, detection = _primary_detection(last.result)
+    return {
+        "round": last.round_index,
+        "primary_detector": primary,
+        "primary_status": detection.get("status"),
+        "primary_reason": detection.get("reason"),
+        "primary_summary": detection.get("summary"),
+        "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
+        "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
+        "in_warmup": last.result.get("in_warmup"),
+        "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
+    }
+
+
 def noisy_client_report(session: Session, federation: Federation) -> dict[str, Any]:
     """Per client: status, flag history, latest scores per detector, noisy classes, weights, and
     how many of its updates were refused as inconsistent with its join (and when the last was)."""
@@ -102,64 +161,11 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
             latest_of.setdefault(cid, (audit, position))
         if all(str(c.id) in latest_of for c in clients):
             break
-    rows = []
-    for client in clients:
-        found = latest_of.get(str(client.id))
-        latest = None if found is None else _client_view(federation, client, *found)
-        history = [
-            {
-                "round": h.get("round"),
-                "in_warmup": bool(h.get("in_warmup")),
-                "primary": h.get("primary"),
-                "verdict": h.get("verdict"),
-                **{d: h.get(d) for d in DETECTORS if d in h},
-            }
-            for h in (client.flag_history or [])
-        ]
-        counted = [h for h in history if not h["in_warmup"]]
-        neighbors = None
-        if latest is not None and latest["neighbors"]:
-            neighbors = [
-                {**n, "name": names.get(n["client_id"], n["client_id"])}
-                for n in latest["neighbors"]
-            ]
-        rows.append(
-            {
-                "client_id": str(client.id),
-                "name": client.name,
-                "status": effective_status(client),
-                "detected_status": client.status,
-                "pinned_status": client.pinned_status,
-                "pin_reason": client.pin_reason,
-                "num_samples": client.num_samples,
-                "times_flagged": sum(1 for h in counted if h["primary"] is True),
-                "rounds_audited": len(counted),
-                "flag_history": history,
-                "latest_round": None if latest is None else latest["round"],
-                "latest_flags": None if latest is None else latest["flags"],
-                "latest_scores": None if latest is None else latest["scores"],
-                "noisy_classes": [] if latest is None else latest["noisy_classes"],
-                "reliability": None if latest is None else latest["reliability"],
-                "neighbors": neighbors,
-                "last_weight": None if latest is None else latest["weight"],
-                "inconsistent_updates": inconsistent.get(client.id, (0, None))[0],
-                "last_inconsistent_at": inconsistent.get(client.id, (0, None))[1],
-            }
-        )
-    summary: dict[str, Any] = {}
-    if last is not None:
-        primary, detection = _primary_detection(last.result)
-        summary = {
-            "round": last.round_index,
-            "primary_detector": primary,
-            "primary_status": detection.get("status"),
-            "primary_reason": detection.get("reason"),
-            "primary_summary": detection.get("summary"),
-            "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
-            "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
-            "in_warmup": last.result.get("in_warmup"),
-            "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
-        }
+    rows = [
+        _report_row(federation, client, latest_of.get(str(client.id)), names, inconsistent)
+        for client in clients
+    ]
+    summary = {} if last is None else _latest_summary(last, federation, clients)
     return {
         "federation_id": str(federation.id),
         "federation": federation.name,
@@ -445,195 +451,3 @@ def _advice(status: str, classes: list[str]) -> str:
     if status == "suspect":
         return "Your last update looked noisier than the federation's." + where
     return "Your updates were repeatedly flagged as noisy; they count less in aggregation." + where
-
-
-def set_pin(
-    session: Session,
-    federation: Federation,
-    client: Client,
-    *,
-    status: str | None,
-    reason: str | None,
-    actor: str,
-) -> Client:
-    """Pin a client's status (or unpin with status None), recorded in the event trail."""
-    if status is not None and not reason:
-        raise BadRequestError(
-            "a pin needs a reason", errors=[{"loc": ["body", "reason"], "msg": "required"}]
-        )
-    previous = client.pinned_status
-    client.pinned_status = status
-    client.pin_reason = reason if status is not None else None
-    client.pinned_by = actor if status is not None else None
-    client.pinned_at = utcnow() if status is not None else None
-    repo.add_event(
-        session,
-        kind="client.pinned" if status is not None else "client.unpinned",
-        actor=actor,
-        message=(
-            f"client {client.name!r} pinned {status} by {actor}: {reason}"
-            if status is not None
-            else f"client {client.name!r} unpinned by {actor} (was {previous})"
-        ),
-        federation_id=federation.id,
-        client_id=client.id,
-        data={"status": status, "previous": previous, "reason": reason},
-    )
-    return client
-
-
-def set_anchor(
-    session: Session,
-    federation: Federation,
-    client: Client,
-    *,
-    reason: str | None,
-    actor: str,
-) -> Client:
-    """Mark a client as a trust anchor (``reason`` given) or remove the mark (None), recorded in
-    the event trail. The evidence detector uses anchors from the next audited round on."""
-    client.anchor = reason is not None
-    client.anchor_reason = reason
-    repo.add_event(
-        session,
-        kind="client.anchored" if reason is not None else "client.unanchored",
-        actor=actor,
-        message=(
-            f"client {client.name!r} marked as a trust anchor by {actor}: {reason}"
-            if reason is not None
-            else f"client {client.name!r} is no longer a trust anchor ({actor})"
-        ),
-        federation_id=federation.id,
-        client_id=client.id,
-        data={"anchor": reason is not None, "reason": reason},
-    )
-    return client
-
-
-def recompute_round(
-    services: Services,
-    session: Session,
-    federation: Federation,
-    index: int,
-    *,
-    audit_overrides: dict[str, Any] | None = None,
-    exclude_clients: list[uuid.UUID] | None = None,
-) -> dict[str, Any]:
-    """Re-run the audit (and aggregation) of a closed round from its stored updates; store nothing.
-
-    `audit_overrides` changes audit settings (e.g. ``{"aggregation": "median"}``);
-    `exclude_clients` leaves some updates out. The answer compares the recomputed global model
-    with the one actually produced (L2 distance per tensor and overall).
-    """
-    rnd = get_round(session, federation.id, index)
-    if rnd.state != "closed" or rnd.model_out_id is None:
-        raise BadRequestError(f"round {index} is {rnd.state}; only closed rounds can be recomputed")
-    stored = dict(federation.config["audit"])
-    try:
-        config = AuditConfig.from_json({**stored, **(audit_overrides or {})})
-    except InvalidParameterError as exc:
-        raise BadRequestError(f"invalid audit settings: {exc}") from None
-    clients = {c.id: c for c in repo.list_clients(session, federation.id)}
-    excluded = set(exclude_clients or [])
-    unknown = excluded - set(clients)
-    if unknown:
-        raise NotFoundError(
-            f"client(s) {sorted(map(str, unknown))} do not exist in this federation"
-        )
-    updates = repo.updates_of_round(session, rnd.id)
-    if not [u for u in updates if u.client_id not in excluded]:
-        raise BadRequestError("no update left after the exclusions")
-    model_in = repo.get_model_version(session, rnd.model_in_id)
-    model_out = repo.get_model_version(session, rnd.model_out_id)
-    assert model_in is not None
-    assert model_out is not None
-    outcome = audits.audit_round(
-        services,
-        session,
-        federation,
-        rnd,
-        model_in,
-        updates,
-        clients,
-        config=config,
-        exclude=excluded,
-    )
-    actual = SafetensorsReader(services.blobs.local_path(model_out.blob_key))
-    distances = {}
-    total = 0.0
-    for name, value in outcome.state.items():
-        diff = float(np.sum((value.astype(np.float64) - actual.get(name).astype(np.float64)) ** 2))
-        distances[name] = diff**0.5
-        total += diff
-    return {
-        "round": index,
-        "audit_settings": config.to_json(),
-        "excluded_clients": sorted(str(c) for c in excluded),
-        "aggregation_rule": outcome.rule,
-        "fallback_reason": outcome.fallback_reason,
-        "weights": outcome.weights_by_client,
-        "flags": outcome.flags_by_client,
-        "audit": outcome.result,
-        "distance_to_actual_model": {"total": total**0.5, "per_tensor": distances},
-    }
-
-
-# --- use cases: one session or transaction each -----------------------------------------------
-
-
-def _federation_and_client(
-    session: Session, federation_id: uuid.UUID, client_id: uuid.UUID
-) -> tuple[Federation, Client]:
-    federation = queries.federation_of(session, federation_id)
-    return federation, queries.get_client(session, federation_id, client_id)
-
-
-def pin(
-    services: Services,
-    federation_id: uuid.UUID,
-    client_id: uuid.UUID,
-    *,
-    status: str | None,
-    reason: str | None,
-    actor: str,
-) -> Client:
-    """Pin a client's status, or unpin it with status None (`set_pin`), and commit."""
-    with services.sessions.begin() as session:
-        federation, client = _federation_and_client(session, federation_id, client_id)
-        return set_pin(session, federation, client, status=status, reason=reason, actor=actor)
-
-
-def anchor(
-    services: Services,
-    federation_id: uuid.UUID,
-    client_id: uuid.UUID,
-    *,
-    reason: str | None,
-    actor: str,
-) -> Client:
-    """Mark a client as a trust anchor, or remove the mark with reason None (`set_anchor`), and
-    commit."""
-    with services.sessions.begin() as session:
-        federation, client = _federation_and_client(session, federation_id, client_id)
-        return set_anchor(session, federation, client, reason=reason, actor=actor)
-
-
-def recompute(
-    services: Services,
-    federation_id: uuid.UUID,
-    index: int,
-    *,
-    audit_overrides: dict[str, Any] | None = None,
-    exclude_clients: list[uuid.UUID] | None = None,
-) -> dict[str, Any]:
-    """`recompute_round` in a session of its own; nothing is stored."""
-    with services.sessions() as session:
-        federation = queries.federation_of(session, federation_id)
-        return recompute_round(
-            services,
-            session,
-            federation,
-            index,
-            audit_overrides=audit_overrides,
-            exclude_clients=exclude_clients,
-        )

@@ -27,7 +27,7 @@ from service.api.schemas.reports import (
     RecomputeResult,
 )
 from service.coordinator import clients as client_use_cases
-from service.coordinator import queries, reports
+from service.coordinator import overrides, queries, reports
 from service.coordinator.services import Services
 from service.inputs import INT32_MAX
 
@@ -89,7 +89,7 @@ def pin_client(
     services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    client = reports.pin(
+    client = overrides.pin(
         services, federation_id, client_id, status=body.status, reason=body.reason, actor=actor
     )
     return convert.client_read(client)
@@ -103,7 +103,9 @@ def pin_client(
 def unpin_client(
     federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
-    client = reports.pin(services, federation_id, client_id, status=None, reason=None, actor=actor)
+    client = overrides.pin(
+        services, federation_id, client_id, status=None, reason=None, actor=actor
+    )
     return convert.client_read(client)
 
 
@@ -119,7 +121,7 @@ def anchor_client(
     services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    client = reports.anchor(services, federation_id, client_id, reason=body.reason, actor=actor)
+    client = overrides.anchor(services, federation_id, client_id, reason=body.reason, actor=actor)
     return convert.client_read(client)
 
 
@@ -131,14 +133,14 @@ def anchor_client(
 def unanchor_client(
     federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
-    client = reports.anchor(services, federation_id, client_id, reason=None, actor=actor)
+    client = overrides.anchor(services, federation_id, client_id, reason=None, actor=actor)
     return convert.client_read(client)
 
 
 def _recompute(
     services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest
 ) -> dict[str, Any]:
-    return reports.recompute(
+    return overrides.recompute(
         services,
         federation_id,
         index,
