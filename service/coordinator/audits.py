@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.audit import (
     AuditConfig,
+    AuditOutcome,
     ClientRoundData,
     ClientStatus,
     StatusHistory,
@@ -173,15 +174,7 @@ def audit_round(
     weights: dict[str, Any] = {
         cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)
     }
-    flags: dict[str, dict[str, bool | None]] = {}
-    for position, cid in enumerate(ids):
-        entry: dict[str, bool | None] = {"primary": outcome.primary_flags[position]}
-        if outcome.effective_flags is not None:
-            entry["effective"] = outcome.effective_flags[position]
-        for name, detection in outcome.detections.items():
-            verdict = detection.verdicts[position] if detection.status == "ok" else None
-            entry[name] = None if verdict is None else verdict.flag
-        flags[cid] = entry
+    flags = {cid: _flags_of(outcome, position) for position, cid in enumerate(ids)}
     result = outcome.to_json()
     weight_cap = (result.get("aggregation") or {}).get("weight_cap")
     for held_back in (weight_cap or {}).get("capped", []):
@@ -208,6 +201,18 @@ def audit_round(
         centroids=None if centroids is None else np.asarray(centroids).tolist(),
         result=result,
     )
+
+
+def _flags_of(outcome: AuditOutcome, position: int) -> dict[str, bool | None]:
+    """The flags of the site at ``position``: the primary detector's, the effective ones (with
+    the status rule) where computed, and each detector's (None where it did not judge)."""
+    entry: dict[str, bool | None] = {"primary": outcome.primary_flags[position]}
+    if outcome.effective_flags is not None:
+        entry["effective"] = outcome.effective_flags[position]
+    for name, detection in outcome.detections.items():
+        verdict = detection.verdicts[position] if detection.status == "ok" else None
+        entry[name] = None if verdict is None else verdict.flag
+    return entry
 
 
 def _neighbor_candidates(
