@@ -31,7 +31,7 @@ the round's inputs and their checks (:mod:`service.audit.round_inputs`) and the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -294,27 +294,12 @@ def run_audit(
         If there is no client, an id repeats, a client's arrays or state are malformed, or
         ``status_history`` does not match the clients.
     """
-    if not isinstance(config, AuditConfig):
-        raise InvalidParameterError(f"config: expected AuditConfig, got {type(config).__name__}")
-    rnd = check_int("round_index", round_index, min_value=0)
-    if len(clients) == 0:
-        raise InvalidInputError("clients: at least one client is needed")
-    data = check_clients(clients, "clients")
-    check_history(status_history, len(data.ids))
-    if anchors is not None and len(anchors) != len(data.ids):
-        raise InvalidInputError(f"anchors: {len(anchors)} entries for {len(data.ids)} clients")
+    rnd, data = _checked_round(config, round_index, clients, status_history, anchors)
 
     shared = _round_pass(global_state, data, config)
     detections = run_detectors(data, config, shared, status_history, anchors)
     primary = detections[config.primary_detector]
     primary_flags = primary.flags
-
-    expertise_result = detections.get("expertise")
-    expertise_values = (
-        [cast(float, s) for s in expertise_result.scores]
-        if expertise_result is not None and expertise_result.status == "ok"
-        else None
-    )
 
     candidates = (
         data
@@ -354,7 +339,7 @@ def run_audit(
         detections=detections,
         primary=config.primary_detector,
         primary_flags=primary_flags,
-        expertise=expertise_values,
+        expertise=_expertise_values(detections),
         neighbors=None if neighbor_info is None else neighbor_info[0],
         self_weights=None if neighbor_info is None else neighbor_info[1],
         aggregation=aggregation,
@@ -366,6 +351,34 @@ def run_audit(
             noisy.tolist() if noisy is not None and config.aggregation in NOISY_SET_RULES else None
         ),
     )
+
+
+def _checked_round(
+    config: AuditConfig,
+    round_index: int,
+    clients: Sequence[ClientRoundData],
+    status_history: Sequence[StatusHistory] | None,
+    anchors: Sequence[bool] | None,
+) -> tuple[int, CheckedClients]:
+    """``run_audit``'s arguments, checked: the round index and the clients' arrays."""
+    if not isinstance(config, AuditConfig):
+        raise InvalidParameterError(f"config: expected AuditConfig, got {type(config).__name__}")
+    rnd = check_int("round_index", round_index, min_value=0)
+    if len(clients) == 0:
+        raise InvalidInputError("clients: at least one client is needed")
+    data = check_clients(clients, "clients")
+    check_history(status_history, len(data.ids))
+    if anchors is not None and len(anchors) != len(data.ids):
+        raise InvalidInputError(f"anchors: {len(anchors)} entries for {len(data.ids)} clients")
+    return rnd, data
+
+
+def _expertise_values(detections: Mapping[str, DetectionResult]) -> list[float] | None:
+    """FedRN's expertise per client, where the ``expertise`` detector ran and judged."""
+    expertise_result = detections.get("expertise")
+    if expertise_result is None or expertise_result.status != "ok":
+        return None
+    return [cast(float, s) for s in expertise_result.scores]
 
 
 def _apply_overrides(
