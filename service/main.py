@@ -30,6 +30,7 @@ from service.config import Settings, get_settings
 from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.services import Services
+from service.coordinator.update_metadata import UpdateMetadata
 from service.store.event_log import log_committed_events
 from service.store.migrate import check_at_head
 from service.store.session import make_engine, make_sessionmaker
@@ -47,11 +48,17 @@ def _operation_id(route: APIRoute) -> str:
 
 
 def _with_problem_responses(schema: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI's schema with the answers this app really gives: problem details for 422 (not
+    """FastAPI's schema with the models only referenced (problem details, the update's
+    metadata) and the answers this app really gives: problem details for 422 (not
     FastAPI's HTTPValidationError), 429 where a token is taken, 400 for an unreadable body, 503
     where the database is read. Changes ``schema`` in place and returns it."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components["ProblemDetails"] = ProblemDetails.model_json_schema()
+    # Models the routes name by reference only: problem details, and the update's metadata
+    # (a JSON part of a multipart body the upload route streams and parses itself).
+    for model in (ProblemDetails, UpdateMetadata):
+        part = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(part.pop("$defs", {}))
+        components[model.__name__] = part
     # FastAPI documents request validation errors as HTTPValidationError JSON; this app
     # answers them (like every error) with problem details.
     problem = {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}

@@ -1,17 +1,21 @@
-"""The update's metadata, checked: the JSON part of an update upload (sample count, signals,
-metrics, the state's sha256) against the federation it is sent to.
+"""The update's metadata, typed and checked: the JSON part of an update upload (sample count,
+signals, metrics, the state's sha256) against the federation it is sent to.
 
-:func:`parse_metadata` reads the JSON (size, depth, an object); :func:`validate_signals` checks
-every number against the federation (its classes, its probe size, the signals it requires) and
-collects every problem, each with its location, before the update is refused
-(:class:`~service.errors.UpdateRejectedError`, answered as RFC 9457 problem details).
+:func:`parse_metadata` reads the JSON (a bounded depth, an object). :class:`UpdateMetadata` and
+:class:`UpdateSignals` are its schema: types, ranges and unknown fields are refused there, and the
+committed OpenAPI shows them as the upload's ``metadata`` part. :func:`validate_signals` then
+checks what depends on the federation (its number of classes, its probe size, the signals it
+requires, each class's count) and collects every problem, each with its location, before the
+update is refused (:class:`~service.errors.UpdateRejectedError`, answered as RFC 9457 problem
+details).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
+from typing import Annotated, Any, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.errors import UpdateRejectedError
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
@@ -20,48 +24,73 @@ from service.store.models import Federation
 __all__ = [
     "MAX_METRICS",
     "PROBABILITY_TOLERANCE",
+    "UpdateMetadata",
+    "UpdateSignals",
     "parse_metadata",
     "problem",
     "validate_signals",
 ]
 
 PROBABILITY_TOLERANCE = 1e-3
+"""How far a probe row's probabilities may sum from 1 (float32 softmax, rounded in JSON)."""
 MAX_METRICS = 64
+
+# Strict: a JSON number for a number (no string, no boolean), an integer for a count.
+Count = Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+Probability = Annotated[float, Field(ge=-1e-6, le=1 + 1e-6, allow_inf_nan=False, strict=True)]
+MetricName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class UpdateSignals(BaseModel):
+    """The signals an update carries; the federation says which it requires. Per-class lists
+    have one entry per class, null for a class the site does not hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    class_counts: list[Count] | None = Field(
+        None, description="Samples per class; sums to num_samples"
+    )
+    per_class_loss: list[NonNegative | None] | None = Field(
+        None, description="The global model's mean cross-entropy per given label (FedNoRo)"
+    )
+    per_class_loss_sd: list[NonNegative | None] | None = Field(
+        None, description="The standard deviation of the same per-sample losses"
+    )
+    per_class_errors: list[Count | None] | None = Field(
+        None, description="The global model's errors per given label, at most the class's count"
+    )
+    train_loss: NonNegative | None = Field(None, description="Mean local training loss (Fed-NCL)")
+    train_accuracy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)] | None = (
+        Field(None, description="The local model's accuracy on the site's own labels (FedRN)")
+    )
+    probe_softmax: list[list[Probability]] | None = Field(
+        None, description="probe_size rows of class probabilities on the seeded random inputs"
+    )
+    centroids: list[Annotated[list[Finite], Field(min_length=1)]] | None = Field(
+        None, description="One feature centroid per class, rows of equal length (RoFL)"
+    )
+
+
+class UpdateMetadata(BaseModel):
+    """The ``metadata`` part of an update upload (a JSON object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_samples: Annotated[int, Field(ge=1, le=INT32_MAX, strict=True)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="The state part's sha256 (hex)"
+    )
+    signals: UpdateSignals
+    metrics: Annotated[dict[MetricName, Finite | None], Field(max_length=MAX_METRICS)] = Field(
+        default_factory=dict, description="Free-form numbers the site reports"
+    )
 
 
 def problem(loc: list[Any], msg: str) -> dict[str, Any]:
     """One problem of a refused update: where (``loc``) and what (``msg``)."""
     return {"loc": loc, "msg": msg}
-
-
-def _check_per_class(
-    errors: list[dict[str, Any]],
-    name: str,
-    values: Any,
-    counts: list[int] | None,
-    num_classes: int,
-    *,
-    counted: bool = False,
-) -> None:
-    """A per-class signal: one value per held class, null elsewhere. A finite non-negative
-    number; with ``counted``, an integer from 0 to the class's count (``per_class_errors``)."""
-    loc: list[str | int] = ["metadata", "signals", name]
-    if not isinstance(values, list) or len(values) != num_classes:
-        errors.append(problem(loc, f"must have {num_classes} entries"))
-        return
-    for c, value in enumerate(values):
-        present = counts is not None and counts[c] > 0
-        if value is None:
-            if present:
-                errors.append(problem([*loc, c], "null for a class the client holds"))
-        elif counted and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            errors.append(problem([*loc, c], "must be a non-negative integer"))
-        elif not counted and not (_finite(value) and value >= 0):
-            errors.append(problem([*loc, c], "must be a finite non-negative number"))
-        elif counts is not None and not present:
-            errors.append(problem([*loc, c], "must be null for a class with no sample"))
-        elif counted and counts is not None and value > counts[c]:
-            errors.append(problem([*loc, c], f"exceeds the class's count {counts[c]}"))
 
 
 def parse_metadata(raw: str | bytes) -> dict[str, Any]:
@@ -87,132 +116,115 @@ def parse_metadata(raw: str | bytes) -> dict[str, Any]:
     return data
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_KNOWN_SIGNALS = frozenset(
-    {
-        "class_counts",
-        "per_class_loss",
-        "per_class_loss_sd",
-        "per_class_errors",
-        "train_loss",
-        "train_accuracy",
-        "probe_softmax",
-        "centroids",
-    }
-)
-
-
 def validate_signals(
     metadata: dict[str, Any], federation: Federation
 ) -> tuple[int, dict[str, Any], dict[str, Any]]:
-    """Check the metadata's numbers against the federation; return (n, signals, metrics).
+    """Check the metadata against its schema, then against the federation; return
+    (num_samples, the signals sent, metrics).
 
-    Every problem is collected (each with its location) before the update is refused, so that a
-    site learns all of them at once.
+    Raises
+    ------
+    UpdateRejectedError
+        With every problem found, each with its location: the schema's first (types, ranges,
+        unknown fields), else the federation's (lengths, required signals, counts).
     """
+    try:
+        typed = UpdateMetadata.model_validate(metadata)
+    except ValidationError as exc:
+        _refuse([problem(["metadata", *e["loc"]], e["msg"]) for e in exc.errors(include_url=False)])
+    signals = typed.signals
     errors: list[dict[str, Any]] = []
-    n = metadata.get("num_samples")
-    if not (isinstance(n, int) and not isinstance(n, bool) and 0 < n <= INT32_MAX):
-        errors.append(
-            problem(["metadata", "num_samples"], f"must be an integer from 1 to {INT32_MAX}")
-        )
-        n = None
-    signals = metadata.get("signals")
-    if not isinstance(signals, dict):
-        errors.append(problem(["metadata", "signals"], "must be an object"))
-        raise UpdateRejectedError("signals are missing", errors=errors)
-    for key in sorted(set(signals) - _KNOWN_SIGNALS):
-        errors.append(problem(["metadata", "signals", key], "unknown signal"))
     for key in federation.config["signals"]:
-        if signals.get(key) is None:
+        if getattr(signals, key, None) is None:
             errors.append(problem(["metadata", "signals", key], "required by this federation"))
-    counts = _check_class_counts(errors, signals, n, federation.num_classes)
+    counts = _check_class_counts(errors, signals, typed.num_samples, federation.num_classes)
     _check_per_class_signals(errors, signals, counts, federation.num_classes)
-    _check_scalar_signals(errors, signals)
-    _check_probe(errors, signals.get("probe_softmax"), federation)
-    _check_centroids(errors, signals.get("centroids"), federation.num_classes)
-    metrics = _checked_metrics(errors, metadata.get("metrics", {}))
-    for key in sorted(set(metadata) - {"num_samples", "sha256", "signals", "metrics"}):
-        errors.append(problem(["metadata", key], "unknown field"))
+    _check_probe(errors, signals.probe_softmax, federation)
+    _check_centroids(errors, signals.centroids, federation.num_classes)
+    for key in typed.metrics:
+        if name_problem(key) is not None:
+            errors.append(problem(["metadata", "metrics"], "names must be printable characters"))
     if errors:
-        raise UpdateRejectedError(
-            f"the update's metadata is invalid ({len(errors)} problems; first: "
-            f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
-            errors=errors,
-        )
-    assert n is not None
-    clean = {k: v for k, v in signals.items() if v is not None}
-    return n, clean, metrics
+        _refuse(errors)
+    return typed.num_samples, signals.model_dump(exclude_none=True), dict(typed.metrics)
+
+
+def _refuse(errors: list[dict[str, Any]]) -> NoReturn:
+    raise UpdateRejectedError(
+        f"the update's metadata is invalid ({len(errors)} problems; first: "
+        f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
+        errors=errors,
+    )
 
 
 def _check_class_counts(
-    errors: list[dict[str, Any]], signals: dict[str, Any], n: int | None, num_classes: int
+    errors: list[dict[str, Any]], signals: UpdateSignals, n: int, num_classes: int
 ) -> list[int] | None:
-    """The class counts when they are valid (one integer per class, summing to ``n`` when that
-    is valid); None otherwise, with the problem added to ``errors``."""
-    counts: Any = signals.get("class_counts")
-    counts_ok = (
-        isinstance(counts, list)
-        and len(counts) == num_classes
-        and all(
-            isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= INT32_MAX for c in counts
-        )
-    )
-    if not counts_ok:
+    """The class counts when there is one per class (added to ``errors`` when they do not sum to
+    ``n``); None otherwise, with the problem added to ``errors``."""
+    counts = signals.class_counts
+    if counts is None:
+        return None  # required by every federation: reported as missing above
+    if len(counts) != num_classes:
         errors.append(
-            problem(
-                ["metadata", "signals", "class_counts"],
-                f"must be {num_classes} integers from 0 to {INT32_MAX}",
-            )
+            problem(["metadata", "signals", "class_counts"], f"must have {num_classes} entries")
         )
         return None
-    if n is not None and sum(counts) != n:
+    if sum(counts) != n:
         errors.append(
             problem(
                 ["metadata", "signals", "class_counts"],
                 f"sums to {sum(counts)} but num_samples is {n}",
             )
         )
-    return list(counts)
+    return counts
 
 
 def _check_per_class_signals(
     errors: list[dict[str, Any]],
-    signals: dict[str, Any],
+    signals: UpdateSignals,
     counts: list[int] | None,
     num_classes: int,
 ) -> None:
-    """per_class_loss, and its spread and error counts, which are sent with it only (the error
-    counts integers up to the class's count)."""
-    losses = signals.get("per_class_loss")
-    if losses is not None:
-        _check_per_class(errors, "per_class_loss", losses, counts, num_classes)
-    for name, counted in (("per_class_loss_sd", False), ("per_class_errors", True)):
-        values = signals.get(name)
+    """per_class_loss, and its spread and error counts, which are sent with it only: one entry
+    per class, null exactly where the site holds no sample, errors at most the class's count."""
+    if signals.per_class_loss is not None:
+        _check_per_class(errors, "per_class_loss", signals.per_class_loss, counts, num_classes)
+    for name in ("per_class_loss_sd", "per_class_errors"):
+        values = getattr(signals, name)
         if values is None:
             continue
-        if losses is None:
+        if signals.per_class_loss is None:
             errors.append(problem(["metadata", "signals", name], "sent without per_class_loss"))
         else:
-            _check_per_class(errors, name, values, counts, num_classes, counted=counted)
+            _check_per_class(errors, name, values, counts, num_classes)
 
 
-def _check_scalar_signals(errors: list[dict[str, Any]], signals: dict[str, Any]) -> None:
-    """train_loss (finite, >= 0) and train_accuracy (in [0, 1]), where sent."""
-    train_loss = signals.get("train_loss")
-    if train_loss is not None and not (_finite(train_loss) and train_loss >= 0):
-        errors.append(
-            problem(["metadata", "signals", "train_loss"], "must be a finite non-negative number")
-        )
-    accuracy = signals.get("train_accuracy")
-    if accuracy is not None and not (_finite(accuracy) and 0.0 <= accuracy <= 1.0):
-        errors.append(problem(["metadata", "signals", "train_accuracy"], "must be in [0, 1]"))
+def _check_per_class(
+    errors: list[dict[str, Any]],
+    name: str,
+    values: list[float | None] | list[int | None],
+    counts: list[int] | None,
+    num_classes: int,
+) -> None:
+    loc: list[str | int] = ["metadata", "signals", name]
+    if len(values) != num_classes:
+        errors.append(problem(loc, f"must have {num_classes} entries"))
+        return
+    if counts is None:
+        return
+    for c, value in enumerate(values):
+        if value is None and counts[c] > 0:
+            errors.append(problem([*loc, c], "null for a class the client holds"))
+        elif value is not None and counts[c] == 0:
+            errors.append(problem([*loc, c], "must be null for a class with no sample"))
+        elif name == "per_class_errors" and value is not None and value > counts[c]:
+            errors.append(problem([*loc, c], f"exceeds the class's count {counts[c]}"))
 
 
-def _check_probe(errors: list[dict[str, Any]], probe: Any, federation: Federation) -> None:
+def _check_probe(
+    errors: list[dict[str, Any]], probe: list[list[float]] | None, federation: Federation
+) -> None:
     """probe_softmax, where sent: ``probe_size`` rows of one probability per class, each row
     summing to 1 (within ``PROBABILITY_TOLERANCE``)."""
     if probe is None:
@@ -220,53 +232,24 @@ def _check_probe(errors: list[dict[str, Any]], probe: Any, federation: Federatio
     num_classes = federation.num_classes
     loc = ["metadata", "signals", "probe_softmax"]
     size = int(federation.config["probe_size"])
-    rows_ok = (
-        isinstance(probe, list)
-        and len(probe) == size
-        and all(isinstance(r, list) and len(r) == num_classes for r in probe)
-    )
-    if not rows_ok:
+    if len(probe) != size or any(len(row) != num_classes for row in probe):
         errors.append(problem(loc, f"must be {size} rows of {num_classes} probabilities"))
         return
     for i, row in enumerate(probe):
-        if not all(_finite(p) and -1e-6 <= p <= 1 + 1e-6 for p in row):
-            errors.append(problem([*loc, i], "probabilities must be in [0, 1]"))
-        elif abs(sum(row) - 1.0) > PROBABILITY_TOLERANCE:
+        if abs(sum(row) - 1.0) > PROBABILITY_TOLERANCE:
             errors.append(problem([*loc, i], f"sums to {sum(row):.6f}, not 1"))
 
 
-def _check_centroids(errors: list[dict[str, Any]], centroids: Any, num_classes: int) -> None:
-    """centroids (RoFL), where sent: one non-empty row of finite numbers per class, all rows of
-    the same length."""
+def _check_centroids(
+    errors: list[dict[str, Any]], centroids: list[list[float]] | None, num_classes: int
+) -> None:
+    """centroids (RoFL), where sent: one row per class, all rows of the same length."""
     if centroids is None:
         return
-    ok = (
-        isinstance(centroids, list)
-        and len(centroids) == num_classes
-        and all(isinstance(r, list) and r for r in centroids)
-        and len({len(r) for r in centroids}) == 1
-        and all(_finite(v) for r in centroids for v in r)
-    )
-    if not ok:
+    if len(centroids) != num_classes or len({len(r) for r in centroids}) != 1:
         errors.append(
             problem(
                 ["metadata", "signals", "centroids"],
                 f"must be {num_classes} equal-length rows of finite numbers",
             )
         )
-
-
-def _checked_metrics(errors: list[dict[str, Any]], metrics: Any) -> dict[str, Any]:
-    """The site's free-form metrics (at most ``MAX_METRICS`` names of 1-64 printable characters,
-    each a finite number or null); an empty dict when they are not an object."""
-    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
-        errors.append(problem(["metadata", "metrics"], f"must be an object of <= {MAX_METRICS}"))
-        return {}
-    for key, value in metrics.items():
-        if not (1 <= len(key) <= 64) or name_problem(key) is not None:
-            errors.append(
-                problem(["metadata", "metrics"], "names must be 1-64 printable characters")
-            )
-        elif not (value is None or _finite(value)):
-            errors.append(problem(["metadata", "metrics", key], "finite number"))
-    return dict(metrics)

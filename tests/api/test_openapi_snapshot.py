@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from service.openapi_spec import DEFAULT_OUTPUT, build_spec, render
 
 
@@ -51,3 +53,23 @@ def test_integer_parameters_are_bounded_in_the_spec() -> None:
                 schema = next((s for s in schema.get("anyOf", [schema]) if s.get("type")), schema)
                 if schema.get("type") == "integer":
                     assert "maximum" in schema, (method, path, parameter["name"])
+
+
+def test_the_update_metadata_is_a_schema_with_its_constraints() -> None:
+    spec = json.loads(DEFAULT_OUTPUT.read_text(encoding="utf-8"))
+    upload = spec["paths"]["/api/v1/federations/{federation_id}/rounds/{round_index}/updates"]
+    body = upload["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert body["schema"]["properties"]["metadata"] == {
+        "$ref": "#/components/schemas/UpdateMetadata"
+    }
+    assert body["encoding"]["metadata"]["contentType"] == "application/json"
+    schemas = spec["components"]["schemas"]
+    metadata = schemas["UpdateMetadata"]
+    assert metadata["additionalProperties"] is False
+    assert set(metadata["required"]) == {"num_samples", "sha256", "signals"}
+    assert metadata["properties"]["num_samples"]["minimum"] == 1
+    assert metadata["properties"]["sha256"]["pattern"] == "^[0-9a-f]{64}$"
+    signals = schemas["UpdateSignals"]["properties"]
+    accuracy = signals["train_accuracy"]["anyOf"][0]
+    assert (accuracy["minimum"], accuracy["maximum"]) == (0, 1)
+    assert signals["class_counts"]["anyOf"][0]["items"]["minimum"] == 0

@@ -70,7 +70,7 @@ def extra_tensor() -> dict[str, np.ndarray]:
             "null",
         ),
         (tiny_state(1.0), {"signal_overrides": {"train_loss": None}}, "required"),
-        (tiny_state(1.0), {"signal_overrides": {"train_accuracy": 1.5}}, "[0, 1]"),
+        (tiny_state(1.0), {"signal_overrides": {"train_accuracy": 1.5}}, "less than or equal to 1"),
         (tiny_state(1.0), {"signal_overrides": {"per_class_loss": [0.1]}}, "2 entries"),
         (tiny_state(1.0), {"signal_overrides": {"per_class_errors": [6, 0]}}, "count 5"),
         (tiny_state(1.0), {"signal_overrides": {"per_class_errors": [1.5, 0]}}, "integer"),
@@ -79,7 +79,10 @@ def extra_tensor() -> dict[str, np.ndarray]:
             {"signal_overrides": {"per_class_loss": None, "per_class_errors": [1, 0]}},
             "without per_class_loss",
         ),
-        (tiny_state(1.0), {"extra": {"surprise": 1}}, "unknown field"),
+        (tiny_state(1.0), {"extra": {"surprise": 1}}, "Extra inputs are not permitted"),
+        (tiny_state(1.0), {"signal_overrides": {"train_loss": "0.5"}}, "valid number"),
+        (tiny_state(1.0), {"signal_overrides": {"train_loss": float("nan")}}, "finite number"),
+        (tiny_state(1.0), {"signal_overrides": {"class_counts": [5, True]}}, "valid integer"),
     ],
     ids=[
         "shape",
@@ -96,6 +99,9 @@ def extra_tensor() -> dict[str, np.ndarray]:
         "errors-not-integer",
         "errors-without-loss",
         "unknown-field",
+        "number-as-string",
+        "nan",
+        "boolean-count",
     ],
 )
 async def test_invalid_update_is_rejected_and_nothing_changes(

@@ -184,13 +184,14 @@ async def get_current_round(
                         "type": "object",
                         "required": ["metadata", "state"],
                         "properties": {
-                            "metadata": {
-                                "type": "string",
-                                "description": "JSON: num_samples, sha256, signals, metrics",
-                            },
+                            "metadata": {"$ref": "#/components/schemas/UpdateMetadata"},
                             "state": {"type": "string", "format": "binary"},
                         },
-                    }
+                    },
+                    "encoding": {
+                        "metadata": {"contentType": "application/json"},
+                        "state": {"contentType": "application/octet-stream"},
+                    },
                 }
             },
         }
