@@ -9,15 +9,17 @@ federation needs, upload theta_k with an idempotency key, persist local state. A
 closes while this client trains is skipped with a log line; a round this site cannot do (the
 global model does not load into its module, training fails) is reported to the coordinator and
 raised as `SiteRoundError`; every other error propagates.
+
+This module holds the round loop; what one round trains with and uploads is built in
+``client_sdk._round_update``, and the model-file helpers (``state_to_bytes``,
+``load_state_bytes``, ``save_initial_model``, ``safetensors_manifest``) live in
+``client_sdk.model_files`` and are importable from here as well.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import struct
 import sys
 import time
 import uuid
@@ -27,17 +29,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from client_sdk._client import (
-    FederationClient,
-    join_body,
-    join_path,
-    update_metadata,
-    update_path,
-)
+from client_sdk._client import FederationClient, join_body, join_path
 from client_sdk._exceptions import (
     APIConnectionError,
     ConflictError,
@@ -47,8 +41,21 @@ from client_sdk._exceptions import (
     SiteRoundError,
 )
 from client_sdk._models import CurrentRound, Diagnostics, Instructions
+from client_sdk._round_update import (
+    PreparedUpdate,
+    frozen_global_copy,
+    neighbor_model,
+    reported_signals,
+    round_context,
+)
 from client_sdk.local_state import LocalStateStore
-from client_sdk.recipes import LocalData, NeighborModel, RoundContext, TrainReport, get_recipe
+from client_sdk.model_files import (
+    load_state_bytes,
+    safetensors_manifest,
+    save_initial_model,
+    state_to_bytes,
+)
+from client_sdk.recipes import LocalData, NeighborModel, TrainReport, get_recipe
 from client_sdk.signals import Signals, compute_signals
 
 log = logging.getLogger("client_sdk.participant")
@@ -71,32 +78,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def state_to_bytes(model: nn.Module) -> bytes:
-    """The model's state as safetensors bytes (CPU, contiguous, no shared storage)."""
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    return save_safetensors(state)
-
-
-def save_initial_model(model: nn.Module, path: str | Path) -> int:
-    """Write ``model``'s state as the federation's initial model file (safetensors, what
-    ``AdminClient.upload_initial_model`` and ``fedaudit model upload`` send); returns its size
-    in bytes. ``TypeError`` when ``model`` is not a ``torch.nn.Module``, ``ValueError`` when it
-    has no state (no parameters or buffers) to train."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if not model.state_dict():
-        raise ValueError(f"the {type(model).__name__} has no parameters or buffers to train")
-    data = state_to_bytes(model)
-    Path(path).write_bytes(data)
-    return len(data)
-
-
-def load_state_bytes(model: nn.Module, data: bytes) -> None:
-    """Load safetensors bytes into `model` (names, shapes and dtypes must match exactly)."""
-    state = load_safetensors(data)
-    model.load_state_dict(state, strict=True)
-
-
 @dataclass
 class RoundSummary:
     """What one round did on this client (passed to `on_round`)."""
@@ -111,41 +92,6 @@ class RoundSummary:
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     accepted: bool = True
-
-
-@dataclass
-class _PreparedUpdate:
-    """One round's update, trained and ready: what is uploaded, and what the summary needs."""
-
-    round_index: int
-    recipe: str
-    idempotency_key: str
-    state: bytes
-    num_samples: int
-    signals: dict[str, Any]
-    metrics: dict[str, float]
-    report: TrainReport
-    train_seconds: float
-    signal_seconds: float
-    download_bytes: int
-
-    def metadata(self) -> dict[str, Any]:
-        """The update's ``metadata`` part, built by the function the upload uses."""
-        return update_metadata(
-            self.state, num_samples=self.num_samples, signals=self.signals, metrics=self.metrics
-        )
-
-
-def safetensors_manifest(data: bytes) -> list[dict[str, Any]]:
-    """Each tensor of safetensors bytes as ``{"name", "dtype", "shape"}``, in file order, read
-    from the file's own header (the values are not read)."""
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + length])
-    return [
-        {"name": name, "dtype": entry["dtype"], "shape": list(entry["shape"])}
-        for name, entry in header.items()
-        if name != "__metadata__"
-    ]
 
 
 class Participant:
@@ -226,7 +172,7 @@ class Participant:
         # again, byte for byte with its idempotency key, before anything else. Training the round
         # again instead would lose it when the first upload did arrive (the coordinator then says
         # "wait") and would be refused as a reused key when it did not.
-        self._unsent: _PreparedUpdate | None = None
+        self._unsent: PreparedUpdate | None = None
         self._say: Callable[[str], None] | None = (
             _print_progress if progress is True else (progress or None)
         )
@@ -409,7 +355,7 @@ class Participant:
         model: nn.Module,
         state: LocalStateStore,
         stage: list[str] | None = None,
-    ) -> _PreparedUpdate:
+    ) -> PreparedUpdate:
         """Train one round from its instructions in ``model`` with ``state`` and build the
         update: everything :meth:`train_round` uploads and :meth:`preview` shows. ``stage[0]``
         follows the work ("load", "train", "signals", "upload") for the error report."""
@@ -417,50 +363,10 @@ class Participant:
         assert current.instructions is not None
         assert current.round is not None
         instructions: Instructions = current.instructions
-        downloaded = 0
-        global_id = str(instructions.global_model_id)
-        data, n = self._fetch(global_id, instructions.global_model_sha256)
-        downloaded += n
-        load_state_bytes(model, data)
-        neighbors = []
-        for neighbor in instructions.neighbors:
-            if instructions.recipe != "fedrn":
-                break
-            blob, n = self._fetch(str(neighbor.model_id), neighbor.model_sha256)
-            downloaded += n
-            neighbors.append(
-                NeighborModel(
-                    client_id=str(neighbor.client_id),
-                    state_dict={k: v.to(self.device) for k, v in load_safetensors(blob).items()},
-                    weight=float(neighbor.weight),
-                )
-            )
-        self._forget_models_except({global_id, *(str(n.model_id) for n in instructions.neighbors)})
-
-        global_model = copy.deepcopy(model)
-        global_model.eval()
-        for parameter in global_model.parameters():
-            parameter.requires_grad_(False)
+        neighbors, downloaded = self._load_round_models(instructions, model)
+        global_model = frozen_global_copy(model)
         model.train()
-        ctx = RoundContext(
-            round_index=instructions.round_index,
-            total_rounds=instructions.total_rounds,
-            num_classes=instructions.num_classes,
-            hyperparameters=instructions.hyperparameters,
-            role=instructions.role,
-            label_correction=instructions.label_correction,
-            neighbors=neighbors,
-            self_weight=instructions.self_weight,
-            global_centroids=(
-                torch.tensor(instructions.centroids, dtype=torch.float32, device=self.device)
-                if instructions.centroids is not None
-                else None
-            ),
-            device=self.device,
-            amp=self.amp,
-            seed=instructions.seed,
-            state=state,
-        )
+        ctx = round_context(instructions, neighbors, state, device=self.device, amp=self.amp)
         stage[0] = "train"
         recipe = get_recipe(instructions.recipe)
         started = time.perf_counter()
@@ -470,9 +376,8 @@ class Participant:
         signals = self._compute_signals(global_model, model, report, instructions)
         signal_seconds = time.perf_counter() - trained
         stage[0] = "upload"
-        reported = signals.to_json()
-        reported.pop("num_samples", None)  # sent once, at the top of the metadata
-        return _PreparedUpdate(
+        reported = reported_signals(signals)
+        return PreparedUpdate(
             round_index=instructions.round_index,
             recipe=instructions.recipe,
             idempotency_key=f"{current.round.id}",
@@ -485,6 +390,27 @@ class Participant:
             signal_seconds=signal_seconds,
             download_bytes=downloaded,
         )
+
+    def _load_round_models(
+        self, instructions: Instructions, model: nn.Module
+    ) -> tuple[list[NeighborModel], int]:
+        """Load the round's global model into ``model`` and read the neighbor models FedRN was
+        assigned, each downloaded at most once per content; (neighbors, bytes downloaded). The
+        cache then holds only this round's models."""
+        downloaded = 0
+        global_id = str(instructions.global_model_id)
+        data, n = self._fetch(global_id, instructions.global_model_sha256)
+        downloaded += n
+        load_state_bytes(model, data)
+        neighbors = []
+        for neighbor in instructions.neighbors:
+            if instructions.recipe != "fedrn":
+                break
+            blob, n = self._fetch(str(neighbor.model_id), neighbor.model_sha256)
+            downloaded += n
+            neighbors.append(neighbor_model(neighbor, blob, self.device))
+        self._forget_models_except({global_id, *(str(n.model_id) for n in instructions.neighbors)})
+        return neighbors, downloaded
 
     def _compute_signals(
         self,
@@ -531,7 +457,7 @@ class Participant:
             raise self._site_error(current.instructions.round_index, stage[0], exc) from exc
         return self._upload(prepared)
 
-    def _upload(self, prepared: _PreparedUpdate) -> RoundSummary:
+    def _upload(self, prepared: PreparedUpdate) -> RoundSummary:
         """Send a trained update; kept as unsent (and the error raised) when nothing answered."""
         self._unsent = None
         accepted = True
@@ -608,18 +534,7 @@ class Participant:
             current, copy.deepcopy(self.model), self.state.scratch_copy()
         )
         preview["round"]["index"] = prepared.round_index
-        preview["update"] = {
-            "method": "POST",
-            "path": update_path(self.federation_id, prepared.round_index),
-            "headers": {"Idempotency-Key": prepared.idempotency_key},
-            "metadata": prepared.metadata(),
-            "state": {
-                "format": "safetensors",
-                "size_bytes": len(prepared.state),
-                "sha256": hashlib.sha256(prepared.state).hexdigest(),
-                "tensors": safetensors_manifest(prepared.state),
-            },
-        }
+        preview["update"] = prepared.request_preview(self.federation_id)
         return preview
 
     def _load_final(self, current: CurrentRound) -> None:
@@ -636,5 +551,8 @@ __all__ = [
     "RoundSummary",
     "SiteRoundError",
     "default_device",
+    "load_state_bytes",
     "safetensors_manifest",
+    "save_initial_model",
+    "state_to_bytes",
 ]

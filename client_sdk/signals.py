@@ -253,15 +253,7 @@ def compute_signals(
         On an unknown signal name, a required signal whose input is missing (probe seed,
         centroids), input shape mismatch or a non-finite value.
     """
-    unknown = set(required) - OPTIONAL_SIGNALS
-    if unknown:
-        raise SignalError(
-            f"required: unknown signals {sorted(unknown)}; known {sorted(OPTIONAL_SIGNALS)}"
-        )
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise SignalError(f"num_classes: expected an int >= 2, got {num_classes!r}")
-    if batch_size < 1:
-        raise SignalError(f"batch_size: expected >= 1, got {batch_size}")
+    _check_arguments(required, num_classes, batch_size)
     dev = normalize_device(device)
     d = data.to(dev)
     if int(d.labels.max().item()) >= num_classes:
@@ -271,63 +263,123 @@ def compute_signals(
 
     if "per_class_loss" in required:
         logits = _batched_logits(global_model, d.inputs, batch_size, num_classes)
-        losses = F.cross_entropy(logits, d.labels, reduction="none")
-        acc = accumulator_dtype(dev)
-        sums = torch.zeros(num_classes, dtype=acc, device=dev)
-        sums.index_add_(0, d.labels, losses.to(acc))
-        per_class: list[float | None] = []
-        for total, count in zip(sums.tolist(), counts.tolist(), strict=True):
-            per_class.append(None if count == 0 else _finite("per_class_loss", total / count))
-        signals.per_class_loss = per_class
-        # Second pass around each class's mean (not sum of squares minus squared mean, which
-        # cancels badly in float32 when the losses are nearly equal).
-        means = torch.tensor([0.0 if m is None else m for m in per_class], dtype=acc, device=dev)
-        squares = torch.zeros(num_classes, dtype=acc, device=dev)
-        squares.index_add_(0, d.labels, torch.square(losses.to(acc) - means[d.labels]))
-        signals.per_class_loss_sd = [
-            None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
-            for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
-        ]
-        wrong = torch.zeros(num_classes, dtype=torch.int64, device=dev)
-        wrong.index_add_(0, d.labels, (logits.argmax(dim=1) != d.labels).to(torch.int64))
-        signals.per_class_errors = [
-            None if count == 0 else int(e)
-            for e, count in zip(wrong.tolist(), counts.tolist(), strict=True)
-        ]
+        signals.per_class_loss, signals.per_class_loss_sd, signals.per_class_errors = (
+            _per_class_loss_signals(logits, d.labels, counts, num_classes, dev)
+        )
 
     if "train_loss" in required:
         signals.train_loss = _finite("train_loss", float(train_report.train_loss))
 
     if "train_accuracy" in required:
         logits = _batched_logits(local_model, d.inputs, batch_size, num_classes)
-        if train_report.logit_offset is not None:
-            # The rule the recipe trained (FedNoRo: logits + tau log pi): a logit-adjusted model
-            # judged on its plain logits looks worse on a skewed site than it fits.
-            logits = logits.float() + train_report.logit_offset.to(logits.device, torch.float32)
-        correct = int((logits.argmax(dim=1) == d.labels).sum().item())
-        signals.train_accuracy = correct / d.num_samples
+        signals.train_accuracy = _train_accuracy(logits, d, train_report)
 
     if "probe_softmax" in required:
-        if probe_seed is None:
-            raise SignalError("probe_seed: required for probe_softmax")
-        probe = make_probe(probe_seed, probe_size, input_shape)
-        if tuple(probe.shape[1:]) != d.input_shape:
-            raise SignalError(
-                f"input_shape: {tuple(input_shape)} differs from the data's {d.input_shape}"
-            )
-        logits = _batched_logits(local_model, probe.to(dev), batch_size, num_classes)
-        probs = F.softmax(logits, dim=1).to("cpu", torch.float64)
-        if not bool(torch.isfinite(probs).all()):
-            raise SignalError("probe_softmax: is not finite; the model diverged")
-        signals.probe_softmax = probs.tolist()
+        signals.probe_softmax = _probe_softmax(
+            local_model, d, dev, probe_seed, probe_size, input_shape, batch_size, num_classes
+        )
 
     if "centroids" in required:
-        if train_report.centroids is None:
-            raise SignalError("centroids: required, but the recipe produced none (use 'rofl')")
-        cent = train_report.centroids.detach().to("cpu", torch.float64)
-        if cent.dim() != 2 or cent.shape[0] != num_classes or not bool(torch.isfinite(cent).all()):
-            raise SignalError(
-                f"centroids: expected finite ({num_classes}, d), got {tuple(cent.shape)}"
-            )
-        signals.centroids = cent.tolist()
+        signals.centroids = _centroids(train_report, num_classes)
     return signals
+
+
+def _check_arguments(required: Collection[str], num_classes: int, batch_size: int) -> None:
+    """``SignalError`` on an unknown signal name, fewer than 2 classes or a batch size < 1."""
+    unknown = set(required) - OPTIONAL_SIGNALS
+    if unknown:
+        raise SignalError(
+            f"required: unknown signals {sorted(unknown)}; known {sorted(OPTIONAL_SIGNALS)}"
+        )
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise SignalError(f"num_classes: expected an int >= 2, got {num_classes!r}")
+    if batch_size < 1:
+        raise SignalError(f"batch_size: expected >= 1, got {batch_size}")
+
+
+def _per_class_loss_signals(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    counts: torch.Tensor,
+    num_classes: int,
+    dev: torch.device,
+) -> tuple[list[float | None], list[float | None], list[int | None]]:
+    """theta_G's per-class mean loss (FedNoRo section 4.1, eq. 3's input), its standard
+    deviation (ddof 0) and its error count per given label, from theta_G's ``logits`` (module
+    docstring); None for a class with no sample. (per_class_loss, per_class_loss_sd,
+    per_class_errors)."""
+    losses = F.cross_entropy(logits, labels, reduction="none")
+    acc = accumulator_dtype(dev)
+    sums = torch.zeros(num_classes, dtype=acc, device=dev)
+    sums.index_add_(0, labels, losses.to(acc))
+    per_class: list[float | None] = []
+    for total, count in zip(sums.tolist(), counts.tolist(), strict=True):
+        per_class.append(None if count == 0 else _finite("per_class_loss", total / count))
+    # Second pass around each class's mean (not sum of squares minus squared mean, which
+    # cancels badly in float32 when the losses are nearly equal).
+    means = torch.tensor([0.0 if m is None else m for m in per_class], dtype=acc, device=dev)
+    squares = torch.zeros(num_classes, dtype=acc, device=dev)
+    squares.index_add_(0, labels, torch.square(losses.to(acc) - means[labels]))
+    per_class_sd: list[float | None] = [
+        None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
+        for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
+    ]
+    wrong = torch.zeros(num_classes, dtype=torch.int64, device=dev)
+    wrong.index_add_(0, labels, (logits.argmax(dim=1) != labels).to(torch.int64))
+    per_class_errors: list[int | None] = [
+        None if count == 0 else int(e)
+        for e, count in zip(wrong.tolist(), counts.tolist(), strict=True)
+    ]
+    return per_class, per_class_sd, per_class_errors
+
+
+def _train_accuracy(logits: torch.Tensor, data: LocalData, train_report: TrainReport) -> float:
+    """theta_k's accuracy on its own data against the given labels (FedRN expertise, eq. 4),
+    from its ``logits``, with the recipe's decision rule (its logit offsets added first, when it
+    reports any)."""
+    if train_report.logit_offset is not None:
+        # The rule the recipe trained (FedNoRo: logits + tau log pi): a logit-adjusted model
+        # judged on its plain logits looks worse on a skewed site than it fits.
+        logits = logits.float() + train_report.logit_offset.to(logits.device, torch.float32)
+    correct = int((logits.argmax(dim=1) == data.labels).sum().item())
+    return correct / data.num_samples
+
+
+def _probe_softmax(
+    local_model: nn.Module,
+    data: LocalData,
+    dev: torch.device,
+    probe_seed: int | None,
+    probe_size: int,
+    input_shape: Sequence[int],
+    batch_size: int,
+    num_classes: int,
+) -> list[list[float]]:
+    """theta_k's softmax on the round's probe (FedRN eq. 5; :func:`make_probe`), as float64
+    lists; ``SignalError`` without a probe seed, on a shape unlike the data's, or when not
+    finite."""
+    if probe_seed is None:
+        raise SignalError("probe_seed: required for probe_softmax")
+    probe = make_probe(probe_seed, probe_size, input_shape)
+    if tuple(probe.shape[1:]) != data.input_shape:
+        raise SignalError(
+            f"input_shape: {tuple(input_shape)} differs from the data's {data.input_shape}"
+        )
+    logits = _batched_logits(local_model, probe.to(dev), batch_size, num_classes)
+    probs = F.softmax(logits, dim=1).to("cpu", torch.float64)
+    if not bool(torch.isfinite(probs).all()):
+        raise SignalError("probe_softmax: is not finite; the model diverged")
+    result: list[list[float]] = probs.tolist()
+    return result
+
+
+def _centroids(train_report: TrainReport, num_classes: int) -> list[list[float]]:
+    """The recipe's local centroids (RoFL eq. 11) as float64 lists; ``SignalError`` when the
+    recipe produced none or they are not finite ``(C, d)``."""
+    if train_report.centroids is None:
+        raise SignalError("centroids: required, but the recipe produced none (use 'rofl')")
+    cent = train_report.centroids.detach().to("cpu", torch.float64)
+    if cent.dim() != 2 or cent.shape[0] != num_classes or not bool(torch.isfinite(cent).all()):
+        raise SignalError(f"centroids: expected finite ({num_classes}, d), got {tuple(cent.shape)}")
+    result: list[list[float]] = cent.tolist()
+    return result

@@ -27,15 +27,19 @@ labels, checked with a fingerprint) they are reset and the report says so.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
+from client_sdk.recipes.hyperparameters import Hyperparameters
 from client_sdk.recipes.model_io import check_logits, predict_logits
 from client_sdk.recipes.training import (
     BatchLoss,
+    BatchLossFn,
+    RoundSetup,
     cross_entropy_batch_loss,
     prepare_round,
     run_local_training,
@@ -96,6 +100,128 @@ def _fingerprint(data: LocalData, num_classes: int) -> str:
     return f"{data.num_samples}:{num_classes}:{digest}"
 
 
+@dataclass(frozen=True)
+class _FLRSettings:
+    """FLR's hyper-parameters as read for one round (defaults: appendix E.5 and Table 6)."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    lam: float
+    r_w: int
+    warmup_rounds: int
+    clamp: float
+
+    @classmethod
+    def read(cls, hp: Hyperparameters) -> _FLRSettings:
+        """Read the FLR keys of ``hp``, checked, in a fixed order (the first bad key is named)."""
+        return cls(
+            alpha=hp.get_float("alpha", 0.9, minimum=0.0, maximum=1.0),
+            beta=hp.get_float("beta", 0.7, minimum=0.0, maximum=1.0),
+            gamma=hp.get_float("gamma", 0.5, minimum=0.0, maximum=1.0),
+            lam=hp.get_float("lam", 2.0, minimum=0.0),
+            r_w=hp.get_int("r_w", 50, minimum=0),
+            warmup_rounds=hp.get_int("warmup_rounds", 50, minimum=0),
+            clamp=hp.get_float("clamp", 1e-4, minimum=0.0, maximum=0.49, exclusive_minimum=True),
+        )
+
+
+@dataclass
+class _RunningAverages:
+    """The per-sample running averages of Algorithm 1 lines 15-16, updated in place.
+
+    ``s`` (N, C): s_i, the average of p_i^server; ``m`` (N, C): m_i, the average of the local
+    p_i; ``seen`` (N,): whether sample i was in a mini-batch yet (until then s_i and m_i start
+    at the first predictions seen, section 3.2).
+    """
+
+    s: torch.Tensor
+    m: torch.Tensor
+    seen: torch.Tensor
+
+    @classmethod
+    def empty(cls, n: int, c: int) -> _RunningAverages:
+        """No sample seen yet."""
+        return cls(torch.zeros(n, c), torch.zeros(n, c), torch.zeros(n, dtype=torch.bool))
+
+    def to(self, device: torch.device) -> _RunningAverages:
+        """On ``device``, s and m in float32."""
+        return _RunningAverages(
+            self.s.to(device, torch.float32),
+            self.m.to(device, torch.float32),
+            self.seen.to(device, torch.bool),
+        )
+
+
+def _load_running_averages(
+    ctx: RoundContext, n: int, c: int, fingerprint: str
+) -> tuple[_RunningAverages, bool]:
+    """s_i, m_i and seen as stored after the last round (module docstring), or empty ones:
+    on the first FLR round, or reset when the stored ones do not fit the data (their shapes,
+    or the data's fingerprint: size, classes or labels changed). (averages, reset)."""
+    s = ctx.state.get_tensor(STATE_PREFIX + "s")
+    m = ctx.state.get_tensor(STATE_PREFIX + "m")
+    seen = ctx.state.get_tensor(STATE_PREFIX + "seen")
+    meta = ctx.state.get_json(STATE_PREFIX + "meta", {})
+    if s is None or m is None or seen is None:
+        return _RunningAverages.empty(n, c), False
+    if (
+        s.shape != (n, c)
+        or m.shape != (n, c)
+        or seen.shape != (n,)
+        or not isinstance(meta, dict)
+        or meta.get("fingerprint") != fingerprint
+    ):
+        return _RunningAverages.empty(n, c), True
+    return _RunningAverages(s, m, seen), False
+
+
+def _store_running_averages(
+    ctx: RoundContext, averages: _RunningAverages, fingerprint: str, round_index: int
+) -> None:
+    """Keep s_i, m_i and seen for the next round, with the fingerprint of the data they index."""
+    ctx.state.put_tensor(STATE_PREFIX + "s", averages.s)
+    ctx.state.put_tensor(STATE_PREFIX + "m", averages.m)
+    ctx.state.put_tensor(STATE_PREFIX + "seen", averages.seen)
+    ctx.state.put_json(
+        STATE_PREFIX + "meta", {"fingerprint": fingerprint, "last_round": round_index}
+    )
+    ctx.state.flush()
+
+
+def _flr_batch_loss(
+    model: nn.Module,
+    num_classes: int,
+    p_server: torch.Tensor,
+    averages: _RunningAverages,
+    schedule: tuple[float, float, float],
+    settings: _FLRSettings,
+) -> BatchLossFn:
+    """The loss of one mini-batch after the warm-up: update the running averages of its samples
+    and their mixture (Algorithm 1 lines 15-17), then L = CE + the regulariser (eq. 1)."""
+    alpha_r, beta_r, gamma_r = schedule
+    s, m, seen = averages.s, averages.m, averages.seen
+
+    def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
+        logits = model(x)
+        check_logits(logits, num_classes)
+        logits = logits.float()
+        ce = F.cross_entropy(logits, y)
+        p = F.softmax(logits, dim=1)
+        with torch.no_grad():
+            was_seen = seen[idx]
+            s_i = update_running_average(s[idx], p_server[idx], beta_r, was_seen)
+            m_i = update_running_average(m[idx], p.detach(), gamma_r, was_seen)
+            s[idx] = s_i
+            m[idx] = m_i
+            seen[idx] = True
+            t_i = alpha_r * s_i + (1.0 - alpha_r) * m_i
+        reg = flr_regulariser(p, t_i, settings.lam, settings.clamp)
+        return BatchLoss(loss=ce + reg, ce=ce.detach(), count=int(y.shape[0]))
+
+    return step
+
+
 class FLRRecipe:
     """FLR client training (``flr``).
 
@@ -126,84 +252,57 @@ class FLRRecipe:
             ``gamma`` (this round's values), ``state_reset`` (0/1).
         """
         setup = prepare_round(data, ctx)
-        hp = setup.hp
-        alpha = hp.get_float("alpha", 0.9, minimum=0.0, maximum=1.0)
-        beta = hp.get_float("beta", 0.7, minimum=0.0, maximum=1.0)
-        gamma = hp.get_float("gamma", 0.5, minimum=0.0, maximum=1.0)
-        lam = hp.get_float("lam", 2.0, minimum=0.0)
-        r_w = hp.get_int("r_w", 50, minimum=0)
-        warmup = hp.get_int("warmup_rounds", 50, minimum=0)
-        clamp = hp.get_float("clamp", 1e-4, minimum=0.0, maximum=0.49, exclusive_minimum=True)
+        settings = _FLRSettings.read(setup.hp)
+        if ctx.round_index < settings.warmup_rounds:
+            return self._warmup_round(model, setup, ctx)
+        return self._regularised_round(model, global_model, setup, ctx, settings)
+
+    @staticmethod
+    def _warmup_round(model: nn.Module, setup: RoundSetup, ctx: RoundContext) -> TrainReport:
+        """Algorithm 1, phase 1: a FedAvg round with plain cross-entropy (no state kept)."""
+        with seeded_rng(ctx.seed, ctx.device):
+            result = run_local_training(
+                model,
+                setup.data,
+                ctx,
+                setup.config,
+                cross_entropy_batch_loss(model, ctx.num_classes),
+                setup.generator,
+            )
+        return TrainReport(
+            train_loss=result.mean_ce, num_steps=result.num_steps, metrics={"warmup": 1.0}
+        )
+
+    @staticmethod
+    def _regularised_round(
+        model: nn.Module,
+        global_model: nn.Module,
+        setup: RoundSetup,
+        ctx: RoundContext,
+        settings: _FLRSettings,
+    ) -> TrainReport:
+        """Algorithm 1, phase 2: this round's schedules (appendix E.5), p_i^server once, then
+        local training with eq. 1 while the running averages move (lines 15-17); they are
+        stored for the next round."""
         d = setup.data
         r = ctx.round_index
-        if r < warmup:
-            with seeded_rng(ctx.seed, ctx.device):
-                result = run_local_training(
-                    model,
-                    d,
-                    ctx,
-                    setup.config,
-                    cross_entropy_batch_loss(model, ctx.num_classes),
-                    setup.generator,
-                )
-            return TrainReport(
-                train_loss=result.mean_ce, num_steps=result.num_steps, metrics={"warmup": 1.0}
-            )
-
-        alpha_r, beta_r, gamma_r = flr_schedule(r, ctx.total_rounds, alpha, beta, gamma, r_w)
-        n, c = d.num_samples, ctx.num_classes
+        schedule = flr_schedule(
+            r, ctx.total_rounds, settings.alpha, settings.beta, settings.gamma, settings.r_w
+        )
+        fingerprint = _fingerprint(d, ctx.num_classes)
+        stored, reset = _load_running_averages(ctx, d.num_samples, ctx.num_classes, fingerprint)
         notes: list[str] = []
-        fingerprint = _fingerprint(d, c)
-        s = ctx.state.get_tensor(STATE_PREFIX + "s")
-        m = ctx.state.get_tensor(STATE_PREFIX + "m")
-        seen = ctx.state.get_tensor(STATE_PREFIX + "seen")
-        meta = ctx.state.get_json(STATE_PREFIX + "meta", {})
-        reset = False
-        if s is None or m is None or seen is None:
-            s, m = torch.zeros(n, c), torch.zeros(n, c)
-            seen = torch.zeros(n, dtype=torch.bool)
-        elif (
-            s.shape != (n, c)
-            or m.shape != (n, c)
-            or seen.shape != (n,)
-            or not isinstance(meta, dict)
-            or meta.get("fingerprint") != fingerprint
-        ):
-            reset = True
+        if reset:
             notes.append(
                 "FLR running averages reset: the local data changed (size, classes or labels)"
             )
-            s, m = torch.zeros(n, c), torch.zeros(n, c)
-            seen = torch.zeros(n, dtype=torch.bool)
-        s = s.to(d.device, torch.float32)
-        m = m.to(d.device, torch.float32)
-        seen = seen.to(d.device, torch.bool)
+        averages = stored.to(d.device)
         p_server = F.softmax(predict_logits(global_model, d.inputs)[0], dim=1)
-
-        def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
-            logits = model(x)
-            check_logits(logits, c)
-            logits = logits.float()
-            ce = F.cross_entropy(logits, y)
-            p = F.softmax(logits, dim=1)
-            with torch.no_grad():
-                was_seen = seen[idx]
-                s_i = update_running_average(s[idx], p_server[idx], beta_r, was_seen)
-                m_i = update_running_average(m[idx], p.detach(), gamma_r, was_seen)
-                s[idx] = s_i
-                m[idx] = m_i
-                seen[idx] = True
-                t_i = alpha_r * s_i + (1.0 - alpha_r) * m_i
-            reg = flr_regulariser(p, t_i, lam, clamp)
-            return BatchLoss(loss=ce + reg, ce=ce.detach(), count=int(y.shape[0]))
-
+        step = _flr_batch_loss(model, ctx.num_classes, p_server, averages, schedule, settings)
         with seeded_rng(ctx.seed, ctx.device):
             result = run_local_training(model, d, ctx, setup.config, step, setup.generator)
-        ctx.state.put_tensor(STATE_PREFIX + "s", s)
-        ctx.state.put_tensor(STATE_PREFIX + "m", m)
-        ctx.state.put_tensor(STATE_PREFIX + "seen", seen)
-        ctx.state.put_json(STATE_PREFIX + "meta", {"fingerprint": fingerprint, "last_round": r})
-        ctx.state.flush()
+        _store_running_averages(ctx, averages, fingerprint, r)
+        alpha_r, beta_r, gamma_r = schedule
         return TrainReport(
             train_loss=result.mean_ce,
             num_steps=result.num_steps,

@@ -45,6 +45,7 @@ from torch import nn
 
 from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
 from client_sdk.recipes.errors import ModelContractError, RecipeError
+from client_sdk.recipes.hyperparameters import Hyperparameters
 from client_sdk.recipes.model_io import (
     check_logits,
     find_head,
@@ -53,6 +54,7 @@ from client_sdk.recipes.model_io import (
 )
 from client_sdk.recipes.training import (
     BatchLoss,
+    BatchLossFn,
     accumulator_dtype,
     prepare_round,
     run_local_training,
@@ -213,6 +215,121 @@ def rofl_loss(
     return RoFLLoss(total=total, ce=ce, centroid=cen, entropy=entropy)
 
 
+@dataclass(frozen=True)
+class _RoFLSettings:
+    """RoFL's hyper-parameters as read for one round (defaults: the supplementary)."""
+
+    forget_rate: float
+    forget_rounds: int
+    t_pl: int
+    lambda_cen: float
+    lambda_e: float
+    centroid_reduction: str
+    head_name: str | None
+
+    @classmethod
+    def read(cls, hp: Hyperparameters) -> _RoFLSettings:
+        """Read the RoFL keys of ``hp``, checked, in a fixed order (the first bad key is named)."""
+        return cls(
+            forget_rate=hp.get_float("forget_rate", 0.2, minimum=0.0, maximum=0.99),
+            forget_rounds=hp.get_int("forget_rounds", 10, minimum=0),
+            t_pl=hp.get_int("t_pl", 100, minimum=0),
+            lambda_cen=hp.get_float("lambda_cen", 1.0, minimum=0.0),
+            lambda_e=hp.get_float("lambda_e", 0.8, minimum=0.0),
+            centroid_reduction=hp.get_choice("centroid_reduction", "mean", ("mean", "sum")),
+            head_name=hp.get_optional_str("head_name"),
+        )
+
+
+@dataclass
+class _LocalCentroids:
+    """The local centroids f_k as they move during the round (eq. 13), and the tally behind
+    the ``confident_fraction`` metric (confident samples among the selected ones)."""
+
+    centroids: torch.Tensor
+    confident: torch.Tensor
+    selected: int = 0
+
+
+def _starting_centroids(
+    model: nn.Module, head: nn.Module, data: LocalData, ctx: RoundContext
+) -> torch.Tensor:
+    """f_k at the start of the round: the global centroids f_G, or (first round, f_G unknown)
+    the naive class means of the features under the given labels with the received model
+    (supplementary, "Initialization of global centroids")."""
+    if ctx.global_centroids is None:
+        _, feats = predict_logits(model, data.inputs, with_features=True, head=head)
+        assert feats is not None
+        return initial_centroids(feats, data.labels, ctx.num_classes)
+    return ctx.global_centroids.detach().to(data.device, torch.float32).clone()
+
+
+def _pseudo_labels(
+    global_model: nn.Module, data: LocalData, round_index: int, t_pl: int
+) -> torch.Tensor | None:
+    """y_hat = argmax theta_G(x) from round T_pl on (eq. 8, Algorithm 1), computed once at the
+    start of the round; None before, when the given labels are used instead."""
+    if round_index < t_pl:
+        return None
+    return predict_logits(global_model, data.inputs)[0].argmax(dim=1)
+
+
+def _rofl_batch_loss(
+    model: nn.Module,
+    head: nn.Module,
+    num_classes: int,
+    pseudo: torch.Tensor | None,
+    local: _LocalCentroids,
+    forget: float,
+    lam_cen: float,
+    settings: _RoFLSettings,
+) -> BatchLossFn:
+    """The loss of one mini-batch: keep its small-loss samples (eq. 2), mark the confident ones
+    (eq. 6-7), take y there and y_hat elsewhere (eq. 1), L = L_c + lambda_cen L_cen +
+    lambda_e L_e (eq. 9); after the optimiser step the centroids move (eq. 13)."""
+
+    def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
+        logits, feats = forward_with_features(model, x, head)
+        check_logits(logits, num_classes)
+        current = local.centroids
+        if feats.shape[1] != current.shape[1]:
+            raise ModelContractError(
+                f"global_centroids: dimension {current.shape[1]} != feature dimension "
+                f"{feats.shape[1]}"
+            )
+        with torch.no_grad():
+            per_sample = F.cross_entropy(logits.float(), y, reduction="none")
+        keep = small_loss_indices(per_sample, forget)
+        feats_kept, labels_kept = feats[keep], y[keep]
+        mask = confident_mask(feats_kept, current, labels_kept)
+        targets = labels_kept
+        if pseudo is not None:
+            targets = torch.where(mask, labels_kept, pseudo[idx[keep]])
+        parts = rofl_loss(
+            logits[keep],
+            feats_kept,
+            targets,
+            labels_kept,
+            mask,
+            current,
+            lam_cen,
+            settings.lambda_e,
+            centroid_reduction=settings.centroid_reduction,
+        )
+        local.confident += mask.sum()
+        local.selected += int(keep.shape[0])
+        frozen = feats_kept.detach().float()
+
+        def after() -> None:
+            local.centroids = update_centroids(local.centroids, frozen, labels_kept)
+
+        return BatchLoss(
+            loss=parts.total, ce=parts.ce.detach(), count=int(keep.shape[0]), after_step=after
+        )
+
+    return step
+
+
 class RoFLRecipe:
     """RoFL client training (``rofl``).
 
@@ -245,82 +362,31 @@ class RoFLRecipe:
             ``pseudo_labels`` (0/1), ``confident_fraction``.
         """
         setup = prepare_round(data, ctx)
-        hp = setup.hp
-        forget_rate = hp.get_float("forget_rate", 0.2, minimum=0.0, maximum=0.99)
-        forget_rounds = hp.get_int("forget_rounds", 10, minimum=0)
-        t_pl = hp.get_int("t_pl", 100, minimum=0)
-        lambda_cen = hp.get_float("lambda_cen", 1.0, minimum=0.0)
-        lambda_e = hp.get_float("lambda_e", 0.8, minimum=0.0)
-        reduction = hp.get_choice("centroid_reduction", "mean", ("mean", "sum"))
-        _, head = find_head(model, hp.get_optional_str("head_name"))
+        settings = _RoFLSettings.read(setup.hp)
+        _, head = find_head(model, settings.head_name)
         d = setup.data
         t = ctx.round_index
-        forget = forget_fraction(t, forget_rate, forget_rounds)
-        lam_cen = centroid_weight(t, lambda_cen, t_pl)
-
-        if ctx.global_centroids is None:
-            _, feats = predict_logits(model, d.inputs, with_features=True, head=head)
-            assert feats is not None
-            centroids = initial_centroids(feats, d.labels, ctx.num_classes)
-        else:
-            centroids = ctx.global_centroids.detach().to(d.device, torch.float32).clone()
-        pseudo = None
-        if t >= t_pl:
-            pseudo = predict_logits(global_model, d.inputs)[0].argmax(dim=1)
-        holder = [centroids]
-        confident_sum = torch.zeros((), dtype=accumulator_dtype(d.device), device=d.device)
-        selected_total = [0]
-
-        def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
-            nonlocal confident_sum
-            logits, feats = forward_with_features(model, x, head)
-            check_logits(logits, ctx.num_classes)
-            current = holder[0]
-            if feats.shape[1] != current.shape[1]:
-                raise ModelContractError(
-                    f"global_centroids: dimension {current.shape[1]} != feature dimension "
-                    f"{feats.shape[1]}"
-                )
-            with torch.no_grad():
-                per_sample = F.cross_entropy(logits.float(), y, reduction="none")
-            keep = small_loss_indices(per_sample, forget)
-            feats_kept, labels_kept = feats[keep], y[keep]
-            mask = confident_mask(feats_kept, current, labels_kept)
-            targets = labels_kept
-            if pseudo is not None:
-                targets = torch.where(mask, labels_kept, pseudo[idx[keep]])
-            parts = rofl_loss(
-                logits[keep],
-                feats_kept,
-                targets,
-                labels_kept,
-                mask,
-                current,
-                lam_cen,
-                lambda_e,
-                centroid_reduction=reduction,
-            )
-            confident_sum += mask.sum()
-            selected_total[0] += int(keep.shape[0])
-            frozen = feats_kept.detach().float()
-
-            def after() -> None:
-                holder[0] = update_centroids(holder[0], frozen, labels_kept)
-
-            return BatchLoss(
-                loss=parts.total, ce=parts.ce.detach(), count=int(keep.shape[0]), after_step=after
-            )
-
+        # The schedules of Algorithm 1: R(t) for eq. 2, lambda_cen(t) for eq. 9.
+        forget = forget_fraction(t, settings.forget_rate, settings.forget_rounds)
+        lam_cen = centroid_weight(t, settings.lambda_cen, settings.t_pl)
+        centroids = _starting_centroids(model, head, d, ctx)
+        pseudo = _pseudo_labels(global_model, d, t, settings.t_pl)
+        local = _LocalCentroids(
+            centroids, torch.zeros((), dtype=accumulator_dtype(d.device), device=d.device)
+        )
+        step = _rofl_batch_loss(
+            model, head, ctx.num_classes, pseudo, local, forget, lam_cen, settings
+        )
         with seeded_rng(ctx.seed, ctx.device):
             result = run_local_training(model, d, ctx, setup.config, step, setup.generator)
         return TrainReport(
             train_loss=result.mean_ce,
             num_steps=result.num_steps,
-            centroids=holder[0].detach().to("cpu", torch.float32).clone(),
+            centroids=local.centroids.detach().to("cpu", torch.float32).clone(),
             metrics={
                 "forget_fraction": forget,
                 "lambda_cen": lam_cen,
                 "pseudo_labels": 1.0 if pseudo is not None else 0.0,
-                "confident_fraction": float(confident_sum.item()) / max(selected_total[0], 1),
+                "confident_fraction": float(local.confident.item()) / max(local.selected, 1),
             },
         )
