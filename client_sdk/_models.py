@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Model(BaseModel):
@@ -166,6 +166,67 @@ class UpdateReceipt(_Model):
     replayed: bool
 
 
+class AuditVerdict(_Model):
+    """One detector's verdict on one site (``evidence``: the detector's own fields)."""
+
+    score: float | None
+    probability: float | None = None
+    flag: bool | None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class AuditDetection(_Model):
+    """One detector's result for a round; ``verdicts`` aligned with the audit's client_ids."""
+
+    method: str
+    status: Literal["ok", "undetermined", "inconclusive"]
+    reason: str | None = None
+    verdicts: list[AuditVerdict | None]
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class AuditAggregation(_Model):
+    """How a round's updates were aggregated; ``weights`` aligned with client_ids."""
+
+    rule: str
+    requested_rule: str | None = None
+    fallback_reason: str | None = None
+    weights: list[float] | None = None
+    layer_weights: dict[str, list[float]] | None = None
+    details: dict[str, Any] | None = None
+    weight_cap: dict[str, Any] | None = None
+
+
+class AuditClient(_Model):
+    """A client of the audited round, in the audit's order."""
+
+    client_id: str
+    name: str
+    num_samples: int
+    update_id: str
+    pinned_status: str | None = None
+
+
+class AuditRecord(_Model):
+    """The audit a round stored when it closed (``GET .../rounds/{index}``)."""
+
+    client_ids: list[str]
+    detections: dict[str, AuditDetection]
+    primary: str
+    primary_flags: list[bool | None]
+    expertise: list[float | None] | None = None
+    neighbors: dict[str, list[dict[str, Any]]] | None = None
+    self_weights: dict[str, float] | None = None
+    aggregation: AuditAggregation
+    centroids: list[list[float]] | None = None
+    centroid_weights: list[list[float]] | None = None
+    effective_flags: list[bool | None] | None = None
+    aggregation_flags: list[bool | None] | None = None
+    round_index: int | None = None
+    in_warmup: bool | None = None
+    clients: list[AuditClient] | None = None
+
+
 class RoundInfo(_Model):
     id: uuid.UUID
     federation_id: uuid.UUID
@@ -183,7 +244,7 @@ class RoundInfo(_Model):
     aggregation_rule: str | None = None
     aggregation_weights: dict[str, Any] | None = None
     coordinator_seconds: float | None = None
-    audit: dict[str, Any] | None = None
+    audit: AuditRecord | None = None
 
 
 class Event(_Model):

@@ -101,7 +101,7 @@ def round_record(
     trained : tuple
         The round's wall seconds and, per client in index order, its :class:`ClientRound`.
     """
-    audit: dict[str, Any] = info.audit or {}
+    audit: dict[str, Any] = {} if info.audit is None else info.audit.model_dump()
     stored = _StoredAudit.parse(audit, roster)
     wall, trained_clients = trained
     clients = [

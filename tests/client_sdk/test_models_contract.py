@@ -29,6 +29,11 @@ PAIRS: list[tuple[type[BaseModel], str]] = [
     (sdk.UpdateReceipt, "UpdateRead"),
     (sdk.RoundInfo, "RoundDetail"),
     (sdk.Event, "EventRead"),
+    (sdk.AuditRecord, "AuditRecord"),
+    (sdk.AuditDetection, "DetectionRecord"),
+    (sdk.AuditVerdict, "VerdictRecord"),
+    (sdk.AuditAggregation, "AggregationRecord"),
+    (sdk.AuditClient, "AuditClient"),
 ]
 
 

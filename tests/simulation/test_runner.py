@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from client_sdk import APIStatusError, ProblemDetails
+from client_sdk._models import AuditRecord
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.datasets import Dataset, DataSplit
 from fedaudit_sim.federation import Federation, create_federation
@@ -239,6 +240,7 @@ def test_round_record_maps_the_stored_audit_by_client_id():
         "in_warmup": False,
         "detections": {
             "fednoro": {
+                "method": "fednoro",
                 "status": "ok",
                 "reason": None,
                 "summary": {"ashman_d": 4.5},
@@ -263,14 +265,21 @@ def test_round_record_maps_the_stored_audit_by_client_id():
                     },
                 ],
             },
-            "fedncl": {"status": "undetermined", "reason": "too few", "verdicts": [None] * 3},
+            "fedncl": {
+                "method": "fedncl",
+                "status": "undetermined",
+                "reason": "too few",
+                "verdicts": [None] * 3,
+            },
         },
         "expertise": [0.1, 1.0, 0.7],
         "neighbors": {ids["client-00"]: [{"client_id": ids["client-01"], "weight": 0.4}]},
         "self_weights": {ids["client-00"]: 0.6},
         "aggregation": {"rule": "daagg", "weights": [0.1, 0.5, 0.4], "fallback_reason": None},
     }
-    info = SimpleNamespace(audit=audit, coordinator_seconds=0.25, aggregation_rule="daagg")
+    info = SimpleNamespace(
+        audit=AuditRecord.model_validate(audit), coordinator_seconds=0.25, aggregation_rule="daagg"
+    )
     trained = (
         1.5,
         [

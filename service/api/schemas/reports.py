@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas.audits import AuditRecord
 from service.audit import ClientStatus
 from service.inputs import TEXT_RULES, BoundedJson, Text
 
@@ -230,7 +231,7 @@ class RecomputeResult(BaseModel):
     flags: dict[str, dict[str, bool | None]] = Field(
         description="Per client id: the primary flag, the effective one (pins) and each detector's"
     )
-    audit: dict[str, Any] = Field(
+    audit: AuditRecord = Field(
         description="The full audit result, shaped as a round's stored audit (see RoundDetail)"
     )
     distance_to_actual_model: ModelDistance = Field(

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.schemas.audits import AuditRecord
 from service.inputs import NAME_RULES, TEXT_RULES, Int32, Name, PositiveInt32, Text
 
 
@@ -31,7 +32,7 @@ class RoundRead(BaseModel):
 
 
 class RoundDetail(RoundRead):
-    audit: dict[str, Any] | None = Field(
+    audit: AuditRecord | None = Field(
         default=None,
         description=(
             "The audit stored when the round closed. `detections.<detector>.verdicts` is "
