@@ -49,8 +49,8 @@ class UpdateSignals(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    class_counts: list[Count] | None = Field(
-        None, description="Samples per class; sums to num_samples"
+    class_counts: list[Count] = Field(
+        description="Samples per class; sums to num_samples (every update sends them)"
     )
     per_class_loss: list[NonNegative | None] | None = Field(
         None, description="The global model's mean cross-entropy per given label (FedNoRo)"
@@ -160,11 +160,9 @@ def _refuse(errors: list[dict[str, Any]]) -> NoReturn:
 def _check_class_counts(
     errors: list[dict[str, Any]], signals: UpdateSignals, n: int, num_classes: int
 ) -> list[int] | None:
-    """The class counts when there is one per class (added to ``errors`` when they do not sum to
-    ``n``); None otherwise, with the problem added to ``errors``."""
+    """The class counts when there is one per class (a problem added to ``errors`` when they do
+    not sum to ``n``); None otherwise, with the problem added to ``errors``."""
     counts = signals.class_counts
-    if counts is None:
-        return None  # required by every federation: reported as missing above
     if len(counts) != num_classes:
         errors.append(
             problem(["metadata", "signals", "class_counts"], f"must have {num_classes} entries")

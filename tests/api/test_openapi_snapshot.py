@@ -72,4 +72,5 @@ def test_the_update_metadata_is_a_schema_with_its_constraints() -> None:
     signals = schemas["UpdateSignals"]["properties"]
     accuracy = signals["train_accuracy"]["anyOf"][0]
     assert (accuracy["minimum"], accuracy["maximum"]) == (0, 1)
-    assert signals["class_counts"]["anyOf"][0]["items"]["minimum"] == 0
+    assert signals["class_counts"]["items"]["minimum"] == 0
+    assert schemas["UpdateSignals"]["required"] == ["class_counts"]

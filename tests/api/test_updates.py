@@ -83,6 +83,7 @@ def extra_tensor() -> dict[str, np.ndarray]:
         (tiny_state(1.0), {"signal_overrides": {"train_loss": "0.5"}}, "valid number"),
         (tiny_state(1.0), {"signal_overrides": {"train_loss": float("nan")}}, "finite number"),
         (tiny_state(1.0), {"signal_overrides": {"class_counts": [5, True]}}, "valid integer"),
+        (tiny_state(1.0), {"signal_overrides": {"class_counts": None}}, "valid list"),
     ],
     ids=[
         "shape",
@@ -102,6 +103,7 @@ def extra_tensor() -> dict[str, np.ndarray]:
         "number-as-string",
         "nan",
         "boolean-count",
+        "no-class-counts",
     ],
 )
 async def test_invalid_update_is_rejected_and_nothing_changes(
