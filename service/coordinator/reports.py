@@ -425,6 +425,44 @@ def client_history(session: Session, federation: Federation, client: Client) -> 
     }
 
 
+def client_page_view(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
+    """One client for the dashboard: its history (:func:`client_history`), its per-class loss in
+    every round it sent an update (None where it holds no sample of the class or sent none), the
+    class labels, whether it is a trust anchor, and its latest site errors (newest first)."""
+    view = client_history(session, federation, client)
+    per_class: dict[int, list[float | None]] = {}
+    for update in repo.updates_of_client(session, federation.id, client.id):
+        losses = update.signals.get("per_class_loss")
+        counts = update.signals.get("class_counts")
+        if losses is not None:
+            per_class[update.round_index] = [
+                None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
+                for c, loss in enumerate(losses)
+            ]
+    errors = [
+        {
+            "at": event.created_at,
+            "round": (event.data or {}).get("round_index"),
+            "stage": (event.data or {}).get("stage"),
+            "error_type": (event.data or {}).get("error_type"),
+            "message": (event.data or {}).get("error", event.message),
+        }
+        for event in repo.latest_client_events(
+            session, federation.id, client.id, kind="site.error", limit=SITE_ERRORS_SHOWN
+        )
+    ]
+    return {
+        **view,
+        "federation_id": str(federation.id),
+        "federation": federation.name,
+        "anchor": bool(client.anchor),
+        "anchor_reason": client.anchor_reason,
+        "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
+        "per_class_loss": per_class,
+        "site_errors": errors,
+    }
+
+
 def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:
     """What a client may learn about itself: its status and which of its classes look noisy."""
     federation = repo.get_federation(session, client.federation_id)

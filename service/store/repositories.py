@@ -281,6 +281,26 @@ def updates_of_round(session: Session, round_id: uuid.UUID) -> list[ModelUpdate]
     return list(session.scalars(query.order_by(ModelUpdate.received_at, ModelUpdate.id)))
 
 
+def updates_of_client(
+    session: Session, federation_id: uuid.UUID, client_id: uuid.UUID
+) -> list[ModelUpdate]:
+    """Every accepted update of one client in a federation, by round."""
+    query = select(ModelUpdate).where(
+        ModelUpdate.federation_id == federation_id, ModelUpdate.client_id == client_id
+    )
+    return list(session.scalars(query.order_by(ModelUpdate.round_index)))
+
+
+def latest_client_events(
+    session: Session, federation_id: uuid.UUID, client_id: uuid.UUID, *, kind: str, limit: int
+) -> list[Event]:
+    """One client's last ``limit`` events of ``kind`` in a federation, newest first."""
+    query = select(Event).where(
+        Event.federation_id == federation_id, Event.client_id == client_id, Event.kind == kind
+    )
+    return list(session.scalars(query.order_by(Event.id.desc()).limit(limit)))
+
+
 def count_updates_of_round(session: Session, round_id: uuid.UUID) -> int:
     query = select(func.count()).select_from(ModelUpdate).where(ModelUpdate.round_id == round_id)
     return session.scalar(query) or 0

@@ -171,6 +171,8 @@ async def test_unknown_federation_and_round_are_html_404(api: httpx.AsyncClient)
         "/admin/federations/not-a-uuid",
         f"/admin/federations/{fed.id}/rounds/7",
         f"/admin/federations/{fed.id}/rounds/x",
+        f"/admin/federations/{fed.id}/clients/00000000-0000-0000-0000-000000000000",
+        f"/admin/federations/{fed.id}/clients/not-a-uuid",
     ):
         response = await api.get(path)
         assert_page(response, 404)
@@ -245,9 +247,11 @@ async def test_report_page_shows_statuses_and_plots(api: httpx.AsyncClient) -> N
     table = page.text.split("<tbody>")[1].split("</tbody>")[0]
     rows = table.split("<tr>")[1:]
     assert len(rows) == len(NAMES)
+    ids = {row["name"]: row["client_id"] for row in report["clients"]}
     for row, name in zip(rows, NAMES, strict=True):
         escaped = name.replace("<", "&lt;").replace(">", "&gt;")
-        assert row.startswith(f"<td>{escaped}</td>")
+        link = f"/admin/federations/{fed.id}/clients/{ids[name]}"
+        assert row.startswith(f'<td><a href="{link}">{escaped}</a></td>')
         assert f'<span class="badge {statuses[name]}">{statuses[name]}</span>' in row
     plots = {svg.get("aria-label"): svg for svg in svgs(page.text)}
     assert set(plots) == {
@@ -310,3 +314,57 @@ async def test_round_page_shows_that_rounds_separation_guard(api: httpx.AsyncCli
     assert_page(page)
     assert "<dt>primary verdict</dt><dd>fednoro: ok" in page.text
     assert f"<dt>separation guard</dt><dd>{html.escape(guard)}</dd>" in page.text
+
+
+async def test_client_page_shows_the_history_flags_and_losses(api: httpx.AsyncClient) -> None:
+    # Prepare: two audited rounds; the malicious-name client is Fed-NCL's outlier in both
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL, joins=JOINS)
+    other = await make_federation(api, name="other", clients=("z",))
+    await run_round(api, fed, 0)
+    await run_round(api, fed, 1)
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    ids = {row["name"]: row["client_id"] for row in report["clients"]}
+    await login(api)
+
+    # Execute
+    page = await api.get(f"/admin/federations/{fed.id}/clients/{ids[EVIL]}")
+    clean = await api.get(f"/admin/federations/{fed.id}/clients/{ids['c']}")
+    elsewhere = await api.get(f"/admin/federations/{other.id}/clients/{ids['c']}")
+
+    # Assert
+    assert_page(page)
+    assert "<script" not in page.text
+    assert "<h1>&lt;script&gt;alert(1)&lt;/script&gt;</h1>" in page.text
+    assert f'<a href="/admin/federations/{fed.id}">' in page.text
+    history = page.text.split("<tbody>")[1].split("</tbody>")[0].split("<tr>")[1:]
+    assert [r.split("</td>")[0] for r in history] == ['<td class="num">0', '<td class="num">1']
+    assert all("<td>flagged</td>" in r for r in history)  # the primary flag, both rounds
+    assert "Fed-NCL: the site&#x27;s q" in page.text or "Fed-NCL: the site's q" in page.text
+    plots = {svg.get("aria-label"): svg for svg in svgs(page.text)}
+    assert set(plots) == {"flags per detector", "per-class loss over rounds"}
+    marks = [
+        r.get("class")
+        for r in plots["flags per detector"].iter(f"{SVG_NS}rect")
+        if "flag" in (r.get("class") or "")
+    ]
+    assert marks == ["flag flagged", "flag flagged"]  # one detector (fedncl), two rounds
+    heat = plots["per-class loss over rounds"]
+    tips = sorted(
+        str(r.findtext(f"{SVG_NS}title"))
+        for r in heat.iter(f"{SVG_NS}rect")
+        if r.get("class") in ("cell", "nodata")
+    )
+    # rows: the classes ("0", "1"), columns: rounds 0 and 1; its losses [0.4, 2.5] both rounds
+    assert tips == ["0, 0: 0.4", "0, 1: 0.4", "1, 0: 2.5", "1, 1: 2.5"]
+    # c holds no sample of class 1: grey cells there, and it is never flagged
+    assert_page(clean)
+    clean_heat = {svg.get("aria-label"): svg for svg in svgs(clean.text)}
+    nodata = [
+        r.get("data-row")
+        for r in clean_heat["per-class loss over rounds"].iter(f"{SVG_NS}rect")
+        if r.get("class") == "nodata"
+    ]
+    assert nodata == ["1", "1"]
+    assert "<td>flagged</td>" not in clean.text
+    # a client of another federation is not found through this one
+    assert_page(elsewhere, 404)

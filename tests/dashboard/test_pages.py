@@ -132,6 +132,7 @@ def test_client_table_shows_inconsistent_claims():
     from datetime import UTC, datetime
 
     row: dict[str, object] = {
+        "client_id": "c1",
         "name": "site-a",
         "status": "trusted",
         "pinned_status": None,
@@ -147,11 +148,14 @@ def test_client_table_shows_inconsistent_claims():
         "inconsistent_updates": 2,
         "last_inconsistent_at": datetime(2026, 11, 25, 9, 12, tzinfo=UTC),
     }
-    html = pages.client_table([row])
+    html = pages.client_table("f1", [row])
     assert "inconsistent claims</th>" in html
+    assert '<td><a href="/admin/federations/f1/clients/c1">site-a</a></td>' in html
     assert (
         '<span class="badge noisy">2</span><br><span class="muted">last 2026-11-25 09:12 UTC'
         in html
     )
-    clean = pages.client_table([{**row, "inconsistent_updates": 0, "last_inconsistent_at": None}])
+    clean = pages.client_table(
+        "f1", [{**row, "inconsistent_updates": 0, "last_inconsistent_at": None}]
+    )
     assert '<td class="num"><span class="muted">0</span></td>' in clean

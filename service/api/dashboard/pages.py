@@ -103,6 +103,10 @@ def federation_url(federation_id: str) -> str:
     return f"/admin/federations/{quote(federation_id, safe='')}"
 
 
+def client_url(federation_id: str, client_id: str) -> str:
+    return f"{federation_url(federation_id)}/clients/{quote(client_id, safe='')}"
+
+
 def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
     rows = "".join(
         "<tr>"
@@ -227,7 +231,7 @@ def _refused(client: Mapping[str, Any]) -> str:
     )
 
 
-def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
+def client_table(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for c in clients:
         pinned = (
@@ -239,7 +243,8 @@ def client_table(clients: Sequence[Mapping[str, Any]]) -> str:
         classes = ", ".join(esc(x) for x in c["noisy_classes"]) or '<span class="muted">-</span>'
         rows.append(
             "<tr>"
-            f"<td>{esc(c['name'])}</td><td>{badge(c['status'])}{pinned}</td>"
+            f'<td><a href="{esc(client_url(federation_id, c["client_id"]))}">{esc(c["name"])}</a>'
+            f"</td><td>{badge(c['status'])}{pinned}</td>"
             f'<td class="num">{esc(c["times_flagged"])} / {esc(c["rounds_audited"])}</td>'
             f"<td>{_scores(c['latest_scores'], c['latest_flags'])}</td>"
             f'<td>{classes}</td><td class="num">{number(c["reliability"])}</td>'
@@ -334,7 +339,8 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
         f"<section><h1>{esc(report['federation'])}</h1>{_summary(report)}"
         f"{_round_links(report['federation_id'], clients)}</section>"
         f"{site_error_table(report.get('site_errors') or [])}"
-        f"<section><h2>Noisy-client report</h2>{client_table(clients)}</section>"
+        f"<section><h2>Noisy-client report</h2>"
+        f"{client_table(report['federation_id'], clients)}</section>"
         f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
         f'<div class="plots">{round_plots}'
         f"<section><h2>Reliable neighbors (latest audit)</h2>{neighbor_graph(clients)}</section>"
@@ -384,3 +390,107 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
         f"<section><h2>Aggregation weights</h2>{weight_bars(view, {})}</section></div>"
     )
     return layout(f"{federation_name}: round {view['round']}", body)
+
+
+SCORE_MEANINGS = {
+    "evidence": "calibrated evidence: the site's excess loss in standard errors (about N(0, 1) "
+    "when clean)",
+    "fednoro": "FedNoRo: the class-standardised loss excess (standard errors)",
+    "fedncl": "Fed-NCL: the site's q (loss and divergence; higher = noisier)",
+    "expertise": "FedRN: expertise, the local model's accuracy on the probe (higher = more "
+    "reliable; not a noise score)",
+}
+"""What each detector's score means, shown beside it on the client page."""
+
+
+def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> str:
+    score = number((entry.get("scores") or {}).get(name))
+    flag = (entry.get("flags") or {}).get(name)
+    if flag is True:
+        mark = " \u2691" if name == primary else ' <span class="muted">\u2691 (secondary)</span>'
+    else:
+        mark = ""
+    return f'<td class="num">{score}{mark}</td>'
+
+
+def _detector_flag_kind(flag: Any) -> str:
+    return "flagged" if flag is True else "clear" if flag is False else "undetermined"
+
+
+def client_page(view: Mapping[str, Any], primary: str | None) -> str:
+    """One client: status and pins, scores and flags per detector over rounds, per-class loss
+    over rounds, neighbors, weights and its site errors."""
+    rounds = view["rounds"]
+    detectors = sorted({d for r in rounds for d in (r.get("scores") or {})})
+    if primary in detectors:
+        detectors = [primary, *[d for d in detectors if d != primary]]
+    status = badge(view["status"])
+    if view.get("pinned_status"):
+        status += (
+            f' <span class="muted">pinned by {esc(view.get("pinned_by") or "an admin")}: '
+            f"{esc(view.get('pin_reason') or '')} (detected {esc(view['detected_status'])})</span>"
+        )
+    details = [("status", status)]
+    if view.get("anchor"):
+        details.append(("trust anchor", esc(view.get("anchor_reason") or "yes")))
+    details += [(f"{esc(d)} score", esc(SCORE_MEANINGS.get(d, d))) for d in detectors]
+    header = "".join(f"<th>{esc(d)}</th>" for d in detectors)
+    rows = "".join(
+        "<tr>"
+        f'<td class="num">{esc(r["round"])}</td>'
+        f"<td>{esc({True: 'flagged', False: 'clear'}.get(r.get('primary_flag'), '-'))}</td>"
+        + "".join(_detector_cell(d, r, primary) for d in detectors)
+        + f"<td>{', '.join(esc(c) for c in r.get('noisy_classes') or []) or '-'}</td>"
+        f'<td class="num">{number(r.get("reliability"))}</td>'
+        f'<td class="num">{number(r.get("weight"))}</td>'
+        f"<td>{_neighbors(r.get('neighbors'))}</td>"
+        "</tr>"
+        for r in rounds
+    )
+    history = (
+        "<table><thead><tr><th>round</th><th>primary flag</th>"
+        f"{header}<th>noisy classes</th><th>reliability</th><th>weight</th>"
+        f"<th>neighbors (weight)</th></tr></thead><tbody>{rows}</tbody></table>"
+        if rounds
+        else '<p class="muted">No audited round yet.</p>'
+    )
+    body = (
+        f'<section><p><a href="{esc(federation_url(view["federation_id"]))}">'
+        f"{esc(view['federation'])}</a></p><h1>{esc(view['name'])}</h1>"
+        f"{_definitions(details)}</section>"
+        f"{site_error_table([{**e, 'name': view['name']} for e in view['site_errors']])}"
+        f"<section><h2>Scores and flags over rounds (\u2691 flagged)</h2>{history}</section>"
+        f'<div class="plots"><section><h2>Flags per detector</h2>'
+        f"{_detector_flags(rounds, detectors)}</section>"
+        f"<section><h2>Per-class loss over rounds</h2>{_loss_over_rounds(view)}</section></div>"
+    )
+    return layout(f"{view['federation']}: {view['name']}", body)
+
+
+def _detector_flags(rounds: Sequence[Mapping[str, Any]], detectors: Sequence[str]) -> str:
+    if not rounds or not detectors:
+        return '<p class="muted">No audited round yet.</p>'
+    cells = [
+        [_detector_flag_kind((r.get("flags") or {}).get(d)) for r in rounds] for d in detectors
+    ]
+    return svg.flag_grid(
+        list(detectors), [int(r["round"]) for r in rounds], cells, label="flags per detector"
+    )
+
+
+def _loss_over_rounds(view: Mapping[str, Any]) -> str:
+    per_round = view["per_class_loss"]
+    if not per_round:
+        return '<p class="muted">No per-class loss sent.</p>'
+    rounds = sorted(per_round)
+    classes = view["classes"]
+    values = [[per_round[r][c] for r in rounds] for c in range(len(classes))]
+    return (
+        "<p class=\"muted\">The global model's mean cross-entropy (nats) on the site's samples "
+        "of each given label (rows) in each round (columns), computed when the round opened; "
+        "colours from the smallest to the largest value shown, grey: the site holds no sample "
+        "of the class.</p>"
+        + svg.heatmap(
+            values, list(classes), [str(r) for r in rounds], label="per-class loss over rounds"
+        )
+    )

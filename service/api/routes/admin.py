@@ -182,6 +182,27 @@ def federation_report(federation_id: str, refused: Refusal, session: SessionDep)
     return _html(pages.federation_page(report, view))
 
 
+@router.get(
+    "/federations/{federation_id}/clients/{client_id}", summary="One client of a federation"
+)
+def client_detail(
+    federation_id: str, client_id: str, refused: Refusal, session: SessionDep
+) -> Response:
+    if refused is not None:
+        return refused
+    try:
+        federation = queries.federation_of(session, _federation_id(federation_id))
+        try:
+            cid = uuid.UUID(client_id)
+        except ValueError:
+            raise NotFoundError(f"client {client_id[:40]} does not exist") from None
+        client = queries.get_client(session, federation.id, cid)
+        view = reports.client_page_view(session, federation, client)
+    except NotFoundError as exc:
+        return _html(pages.not_found_page(exc.detail), status=404)
+    return _html(pages.client_page(view, federation.config.get("primary_detector")))
+
+
 @router.get("/federations/{federation_id}/rounds/{index}", summary="One round of a federation")
 def round_detail(federation_id: str, index: str, refused: Refusal, session: SessionDep) -> Response:
     if refused is not None:
