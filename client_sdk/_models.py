@@ -179,7 +179,9 @@ class AuditDetection(_Model):
     """One detector's result for a round; ``verdicts`` aligned with the audit's client_ids."""
 
     method: str
-    status: Literal["ok", "undetermined", "inconclusive"]
+    status: str
+    """``ok``, ``undetermined`` or ``inconclusive`` today; a plain string so that a status a
+    newer coordinator adds does not break this SDK."""
     reason: str | None = None
     verdicts: list[AuditVerdict | None]
     summary: dict[str, Any] = Field(default_factory=dict)

@@ -239,14 +239,7 @@ def summarise_run(run: RunResult) -> dict[str, Any]:
         "after_warmup": _after_warmup_summary(after),
         "false_alarms": false_alarm_report(run, after),
         "first_detection": first_detection_report(run, after),
-        "detection_per_round": [
-            {
-                "round": r.index,
-                "in_warmup": r.in_warmup,
-                **{k: r.metrics[k] for k in _DETECTION_KEYS},
-            }
-            for r in run.rounds
-        ],
+        "detection_per_round": [_round_detection(r) for r in run.rounds],
         **_scores_summary(run, last),
         **_quality_and_cost_summary(run, last),
         "final_status": {c.name: c.status for c in last.clients},

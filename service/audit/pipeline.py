@@ -228,7 +228,6 @@ def _centroids(data: CheckedClients, previous: Any) -> tuple[FloatArray, FloatAr
     return aggregate_centroids(previous, local, present)
 
 
-# Over 80 lines: the numpydoc of its ten parameters is 65 of them; each step is a helper.
 def run_audit(
     global_state: StateReader,
     clients: Sequence[ClientRoundData],

@@ -14,6 +14,7 @@ over HTTP against a running coordinator (``--url`` / ``FEDAUDIT_URL``, ``--token
 from __future__ import annotations
 
 import importlib
+import sys
 
 from service.cli._app import app
 
@@ -33,8 +34,9 @@ def _add_plugin_commands() -> None:
     ``fedaudit.commands`` (name = the command, object = a typer command function).
 
     fedaudit's own simulator (``fedaudit_sim``) adds ``simulate`` and ``demo`` this way, so the
-    service never imports its client. A declared command that cannot be loaded is an error, not a
-    missing command.
+    service never imports its client. A declared command that cannot be loaded is left out with
+    a warning on standard error that names it and why: a broken plugin must not stop
+    ``fedaudit serve`` or ``fedaudit db upgrade``, and its absence must not go unnoticed.
     """
     from importlib.metadata import entry_points
 
@@ -42,9 +44,12 @@ def _add_plugin_commands() -> None:
         try:
             command = entry.load()
         except Exception as exc:
-            raise RuntimeError(
-                f"fedaudit command {entry.name!r} ({entry.value}) could not be loaded: {exc}"
-            ) from exc
+            print(
+                f"fedaudit: warning: the command {entry.name!r} ({entry.value}) could not be "
+                f"loaded and is left out: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+            continue
         app.command(entry.name)(command)
 
 

@@ -41,6 +41,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Probability = Annotated[float, Field(ge=-1e-6, le=1 + 1e-6, allow_inf_nan=False, strict=True)]
 MetricName = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_ENTRIES = 100_000
+"""The longest list a signal may hold (as many classes as a task may have; probe rows)."""
 
 
 class UpdateSignals(BaseModel):
@@ -50,26 +52,39 @@ class UpdateSignals(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     class_counts: list[Count] = Field(
-        description="Samples per class; sums to num_samples (every update sends them)"
+        max_length=MAX_ENTRIES,
+        description="Samples per class; sums to num_samples (every update sends them)",
     )
     per_class_loss: list[NonNegative | None] | None = Field(
-        None, description="The global model's mean cross-entropy per given label (FedNoRo)"
+        None,
+        max_length=MAX_ENTRIES,
+        description="The global model's mean cross-entropy per given label (FedNoRo)",
     )
     per_class_loss_sd: list[NonNegative | None] | None = Field(
-        None, description="The standard deviation of the same per-sample losses"
+        None,
+        max_length=MAX_ENTRIES,
+        description="The standard deviation of the same per-sample losses",
     )
     per_class_errors: list[Count | None] | None = Field(
-        None, description="The global model's errors per given label, at most the class's count"
+        None,
+        max_length=MAX_ENTRIES,
+        description="The global model's errors per given label, at most the class's count",
     )
     train_loss: NonNegative | None = Field(None, description="Mean local training loss (Fed-NCL)")
     train_accuracy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)] | None = (
         Field(None, description="The local model's accuracy on the site's own labels (FedRN)")
     )
-    probe_softmax: list[list[Probability]] | None = Field(
-        None, description="probe_size rows of class probabilities on the seeded random inputs"
+    probe_softmax: list[Annotated[list[Probability], Field(max_length=MAX_ENTRIES)]] | None = Field(
+        None,
+        max_length=MAX_ENTRIES,
+        description="probe_size rows of class probabilities on the seeded random inputs",
     )
-    centroids: list[Annotated[list[Finite], Field(min_length=1)]] | None = Field(
-        None, description="One feature centroid per class, rows of equal length (RoFL)"
+    centroids: list[Annotated[list[Finite], Field(min_length=1, max_length=MAX_ENTRIES)]] | None = (
+        Field(
+            None,
+            max_length=MAX_ENTRIES,
+            description="One feature centroid per class, rows of equal length (RoFL)",
+        )
     )
 
 
@@ -149,11 +164,17 @@ def validate_signals(
     return typed.num_samples, signals.model_dump(exclude_none=True), dict(typed.metrics)
 
 
+MAX_PROBLEMS_SHOWN = 50
+"""Problems a refusal lists: a list of a million bad numbers gets the first 50 and the count,
+not a response larger than the upload."""
+
+
 def _refuse(errors: list[dict[str, Any]]) -> NoReturn:
+    shown = "" if len(errors) <= MAX_PROBLEMS_SHOWN else f", the first {MAX_PROBLEMS_SHOWN} listed"
     raise UpdateRejectedError(
-        f"the update's metadata is invalid ({len(errors)} problems; first: "
+        f"the update's metadata is invalid ({len(errors)} problems{shown}; first: "
         f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
-        errors=errors,
+        errors=errors[:MAX_PROBLEMS_SHOWN],
     )
 
 

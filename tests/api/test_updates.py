@@ -127,6 +127,23 @@ async def test_invalid_update_is_rejected_and_nothing_changes(
     assert rejected[0]["data"]["status"] == 422
 
 
+async def test_a_refusal_lists_at_most_50_problems(api, settings) -> None:
+    # 200 negative losses are 200 problems: the answer names the count and lists the first 50
+    fed = await make_federation(api)
+    response = await api.post(
+        f"/api/v1/federations/{fed.id}/rounds/0/updates",
+        files=update_parts(
+            tiny_state(1.0), num_samples=10, signal_overrides={"per_class_loss": [-1.0] * 200}
+        ),
+        headers={**fed.headers("a"), "Idempotency-Key": "k-many"},
+    )
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert "(200 problems, the first 50 listed;" in body["detail"]
+    assert len(body["errors"]) == 50
+    assert body["errors"][0]["loc"][:4] == ["metadata", "signals", "per_class_loss", 0]
+
+
 async def test_malformed_metadata_and_missing_parts(api, settings) -> None:
     fed = await make_federation(api)
     before = blob_files(settings)

@@ -38,6 +38,15 @@ dt{color:#868e96}dd{margin:0}
 """
 
 
+FAVICON = (
+    '<link rel="icon" href="data:image/svg+xml,%3Csvg xmlns=%27http://www.w3.org/2000/svg%27 '
+    "viewBox=%270 0 16 16%27%3E%3Crect width=%2716%27 height=%2716%27 rx=%273%27 "
+    "fill=%27%23343a40%27/%3E%3Ccircle cx=%278%27 cy=%278%27 r=%274%27 "
+    'fill=%27%23c92a2a%27/%3E%3C/svg%3E">'
+)
+"""The pages' icon, inline (the CSP allows data: images): no request for /favicon.ico."""
+
+
 def layout(title: str, body: str, *, logged_in: bool = True) -> str:
     logout = (
         '<form method="post" action="/admin/logout"><button type="submit">Log out</button></form>'
@@ -49,7 +58,7 @@ def layout(title: str, body: str, *, logged_in: bool = True) -> str:
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)} \u2014 fedaudit</title><style>{CSS}</style></head><body>"
+        f"<title>{esc(title)} \u2014 fedaudit</title>{FAVICON}<style>{CSS}</style></head><body>"
         f'<header><a href="/admin">fedaudit admin</a>{logout}</header>'
         f"<main>{body}</main></body></html>"
     )

@@ -107,7 +107,7 @@ def _check_origin(request: Request) -> None:
         raise ForbiddenError("cross-site form post refused")
 
 
-@router.get("/login", summary="The login form")
+@router.api_route("/login", methods=["GET", "HEAD"], summary="The login form")
 def login_form() -> HTMLResponse:
     return _html(pages.login_page())
 
@@ -154,7 +154,7 @@ def logout_everywhere(
     return response
 
 
-@router.get("", summary="Federations")
+@router.api_route("", methods=["GET", "HEAD"], summary="Federations")
 def index(refused: Refusal, session: SessionDep) -> Response:
     if refused is not None:
         return refused
@@ -168,7 +168,11 @@ def _federation_id(raw: str) -> uuid.UUID:
         raise NotFoundError(f"federation {raw} does not exist") from None
 
 
-@router.get("/federations/{federation_id}", summary="The noisy-client report of a federation")
+@router.api_route(
+    "/federations/{federation_id}",
+    methods=["GET", "HEAD"],
+    summary="The noisy-client report of a federation",
+)
 def federation_report(federation_id: str, refused: Refusal, session: SessionDep) -> Response:
     if refused is not None:
         return refused
@@ -182,8 +186,10 @@ def federation_report(federation_id: str, refused: Refusal, session: SessionDep)
     return _html(pages.federation_page(report, view))
 
 
-@router.get(
-    "/federations/{federation_id}/clients/{client_id}", summary="One client of a federation"
+@router.api_route(
+    "/federations/{federation_id}/clients/{client_id}",
+    methods=["GET", "HEAD"],
+    summary="One client of a federation",
 )
 def client_detail(
     federation_id: str, client_id: str, refused: Refusal, session: SessionDep
@@ -203,7 +209,11 @@ def client_detail(
     return _html(pages.client_page(view, federation.config.get("primary_detector")))
 
 
-@router.get("/federations/{federation_id}/rounds/{index}", summary="One round of a federation")
+@router.api_route(
+    "/federations/{federation_id}/rounds/{index}",
+    methods=["GET", "HEAD"],
+    summary="One round of a federation",
+)
 def round_detail(federation_id: str, index: str, refused: Refusal, session: SessionDep) -> Response:
     if refused is not None:
         return refused

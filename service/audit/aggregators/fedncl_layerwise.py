@@ -37,7 +37,6 @@ from service.audit.state import StateReader
 __all__ = ["aggregate_fedncl_layerwise"]
 
 
-# Over 80 lines: the numpydoc (eq. 12-16, the penalty's direction, T's base) is 60 of them.
 def aggregate_fedncl_layerwise(
     global_state: StateReader,
     updates: Sequence[StateReader],
