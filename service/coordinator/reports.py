@@ -426,10 +426,19 @@ def client_history(session: Session, federation: Federation, client: Client) -> 
 
 
 def client_page_view(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
-    """One client for the dashboard: its history (:func:`client_history`), its per-class loss in
+    """One client for the dashboard: its history (:func:`client_history`, each round with
+    whether it was the warm-up and its neighbors' names), its per-class loss in
     every round it sent an update (None where it holds no sample of the class or sent none), the
     class labels, whether it is a trust anchor, and its latest site errors (newest first)."""
     view = client_history(session, federation, client)
+    names = {str(c.id): c.name for c in repo.list_clients(session, federation.id)}
+    warmup = {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+    for entry in view["rounds"]:
+        entry["in_warmup"] = entry["round"] in warmup
+        entry["neighbors"] = [
+            {**n, "name": names.get(n["client_id"], n["client_id"])}
+            for n in entry.get("neighbors") or []
+        ]
     per_class: dict[int, list[float | None]] = {}
     for update in repo.updates_of_client(session, federation.id, client.id):
         losses = update.signals.get("per_class_loss")

@@ -368,3 +368,13 @@ async def test_client_page_shows_the_history_flags_and_losses(api: httpx.AsyncCl
     assert "<td>flagged</td>" not in clean.text
     # a client of another federation is not found through this one
     assert_page(elsewhere, 404)
+
+
+async def test_pages_answer_head_and_carry_their_icon(api: httpx.AsyncClient) -> None:
+    login_head = await api.head("/admin/login")
+    assert login_head.status_code == 200
+    assert login_head.content == b""
+    await login(api)
+    index = await api.get("/admin")
+    assert '<link rel="icon" href="data:image/svg+xml,' in index.text
+    assert (await api.head("/admin")).status_code == 200

@@ -422,8 +422,16 @@ def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> 
     return f'<td class="num">{score}{mark}</td>'
 
 
-def _detector_flag_kind(flag: Any) -> str:
+def _detector_flag_kind(flag: Any, in_warmup: bool) -> str:
+    if in_warmup:
+        return "warmup"
     return "flagged" if flag is True else "clear" if flag is False else "undetermined"
+
+
+def _primary_text(entry: Mapping[str, Any]) -> str:
+    primary = entry.get("primary_flag")
+    flag = "flagged" if primary is True else "clear" if primary is False else "-"
+    return f'{flag} <span class="muted">(warm-up)</span>' if entry.get("in_warmup") else flag
 
 
 def client_page(view: Mapping[str, Any], primary: str | None) -> str:
@@ -447,7 +455,7 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
     rows = "".join(
         "<tr>"
         f'<td class="num">{esc(r["round"])}</td>'
-        f"<td>{esc({True: 'flagged', False: 'clear'}.get(r.get('primary_flag'), '-'))}</td>"
+        f"<td>{_primary_text(r)}</td>"
         + "".join(_detector_cell(d, r, primary) for d in detectors)
         + f"<td>{', '.join(esc(c) for c in r.get('noisy_classes') or []) or '-'}</td>"
         f'<td class="num">{number(r.get("reliability"))}</td>'
@@ -480,7 +488,11 @@ def _detector_flags(rounds: Sequence[Mapping[str, Any]], detectors: Sequence[str
     if not rounds or not detectors:
         return '<p class="muted">No audited round yet.</p>'
     cells = [
-        [_detector_flag_kind((r.get("flags") or {}).get(d)) for r in rounds] for d in detectors
+        [
+            _detector_flag_kind((r.get("flags") or {}).get(d), bool(r.get("in_warmup")))
+            for r in rounds
+        ]
+        for d in detectors
     ]
     return svg.flag_grid(
         list(detectors), [int(r["round"]) for r in rounds], cells, label="flags per detector"
