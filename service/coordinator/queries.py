@@ -20,8 +20,10 @@ def list_federations(session: Session, *, offset: int, limit: int) -> tuple[list
 
 
 def federation_overview(session: Session) -> list[dict[str, Any]]:
-    """Every federation with its status, client count and rounds closed (the admin index)."""
+    """Every federation with its status, client count, noisy and suspect clients (a pin counts
+    over the detected status) and rounds closed (the admin index)."""
     counts = repo.federation_counts(session)
+    statuses = repo.client_status_counts(session)
     rows = []
     for federation in repo.list_federations(session, offset=0, limit=None):
         rows.append(
@@ -33,6 +35,8 @@ def federation_overview(session: Session) -> list[dict[str, Any]]:
                 "rounds_planned": federation.rounds,
                 "rounds_closed": counts.get(federation.id, {}).get("rounds_closed", 0),
                 "clients": counts.get(federation.id, {}).get("clients", 0),
+                "noisy": statuses.get(federation.id, {}).get("noisy", 0),
+                "suspect": statuses.get(federation.id, {}).get("suspect", 0),
                 "created_at": federation.created_at,
             }
         )

@@ -56,6 +56,19 @@ COUNT_KEYS = ("clients", "joined_clients", "rounds_started", "rounds_closed")
 """The per-federation counts of :func:`federation_counts`."""
 
 
+def client_status_counts(session: Session) -> dict[uuid.UUID, dict[str, int]]:
+    """Per federation, how many clients have each status, a pinned status counting over the
+    detected one (one GROUP BY query; a federation without clients is absent)."""
+    status = func.coalesce(Client.pinned_status, Client.status)
+    query = select(Client.federation_id, status, func.count()).group_by(
+        Client.federation_id, status
+    )
+    result: dict[uuid.UUID, dict[str, int]] = {}
+    for fid, name, n in session.execute(query).all():
+        result.setdefault(fid, {})[str(name)] = int(n)
+    return result
+
+
 def federation_counts(
     session: Session, federation_ids: Sequence[uuid.UUID] | None = None
 ) -> dict[uuid.UUID, dict[str, int]]:

@@ -189,6 +189,7 @@ async def test_index_lists_federations_with_counts(api: httpx.AsyncClient) -> No
     assert "<td>running</td>" in row_one
     assert '<td class="num">0 / 2</td>' in row_one  # rounds closed / planned
     assert '<td class="num">3</td>' in row_one  # clients
+    assert '<td><span class="muted">none</span></td>' in row_one  # no noisy or suspect site
     assert ">two</a>" in page.text
     row_two = page.text.split(">two</a>")[1].split("</tr>")[0]
     assert '<td class="num">1</td>' in row_two
@@ -200,6 +201,27 @@ async def test_index_lists_federations_with_counts(api: httpx.AsyncClient) -> No
     page = await api.get("/admin")
     row_one = page.text.split(f'href="/admin/federations/{one.id}">one</a>')[1].split("</tr>")[0]
     assert '<td class="num">1 / 2</td>' in row_one
+
+    # a pinned status counts over the detected one
+    ids = {
+        row["name"]: row["client_id"]
+        for row in (await api.get(f"/api/v1/federations/{one.id}/report", headers=ADMIN)).json()[
+            "clients"
+        ]
+    }
+    for name, status in (("a", "noisy"), ("b", "suspect")):
+        response = await api.put(
+            f"/api/v1/federations/{one.id}/clients/{ids[name]}/pin",
+            json={"status": status, "reason": "checked by hand"},
+            headers=ADMIN,
+        )
+        assert response.status_code == 200, response.text
+    page = await api.get("/admin")
+    row_one = page.text.split(f'href="/admin/federations/{one.id}">one</a>')[1].split("</tr>")[0]
+    assert (
+        '<td><span class="badge noisy">1</span> / <span class="badge suspect">1</span></td>'
+        in row_one
+    )
 
 
 # c holds no sample of class 1 (its updates must agree with its join).

@@ -116,19 +116,30 @@ def client_url(federation_id: str, client_id: str) -> str:
     return f"{federation_url(federation_id)}/clients/{quote(client_id, safe='')}"
 
 
+def _noisy_count(noisy: int, suspect: int) -> str:
+    if not noisy and not suspect:
+        return '<span class="muted">none</span>'
+    return (
+        f'<span class="badge noisy">{esc(noisy)}</span> / '
+        f'<span class="badge suspect">{esc(suspect)}</span>'
+    )
+
+
 def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
     rows = "".join(
         "<tr>"
         f'<td><a href="{esc(federation_url(f["id"]))}">{esc(f["name"])}</a></td>'
         f"<td>{esc(f['status'])}</td><td>{esc(f['method'] or '-')}</td>"
         f'<td class="num">{esc(f["rounds_closed"])} / {esc(f["rounds_planned"])}</td>'
-        f'<td class="num">{esc(f["clients"])}</td><td>{_when(f["created_at"])}</td>'
+        f'<td class="num">{esc(f["clients"])}</td>'
+        f"<td>{_noisy_count(f['noisy'], f['suspect'])}</td><td>{_when(f['created_at'])}</td>"
         "</tr>"
         for f in federations
     )
     table = (
         "<table><thead><tr><th>federation</th><th>status</th><th>method</th>"
-        "<th>rounds closed / planned</th><th>clients</th><th>created</th></tr></thead>"
+        "<th>rounds closed / planned</th><th>clients</th><th>noisy / suspect sites</th>"
+        "<th>created</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
         if federations
         else '<p class="muted">No federation yet.</p>'
