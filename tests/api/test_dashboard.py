@@ -280,8 +280,8 @@ async def test_report_page_shows_statuses_and_plots(api: httpx.AsyncClient) -> N
         "flags over rounds",
         "per-class loss, round 0",
         "aggregation weights, round 0",
-        "reliable-neighbor graph",
     }
+    assert "No neighbor relation in the latest audit." in page.text  # Fed-NCL: no FedRN probes
     heat = plots["per-class loss, round 0"]
     cells = [r for r in heat.iter(f"{SVG_NS}rect") if r.get("class") in ("cell", "nodata")]
     assert len(cells) == len(NAMES) * 2  # one per (client, class)

@@ -99,7 +99,7 @@ def test_an_operator_follows_the_dashboard_from_login_to_every_client(
 
     # The federation list -> the report
     driver.find_element(By.CSS_SELECTOR, f'a[href$="/federations/{federation_id}"]').click()
-    _check_page(driver, "report", {"flags over rounds", "reliable-neighbor graph"})
+    _check_page(driver, "report", {"flags over rounds", "reliable-neighbor matrix"})
     links = {
         a.text: a.get_attribute("href")
         for a in driver.find_elements(By.CSS_SELECTOR, 'a[href*="/clients/"]')

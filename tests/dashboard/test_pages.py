@@ -19,7 +19,7 @@ def client(name: str, status: str, history: list[dict], neighbors: list[dict] | 
     }
 
 
-def test_neighbor_graph_draws_one_edge_per_known_neighbor() -> None:
+def test_neighbor_matrix_has_one_cell_per_known_neighbor_noisy_sites_first() -> None:
     clients = [
         client("a", "trusted", [], [{"client_id": "id-b", "weight": 0.8, "name": "b"}]),
         client(
@@ -32,9 +32,25 @@ def test_neighbor_graph_draws_one_edge_per_known_neighbor() -> None:
             ],
         ),
     ]
-    root = ET.fromstring(pages.neighbor_graph(clients))
-    widths = [float(line.get("stroke-width", "nan")) for line in root.iter(f"{NS}line")]
-    assert widths == [4.75, 2.75]  # 0.75 + 4 * w / max w, max over the drawn edges
+    html = pages.neighbor_matrix(clients)
+    root = ET.fromstring(html[html.index("<svg") :])
+    cells = {
+        (r.get("data-row"), r.get("data-col")): r.findtext(f"{NS}title")
+        for r in root.iter(f"{NS}rect")
+        if r.get("class") in ("cell", "nodata")
+    }
+    # b (noisy) is row/column 0, a (trusted) 1; the neighbor outside the report is left out
+    assert cells == {
+        ("0", "0"): "b (noisy), b (noisy): no data",
+        ("0", "1"): "b (noisy), a (trusted): 0.4",
+        ("1", "0"): "a (trusted), b (noisy): 0.8",
+        ("1", "1"): "a (trusted), a (trusted): no data",
+    }
+
+
+def test_neighbor_matrix_says_when_there_is_no_neighbor() -> None:
+    clients = [client("a", "trusted", [], None), client("b", "trusted", [], [])]
+    assert "No neighbor relation" in pages.neighbor_matrix(clients)
 
 
 def test_flag_grid_kinds_follow_the_history() -> None:
@@ -159,3 +175,26 @@ def test_client_table_shows_inconsistent_claims():
         "f1", [{**row, "inconsistent_updates": 0, "last_inconsistent_at": None}]
     )
     assert '<td class="num"><span class="muted">0</span></td>' in clean
+
+
+def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
+    row: dict[str, object] = {
+        "client_id": "c1",
+        "name": "site-a",
+        "status": "trusted",
+        "pinned_status": None,
+        "noisy_classes": [],
+        "times_flagged": 0,
+        "rounds_audited": 1,
+        "latest_scores": {"evidence": 4.2, "fedncl": 0.5},
+        "latest_flags": {"evidence": True, "fedncl": True},
+        "reliability": None,
+        "neighbors": None,
+        "last_weight": 0.4,
+        "num_samples": 100,
+        "inconsistent_updates": 0,
+        "last_inconsistent_at": None,
+    }
+    html = pages.client_table("f1", [row], "evidence")
+    assert "evidence: 4.2 \u2691<br>" in html
+    assert 'fedncl: 0.5 <span class="muted">\u2691 (secondary)</span>' in html

@@ -94,20 +94,3 @@ def test_flag_grid_one_cell_per_client_and_round() -> None:
     assert len(flags) == 6
     assert [f.get("fill") for f in rects(root, "flagged")] == [svg.FLAG_CELLS["flagged"][0]]
     assert flags[4].find(f"{NS}title").text == "b, round 1: no update"
-
-
-def test_circle_graph_edges_scale_with_weight() -> None:
-    nodes = [svg.Node("a", "trusted"), svg.Node("b", "noisy"), svg.Node("<c>", "suspect")]
-    text = svg.circle_graph(nodes, [(0, 1, 1.0), (1, 2, 0.5)], size=100)
-    root = parse(text)
-    lines = list(root.iter(f"{NS}line"))
-    assert [num(line, "stroke-width") for line in lines] == [4.75, 2.75]
-    circles = [c for c in root.iter(f"{NS}circle") if c.get("r") == "8"]
-    assert [c.get("fill") for c in circles] == [
-        svg.STATUS_COLORS["trusted"],
-        svg.STATUS_COLORS["noisy"],
-        svg.STATUS_COLORS["suspect"],
-    ]
-    # the first node sits on top of the circle: centre (margin + r, margin)
-    assert (num(circles[0], "cx"), num(circles[0], "cy")) == (140.0, 90.0)
-    assert "&lt;c&gt;" in text

@@ -177,13 +177,28 @@ def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
     return svg.flag_grid([c["name"] for c in clients], rounds, cells, label="flags over rounds")
 
 
+def _score_legend(clients: Sequence[Mapping[str, Any]]) -> str:
+    """What each score in the table means, in words."""
+    shown = sorted({d for c in clients for d in (c.get("latest_scores") or {})})
+    if not shown:
+        return ""
+    return '<p class="muted">' + "<br>".join(esc(SCORE_MEANINGS.get(d, d)) for d in shown) + "</p>"
+
+
+LOSS_CAPTION = (
+    "<p class=\"muted\">The global model's mean cross-entropy (nats) on each site's samples of "
+    "each given label; colours from the smallest to the largest value shown, grey: the site "
+    "holds no sample of the class.</p>"
+)
+
+
 def class_loss_heatmap(round_view: Mapping[str, Any]) -> str:
     rows = round_view["clients"]
     classes = round_view["classes"]
     if not rows:
         return '<p class="muted">No update in this round.</p>'
     values = [r["per_class_loss"] or [None] * len(classes) for r in rows]
-    return svg.heatmap(
+    return LOSS_CAPTION + svg.heatmap(
         values,
         [r["name"] for r in rows],
         classes,
@@ -206,28 +221,51 @@ def weight_bars(round_view: Mapping[str, Any], statuses: Mapping[str, str]) -> s
     )
 
 
-def neighbor_graph(clients: Sequence[Mapping[str, Any]]) -> str:
-    position = {c["client_id"]: i for i, c in enumerate(clients)}
-    edges = [
-        (position[c["client_id"]], position[n["client_id"]], float(n.get("weight") or 0.0))
-        for c in clients
-        for n in c["neighbors"] or []
-        if n.get("client_id") in position
-    ]
+STATUS_ORDER = {"noisy": 0, "suspect": 1, "trusted": 2}
+
+
+def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
+    """FedRN's reliable neighbors as a sites x sites matrix: row = the site, column = a
+    neighbor it was given, colour = that neighbor's weight; the sites sorted by status (noisy
+    first), then name, so that a noisy site's row and column stand together. Readable at 50
+    sites, where a graph is not."""
     if not clients:
         return '<p class="muted">No client.</p>'
-    nodes = [svg.Node(c["name"], c["status"]) for c in clients]
-    note = "" if edges else '<p class="muted">No neighbor relation in the latest audit.</p>'
-    return note + svg.circle_graph(nodes, edges, label="reliable-neighbor graph")
+    ordered = sorted(clients, key=lambda c: (STATUS_ORDER.get(c["status"], 3), c["name"]))
+    position = {c["client_id"]: i for i, c in enumerate(ordered)}
+    values: list[list[float | None]] = [[None] * len(ordered) for _ in ordered]
+    for i, c in enumerate(ordered):
+        for n in c["neighbors"] or []:
+            j = position.get(n.get("client_id"))
+            if j is not None:
+                values[i][j] = float(n.get("weight") or 0.0)
+    if not any(v is not None for row in values for v in row):
+        return '<p class="muted">No neighbor relation in the latest audit.</p>'
+    labels = [f"{c['name']} ({c['status']})" for c in ordered]
+    return (
+        '<p class="muted">Row: a site; column: a reliable neighbor FedRN gave it; colour: the '
+        "neighbor's weight in the site's local model (from the smallest to the largest shown); "
+        "grey: not its neighbor. Sites sorted by status, noisy first.</p>"
+        + svg.heatmap(values, labels, labels, label="reliable-neighbor matrix")
+    )
 
 
-def _scores(scores: Mapping[str, Any] | None, flags: Mapping[str, Any] | None) -> str:
+def _scores(
+    scores: Mapping[str, Any] | None, flags: Mapping[str, Any] | None, primary: str | None
+) -> str:
+    """Each detector's latest score; a flag marked \u2691, a secondary detector's as such (it
+    does not set the status)."""
     if not scores:
         return '<span class="muted">-</span>'
     parts = []
     for name, score in sorted(scores.items()):
         flag = (flags or {}).get(name)
-        mark = " \u2691" if flag is True else ""
+        if flag is not True:
+            mark = ""
+        elif name == primary:
+            mark = " \u2691"
+        else:
+            mark = ' <span class="muted">\u2691 (secondary)</span>'
         parts.append(f"{esc(name)}: {number(score)}{mark}")
     return "<br>".join(parts)
 
@@ -251,7 +289,9 @@ def _refused(client: Mapping[str, Any]) -> str:
     )
 
 
-def client_table(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> str:
+def client_table(
+    federation_id: str, clients: Sequence[Mapping[str, Any]], primary: str | None = None
+) -> str:
     rows = []
     for c in clients:
         pinned = (
@@ -266,7 +306,7 @@ def client_table(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> st
             f'<td><a href="{esc(client_url(federation_id, c["client_id"]))}">{esc(c["name"])}</a>'
             f"</td><td>{badge(c['status'])}{pinned}</td>"
             f'<td class="num">{esc(c["times_flagged"])} / {esc(c["rounds_audited"])}</td>'
-            f"<td>{_scores(c['latest_scores'], c['latest_flags'])}</td>"
+            f"<td>{_scores(c['latest_scores'], c['latest_flags'], primary)}</td>"
             f'<td>{classes}</td><td class="num">{number(c["reliability"])}</td>'
             f"<td>{_neighbors(c['neighbors'])}</td>"
             f'<td class="num">{number(c["last_weight"])}</td>'
@@ -360,10 +400,11 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
         f"{_round_links(report['federation_id'], clients)}</section>"
         f"{site_error_table(report.get('site_errors') or [])}"
         f"<section><h2>Noisy-client report</h2>"
-        f"{client_table(report['federation_id'], clients)}</section>"
+        f"{client_table(report['federation_id'], clients, report['primary_detector'])}"
+        f"{_score_legend(clients)}</section>"
         f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
         f'<div class="plots">{round_plots}'
-        f"<section><h2>Reliable neighbors (latest audit)</h2>{neighbor_graph(clients)}</section>"
+        f"<section><h2>Reliable neighbors (latest audit)</h2>{neighbor_matrix(clients)}</section>"
         "</div>"
     )
     return layout(str(report["federation"]), body)

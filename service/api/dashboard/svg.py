@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 NO_DATA_FILL = "#d9d9d9"
 STATUS_COLORS = {"trusted": "#2b8a3e", "suspect": "#f08c00", "noisy": "#c92a2a"}
@@ -208,61 +207,3 @@ def flag_grid(
         x += 24 + 6 * len(meaning)
     width = max(left + len(rounds) * cell, x) + 10
     return _svg(width, legend_y + 18, body, label)
-
-
-@dataclass(frozen=True)
-class Node:
-    """A graph node: its label and status (the colour)."""
-
-    label: str
-    status: str
-
-
-def circle_graph(
-    nodes: Sequence[Node],
-    edges: Sequence[tuple[int, int, float]],
-    *,
-    size: float = 360,
-    label: str = "neighbor graph",
-) -> str:
-    """Nodes on a circle, one line per (source, target, weight) edge, width by weight.
-
-    Edges are directed (source chose target as a neighbor); the line ends in a small dot at
-    the target. Node colour is the status (`STATUS_COLORS`).
-    """
-    margin = 90.0
-    radius = size / 2
-    cx = cy = margin + radius
-    positions = [
-        (
-            cx + radius * math.cos(2 * math.pi * k / max(len(nodes), 1) - math.pi / 2),
-            cy + radius * math.sin(2 * math.pi * k / max(len(nodes), 1) - math.pi / 2),
-        )
-        for k in range(len(nodes))
-    ]
-    wmax = max((w for _, _, w in edges if not is_missing(w)), default=0.0)
-    body: list[str] = []
-    for source, target, weight in edges:
-        (x1, y1), (x2, y2) = positions[source], positions[target]
-        stroke = 0.75 + (4.0 * weight / wmax if wmax > 0 and not is_missing(weight) else 0.0)
-        # the dot sits 85% of the way, outside the target's circle
-        dx, dy = x1 + 0.85 * (x2 - x1), y1 + 0.85 * (y2 - y1)
-        tip = f"{nodes[source].label} \u2192 {nodes[target].label}: {weight:.3f}"
-        body.append(
-            f'<g class="edge"><line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-            f'stroke="#495057" stroke-opacity="0.55" stroke-width="{stroke:.2f}"/>'
-            f'<circle cx="{dx:.1f}" cy="{dy:.1f}" r="2.5" fill="#495057"/>'
-            f"<title>{esc(tip)}</title></g>"
-        )
-    for (x, y), node in zip(positions, nodes, strict=True):
-        fill = STATUS_COLORS.get(node.status, UNKNOWN_COLOR)
-        anchor = "start" if x > cx + 1 else ("end" if x < cx - 1 else "middle")
-        lx = x + (12 if anchor == "start" else -12 if anchor == "end" else 0)
-        ly = y + (4 if anchor != "middle" else (-12 if y < cy else 20))
-        body.append(
-            f'<g class="node"><circle cx="{x:.1f}" cy="{y:.1f}" r="8" fill="{fill}" '
-            f'stroke="#fff" stroke-width="1.5"><title>{esc(node.label)}: {esc(node.status)}'
-            f'</title></circle><text x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
-            f"{esc(short(node.label, 16))}</text></g>"
-        )
-    return _svg(2 * (margin + radius), 2 * (margin + radius), body, label)
