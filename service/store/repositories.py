@@ -550,6 +550,7 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
     by_federation: dict[uuid.UUID, dict[str, int]] = {fid: {} for fid in ids}
     for fid, status, n in sites:
         by_federation[fid][str(status)] = int(n)
+    verdicts = _latest_verdicts(session, ids)
     return [
         {
             "id": str(fid),
@@ -558,9 +559,43 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
             "latest_round": latest.get(fid),
             "last_closed_at": closed.get(fid, (None, None))[0],
             "last_close_seconds": closed.get(fid, (None, None))[1],
+            "verdict": verdicts.get(fid),
         }
         for fid, name in running
     ]
+
+
+AUDIT_DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
+"""The detectors whose status an audit result may hold (``service.audit.DETECTORS``; the store
+may not import the audit, a test keeps the two equal)."""
+
+
+def _latest_verdicts(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Per federation, the primary detector's status in its latest audit (``ok``,
+    ``inconclusive``, ``undetermined``), read with JSON paths in the database: the audit's
+    verdicts, which grow with the sites, never leave it."""
+    newest = (
+        select(AuditResult.federation_id, func.max(AuditResult.round_index).label("index"))
+        .where(AuditResult.federation_id.in_(ids))
+        .group_by(AuditResult.federation_id)
+        .subquery()
+    )
+    columns = [AuditResult.result["primary"].as_string()] + [
+        AuditResult.result["detections"][name]["status"].as_string() for name in AUDIT_DETECTORS
+    ]
+    rows = session.execute(
+        select(AuditResult.federation_id, *columns).join(
+            newest,
+            (AuditResult.federation_id == newest.c.federation_id)
+            & (AuditResult.round_index == newest.c.index),
+        )
+    ).all()
+    verdicts: dict[uuid.UUID, str] = {}
+    for fid, primary, *statuses in rows:
+        status = dict(zip(AUDIT_DETECTORS, statuses, strict=True)).get(primary)
+        if status is not None:
+            verdicts[fid] = str(status)
+    return verdicts
 
 
 def ping(session: Session) -> None:

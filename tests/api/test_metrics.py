@@ -204,6 +204,24 @@ async def test_a_closed_round_shows_in_the_federation_gauges(api: httpx.AsyncCli
     closed = value(metrics, "fedaudit_federation_last_round_closed_timestamp_seconds", **mine)
     assert before - 1 <= closed <= time.time() + 1
     assert value(metrics, "fedaudit_federation_last_round_close_seconds", **mine) >= 0
+    # the verdict gauge: one series per verdict, 1 for the one the stored audit holds
+    stored = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
+    audit = stored["audit"]
+    expected = audit["detections"][audit["primary"]]["status"]
+    verdicts = {
+        v: value(metrics, "fedaudit_federation_audit_verdict", **mine, verdict=v)
+        for v in ("ok", "inconclusive", "undetermined")
+    }
+    assert verdicts == {v: float(v == expected) for v in verdicts}
+
+
+def test_the_store_knows_every_detector_an_audit_may_hold() -> None:
+    # The metrics read each detector's status from the stored audit by name (the store may not
+    # import service.audit): the two lists must agree.
+    from service.audit import DETECTORS
+    from service.store.repositories import AUDIT_DETECTORS
+
+    assert set(AUDIT_DETECTORS) == set(DETECTORS)
 
 
 async def test_the_grafana_dashboard_queries_only_metrics_that_exist(

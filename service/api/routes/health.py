@@ -46,6 +46,10 @@ def database_families(services: Any) -> list[MetricFamily]:
     )
 
 
+AUDIT_VERDICTS = ("ok", "inconclusive", "undetermined")
+"""The statuses a detection can have (``service.audit.detection``), one series each."""
+
+
 def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
     """Training-quality gauges of the running federations only (a finished federation's
     sites leave the series), labelled ``federation`` (id) and ``name``."""
@@ -53,6 +57,7 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
     latest: list[tuple[Mapping[str, str], float]] = []
     closed_at: list[tuple[Mapping[str, str], float]] = []
     close_seconds: list[tuple[Mapping[str, str], float]] = []
+    verdicts: list[tuple[Mapping[str, str], float]] = []
     for fed in running:
         labels = {"federation": fed["id"], "name": fed["name"]}
         for status, n in sorted(fed["sites"].items()):
@@ -63,6 +68,9 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
             closed_at.append((labels, fed["last_closed_at"].timestamp()))
         if fed["last_close_seconds"] is not None:
             close_seconds.append((labels, float(fed["last_close_seconds"])))
+        if fed["verdict"] is not None:
+            for verdict in AUDIT_VERDICTS:
+                verdicts.append(({**labels, "verdict": verdict}, float(fed["verdict"] == verdict)))
     return [
         MetricFamily(
             "fedaudit_federation_sites",
@@ -89,6 +97,13 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
             "(aggregation and audit).",
             "gauge",
             close_seconds,
+        ),
+        MetricFamily(
+            "fedaudit_federation_audit_verdict",
+            "The primary detector's verdict in a running federation's latest audit: 1 for the "
+            "verdict it gave (ok, inconclusive: it abstained, undetermined), 0 for the others.",
+            "gauge",
+            verdicts,
         ),
     ]
 
