@@ -1,6 +1,7 @@
 """Aggregation rules: new global state plus the per-client weights actually used.
 
-:func:`aggregate` applies a rule by name; the rules live one family per module in
+:func:`aggregate` applies a rule by name from the registry :data:`RULES` (how to call it, the
+parameters it takes, whether it reads the noisy set); the rules live one family per module in
 :mod:`service.audit.aggregators`. The papers' rules (docs/algorithms.md, "Aggregation"):
 
 * ``fedavg`` -- w_k = n_k / sum n (FedRN eq. 1, McMahan et al. 2017)
@@ -40,10 +41,11 @@ Malformed states or arguments raise :class:`~service.audit._validation.InvalidIn
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from service.audit._typing import FloatArray
 from service.audit._validation import InvalidParameterError, check_choice
 from service.audit.aggregators.common import AggregationResult, check_updates, num_samples_array
 from service.audit.aggregators.daagg import aggregate_daagg
@@ -54,32 +56,101 @@ from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTO
 from service.audit.blocks import RoundPass
 from service.audit.state import StateReader
 
-__all__ = ["AGGREGATION_RULES", "NOISY_SET_RULES", "aggregate", "with_fallback_context"]
+__all__ = [
+    "AGGREGATION_RULES",
+    "NOISY_SET_RULES",
+    "RULES",
+    "Rule",
+    "RuleCall",
+    "aggregate",
+    "with_fallback_context",
+]
 
 
-AGGREGATION_RULES = (
-    "fedavg",
-    "daagg",
-    "fedncl_layerwise",
-    "trimmed_mean",
-    "median",
-    "reliability_weighted",
-)
+@dataclass(frozen=True)
+class RuleCall:
+    """What a rule is called with: the states, the checked sample counts, the primary
+    detector's flags and probabilities, the rule's own parameters, the round, the cap and the
+    round's shared pass (:func:`aggregate` documents each)."""
+
+    global_state: StateReader
+    updates: Sequence[StateReader]
+    num_samples: FloatArray
+    noisy: Any
+    noisy_probability: Any
+    options: dict[str, Any]
+    round_index: int
+    capping: dict[str, Any]
+    shared: RoundPass | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One aggregation rule in the registry: how to run it, the parameters it takes, and
+    whether it reads the primary detector's noisy set."""
+
+    run: Callable[[RuleCall], AggregationResult]
+    params: frozenset[str] = frozenset()
+    reads_noisy_set: bool = False
+
+
+RULES: dict[str, Rule] = {
+    "fedavg": Rule(
+        lambda c: aggregate_fedavg(
+            c.global_state, c.updates, c.num_samples, **c.capping, shared=c.shared
+        )
+    ),
+    "daagg": Rule(
+        lambda c: aggregate_daagg(
+            c.global_state,
+            c.updates,
+            c.num_samples,
+            c.noisy,
+            **c.capping,
+            shared=c.shared,
+            **c.options,
+        ),
+        params=frozenset({"variant"}),
+        reads_noisy_set=True,
+    ),
+    "fedncl_layerwise": Rule(
+        lambda c: aggregate_fedncl_layerwise(
+            c.global_state,
+            c.updates,
+            c.num_samples,
+            c.noisy,
+            round_index=c.round_index,
+            **c.capping,
+            shared=c.shared,
+            **c.options,
+        ),
+        params=frozenset({"tau", "t_k"}),
+        reads_noisy_set=True,
+    ),
+    "trimmed_mean": Rule(
+        lambda c: aggregate_trimmed_mean(c.global_state, c.updates, **c.capping, **c.options),
+        params=frozenset({"trim_fraction"}),
+    ),
+    "median": Rule(lambda c: aggregate_median(c.global_state, c.updates, **c.capping)),
+    "reliability_weighted": Rule(
+        lambda c: aggregate_reliability_weighted(
+            c.global_state,
+            c.updates,
+            c.num_samples,
+            c.noisy_probability,
+            **c.capping,
+            shared=c.shared,
+        )
+    ),
+}
+"""The registry: a new rule is its module in :mod:`service.audit.aggregators`, one entry here,
+its tests and its section in docs/algorithms.md."""
+
+AGGREGATION_RULES = tuple(RULES)
 """Names accepted by :func:`aggregate`."""
 
-
-NOISY_SET_RULES = ("daagg", "fedncl_layerwise")
+NOISY_SET_RULES = tuple(name for name, rule in RULES.items() if rule.reads_noisy_set)
 """Rules that read the ``noisy`` flags (the others ignore them)."""
-
-
-_RULE_PARAMS: dict[str, frozenset[str]] = {
-    "fedavg": frozenset(),
-    "daagg": frozenset({"variant"}),
-    "fedncl_layerwise": frozenset({"tau", "t_k"}),
-    "trimmed_mean": frozenset({"trim_fraction"}),
-    "median": frozenset(),
-    "reliability_weighted": frozenset(),
-}
 
 
 def aggregate(
@@ -138,26 +209,17 @@ def aggregate(
         If the states or arrays are malformed.
     """
     check_choice("rule", rule, AGGREGATION_RULES)
+    spec = RULES[rule]
     options = dict(params or {})
-    unknown = sorted(set(options) - _RULE_PARAMS[rule])
+    unknown = sorted(set(options) - spec.params)
     if unknown:
         raise InvalidParameterError(f"params: {rule!r} takes no parameter {unknown[0]!r}")
     capping: dict[str, Any] = {"max_client_weight_factor": check_factor(max_client_weight_factor)}
-    weighted = {**capping, "shared": shared}
     n = num_samples_array(num_samples, check_updates(updates))
-    if rule == "fedavg":
-        return aggregate_fedavg(global_state, updates, n, **weighted)
-    if rule == "daagg":
-        return aggregate_daagg(global_state, updates, n, noisy, **weighted, **options)
-    if rule == "fedncl_layerwise":
-        return aggregate_fedncl_layerwise(
-            global_state, updates, n, noisy, round_index=round_index, **weighted, **options
-        )
-    if rule == "trimmed_mean":
-        return aggregate_trimmed_mean(global_state, updates, **capping, **options)
-    if rule == "median":
-        return aggregate_median(global_state, updates, **capping)
-    return aggregate_reliability_weighted(global_state, updates, n, noisy_probability, **weighted)
+    call = RuleCall(
+        global_state, updates, n, noisy, noisy_probability, options, round_index, capping, shared
+    )
+    return spec.run(call)
 
 
 def with_fallback_context(result: AggregationResult, context: str) -> AggregationResult:

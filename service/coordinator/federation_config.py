@@ -13,20 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.audit import DETECTORS, AuditConfig, scale_rounds
+from service.audit import AGGREGATION_RULES, DETECTORS, AuditConfig, scale_rounds
 from service.coordinator.hyperparameters import hyperparameter_errors
 from service.inputs import INT32_MAX, BoundedJson
 
 Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
 RECIPES = ("fedavg", "fedprox", "fednoro", "fedrn", "fedncl_correction", "rofl", "flr")
-AGGREGATIONS = (
-    "fedavg",
-    "daagg",
-    "fedncl_layerwise",
-    "trimmed_mean",
-    "median",
-    "reliability_weighted",
-)
+AGGREGATIONS = AGGREGATION_RULES  # the audit's registry of rules (service.audit.aggregation)
 SIGNALS = ("per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids")
 
 # method -> (recipe, aggregation, primary detector)

@@ -519,3 +519,20 @@ class TestProperties:
         for before, after in zip(snapshot, states, strict=True):
             for name in before:
                 assert np.array_equal(before[name], after[name])
+
+
+def test_the_registry_names_each_rule_once_with_what_it_reads() -> None:
+    from service.audit.aggregation import RULES
+    from service.audit.audit_config import AuditConfig
+    from service.audit.pipeline import _aggregation_params
+
+    assert tuple(RULES) == AGGREGATION_RULES
+    # the two rules of the papers that read the primary detector's noisy set
+    assert set(NOISY_SET_RULES) == {"daagg", "fedncl_layerwise"}
+    # every parameter the audit configuration hands a rule is one the rule takes
+    for name in AGGREGATION_RULES:
+        primary = "fednoro" if name == "reliability_weighted" else "evidence"
+        config = AuditConfig(aggregation=name, primary_detector=primary)
+        given = set(_aggregation_params(config))
+        assert given <= RULES[name].params, (name, given - RULES[name].params)
+    assert RULES["trimmed_mean"].params == {"trim_fraction"}
