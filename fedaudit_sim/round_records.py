@@ -114,7 +114,11 @@ def round_record(
     warmup_rounds = int(roster.config["warmup_rounds"])
     return RoundRecord(
         index=round_index,
-        in_warmup=bool(audit.get("in_warmup", round_index < warmup_rounds)),
+        in_warmup=(
+            round_index < warmup_rounds
+            if audit.get("in_warmup") is None
+            else bool(audit["in_warmup"])
+        ),
         accuracy=acc[0],
         balanced_accuracy=acc[1],
         coordinator_seconds=_float_or_none(info.coordinator_seconds),
