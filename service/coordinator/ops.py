@@ -7,6 +7,7 @@ from typing import Any
 from service.coordinator.services import Services
 from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
+from service.store import stats
 from service.store.migrate import check_at_head
 from service.store.models import CLIENT_STATUSES, FEDERATION_STATUSES, ROUND_STATES
 
@@ -29,10 +30,10 @@ def running_federations(services: Services) -> list[dict[str, Any]]:
     by effective status (every known status present), its latest round, and its latest closed
     round's close time and coordinator seconds."""
     with services.sessions() as session:
-        stats = repo.running_federation_stats(session)
-    for entry in stats:
+        running = stats.running_federation_stats(session)
+    for entry in running:
         entry["sites"] = {**dict.fromkeys(CLIENT_STATUSES, 0), **entry["sites"]}
-    return stats
+    return running
 
 
 def metrics_snapshot(services: Services) -> dict[str, dict[str, int]]:
@@ -42,7 +43,7 @@ def metrics_snapshot(services: Services) -> dict[str, dict[str, int]]:
     is none), so a series does not vanish when its count drops to zero.
     """
     with services.sessions() as session:
-        counts = repo.status_counts(session)
+        counts = stats.status_counts(session)
     for key, known in (
         ("federations", FEDERATION_STATUSES),
         ("rounds", ROUND_STATES),

@@ -219,7 +219,7 @@ def test_the_store_knows_every_detector_an_audit_may_hold() -> None:
     # The metrics read each detector's status from the stored audit by name (the store may not
     # import service.audit): the two lists must agree.
     from service.audit import DETECTORS
-    from service.store.repositories import AUDIT_DETECTORS
+    from service.store.stats import AUDIT_DETECTORS
 
     assert set(AUDIT_DETECTORS) == set(DETECTORS)
 

@@ -41,10 +41,10 @@ def test_neighbor_matrix_has_one_cell_per_known_neighbor_noisy_sites_first() -> 
     }
     # b (noisy) is row/column 0, a (trusted) 1; the neighbor outside the report is left out
     assert cells == {
-        ("0", "0"): "b (noisy), b (noisy): no data",
-        ("0", "1"): "b (noisy), a (trusted): 0.4",
-        ("1", "0"): "a (trusted), b (noisy): 0.8",
-        ("1", "1"): "a (trusted), a (trusted): no data",
+        ("0", "0"): "noisy: b, b: no data",
+        ("0", "1"): "noisy: b, a: 0.4",
+        ("1", "0"): "trusted: a, b: 0.8",
+        ("1", "1"): "trusted: a, a: no data",
     }
 
 

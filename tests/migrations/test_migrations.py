@@ -17,8 +17,10 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.errors import MigrationsNotAtHeadError
 from service.main import create_app
-from service.store import models  # noqa: F401
-from service.store import repositories as repo
+from service.store import (
+    models,  # noqa: F401
+    stats,
+)
 from service.store.base import Base, UTCDateTime, new_id, utcnow
 from service.store.migrate import current_revision, downgrade, head_revision, upgrade
 from service.store.session import make_engine
@@ -69,7 +71,7 @@ def test_metrics_event_count_reads_the_kind_index(tmp_path: Path) -> None:
 
     event.listen(engine, "before_cursor_execute", capture)
     with Session(engine) as session:
-        repo.status_counts(session)
+        stats.status_counts(session)
     event.remove(engine, "before_cursor_execute", capture)
     (by_kind,) = [q for q in sent if "GROUP BY event.kind" in q]
     with engine.connect() as connection:

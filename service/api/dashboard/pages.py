@@ -241,12 +241,13 @@ def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
                 values[i][j] = float(n.get("weight") or 0.0)
     if not any(v is not None for row in values for v in row):
         return '<p class="muted">No neighbor relation in the latest audit.</p>'
-    labels = [f"{c['name']} ({c['status']})" for c in ordered]
+    rows = [f"{c['status']}: {c['name']}" for c in ordered]
     return (
-        '<p class="muted">Row: a site; column: a reliable neighbor FedRN gave it; colour: the '
-        "neighbor's weight in the site's local model (from the smallest to the largest shown); "
-        "grey: not its neighbor. Sites sorted by status, noisy first.</p>"
-        + svg.heatmap(values, labels, labels, label="reliable-neighbor matrix")
+        '<p class="muted">Row: a site (its status first); column: a reliable neighbor FedRN gave '
+        "it, in the same order; colour: the neighbor's weight in the site's local model (from "
+        "the smallest to the largest shown); grey: not its neighbor. Sites sorted by status, "
+        "noisy first.</p>"
+        + svg.heatmap(values, rows, [c["name"] for c in ordered], label="reliable-neighbor matrix")
     )
 
 
@@ -456,7 +457,8 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
 SCORE_MEANINGS = {
     "evidence": "calibrated evidence: the site's excess loss in standard errors (about N(0, 1) "
     "when clean)",
-    "fednoro": "FedNoRo: the class-standardised loss excess (standard errors)",
+    "fednoro": "FedNoRo: its separation statistic (by default the class-standardised loss "
+    "excess, in standard errors)",
     "fedncl": "Fed-NCL: the site's q (loss and divergence; higher = noisier)",
     "expertise": "FedRN: expertise, the local model's accuracy on the probe (higher = more "
     "reliable; not a noise score)",

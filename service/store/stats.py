@@ -1,0 +1,147 @@
+"""The aggregate queries of the operators' view: what ``/metrics`` counts at a scrape (a handful
+of GROUP BY queries, no rows) and the training-quality figures of the running federations.
+
+Like :mod:`service.store.repositories`, these functions only read and leave the session to the
+caller; they live apart because they read across the whole database, not one federation's rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.store.models import (
+    AuditResult,
+    Client,
+    Event,
+    Federation,
+    ModelUpdate,
+    ModelVersion,
+    Round,
+)
+
+__all__ = ["AUDIT_DETECTORS", "running_federation_stats", "status_counts"]
+
+
+def status_counts(session: Session) -> dict[str, dict[str, int]]:
+    """Aggregate counts for the metrics endpoint: a handful of GROUP BY queries, no rows.
+
+    A client's status is its effective one (a pin wins over the detectors).
+    """
+    federations = session.execute(
+        select(Federation.status, func.count()).group_by(Federation.status)
+    ).all()
+    rounds = session.execute(select(Round.state, func.count()).group_by(Round.state)).all()
+    client_status = func.coalesce(Client.pinned_status, Client.status)
+    clients = session.execute(select(client_status, func.count()).group_by(client_status)).all()
+    events = session.execute(select(Event.kind, func.count()).group_by(Event.kind)).all()
+    updates = session.execute(
+        select(func.count(), func.coalesce(func.sum(ModelUpdate.size_bytes), 0))
+    ).one()
+    versions = session.execute(
+        select(func.count(), func.coalesce(func.sum(ModelVersion.size_bytes), 0))
+    ).one()
+    return {
+        "federations": {str(s): int(n) for s, n in federations},
+        "rounds": {str(s): int(n) for s, n in rounds},
+        "clients": {str(s): int(n) for s, n in clients},
+        "events": {str(k): int(n) for k, n in events},
+        "updates": {"count": int(updates[0]), "bytes": int(updates[1])},
+        "model_versions": {"count": int(versions[0]), "bytes": int(versions[1])},
+    }
+
+
+def running_federation_stats(session: Session) -> list[dict[str, Any]]:
+    """Per running federation: id, name, its sites by effective status, the index of its latest
+    round, and the close time and coordinator seconds of its latest closed round (None before
+    the first). Three grouped queries and one row per running federation."""
+    running = session.execute(
+        select(Federation.id, Federation.name)
+        .where(Federation.status == "running")
+        .order_by(Federation.name, Federation.id)
+    ).all()
+    if not running:
+        return []
+    ids = [fid for fid, _ in running]
+    client_status = func.coalesce(Client.pinned_status, Client.status)
+    sites = session.execute(
+        select(Client.federation_id, client_status, func.count())
+        .where(Client.federation_id.in_(ids))
+        .group_by(Client.federation_id, client_status)
+    ).all()
+    latest = dict(
+        session.execute(
+            select(Round.federation_id, func.max(Round.index))
+            .where(Round.federation_id.in_(ids))
+            .group_by(Round.federation_id)
+        ).all()
+    )
+    last_closed = (
+        select(Round.federation_id, func.max(Round.index).label("index"))
+        .where(Round.federation_id.in_(ids), Round.state == "closed")
+        .group_by(Round.federation_id)
+        .subquery()
+    )
+    closed = {
+        fid: (closed_at, seconds)
+        for fid, closed_at, seconds in session.execute(
+            select(Round.federation_id, Round.closed_at, Round.coordinator_seconds).join(
+                last_closed,
+                (Round.federation_id == last_closed.c.federation_id)
+                & (Round.index == last_closed.c.index),
+            )
+        ).all()
+    }
+    by_federation: dict[uuid.UUID, dict[str, int]] = {fid: {} for fid in ids}
+    for fid, status, n in sites:
+        by_federation[fid][str(status)] = int(n)
+    verdicts = _latest_verdicts(session, ids)
+    return [
+        {
+            "id": str(fid),
+            "name": name,
+            "sites": by_federation[fid],
+            "latest_round": latest.get(fid),
+            "last_closed_at": closed.get(fid, (None, None))[0],
+            "last_close_seconds": closed.get(fid, (None, None))[1],
+            "verdict": verdicts.get(fid),
+        }
+        for fid, name in running
+    ]
+
+
+AUDIT_DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
+"""The detectors whose status an audit result may hold (``service.audit.DETECTORS``; the store
+may not import the audit, a test keeps the two equal)."""
+
+
+def _latest_verdicts(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Per federation, the primary detector's status in its latest audit (``ok``,
+    ``inconclusive``, ``undetermined``), read with JSON paths in the database: the audit's
+    verdicts, which grow with the sites, never leave it."""
+    newest = (
+        select(AuditResult.federation_id, func.max(AuditResult.round_index).label("index"))
+        .where(AuditResult.federation_id.in_(ids))
+        .group_by(AuditResult.federation_id)
+        .subquery()
+    )
+    columns = [AuditResult.result["primary"].as_string()] + [
+        AuditResult.result["detections"][name]["status"].as_string() for name in AUDIT_DETECTORS
+    ]
+    rows = session.execute(
+        select(AuditResult.federation_id, *columns).join(
+            newest,
+            (AuditResult.federation_id == newest.c.federation_id)
+            & (AuditResult.round_index == newest.c.index),
+        )
+    ).all()
+    verdicts: dict[uuid.UUID, str] = {}
+    for fid, primary, *statuses in rows:
+        status = dict(zip(AUDIT_DETECTORS, statuses, strict=True)).get(primary)
+        if status is not None:
+            verdicts[fid] = str(status)
+    return verdicts
