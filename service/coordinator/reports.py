@@ -440,11 +440,9 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
             for n in entry.get("neighbors") or []
         ]
     per_class: dict[int, list[float | None]] = {}
-    for update in repo.updates_of_client(session, federation.id, client.id):
-        losses = update.signals.get("per_class_loss")
-        counts = update.signals.get("class_counts")
+    for index, losses, counts in repo.per_class_losses_of_client(session, federation.id, client.id):
         if losses is not None:
-            per_class[update.round_index] = [
+            per_class[index] = [
                 None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
                 for c, loss in enumerate(losses)
             ]

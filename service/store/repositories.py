@@ -294,14 +294,19 @@ def updates_of_round(session: Session, round_id: uuid.UUID) -> list[ModelUpdate]
     return list(session.scalars(query.order_by(ModelUpdate.received_at, ModelUpdate.id)))
 
 
-def updates_of_client(
+def per_class_losses_of_client(
     session: Session, federation_id: uuid.UUID, client_id: uuid.UUID
-) -> list[ModelUpdate]:
-    """Every accepted update of one client in a federation, by round."""
-    query = select(ModelUpdate).where(
-        ModelUpdate.federation_id == federation_id, ModelUpdate.client_id == client_id
-    )
-    return list(session.scalars(query.order_by(ModelUpdate.round_index)))
+) -> list[tuple[int, Any, Any]]:
+    """(round index, per_class_loss, class_counts) of every accepted update of one client, by
+    round: two fields read from each update's signals in the database, not the whole JSON
+    (probes and centroids stay there)."""
+    query = select(
+        ModelUpdate.round_index,
+        ModelUpdate.signals["per_class_loss"],
+        ModelUpdate.signals["class_counts"],
+    ).where(ModelUpdate.federation_id == federation_id, ModelUpdate.client_id == client_id)
+    rows = session.execute(query.order_by(ModelUpdate.round_index)).all()
+    return [(int(index), losses, counts) for index, losses, counts in rows]
 
 
 def latest_client_events(
