@@ -20,7 +20,7 @@ from service.audit import DETECTORS
 from service.coordinator.rounds import effective_status, get_round
 from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
-from service.store.models import AuditResult, Client, Federation
+from service.store.models import AuditResult, Client, Event, Federation
 
 
 def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:
@@ -188,24 +188,37 @@ def site_errors(
     session: Session, federation: Federation, names: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """The federation's latest site errors, newest first (the sites' own words)."""
-    shown = []
-    for event in repo.latest_events(
-        session, federation.id, kind="site.error", limit=SITE_ERRORS_SHOWN
-    ):
-        data = event.data or {}
-        client_id = str(event.client_id) if event.client_id is not None else None
-        shown.append(
-            {
-                "at": event.created_at,
-                "client_id": client_id,
-                "name": names.get(client_id or "", client_id),
-                "round": data.get("round_index"),
-                "stage": data.get("stage"),
-                "error_type": data.get("error_type"),
-                "message": data.get("error", event.message),
-            }
+    return [
+        _site_error(event, names)
+        for event in repo.latest_events(
+            session, federation.id, kind="site.error", limit=SITE_ERRORS_SHOWN
         )
-    return shown
+    ]
+
+
+def _site_error(event: Event, names: Mapping[str, str]) -> dict[str, Any]:
+    """One ``site.error`` event as the report and the client page show it (the site's own
+    words, its round and stage)."""
+    data = event.data or {}
+    client_id = str(event.client_id) if event.client_id is not None else None
+    return {
+        "at": event.created_at,
+        "client_id": client_id,
+        "name": names.get(client_id or "", client_id),
+        "round": data.get("round_index"),
+        "stage": data.get("stage"),
+        "error_type": data.get("error_type"),
+        "message": data.get("error", event.message),
+    }
+
+
+def _held_losses(losses: list[Any], counts: list[int] | None) -> list[float | None]:
+    """A per-class loss list with None where the site holds no sample of the class (or sent
+    none)."""
+    return [
+        None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
+        for c, loss in enumerate(losses)
+    ]
 
 
 def report_warnings(audit: AuditResult) -> list[str]:
@@ -301,12 +314,7 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
     for update in updates:
         losses = update.signals.get("per_class_loss")
         counts = update.signals.get("class_counts")
-        per_class: list[float | None] | None = None
-        if losses is not None:
-            per_class = [
-                None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
-                for c, loss in enumerate(losses)
-            ]
+        per_class = None if losses is None else _held_losses(losses, counts)
         position = positions.get(str(update.client_id))
         rows.append(
             {
@@ -442,18 +450,9 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     per_class: dict[int, list[float | None]] = {}
     for index, losses, counts in repo.per_class_losses_of_client(session, federation.id, client.id):
         if losses is not None:
-            per_class[index] = [
-                None if loss is None or (counts is not None and counts[c] == 0) else float(loss)
-                for c, loss in enumerate(losses)
-            ]
+            per_class[index] = _held_losses(losses, counts)
     errors = [
-        {
-            "at": event.created_at,
-            "round": (event.data or {}).get("round_index"),
-            "stage": (event.data or {}).get("stage"),
-            "error_type": (event.data or {}).get("error_type"),
-            "message": (event.data or {}).get("error", event.message),
-        }
+        _site_error(event, {str(client.id): client.name})
         for event in repo.latest_client_events(
             session, federation.id, client.id, kind="site.error", limit=SITE_ERRORS_SHOWN
         )

@@ -56,13 +56,18 @@ COUNT_KEYS = ("clients", "joined_clients", "rounds_started", "rounds_closed")
 """The per-federation counts of :func:`federation_counts`."""
 
 
-def client_status_counts(session: Session) -> dict[uuid.UUID, dict[str, int]]:
+def client_status_counts(
+    session: Session, federation_ids: Sequence[uuid.UUID] | None = None
+) -> dict[uuid.UUID, dict[str, int]]:
     """Per federation, how many clients have each status, a pinned status counting over the
-    detected one (one GROUP BY query; a federation without clients is absent)."""
+    detected one (one GROUP BY query; a federation without clients is absent). ``federation_ids``:
+    only these; None: every federation."""
     status = func.coalesce(Client.pinned_status, Client.status)
     query = select(Client.federation_id, status, func.count()).group_by(
         Client.federation_id, status
     )
+    if federation_ids is not None:
+        query = query.where(Client.federation_id.in_(list(federation_ids)))
     result: dict[uuid.UUID, dict[str, int]] = {}
     for fid, name, n in session.execute(query).all():
         result.setdefault(fid, {})[str(name)] = int(n)

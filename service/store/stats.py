@@ -23,6 +23,7 @@ from service.store.models import (
     ModelVersion,
     Round,
 )
+from service.store.repositories import client_status_counts
 
 __all__ = ["AUDIT_DETECTORS", "running_federation_stats", "status_counts"]
 
@@ -67,12 +68,7 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
     if not running:
         return []
     ids = [fid for fid, _ in running]
-    client_status = func.coalesce(Client.pinned_status, Client.status)
-    sites = session.execute(
-        select(Client.federation_id, client_status, func.count())
-        .where(Client.federation_id.in_(ids))
-        .group_by(Client.federation_id, client_status)
-    ).all()
+    sites = client_status_counts(session, ids)
     latest = dict(
         session.execute(
             select(Round.federation_id, func.max(Round.index))
@@ -96,15 +92,12 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
             )
         ).all()
     }
-    by_federation: dict[uuid.UUID, dict[str, int]] = {fid: {} for fid in ids}
-    for fid, status, n in sites:
-        by_federation[fid][str(status)] = int(n)
     verdicts = _latest_verdicts(session, ids)
     return [
         {
             "id": str(fid),
             "name": name,
-            "sites": by_federation[fid],
+            "sites": sites.get(fid, {}),
             "latest_round": latest.get(fid),
             "last_closed_at": closed.get(fid, (None, None))[0],
             "last_close_seconds": closed.get(fid, (None, None))[1],

@@ -251,6 +251,14 @@ def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def _flag_mark(name: str, flag: Any, primary: str | None) -> str:
+    """\u2691 after a detector's score when it flagged the site; a secondary detector's flag
+    says so (only the primary detector sets the status)."""
+    if flag is not True:
+        return ""
+    return " \u2691" if name == primary else ' <span class="muted">\u2691 (secondary)</span>'
+
+
 def _scores(
     scores: Mapping[str, Any] | None, flags: Mapping[str, Any] | None, primary: str | None
 ) -> str:
@@ -260,13 +268,7 @@ def _scores(
         return '<span class="muted">-</span>'
     parts = []
     for name, score in sorted(scores.items()):
-        flag = (flags or {}).get(name)
-        if flag is not True:
-            mark = ""
-        elif name == primary:
-            mark = " \u2691"
-        else:
-            mark = ' <span class="muted">\u2691 (secondary)</span>'
+        mark = _flag_mark(name, (flags or {}).get(name), primary)
         parts.append(f"{esc(name)}: {number(score)}{mark}")
     return "<br>".join(parts)
 
@@ -468,11 +470,7 @@ SCORE_MEANINGS = {
 
 def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> str:
     score = number((entry.get("scores") or {}).get(name))
-    flag = (entry.get("flags") or {}).get(name)
-    if flag is True:
-        mark = " \u2691" if name == primary else ' <span class="muted">\u2691 (secondary)</span>'
-    else:
-        mark = ""
+    mark = _flag_mark(name, (entry.get("flags") or {}).get(name), primary)
     return f'<td class="num">{score}{mark}</td>'
 
 
