@@ -23,14 +23,6 @@ from service.store import repositories as repo
 from service.store.models import AuditResult, Client, Event, Federation
 
 
-def _position(audit: AuditResult, client_id: uuid.UUID) -> int | None:
-    ids: list[str] = audit.result.get("client_ids", [])
-    try:
-        return ids.index(str(client_id))
-    except ValueError:
-        return None
-
-
 def _positions(result: dict[str, Any]) -> dict[str, int]:
     """Client id -> its position in a stored audit result's per-client lists."""
     return {cid: i for i, cid in enumerate(result.get("client_ids") or [])}
@@ -41,40 +33,76 @@ def _class_label(federation: Federation, index: int) -> str:
     return names[index] if names and 0 <= index < len(names) else str(index)
 
 
-def _client_view(
-    federation: Federation, client: Client, audit: AuditResult, position: int
+def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
+    """Where a stored audit result holds what it says about the client at ``position``: the
+    fields of :func:`_client_entry`, as typed JSON paths (read in the database by
+    :func:`service.store.repositories.audit_values`, or in memory by :func:`_walk`)."""
+    verdict = ("verdicts", position)
+    paths: dict[str, repo.JsonPath] = {
+        "primary_flag": repo.JsonPath(("primary_flags", position), "bool"),
+        "weight": repo.JsonPath(("aggregation", "weights", position), "float"),
+        "reliability": repo.JsonPath(("expertise", position), "float"),
+        "neighbors": repo.JsonPath(("neighbors", client_id)),
+        "noisy_classes": repo.JsonPath(
+            ("detections", "fednoro", *verdict, "evidence", "noisy_classes")
+        ),
+    }
+    for name in DETECTORS:
+        paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
+        paths[f"{name}.score"] = repo.JsonPath(("detections", name, *verdict, "score"), "float")
+        paths[f"{name}.flag"] = repo.JsonPath(("detections", name, *verdict, "flag"), "bool")
+    return paths
+
+
+def _walk(value: Any, path: repo.JsonPath) -> Any:
+    """The value at ``path`` in a stored result, loaded; None where the path leads nowhere."""
+    for step in path.steps:
+        if isinstance(step, int) and isinstance(value, list) and 0 <= step < len(value):
+            value = value[step]
+        elif isinstance(step, str) and isinstance(value, dict):
+            value = value.get(step)
+        else:
+            return None
+    return value
+
+
+def _client_entry(
+    federation: Federation, round_index: int, fields: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """What one stored audit says about one client."""
-    result = audit.result
-    detections: dict[str, Any] = result.get("detections", {})
+    """What one stored audit says about one client, from the values at :func:`_client_paths`:
+    a detector the audit did not run is left out; one that ran but did not answer ``ok`` (or
+    gave this client no verdict) has a None score and flag."""
     scores: dict[str, Any] = {}
     flags: dict[str, Any] = {}
     noisy_classes: list[int] = []
-    for name, detection in detections.items():
-        verdict = (
-            (detection.get("verdicts") or [None])[position] if detection.get("verdicts") else None
-        )
-        if detection.get("status") != "ok" or verdict is None:
-            scores[name] = None
-            flags[name] = None
-            continue
-        scores[name] = verdict.get("score")
-        flags[name] = verdict.get("flag")
-        if name == "fednoro":
-            noisy_classes = list(verdict.get("evidence", {}).get("noisy_classes", []))
-    weights = (result.get("aggregation") or {}).get("weights") or []
-    neighbors = (result.get("neighbors") or {}).get(str(client.id))
-    expertise = result.get("expertise")
+    for name in DETECTORS:
+        status = fields[f"{name}.status"]
+        if status is None:
+            continue  # not run in this audit
+        ok = status == "ok"
+        scores[name] = fields[f"{name}.score"] if ok else None
+        flags[name] = fields[f"{name}.flag"] if ok else None
+        if name == "fednoro" and ok:
+            noisy_classes = list(fields["noisy_classes"] or [])
     return {
-        "round": audit.round_index,
-        "primary_flag": (result.get("primary_flags") or [None])[position],
+        "round": round_index,
+        "primary_flag": fields["primary_flag"],
         "flags": flags,
         "scores": scores,
         "noisy_classes": [_class_label(federation, c) for c in noisy_classes],
-        "reliability": expertise[position] if expertise else None,
-        "neighbors": neighbors,
-        "weight": weights[position] if position < len(weights) else None,
+        "reliability": fields["reliability"],
+        "neighbors": fields["neighbors"],
+        "weight": fields["weight"],
     }
+
+
+def _client_view(
+    federation: Federation, client: Client, audit: AuditResult, position: int
+) -> dict[str, Any]:
+    """What one stored audit, already loaded, says about one client."""
+    paths = _client_paths(position, str(client.id))
+    fields = {key: _walk(audit.result, path) for key, path in paths.items()}
+    return _client_entry(federation, audit.round_index, fields)
 
 
 def _report_row(
@@ -415,14 +443,19 @@ def _csv_number(value: Any) -> str:
 
 
 def client_history(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
-    """Round by round, what the audit said about one client."""
+    """Round by round, what the audit said about one client. Each stored audit's client list
+    gives the client's position; only the values at :func:`_client_paths` are then read, in the
+    database: the rest of each result (every other site's verdicts and neighbors, which grow
+    with the federation) never leaves it."""
+    cid = str(client.id)
     rounds = []
-    for audit in repo.audits_of_federation(session, federation.id):
-        position = _position(audit, client.id)
+    for audit_id, round_index, client_ids in repo.audit_client_ids(session, federation.id):
+        position = _positions({"client_ids": client_ids}).get(cid)
         if position is not None:
-            rounds.append(_client_view(federation, client, audit, position))
+            fields = repo.audit_values(session, audit_id, _client_paths(position, cid))
+            rounds.append(_client_entry(federation, round_index, fields))
     return {
-        "client_id": str(client.id),
+        "client_id": cid,
         "name": client.name,
         "status": effective_status(client),
         "detected_status": client.status,

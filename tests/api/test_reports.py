@@ -107,6 +107,43 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert all(r["flags"]["fedncl"] is True for r in history["rounds"])
 
 
+async def test_client_history_reads_what_each_stored_audit_says(api: httpx.AsyncClient) -> None:
+    # The history reads a few JSON paths of each stored audit in the database (not the whole
+    # result): it must say what the full round view says, client by client and round by round.
+    # (That a flag read on SQLite is a boolean, not 1, shows in the diagnostics test below: its
+    # flagged rounds compare with `is True`.)
+    config = {**FEDNCL, "method": "fedavg", "detectors": ["fednoro", "fedncl", "evidence"]}
+    fed = await make_federation(api, clients=NAMES, rounds=3, config=config)
+    await run_round(api, fed, 0)
+    await run_round(api, fed, 1)
+    audits = [
+        (await api.get(f"/api/v1/federations/{fed.id}/rounds/{i}", headers=ADMIN)).json()["audit"]
+        for i in (0, 1)
+    ]
+    seen_flag = False
+    for name in NAMES:
+        cid = fed.client_ids[name]
+        url = f"/api/v1/federations/{fed.id}/clients/{cid}/history"
+        history = (await api.get(url, headers=ADMIN)).json()
+        assert [r["round"] for r in history["rounds"]] == [0, 1]
+        for entry, audit in zip(history["rounds"], audits, strict=True):
+            at = audit["client_ids"].index(str(cid))
+            assert entry["primary_flag"] is audit["primary_flags"][at]
+            assert entry["weight"] == pytest.approx(audit["aggregation"]["weights"][at])
+            assert entry["neighbors"] == (audit.get("neighbors") or {}).get(str(cid))
+            ran = {d: v for d, v in audit["detections"].items() if v is not None}
+            assert set(entry["flags"]) == set(ran)
+            for detector, detection in ran.items():
+                verdict = (detection.get("verdicts") or [None] * 4)[at]
+                if detection["status"] != "ok" or verdict is None:
+                    assert entry["flags"][detector] is None
+                    continue
+                assert entry["flags"][detector] is verdict["flag"]
+                assert entry["scores"][detector] == pytest.approx(verdict["score"])
+                seen_flag |= verdict["flag"] is True
+    assert seen_flag  # d's outlying update was flagged by some detector: the test saw a True
+
+
 async def test_with_the_status_the_penalty_starts_at_the_second_flag(
     api: httpx.AsyncClient,
 ) -> None:
