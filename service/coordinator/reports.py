@@ -33,6 +33,10 @@ def _class_label(federation: Federation, index: int) -> str:
     return names[index] if names and 0 <= index < len(names) else str(index)
 
 
+CLASS_DETECTORS = ("evidence", "fednoro")
+"""The detectors whose verdicts name classes (``evidence.noisy_classes``)."""
+
+
 def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
     """Where a stored audit result holds what it says about the client at ``position``: the
     fields of :func:`_client_entry`, as typed JSON paths (read in the database by
@@ -43,14 +47,16 @@ def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
         "weight": repo.JsonPath(("aggregation", "weights", position), "float"),
         "reliability": repo.JsonPath(("expertise", position), "float"),
         "neighbors": repo.JsonPath(("neighbors", client_id)),
-        "noisy_classes": repo.JsonPath(
-            ("detections", "fednoro", *verdict, "evidence", "noisy_classes")
-        ),
+        "primary": repo.JsonPath(("primary",), "str"),
     }
     for name in DETECTORS:
         paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
         paths[f"{name}.score"] = repo.JsonPath(("detections", name, *verdict, "score"), "float")
         paths[f"{name}.flag"] = repo.JsonPath(("detections", name, *verdict, "flag"), "bool")
+    for name in CLASS_DETECTORS:
+        paths[f"{name}.noisy_classes"] = repo.JsonPath(
+            ("detections", name, *verdict, "evidence", "noisy_classes")
+        )
     return paths
 
 
@@ -71,10 +77,15 @@ def _client_entry(
 ) -> dict[str, Any]:
     """What one stored audit says about one client, from the values at :func:`_client_paths`:
     a detector the audit did not run is left out; one that ran but did not answer ``ok`` (or
-    gave this client no verdict) has a None score and flag."""
+    gave this client no verdict) has a None score and flag, and no classes.
+
+    ``noisy_classes`` are the primary detector's classes where it judges per class (the
+    evidence detector's classes significant alone, FedNoRo's classes on its noisy side), else
+    FedNoRo's (a Fed-NCL primary judges the site only); none when the primary abstained.
+    ``classes_by_detector``: each per-class detector's own list, side by side."""
     scores: dict[str, Any] = {}
     flags: dict[str, Any] = {}
-    noisy_classes: list[int] = []
+    classes: dict[str, list[str]] = {}
     for name in DETECTORS:
         status = fields[f"{name}.status"]
         if status is None:
@@ -82,14 +93,18 @@ def _client_entry(
         ok = status == "ok"
         scores[name] = fields[f"{name}.score"] if ok else None
         flags[name] = fields[f"{name}.flag"] if ok else None
-        if name == "fednoro" and ok:
-            noisy_classes = list(fields["noisy_classes"] or [])
+        if ok and name in CLASS_DETECTORS:
+            listed = fields[f"{name}.noisy_classes"] or []
+            classes[name] = [_class_label(federation, int(c)) for c in listed]
+    primary = fields["primary"]
+    chosen = primary if primary in CLASS_DETECTORS else "fednoro"
     return {
         "round": round_index,
         "primary_flag": fields["primary_flag"],
         "flags": flags,
         "scores": scores,
-        "noisy_classes": [_class_label(federation, c) for c in noisy_classes],
+        "noisy_classes": classes.get(chosen, []),
+        "classes_by_detector": classes,
         "reliability": fields["reliability"],
         "neighbors": fields["neighbors"],
         "weight": fields["weight"],
@@ -145,6 +160,7 @@ def _report_row(
         "latest_flags": None if latest is None else latest["flags"],
         "latest_scores": None if latest is None else latest["scores"],
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
+        "classes_by_detector": {} if latest is None else latest["classes_by_detector"],
         "reliability": None if latest is None else latest["reliability"],
         "neighbors": neighbors,
         "last_weight": None if latest is None else latest["weight"],

@@ -103,7 +103,15 @@ class ReportClient(BaseModel):
         )
     )
     noisy_classes: list[str] = Field(
-        description="Classes whose loss puts the client on FedNoRo's noisy side, worst first"
+        description=(
+            "The primary detector's noisy classes, worst first (the evidence detector: classes "
+            "significant alone; FedNoRo: classes whose loss puts the client on its noisy side; "
+            "FedNoRo's when the primary judges sites only; none when the primary abstained)"
+        )
+    )
+    classes_by_detector: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Each per-class detector's noisy classes for the client, worst first",
     )
     reliability: float | None = Field(description="FedRN expertise (normalised training accuracy)")
     neighbors: list[ReportNeighbor] | None
@@ -183,7 +191,10 @@ class ClientRoundView(BaseModel):
     scores: dict[str, float | None] = Field(
         description="Each detector's graded score (see NoisyClientReport's latest_scores)"
     )
-    noisy_classes: list[str]
+    noisy_classes: list[str] = Field(description="As in the report: the primary's classes")
+    classes_by_detector: dict[str, list[str]] = Field(
+        default_factory=dict, description="Each per-class detector's noisy classes"
+    )
     reliability: float | None
     neighbors: list[NeighborWeight] | None
     weight: float | None = Field(description="Aggregation weight in that round")
