@@ -27,7 +27,8 @@ __all__ = [
     "detectors_of",
 ]
 
-#: Detectors the coordinator knows, in table order.
+#: Detectors the coordinator knows, in table order: the service's registry
+#: (``service.audit.DETECTORS``), which the simulator may not import; a test keeps the two equal.
 DETECTOR_NAMES: Final[tuple[str, ...]] = ("fednoro", "fedncl", "expertise", "evidence")
 
 

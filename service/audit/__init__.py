@@ -24,6 +24,12 @@ from service.audit.audit_config import DETECTORS, PRIMARY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
+from service.audit.detector_registry import (
+    DETECTOR_REGISTRY,
+    DetectorCall,
+    DetectorSpec,
+    required_signals,
+)
 from service.audit.detectors.expertise import expertise, expertise_detection
 from service.audit.detectors.fedncl import (
     FedNCLDetector,
@@ -52,8 +58,9 @@ from service.audit.state import DictStateReader, StateReader, is_float_tensor
 __all__ = [
     "AGGREGATION_RULES",
     "DEFAULT_MAX_CLIENT_WEIGHT_FACTOR",
-    "NOISY_SET_RULES",
     "DETECTORS",
+    "DETECTOR_REGISTRY",
+    "NOISY_SET_RULES",
     "PRIMARY_DETECTORS",
     "AggregationResult",
     "AnyArray",
@@ -64,6 +71,8 @@ __all__ = [
     "ClientStatus",
     "ClientVerdict",
     "DetectionResult",
+    "DetectorCall",
+    "DetectorSpec",
     "DictStateReader",
     "EvidenceDetector",
     "FedNCLDetector",
@@ -99,6 +108,7 @@ __all__ = [
     "null_separation_threshold",
     "probe_similarity",
     "reliability_scores",
+    "required_signals",
     "run_audit",
     "scale_rounds",
 ]

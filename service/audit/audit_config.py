@@ -2,8 +2,9 @@
 
 Defaults come from the papers (docs/algorithms.md); the federation configuration of the
 coordinator is validated against it. :data:`DETECTORS` and :data:`PRIMARY_DETECTORS` name the
-detectors it may select; :func:`evidence_detector` builds the calibrated evidence detector from
-its ``evidence_*`` fields.
+detectors it may select, read from the registry
+:data:`~service.audit.detector_registry.DETECTOR_REGISTRY`, whose factories build each configured
+detector from its ``<detector>_*`` fields.
 """
 
 from __future__ import annotations
@@ -23,23 +24,28 @@ from service.audit._validation import (
 )
 from service.audit.aggregation import AGGREGATION_RULES
 from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
+from service.audit.detector_registry import DETECTOR_REGISTRY
 from service.audit.detectors.fednoro import SEPARATION_GROUPS, SEPARATION_STATISTICS
-from service.audit.evidence import EvidenceDetector
 
 __all__ = [
     "AGGREGATION_FLAGS",
     "DETECTORS",
     "PRIMARY_DETECTORS",
+    "PROBABILITY_DETECTORS",
     "AuditConfig",
-    "evidence_detector",
 ]
 
-DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
-"""Detector names accepted in :attr:`AuditConfig.detectors`."""
+DETECTORS = tuple(DETECTOR_REGISTRY)
+"""Detector names accepted in :attr:`AuditConfig.detectors`, in the registry's order."""
 
 
-PRIMARY_DETECTORS = ("fednoro", "fedncl", "evidence")
+PRIMARY_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.primary)
 """Detectors that flag clients and can therefore be primary."""
+
+PROBABILITY_DETECTORS = tuple(
+    name for name, spec in DETECTOR_REGISTRY.items() if spec.probabilities
+)
+"""Detectors that give each client a noisy probability (``reliability_weighted`` reads it)."""
 
 
 AGGREGATION_FLAGS = ("status", "round")
@@ -53,9 +59,9 @@ class AuditConfig:
     Attributes
     ----------
     detectors : tuple of str or None
-        Detectors to run (``"fednoro"``, ``"fedncl"``, ``"expertise"``, ``"evidence"``). None:
-        every detector whose inputs some client sent; the primary detector always appears in the
-        outcome.
+        Detectors to run, names of :data:`DETECTORS` (``"fednoro"``, ``"fedncl"``,
+        ``"expertise"``, ``"evidence"``). None: every detector whose inputs some client sent;
+        the primary detector always appears in the outcome.
     primary_detector : str
         ``"evidence"`` (default: the calibrated per-site test of :mod:`service.audit.evidence`,
         which abstains rather than accuse when the consensus is suspect), ``"fednoro"`` or
@@ -196,10 +202,14 @@ evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
                 f"detectors: must include primary_detector {self.primary_detector!r}"
             )
         check_choice("aggregation", self.aggregation, AGGREGATION_RULES)
-        if self.aggregation == "reliability_weighted" and self.primary_detector != "fednoro":
+        if (
+            self.aggregation == "reliability_weighted"
+            and self.primary_detector not in PROBABILITY_DETECTORS
+        ):
+            which = " or ".join(f"primary_detector={name!r}" for name in PROBABILITY_DETECTORS)
             raise InvalidParameterError(
                 "aggregation: 'reliability_weighted' needs noisy probabilities, which only "
-                "primary_detector='fednoro' gives"
+                f"{which} gives"
             )
 
     def _check_fednoro(self) -> None:
@@ -274,8 +284,11 @@ evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
             ),
         )
         check_int("fednoro_min_clients", self.fednoro_min_clients, min_value=2)
-        # EvidenceDetector validates its own parameters; build one to fail here, not at a round.
-        evidence_detector(self)
+        # A detector validates its own parameters (EvidenceDetector does when it is built):
+        # build each one to fail here, not at a round.
+        for spec in DETECTOR_REGISTRY.values():
+            if spec.build is not None:
+                spec.build(self)
 
     def _check_rest(self) -> None:
         """Fed-NCL, FedRN, DaAgg, the status rule and the weight cap."""
@@ -332,21 +345,3 @@ def _str_tuple(name: str, value: Any, choices: Sequence[str]) -> tuple[str, ...]
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise InvalidParameterError(f"{name}: expected a sequence of names")
     return tuple(check_choice(f"{name}[{i}]", v, choices) for i, v in enumerate(value))
-
-
-def evidence_detector(config: AuditConfig) -> EvidenceDetector:
-    """The calibrated evidence detector with the configuration's ``evidence_*`` parameters."""
-    return EvidenceDetector(
-        q=config.evidence_q,
-        min_clients=config.evidence_min_clients,
-        min_informativeness=config.evidence_min_informativeness,
-        max_flagged_fraction=config.evidence_max_flagged_fraction,
-        max_heterogeneity=config.evidence_max_heterogeneity,
-        min_class_count=config.evidence_min_class_count,
-        mixture_check=config.evidence_mixture_check,
-        accuracy_check=config.evidence_accuracy_check,
-        min_accuracy_gap=config.evidence_min_accuracy_gap,
-        error_check=config.evidence_error_check,
-        min_error_excess=config.evidence_min_error_excess,
-        min_error_sites=config.evidence_min_error_sites,
-    )

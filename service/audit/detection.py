@@ -106,7 +106,8 @@ class DetectionResult:
     Attributes
     ----------
     method : str
-        ``"fednoro"``, ``"fedncl"`` or ``"expertise"``.
+        The detector's name in the registry
+        (:data:`~service.audit.detector_registry.DETECTOR_REGISTRY`), e.g. ``"evidence"``.
     status : {"ok", "undetermined", "inconclusive"}
         "undetermined" when the detector could not decide (then every verdict is None);
         "inconclusive" when it computed every site's evidence but abstains from flagging

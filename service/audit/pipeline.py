@@ -48,7 +48,7 @@ from service.audit._validation import (
 from service.audit.aggregation import NOISY_SET_RULES, aggregate, with_fallback_context
 from service.audit.aggregators.common import AggregationResult
 from service.audit.aggregators.fedavg import planned_fedavg_weights
-from service.audit.audit_config import AuditConfig
+from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
@@ -311,7 +311,7 @@ def run_audit(
     noisy = _noisy_set(primary, config, status_history, len(data.ids))
     probability = (
         np.asarray(primary.probabilities, dtype=np.float64)
-        if primary.status == "ok" and primary.method == "fednoro"
+        if primary.status == "ok" and primary.method in PROBABILITY_DETECTORS
         else None
     )
     if flag_overrides is not None:

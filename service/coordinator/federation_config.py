@@ -13,7 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.audit import AGGREGATION_RULES, DETECTORS, AuditConfig, scale_rounds
+from service.audit import (
+    AGGREGATION_RULES,
+    DETECTORS,
+    AuditConfig,
+    required_signals,
+    scale_rounds,
+)
 from service.coordinator.hyperparameters import hyperparameter_errors
 from service.inputs import INT32_MAX, BoundedJson
 
@@ -181,13 +187,10 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
     audit.update(data.audit)
     audit_config = AuditConfig.from_json(audit)  # validates names and values
 
-    signals = {"train_loss"}
-    if "fednoro" in detectors or "evidence" in detectors:
-        signals.add("per_class_loss")
-    if "expertise" in detectors or recipe == "fedrn":
+    # Every site sends its training loss; the detectors' signals come from their registry.
+    signals = {"train_loss", *required_signals(detectors, audit_config)}
+    if recipe == "fedrn":
         signals.update({"train_accuracy", "probe_softmax"})
-    if "evidence" in detectors and audit_config.evidence_accuracy_check:
-        signals.add("train_accuracy")  # the accuracy evidence reads it
     if recipe == "rofl":
         signals.add("centroids")
     return {

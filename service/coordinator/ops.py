@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.audit import PRIMARY_DETECTORS
 from service.coordinator.services import Services
 from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
@@ -30,7 +31,7 @@ def running_federations(services: Services) -> list[dict[str, Any]]:
     by effective status (every known status present), its latest round, and its latest closed
     round's close time and coordinator seconds."""
     with services.sessions() as session:
-        running = stats.running_federation_stats(session)
+        running = stats.running_federation_stats(session, PRIMARY_DETECTORS)
     for entry in running:
         entry["sites"] = {**dict.fromkeys(CLIENT_STATUSES, 0), **entry["sites"]}
     return running

@@ -25,7 +25,7 @@ from service.store.models import (
 )
 from service.store.repositories import client_status_counts
 
-__all__ = ["AUDIT_DETECTORS", "running_federation_stats", "status_counts"]
+__all__ = ["running_federation_stats", "status_counts"]
 
 
 def status_counts(session: Session) -> dict[str, dict[str, int]]:
@@ -56,10 +56,14 @@ def status_counts(session: Session) -> dict[str, dict[str, int]]:
     }
 
 
-def running_federation_stats(session: Session) -> list[dict[str, Any]]:
+def running_federation_stats(
+    session: Session, primary_detectors: Sequence[str]
+) -> list[dict[str, Any]]:
     """Per running federation: id, name, its sites by effective status, the index of its latest
-    round, and the close time and coordinator seconds of its latest closed round (None before
-    the first). Three grouped queries and one row per running federation."""
+    round, the close time and coordinator seconds of its latest closed round (None before the
+    first), and its latest audit's verdict: the status of its primary detector, one of
+    ``primary_detectors`` (the audit's names; the store does not import the audit). Three
+    grouped queries and one row per running federation."""
     running = session.execute(
         select(Federation.id, Federation.name)
         .where(Federation.status == "running")
@@ -92,7 +96,7 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
             )
         ).all()
     }
-    verdicts = _latest_verdicts(session, ids)
+    verdicts = _latest_verdicts(session, ids, primary_detectors)
     return [
         {
             "id": str(fid),
@@ -107,12 +111,9 @@ def running_federation_stats(session: Session) -> list[dict[str, Any]]:
     ]
 
 
-AUDIT_DETECTORS = ("fednoro", "fedncl", "expertise", "evidence")
-"""The detectors whose status an audit result may hold (``service.audit.DETECTORS``; the store
-may not import the audit, a test keeps the two equal)."""
-
-
-def _latest_verdicts(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+def _latest_verdicts(
+    session: Session, ids: Sequence[uuid.UUID], detectors: Sequence[str]
+) -> dict[uuid.UUID, str]:
     """Per federation, the primary detector's status in its latest audit (``ok``,
     ``inconclusive``, ``undetermined``), read with JSON paths in the database: the audit's
     verdicts, which grow with the sites, never leave it."""
@@ -123,7 +124,7 @@ def _latest_verdicts(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UU
         .subquery()
     )
     columns = [AuditResult.result["primary"].as_string()] + [
-        AuditResult.result["detections"][name]["status"].as_string() for name in AUDIT_DETECTORS
+        AuditResult.result["detections"][name]["status"].as_string() for name in detectors
     ]
     rows = session.execute(
         select(AuditResult.federation_id, *columns).join(
@@ -134,7 +135,7 @@ def _latest_verdicts(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UU
     ).all()
     verdicts: dict[uuid.UUID, str] = {}
     for fid, primary, *statuses in rows:
-        status = dict(zip(AUDIT_DETECTORS, statuses, strict=True)).get(primary)
+        status = dict(zip(detectors, statuses, strict=True)).get(primary)
         if status is not None:
             verdicts[fid] = str(status)
     return verdicts

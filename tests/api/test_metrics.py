@@ -215,15 +215,6 @@ async def test_a_closed_round_shows_in_the_federation_gauges(api: httpx.AsyncCli
     assert verdicts == {v: float(v == expected) for v in verdicts}
 
 
-def test_the_store_knows_every_detector_an_audit_may_hold() -> None:
-    # The metrics read each detector's status from the stored audit by name (the store may not
-    # import service.audit): the two lists must agree.
-    from service.audit import DETECTORS
-    from service.store.stats import AUDIT_DETECTORS
-
-    assert set(AUDIT_DETECTORS) == set(DETECTORS)
-
-
 async def test_the_grafana_dashboard_queries_only_metrics_that_exist(
     api: httpx.AsyncClient,
 ) -> None:

@@ -155,6 +155,7 @@ def test_public_api_matches_all():
         "centroids",
         "class_null",
         "detection",
+        "detector_registry",
         "detectors",
         "error_evidence",
         "evidence",

@@ -58,3 +58,29 @@ def test_the_accuracy_evidence_asks_the_sites_for_their_accuracy() -> None:
 
     assert "train_accuracy" not in signals({})
     assert "train_accuracy" in signals({"evidence_accuracy_check": True})
+
+
+def test_the_detectors_signals_are_signals_a_site_can_send() -> None:
+    from service.audit import DETECTOR_REGISTRY, AuditConfig
+    from service.coordinator.federation_config import SIGNALS
+
+    every = AuditConfig(evidence_accuracy_check=True)
+    for spec in DETECTOR_REGISTRY.values():
+        assert spec.signals(every) <= set(SIGNALS)
+
+
+@pytest.mark.parametrize(
+    ("primary", "detectors", "expected"),
+    [
+        ("fedncl", ["fedncl"], ["train_loss"]),
+        ("fednoro", ["fednoro"], ["per_class_loss", "train_loss"]),
+        ("evidence", ["evidence"], ["per_class_loss", "train_loss"]),
+        ("fedncl", ["expertise", "fedncl"], ["probe_softmax", "train_accuracy", "train_loss"]),
+        ("fedncl", None, ["per_class_loss", "probe_softmax", "train_accuracy", "train_loss"]),
+    ],
+)
+def test_a_federation_asks_for_its_detectors_signals(
+    primary: str, detectors: list[str] | None, expected: list[str]
+) -> None:
+    data = FederationConfigInput(method="fedavg", primary_detector=primary, detectors=detectors)
+    assert resolve_config(data, rounds=30)["signals"] == expected

@@ -1,0 +1,253 @@
+"""The registry of detectors: :data:`DETECTOR_REGISTRY`, one :class:`DetectorSpec` per detector.
+
+Everything that used to name the detectors by hand reads this registry: the names an
+:class:`~service.audit.audit_config.AuditConfig` accepts (``DETECTORS``) and those that may be
+primary (``PRIMARY_DETECTORS``), which detectors run when a round's inputs are present
+(:func:`~service.audit.round_detectors.run_detectors`), and which signals a federation must ask
+of its sites (:func:`required_signals`). A new detector is its module (numpy in, a
+:class:`~service.audit.detection.DetectionResult` out), its parameters in ``AuditConfig``, one
+entry here (how to run it from a :class:`DetectorCall`, the input it needs, whether it can be
+primary, the signals a federation requires for it), its tests and its section in
+docs/algorithms.md.
+
+A detector runs on every client or not at all: where a client did not send its ``input``, the
+detector is "undetermined" with that reason (never run on a subset), and it is not called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from service.audit._typing import FloatArray, IntArray
+from service.audit.blocks import RoundPass
+from service.audit.detection import DetectionResult
+from service.audit.detectors.expertise import expertise_detection
+from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
+from service.audit.detectors.fednoro import FedNoRoDetector
+from service.audit.evidence import EvidenceDetector
+from service.audit.round_inputs import CheckedClients, StatusHistory, missing
+
+if TYPE_CHECKING:  # audit_config reads the registry's names: only the type is needed here
+    from service.audit.audit_config import AuditConfig
+
+__all__ = [
+    "DETECTOR_REGISTRY",
+    "DetectorCall",
+    "DetectorSpec",
+    "evidence_detector",
+    "fedncl_detector",
+    "fednoro_detector",
+    "required_signals",
+]
+
+
+@dataclass(frozen=True)
+class DetectorCall:
+    """What a detector is run with: the round's checked inputs (every client sent the
+    detector's ``input``), the configuration, the round's shared pass over the states, the
+    clients' status before the round, the trust anchors, and the results of the detectors that
+    ran before it this round (those named in some detector's ``reads`` run first)."""
+
+    data: CheckedClients
+    config: AuditConfig
+    shared: RoundPass
+    history: Sequence[StatusHistory] | None
+    anchors: Sequence[bool] | None
+    earlier: Mapping[str, DetectionResult]
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """One detector in the registry.
+
+    Attributes
+    ----------
+    run : callable
+        Its result for one round, from a :class:`DetectorCall`.
+    input : str
+        The per-client input it cannot run without (a field of
+        :class:`~service.audit.round_inputs.ClientRoundData`): with ``detectors=None`` it runs
+        when some client sent it, and it is "undetermined" when some client did not.
+    signals : callable
+        The signals a federation running it requires of every site, given its configuration.
+    primary : bool
+        Whether it flags clients and can therefore be the primary detector.
+    build : callable or None
+        The configured detector object, built from an ``AuditConfig`` (it validates its
+        parameters, so the configuration fails when it is built, not at a round); None for a
+        detector that has no parameters.
+    reads : tuple of str
+        Detectors whose result this one reads (from ``DetectorCall.earlier``); they run first.
+    probabilities : bool
+        Whether its result gives each client a noisy probability (``reliability_weighted``
+        needs such a primary detector).
+    """
+
+    run: Callable[[DetectorCall], DetectionResult]
+    input: str
+    signals: Callable[[AuditConfig], frozenset[str]]
+    primary: bool = False
+    build: Callable[[AuditConfig], object] | None = None
+    reads: tuple[str, ...] = ()
+    probabilities: bool = False
+
+
+def fednoro_detector(config: AuditConfig) -> FedNoRoDetector:
+    """FedNoRo's mixture detector with the configuration's ``fednoro_*`` parameters."""
+    return FedNoRoDetector(
+        random_states=config.fednoro_random_states,
+        require_separation=config.fednoro_require_separation,
+        separation_threshold=config.fednoro_separation_threshold,
+        separation_quantile=config.fednoro_separation_quantile,
+        separation_statistic=config.fednoro_separation_statistic,
+        separation_groups=config.fednoro_separation_groups,
+        min_clients=config.fednoro_min_clients,
+    )
+
+
+def fedncl_detector(config: AuditConfig) -> FedNCLDetector:
+    """Fed-NCL's sigma-rule detector with the configuration's ``fedncl_*`` parameters."""
+    return FedNCLDetector(
+        beta=config.fedncl_beta,
+        two_sided=config.fedncl_two_sided,
+        min_clients=config.fedncl_min_clients,
+        loss_mode=config.fedncl_loss_mode,
+    )
+
+
+def evidence_detector(config: AuditConfig) -> EvidenceDetector:
+    """The calibrated evidence detector with the configuration's ``evidence_*`` parameters."""
+    return EvidenceDetector(
+        q=config.evidence_q,
+        min_clients=config.evidence_min_clients,
+        min_informativeness=config.evidence_min_informativeness,
+        max_flagged_fraction=config.evidence_max_flagged_fraction,
+        max_heterogeneity=config.evidence_max_heterogeneity,
+        min_class_count=config.evidence_min_class_count,
+        mixture_check=config.evidence_mixture_check,
+        accuracy_check=config.evidence_accuracy_check,
+        min_accuracy_gap=config.evidence_min_accuracy_gap,
+        error_check=config.evidence_error_check,
+        min_error_excess=config.evidence_min_error_excess,
+        min_error_sites=config.evidence_min_error_sites,
+    )
+
+
+def _losses(data: CheckedClients) -> FloatArray:
+    return np.stack([cast(FloatArray, v) for v in data.per_class_loss])
+
+
+def _run_fednoro(call: DetectorCall) -> DetectionResult:
+    config, history = call.config, call.history
+    confirmed = None
+    if (
+        config.fednoro_confirmed_groups
+        and config.primary_detector == "fednoro"
+        and history is not None
+    ):
+        confirmed = np.array([entry.status == "noisy" for entry in history], dtype=bool)
+    detector = fednoro_detector(config)
+    result: DetectionResult = detector.fit(
+        _losses(call.data), call.data.class_counts, confirmed
+    ).result_
+    return result
+
+
+def _run_evidence(call: DetectorCall) -> DetectionResult:
+    data = call.data
+    # The reported spreads are used only when every client sent them (a round mixes no models).
+    spreads = (
+        None
+        if any(v is None for v in data.per_class_loss_sd)
+        else np.stack([cast(FloatArray, v) for v in data.per_class_loss_sd])
+    )
+    # The accuracy evidence likewise needs every client's accuracy (else it is left out).
+    accuracy = None if missing(data.ids, data.train_accuracy) else data.train_accuracy
+    # And the error counts every client's (a client without them leaves the round to the losses).
+    wrong = (
+        None
+        if any(v is None for v in data.per_class_errors)
+        else np.stack([cast(IntArray, v) for v in data.per_class_errors])
+    )
+    return evidence_detector(call.config).fit(
+        _losses(data),
+        data.class_counts,
+        spreads,
+        anchors=call.anchors,
+        mixture=call.earlier.get("fednoro"),
+        train_accuracy=accuracy,
+        num_samples=None if accuracy is None else data.num_samples,
+        per_class_errors=wrong,
+    )
+
+
+def _run_fedncl(call: DetectorCall) -> DetectionResult:
+    data, config, shared = call.data, call.config, call.shared
+    if len(data.ids) < config.fedncl_min_clients:
+        # Too few clients to decide: skip reading every state for the divergence.
+        divergence = np.zeros(len(data.ids))
+    else:
+        divergence = fedncl_divergences(
+            shared.global_state, data.states, config.fedncl_divergence_variant, shared=shared
+        )
+    result: DetectionResult = (
+        fedncl_detector(config)
+        .fit(divergence, np.asarray(data.train_loss, dtype=np.float64), data.num_samples)
+        .result_
+    )
+    return result
+
+
+def _run_expertise(call: DetectorCall) -> DetectionResult:
+    return expertise_detection(np.asarray(call.data.train_accuracy, dtype=np.float64))
+
+
+def _evidence_signals(config: AuditConfig) -> frozenset[str]:
+    if config.evidence_accuracy_check:  # the accuracy evidence reads every site's accuracy
+        return frozenset({"per_class_loss", "train_accuracy"})
+    return frozenset({"per_class_loss"})
+
+
+DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
+    "fednoro": DetectorSpec(
+        _run_fednoro,
+        input="per_class_loss",
+        signals=lambda config: frozenset({"per_class_loss"}),
+        primary=True,
+        build=fednoro_detector,
+        probabilities=True,
+    ),
+    "fedncl": DetectorSpec(
+        _run_fedncl,
+        input="train_loss",
+        signals=lambda config: frozenset({"train_loss"}),
+        primary=True,
+        build=fedncl_detector,
+    ),
+    "expertise": DetectorSpec(
+        _run_expertise,
+        input="train_accuracy",
+        # FedRN's expertise comes with its probes (the neighbors' similarity).
+        signals=lambda config: frozenset({"train_accuracy", "probe_softmax"}),
+    ),
+    "evidence": DetectorSpec(
+        _run_evidence,
+        input="per_class_loss",
+        signals=_evidence_signals,
+        primary=True,
+        build=evidence_detector,
+        # FedNoRo's loss mixture is its cross-check (``mixture_check``).
+        reads=("fednoro",),
+    ),
+}
+"""The registry, in table order: a new detector is its module, one entry here, its parameters
+in ``AuditConfig``, its tests and its section in docs/algorithms.md."""
+
+
+def required_signals(detectors: Iterable[str], config: AuditConfig) -> frozenset[str]:
+    """The signals every site must send for these detectors to run with ``config``."""
+    return frozenset().union(*(DETECTOR_REGISTRY[name].signals(config) for name in detectors))
