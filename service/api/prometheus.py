@@ -140,7 +140,7 @@ def make_registry(
         registry = CollectorRegistry(auto_describe=False)
         registry.register(database)
         registry.register(platform)
-        multiprocess.MultiProcessCollector(registry, path=multiprocess_path)
+        multiprocess.MultiProcessCollector(registry, path=multiprocess_path)  # type: ignore[no-untyped-call]
         return registry
 
     return scrape, _request_histogram("(all worker processes)", None)
@@ -160,7 +160,7 @@ def process_exited(multiprocess_path: str | None) -> None:
     """Multiprocess bookkeeping as this worker stops: its live gauges' files are removed (a
     no-op in one process)."""
     if multiprocess_path is not None:
-        multiprocess.mark_process_dead(os.getpid(), multiprocess_path)
+        multiprocess.mark_process_dead(os.getpid(), multiprocess_path)  # type: ignore[no-untyped-call]
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -57,18 +57,18 @@ def test_the_users_directory_is_used_and_kept(
 
 @pytest.mark.parametrize("kind", ["missing", "file", "empty"])
 def test_serve_refuses_a_metrics_directory_that_is_not_one(tmp_path: Path, kind: str) -> None:
-    given = {"missing": tmp_path / "nowhere", "file": tmp_path / "a-file", "empty": ""}[kind]
+    given = {"missing": str(tmp_path / "nowhere"), "file": str(tmp_path / "a-file"), "empty": ""}
     if kind == "file":
-        Path(given).write_text("x")
+        Path(given[kind]).write_text("x")
     env = {
         "FEDAUDIT_DATA_DIR": str(tmp_path / "data"),
         "FEDAUDIT_ADMIN_TOKEN": "t" * 20,
-        VARIABLE: str(given),
+        VARIABLE: given[kind],
     }
     refused = CliRunner().invoke(app, ["serve", "--port", "0", "--workers", "2"], env=env)
     assert refused.exit_code == 1
     message = " ".join(refused.output.split())
-    assert f"{VARIABLE}={given} is not an existing directory" in message
+    assert f"{VARIABLE}={given[kind]} is not an existing directory" in message
     assert not (tmp_path / "data").exists()  # refused before anything else
 
 
