@@ -42,6 +42,7 @@ class CoordinatorProcess:
         reaper_interval_s: float = 0.5,
         extra_env: dict[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        workers: int = 1,
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -50,6 +51,7 @@ class CoordinatorProcess:
         self.reaper_interval_s = reaper_interval_s
         self.extra_env = extra_env or {}
         self.startup_timeout_s = startup_timeout_s
+        self.workers = workers
         self.log_path = data_dir / "coordinator.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -89,6 +91,8 @@ class CoordinatorProcess:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                "--workers",
+                str(self.workers),
             ],
             env=self._env(),
             stdout=log,

@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     log_committed_events()
     engine = _migrated_engine(settings)
     services = Services.create(settings, make_sessionmaker(engine))
+    metrics_files = prometheus.multiprocess_dir()  # set by `fedaudit serve --workers N`
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,6 +132,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
             if reaper is not None:
                 reaper.stop()
             services.close()
+            prometheus.process_exited(metrics_files)
 
     app = FastAPI(
         title="fedaudit coordinator",
@@ -146,10 +148,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         redoc_url="/redoc" if settings.api_docs_enabled else None,
     )
     app.state.services = services
-    registry, request_seconds = prometheus.make_registry(
-        functools.partial(health.database_families, services)
+    scrape, request_seconds = prometheus.make_registry(
+        functools.partial(health.database_families, services), multiprocess_path=metrics_files
     )
-    app.state.metrics_registry = registry
+    app.state.metrics_registry = scrape  # called at each scrape
     app.add_middleware(prometheus.RequestTimer, histogram=request_seconds)
     problems.install(app)
     if settings.cors_origins:

@@ -1,28 +1,45 @@
 """/metrics through prometheus_client: the database's counts, HTTP latency, the process.
 
-Three sources go into one registry per app (:func:`make_registry`):
+Three sources go into each scrape (:func:`make_registry`):
 
 * :class:`DatabaseCollector`: the families read from the database at each scrape
   (``service.coordinator.ops.metrics_snapshot``), described as :class:`MetricFamily` values by
   the health routes, so that every replica over the same database answers the same for them;
 * ``fedaudit_http_request_duration_seconds``, a histogram by method, route template (the path
   with its ``{parameters}``, never the raw path: bounded cardinality) and status, observed by
-  :class:`RequestTimer` (an ASGI middleware). It counts this process's requests only: with
-  several workers or replicas each answers for itself (prometheus_client's multiprocess mode is
-  not set up);
-* prometheus_client's process and platform collectors (``process_*``, ``python_info``).
+  :class:`RequestTimer` (an ASGI middleware);
+* prometheus_client's platform collector (``python_info``) and, in one process, its process
+  collector (``process_*``).
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``fedaudit serve --workers N`` sets it for its workers),
+prometheus_client keeps the histogram's values in files there, one per process, and a scrape
+sums every worker's with a ``MultiProcessCollector`` on a fresh registry: the histogram counts
+the requests of all workers, whichever answers the scrape. The database's families are not
+metrics of a process: they go into that registry directly, read once per scrape. prometheus_client
+has no process metrics in that mode (they would describe the worker that answered), so
+``process_*`` are left out. Process-side gauges, should one be added, need an explicit
+``multiprocess_mode`` (``livesum`` for an in-flight count), and :func:`process_exited` removes a
+stopping worker's live gauges.
 
 The exposition is the text format 0.0.4 (``CONTENT_TYPE``), which every Prometheus reads.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    multiprocess,
+    values,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -34,6 +51,8 @@ __all__ = [
     "RequestTimer",
     "by_label",
     "make_registry",
+    "multiprocess_dir",
+    "process_exited",
     "render",
     "route_template",
 ]
@@ -84,23 +103,64 @@ class DatabaseCollector(Collector):
             yield _to_prometheus(family)
 
 
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when prometheus_client's multiprocess mode is on in this
+    process: the variable is set and was when prometheus_client was imported (it chooses
+    between values in memory and in files then); None otherwise."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path or values.ValueClass is values.MutexValue:
+        return None
+    return path
+
+
 def make_registry(
     families: Callable[[], list[MetricFamily]],
-) -> tuple[CollectorRegistry, Histogram]:
-    """A registry with the database's families, the process and platform collectors and the
-    HTTP histogram (returned too, for :class:`RequestTimer`)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(families))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    histogram = Histogram(
+    *,
+    multiprocess_path: str | None = None,
+) -> tuple[Callable[[], CollectorRegistry], Histogram]:
+    """What a scrape renders (a function that gives the registry), and the HTTP histogram for
+    :class:`RequestTimer`.
+
+    In one process (``multiprocess_path`` None), one registry with the database's families,
+    the process and platform collectors and the histogram. In multiprocess mode, a fresh
+    registry per scrape with the database's families, the platform collector and a
+    ``MultiProcessCollector`` over ``multiprocess_path``; the histogram is in no registry, its
+    values go to the files that collector reads (every worker's)."""
+    database = DatabaseCollector(families)
+    if multiprocess_path is None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(database)
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        histogram = _request_histogram("(this process)", registry)
+        return lambda: registry, histogram
+    platform = PlatformCollector(registry=None)
+
+    def scrape() -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(database)
+        registry.register(platform)
+        multiprocess.MultiProcessCollector(registry, path=multiprocess_path)  # type: ignore[no-untyped-call]
+        return registry
+
+    return scrape, _request_histogram("(all worker processes)", None)
+
+
+def _request_histogram(whose: str, registry: CollectorRegistry | None) -> Histogram:
+    return Histogram(
         "fedaudit_http_request_duration_seconds",
-        "Time to answer an HTTP request, by method, route template and status (this process).",
+        f"Time to answer an HTTP request, by method, route template and status {whose}.",
         ["method", "route", "status"],
         registry=registry,
         buckets=HTTP_BUCKETS,
     )
-    return registry, histogram
+
+
+def process_exited(multiprocess_path: str | None) -> None:
+    """Multiprocess bookkeeping as this worker stops: its live gauges' files are removed (a
+    no-op in one process)."""
+    if multiprocess_path is not None:
+        multiprocess.mark_process_dead(os.getpid(), multiprocess_path)  # type: ignore[no-untyped-call]
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from service.cli._app import (
     app,
@@ -18,6 +23,12 @@ from service.cli._app import (
 )
 
 _SERVER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+WORKERS_HELP = (
+    "Worker processes. With more than one, /metrics sums the HTTP metrics of all of them "
+    f"(prometheus_client's multiprocess mode, its files in {METRICS_DIR_VARIABLE}: a private "
+    "temporary directory unless set) and has no process_* metrics"
+)
 
 
 def _configure_logging(config: dict[str, Any]) -> list[tuple[str, list[Any], int, bool]]:
@@ -48,7 +59,7 @@ def _restore_logging(before: list[tuple[str, list[Any], int, bool]]) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (FEDAUDIT_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (FEDAUDIT_PORT)")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+    workers: Annotated[int, typer.Option(help=WORKERS_HELP)] = 1,
     tls_cert: Annotated[
         Path | None,
         typer.Option(help="PEM certificate: serve https (FEDAUDIT_TLS_CERTFILE)", metavar="FILE"),
@@ -67,6 +78,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the coordinator (the database must be migrated: `fedaudit db upgrade`)."""
+    _check_metrics_directory()
     import uvicorn
 
     from service.config import get_settings
@@ -92,39 +104,86 @@ def serve(
     # From here every line has the configured format, the app's start-up included.
     replaced = _configure_logging(logs)
     try:
-        if workers > 1:
-            parent = create_app(settings, run_reaper=False)  # fail fast on the migration check
-            if settings.startup_sweep:
-                # once, here: a worker that uvicorn restarts must not sweep its siblings' uploads
-                from service.coordinator.housekeeping import sweep_leftovers
-
-                sweep_leftovers(parent.state.services)
-                os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
-            parent.state.services.close()
-            uvicorn.run(
-                "service.main:create_app",
-                factory=True,
-                host=host or settings.host,
-                port=port if port is not None else settings.port,
-                workers=workers,
-                log_config=logs,
-                **tls,
-            )
-        else:
-            uvicorn.run(
-                create_app(settings),
-                host=host or settings.host,
-                port=port if port is not None else settings.port,
-                log_level=settings.log_level.lower(),
-                log_config=logs,
-                **tls,
-            )
+        with _metrics_directory(workers):
+            bind_host, bind_port = host or settings.host, settings.port if port is None else port
+            if workers > 1:
+                _prepare_workers(settings)
+                uvicorn.run(
+                    "service.main:create_app",
+                    factory=True,
+                    workers=workers,
+                    host=bind_host,
+                    port=bind_port,
+                    log_config=logs,
+                    **tls,
+                )
+            else:
+                uvicorn.run(
+                    create_app(settings),
+                    log_level=settings.log_level.lower(),
+                    host=bind_host,
+                    port=bind_port,
+                    log_config=logs,
+                    **tls,
+                )
     except MigrationsNotAtHeadError as exc:
         _restore_logging(replaced)
         fail(str(exc))
     except BaseException:
         _restore_logging(replaced)
         raise
+
+
+def _prepare_workers(settings: Any) -> None:
+    """Before the workers start: the migration check (fail fast, here) and the start-up sweep,
+    once (a worker that uvicorn restarts must not sweep its siblings' uploads)."""
+    from service.main import create_app
+
+    parent = create_app(settings, run_reaper=False)
+    if settings.startup_sweep:
+        from service.coordinator.housekeeping import sweep_leftovers
+
+        sweep_leftovers(parent.state.services)
+        os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
+    parent.state.services.close()
+
+
+def _check_metrics_directory() -> None:
+    """A ``PROMETHEUS_MULTIPROC_DIR`` the user set must be an existing directory (else
+    prometheus_client fails at the first request); one with files in it is used with a warning
+    (an earlier run's counts would be summed in)."""
+    given = os.environ.get(METRICS_DIR_VARIABLE)
+    if given is None:
+        return
+    if not given or not Path(given).is_dir():
+        fail(
+            f"{METRICS_DIR_VARIABLE}={given} is not an existing directory: create it (empty) "
+            "or unset the variable"
+        )
+    if any(Path(given).iterdir()):
+        err.print(
+            f"[yellow]{METRICS_DIR_VARIABLE}={escape(given)} is not empty:[/] /metrics sums "
+            "the counts its files hold from earlier runs too; empty it before starting the "
+            "coordinator",
+            soft_wrap=True,
+        )
+
+
+@contextmanager
+def _metrics_directory(workers: int) -> Iterator[None]:
+    """prometheus_client's multiprocess mode for several workers: a fresh private directory in
+    ``PROMETHEUS_MULTIPROC_DIR`` while they run (the workers inherit it), removed after. A
+    directory the user set is kept and used as it is, with one worker too."""
+    if METRICS_DIR_VARIABLE in os.environ or workers <= 1:
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="fedaudit-metrics-")
+    os.environ[METRICS_DIR_VARIABLE] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(METRICS_DIR_VARIABLE, None)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:

@@ -190,6 +190,6 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
 )
 def metrics(request: Request, _: Annotated[None, Depends(metrics_auth)]) -> Response:
     return Response(
-        prometheus.render(request.app.state.metrics_registry),
+        prometheus.render(request.app.state.metrics_registry()),
         media_type=prometheus.CONTENT_TYPE,
     )
