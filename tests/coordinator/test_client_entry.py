@@ -51,4 +51,5 @@ def test_an_abstaining_primary_names_no_class() -> None:
     entry = _client_entry(FEDERATION, 7, fields("evidence", evidence="inconclusive", fednoro="ok"))
     assert entry["noisy_classes"] == []
     assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
-    assert entry["flags"]["evidence"] is None and entry["scores"]["evidence"] is None
+    assert entry["flags"]["evidence"] is None
+    assert entry["scores"]["evidence"] is None
