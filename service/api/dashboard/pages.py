@@ -13,6 +13,13 @@ from typing import Any
 from urllib.parse import quote
 
 from service.api.dashboard import svg
+from service.api.dashboard.plots import (
+    audited_rounds,
+    class_loss_heatmap,
+    flag_grid,
+    neighbor_matrix,
+    weight_bars,
+)
 from service.api.dashboard.svg import esc
 
 CSS = """
@@ -147,108 +154,12 @@ def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
     return layout("Federations", f"<section><h1>Federations</h1>{table}</section>")
 
 
-def _flag_kind(entry: Mapping[str, Any] | None) -> str:
-    if entry is None:
-        return "absent"
-    if entry.get("in_warmup"):
-        return "warmup"
-    primary = entry.get("primary")
-    if primary is None and entry.get("verdict") == "inconclusive":
-        return "inconclusive"
-    return "flagged" if primary is True else "clear" if primary is False else "undetermined"
-
-
-def audited_rounds(clients: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Every round that appears in some client's flag history, in order."""
-    return sorted(
-        {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
-    )
-
-
-def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
-    """Clients x rounds of the primary detector's flags, from each client's flag history."""
-    rounds = audited_rounds(clients)
-    if not rounds:
-        return '<p class="muted">No audited round yet.</p>'
-    cells = []
-    for client in clients:
-        by_round = {h["round"]: h for h in client["flag_history"]}
-        cells.append([_flag_kind(by_round.get(r)) for r in rounds])
-    return svg.flag_grid([c["name"] for c in clients], rounds, cells, label="flags over rounds")
-
-
 def _score_legend(clients: Sequence[Mapping[str, Any]]) -> str:
     """What each score in the table means, in words."""
     shown = sorted({d for c in clients for d in (c.get("latest_scores") or {})})
     if not shown:
         return ""
     return '<p class="muted">' + "<br>".join(esc(SCORE_MEANINGS.get(d, d)) for d in shown) + "</p>"
-
-
-LOSS_CAPTION = (
-    "<p class=\"muted\">The global model's mean cross-entropy (nats) on each site's samples of "
-    "each given label; colours from the smallest to the largest value shown, grey: the site "
-    "holds no sample of the class.</p>"
-)
-
-
-def class_loss_heatmap(round_view: Mapping[str, Any]) -> str:
-    rows = round_view["clients"]
-    classes = round_view["classes"]
-    if not rows:
-        return '<p class="muted">No update in this round.</p>'
-    values = [r["per_class_loss"] or [None] * len(classes) for r in rows]
-    return LOSS_CAPTION + svg.heatmap(
-        values,
-        [r["name"] for r in rows],
-        classes,
-        label=f"per-class loss, round {round_view['round']}",
-    )
-
-
-def weight_bars(round_view: Mapping[str, Any], statuses: Mapping[str, str]) -> str:
-    rows = round_view["clients"]
-    if not rows:
-        return '<p class="muted">No update in this round.</p>'
-    colors = [
-        svg.STATUS_COLORS.get(statuses.get(r["client_id"], ""), svg.UNKNOWN_COLOR) for r in rows
-    ]
-    return svg.bar_chart(
-        [r["name"] for r in rows],
-        [r["weight"] for r in rows],
-        colors=colors,
-        label=f"aggregation weights, round {round_view['round']}",
-    )
-
-
-STATUS_ORDER = {"noisy": 0, "suspect": 1, "trusted": 2}
-
-
-def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
-    """FedRN's reliable neighbors as a sites x sites matrix: row = the site, column = a
-    neighbor it was given, colour = that neighbor's weight; the sites sorted by status (noisy
-    first), then name, so that a noisy site's row and column stand together. Readable at 50
-    sites, where a graph is not."""
-    if not clients:
-        return '<p class="muted">No client.</p>'
-    ordered = sorted(clients, key=lambda c: (STATUS_ORDER.get(c["status"], 3), c["name"]))
-    position = {c["client_id"]: i for i, c in enumerate(ordered)}
-    values: list[list[float | None]] = [[None] * len(ordered) for _ in ordered]
-    for i, c in enumerate(ordered):
-        for n in c["neighbors"] or []:
-            j = position.get(n.get("client_id"))
-            if j is not None:
-                values[i][j] = float(n.get("weight") or 0.0)
-    if not any(v is not None for row in values for v in row):
-        return '<p class="muted">No neighbor relation in the latest audit.</p>'
-    rows = [f"{c['status']}: {c['name']}" for c in ordered]
-    return (
-        '<p class="muted">Row: a site (its status first); column: a reliable neighbor FedRN gave '
-        "it, in the same order; colour: the neighbor's weight in the site's local model (from "
-        "the smallest to the largest shown); grey: not its neighbor. Sites sorted by status, "
-        "noisy first.</p>"
-        + svg.heatmap(values, rows, [c["name"] for c in ordered], label="reliable-neighbor matrix")
-    )
 
 
 def _flag_mark(name: str, flag: Any, primary: str | None) -> str:
@@ -394,7 +305,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
         index = latest_round["round"]
         round_plots = (
             f"<section><h2>Per-class loss, round {esc(index)}</h2>"
-            f"{class_loss_heatmap(latest_round)}</section>"
+            f"{class_loss_heatmap(latest_round, statuses)}</section>"
             f"<section><h2>Aggregation weights, round {esc(index)}</h2>"
             f"{weight_bars(latest_round, statuses)}</section>"
         )
@@ -423,6 +334,7 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
         "</tr>"
         for r in view["clients"]
     )
+    flagged = {r["client_id"]: "noisy" for r in view["clients"] if r["primary_flag"] is True}
     details = [
         (
             "state",
@@ -450,7 +362,8 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
         f"</p><h1>Round {esc(view['round'])}</h1>{_definitions(details)}</section>"
         "<section><h2>Updates</h2><table><thead><tr><th>client</th><th>samples</th>"
         f"<th>primary flag</th><th>weight</th></tr></thead><tbody>{rows}</tbody></table></section>"
-        f'<div class="plots"><section><h2>Per-class loss</h2>{class_loss_heatmap(view)}</section>'
+        '<div class="plots"><section><h2>Per-class loss</h2>'
+        f"{class_loss_heatmap(view, flagged)}</section>"
         f"<section><h2>Aggregation weights</h2>{weight_bars(view, {})}</section></div>"
     )
     return layout(f"{federation_name}: round {view['round']}", body)
