@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from service.api.dashboard import pages
+from service.api.dashboard import pages, plots
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -32,7 +32,7 @@ def test_neighbor_matrix_has_one_cell_per_known_neighbor_noisy_sites_first() -> 
             ],
         ),
     ]
-    html = pages.neighbor_matrix(clients)
+    html = plots.neighbor_matrix(clients)
     root = ET.fromstring(html[html.index("<svg") :])
     cells = {
         (r.get("data-row"), r.get("data-col")): r.findtext(f"{NS}title")
@@ -50,7 +50,7 @@ def test_neighbor_matrix_has_one_cell_per_known_neighbor_noisy_sites_first() -> 
 
 def test_neighbor_matrix_says_when_there_is_no_neighbor() -> None:
     clients = [client("a", "trusted", [], None), client("b", "trusted", [], [])]
-    assert "No neighbor relation" in pages.neighbor_matrix(clients)
+    assert "No neighbor relation" in plots.neighbor_matrix(clients)
 
 
 def test_flag_grid_kinds_follow_the_history() -> None:
@@ -66,7 +66,7 @@ def test_flag_grid_kinds_follow_the_history() -> None:
         ),
         client("b", "trusted", [{"round": 1, "in_warmup": False, "primary": False}]),
     ]
-    root = ET.fromstring(pages.flag_grid(clients))
+    root = ET.fromstring(plots.flag_grid(clients))
     kinds = [r.get("class") for r in root.iter(f"{NS}rect") if "flag" in (r.get("class") or "")]
     assert kinds == [
         "flag warmup",
