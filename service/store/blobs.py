@@ -2,15 +2,18 @@
 
 A blob's key is the sha256 of its bytes. Writes are atomic: the bytes go to a temporary file in
 the store's own directory, are fsynced, then renamed into place, so a crash never leaves a
-half-written blob under a real key. Two backends: a directory (default) and the database (for
-several replicas without a shared file system; readers get a local cached copy).
+half-written blob under a real key. Three backends: a directory (default), the database, and an
+S3-compatible object store (service.store.s3blobs); the last two serve several replicas without
+a shared file system, their readers through a local cached copy checked against its sha256.
 
 Nothing is left behind. A blob put with the caller's ``session`` belongs to that transaction:
 when the transaction ends without a commit (any exception, a failed commit, a session closed
 mid-way) the file is removed again, unless another transaction of this process has put the same
-key and not ended yet, or a committed row references it. A crash between the rename and the
-commit can still leave a file without a row; :meth:`DirectoryBlobStore.sweep` (run at start-up)
-removes those, and the staged ``.part`` files a crash leaves.
+key and not ended yet, or a committed row references it (TransactionOwnedBlobs holds these rules
+for the directory and the S3 stores; the database store's rows roll back with the transaction).
+A crash between the rename and the commit can still leave a file without a row;
+:meth:`DirectoryBlobStore.sweep` (run at start-up) removes those, and the staged ``.part`` files
+a crash leaves.
 """
 
 from __future__ import annotations
