@@ -58,6 +58,9 @@ SINGLE_PUT_LIMIT = 5 * 1024**3
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 60.0
 MAX_ATTEMPTS = 3
+MAX_POOL_CONNECTIONS = 50
+"""HTTP connections the client keeps (boto3's default, 10, is fewer than the requests the
+server's thread pool may run at once: more would wait for one, and urllib3 would warn)."""
 CONTENT_TYPE = "application/octet-stream"
 AddressingStyle = Literal["auto", "path", "virtual"]
 
@@ -85,7 +88,8 @@ class S3Location:
 
 
 def make_client(location: S3Location) -> Any:
-    """A boto3 S3 client for `location`, with short connection time-outs and few retries."""
+    """A boto3 S3 client for `location` (thread-safe: one per process), with short connection
+    time-outs and few retries."""
     try:
         import boto3
         from botocore.config import Config
@@ -98,6 +102,7 @@ def make_client(location: S3Location) -> Any:
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
         retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+        max_pool_connections=MAX_POOL_CONNECTIONS,
     )
     return boto3.session.Session().client(
         "s3",
