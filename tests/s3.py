@@ -14,7 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -25,7 +25,7 @@ REQUIRE_ENV = "FEDAUDIT_REQUIRE_S3"
 REGION = "us-east-1"
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
     pytest.skip(reason)
