@@ -15,6 +15,10 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+S3_SINGLE_PUT_LIMIT = 5 * 1024**3
+"""One S3 PUT writes at most 5 GiB (service.store.s3blobs.SINGLE_PUT_LIMIT)."""
+S3_DEFAULT_SWEEP_GRACE_S = 3600.0
+"""The start-up sweep's grace period with the s3 blob backend, unless set."""
 PLACEHOLDER_TOKENS = frozenset({"", "change-me", "changeme", "admin", "secret", "dev-admin-token"})
 
 
@@ -34,7 +38,39 @@ class Settings(BaseSettings):
         default=None,
         description="SQLAlchemy URL; default: a SQLite file fedaudit.db inside data_dir.",
     )
-    blob_backend: Literal["directory", "database"] = "directory"
+    blob_backend: Literal["directory", "database", "s3"] = Field(
+        default="directory",
+        description=(
+            "Where model blobs live: files under data_dir (directory), rows of the database "
+            "(database), or an S3-compatible object store (s3: the s3_* settings; needs the "
+            "extra fedaudit[s3])."
+        ),
+    )
+    s3_bucket: str | None = Field(
+        default=None,
+        description="The bucket of the s3 blob backend (required with it; create it first).",
+    )
+    s3_prefix: str = Field(
+        default="blobs/",
+        description=(
+            "Object names start with this prefix; the start-up sweep removes objects under it "
+            "whose name is a sha256 that no row references, so give it to fedaudit alone."
+        ),
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="The S3 server, e.g. http://minio:9000; default: AWS S3.",
+    )
+    s3_region: str | None = Field(
+        default=None, description="The region; default: boto3's (AWS_REGION, its config)."
+    )
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto",
+        description=(
+            "Bucket in the path (http://host/bucket/key; MinIO and most self-hosted servers) "
+            "or in the host name (virtual); auto: boto3 chooses."
+        ),
+    )
     db_pool_size: int = Field(
         default=5,
         ge=1,
@@ -146,7 +182,8 @@ class Settings(BaseSettings):
         description=(
             "The start-up sweep removes only files last written more than this many seconds "
             "ago; 0: all (a process owns its data directory). Set it above the longest upload "
-            "when replicas share a data directory."
+            "when replicas share a data directory. Default 0; 3600 with the s3 blob backend, "
+            "whose bucket replicas share."
         ),
     )
 
@@ -167,6 +204,23 @@ class Settings(BaseSettings):
                     "FEDAUDIT_ADMIN_TOKEN (or FEDAUDIT_ADMIN_TOKEN_FILE) must be set to a secret "
                     "of at least 16 characters in production"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _s3(self) -> Settings:
+        if self.blob_backend != "s3":
+            return self
+        if not self.s3_bucket:
+            raise ValueError("FEDAUDIT_S3_BUCKET must be set with FEDAUDIT_BLOB_BACKEND=s3")
+        if self.max_upload_bytes > S3_SINGLE_PUT_LIMIT:
+            raise ValueError(
+                "FEDAUDIT_MAX_UPLOAD_BYTES must be at most 5 GiB with FEDAUDIT_BLOB_BACKEND=s3 "
+                "(a blob is written by one S3 PUT)"
+            )
+        if "startup_sweep_grace_s" not in self.model_fields_set:
+            # The bucket is shared by every replica: a replica starting must not remove what
+            # another has just put and not yet committed.
+            self.startup_sweep_grace_s = S3_DEFAULT_SWEEP_GRACE_S
         return self
 
     @property

@@ -138,3 +138,17 @@ class NotReadyError(CoordinatorError):
 
 class MigrationsNotAtHeadError(RuntimeError):
     """The database schema is not at the migrations' head; the service refuses to start."""
+
+
+class StartupError(RuntimeError):
+    """A setting names something this process cannot use; the service refuses to start."""
+
+
+class MissingExtraError(StartupError):
+    """An optional dependency that a setting needs is not installed; the message names the
+    ``pip install`` that adds it (e.g. ``fedaudit[s3]``)."""
+
+
+class BlobStoreUnavailableError(StartupError):
+    """The configured blob store does not answer at start-up (an unreachable server, a
+    missing bucket, credentials it refuses)."""

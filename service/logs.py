@@ -70,6 +70,9 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
         "filters": ["no_colour"],
     }
     uvicorn = {"handlers": ["stderr"], "level": level, "propagate": False}
+    # boto3 (the s3 blob backend) logs each request's headers at DEBUG, the signed
+    # Authorization header with the access key id among them: never below INFO.
+    quiet = _no_finer_than_info(level)
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -81,5 +84,14 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "uvicorn": uvicorn,
             "uvicorn.error": {"level": level},
             "uvicorn.access": uvicorn,
+            **{name: {"level": quiet} for name in ("boto3", "botocore", "s3transfer", "urllib3")},
         },
     }
+
+
+def _no_finer_than_info(level: str) -> str:
+    """`level`, or INFO where `level` would show DEBUG lines."""
+    number = logging.getLevelName(level.upper())
+    if isinstance(number, int) and number < logging.INFO:
+        return "INFO"
+    return level

@@ -116,7 +116,11 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log_committed_events()
     engine = _migrated_engine(settings)
-    services = Services.create(settings, make_sessionmaker(engine))
+    try:
+        services = Services.create(settings, make_sessionmaker(engine))
+    except Exception:  # e.g. a blob store that does not answer: refused, nothing left open
+        engine.dispose()
+        raise
     metrics_files = prometheus.multiprocess_dir()  # set by `fedaudit serve --workers N`
 
     @asynccontextmanager

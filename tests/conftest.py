@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from service.config import Settings
 from service.store.migrate import upgrade
+from tests.s3 import s3_location, s3_server  # noqa: F401  (fixtures: S3 on loopback)
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 PG_ENV = "FEDAUDIT_TEST_POSTGRES_URL"

@@ -82,7 +82,7 @@ def serve(
     import uvicorn
 
     from service.config import get_settings
-    from service.errors import MigrationsNotAtHeadError
+    from service.errors import MigrationsNotAtHeadError, StartupError
     from service.logs import log_config
     from service.main import create_app
 
@@ -126,7 +126,7 @@ def serve(
                     log_config=logs,
                     **tls,
                 )
-    except MigrationsNotAtHeadError as exc:
+    except (MigrationsNotAtHeadError, StartupError) as exc:
         _restore_logging(replaced)
         fail(str(exc))
     except BaseException:

@@ -17,6 +17,7 @@ from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
 from service.coordinator.ratelimit import EventBudget, FailureThrottle
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
+from service.store.s3blobs import S3BlobStore, S3Location
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,26 @@ class Services:
 
     @classmethod
     def create(cls, settings: Settings, sessions: sessionmaker[Session]) -> Services:
-        blobs: BlobStore
-        if settings.blob_backend == "database":
-            blobs = DatabaseBlobStore(sessions, settings.data_dir / "blob-cache")
-        else:
-            blobs = DirectoryBlobStore(settings.blob_dir)
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-        return cls(settings=settings, sessions=sessions, blobs=blobs)
+        return cls(settings=settings, sessions=sessions, blobs=blob_store(settings, sessions))
+
+
+def blob_store(settings: Settings, sessions: sessionmaker[Session]) -> BlobStore:
+    """The blob store the settings name. The s3 backend checks its bucket here, at start-up:
+    MissingExtraError without boto3, BlobStoreUnavailableError if the bucket does not answer."""
+    if settings.blob_backend == "database":
+        return DatabaseBlobStore(sessions, settings.data_dir / "blob-cache")
+    if settings.blob_backend == "s3":
+        assert settings.s3_bucket is not None  # the settings refuse s3 without a bucket
+        location = S3Location(
+            bucket=settings.s3_bucket,
+            prefix=settings.s3_prefix,
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            addressing_style=settings.s3_addressing_style,
+        )
+        return S3BlobStore.connect(location, settings.data_dir / "blob-cache")
+    return DirectoryBlobStore(settings.blob_dir)
 
 
 class BackgroundWorker:

@@ -2,15 +2,18 @@
 
 A blob's key is the sha256 of its bytes. Writes are atomic: the bytes go to a temporary file in
 the store's own directory, are fsynced, then renamed into place, so a crash never leaves a
-half-written blob under a real key. Two backends: a directory (default) and the database (for
-several replicas without a shared file system; readers get a local cached copy).
+half-written blob under a real key. Three backends: a directory (default), the database, and an
+S3-compatible object store (service.store.s3blobs); the last two serve several replicas without
+a shared file system, their readers through a local cached copy checked against its sha256.
 
 Nothing is left behind. A blob put with the caller's ``session`` belongs to that transaction:
 when the transaction ends without a commit (any exception, a failed commit, a session closed
 mid-way) the file is removed again, unless another transaction of this process has put the same
-key and not ended yet, or a committed row references it. A crash between the rename and the
-commit can still leave a file without a row; :meth:`DirectoryBlobStore.sweep` (run at start-up)
-removes those, and the staged ``.part`` files a crash leaves.
+key and not ended yet, or a committed row references it (TransactionOwnedBlobs holds these rules
+for the directory and the S3 stores; the database store's rows roll back with the transaction).
+A crash between the rename and the commit can still leave a file without a row;
+:meth:`DirectoryBlobStore.sweep` (run at start-up) removes those, and the staged ``.part`` files
+a crash leaves.
 """
 
 from __future__ import annotations
@@ -69,6 +72,17 @@ def stored_in_database(session: Session, keys: Collection[str]) -> set[str]:
     return found
 
 
+class CorruptBlobError(OSError):
+    """A stored blob whose content does not hash to its key: refused, never served."""
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a sha256 hex digest (64 lower-case hex characters); else ValueError."""
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError(f"invalid blob key {key!r}")
+    return key
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -103,6 +117,21 @@ def write_temp_file(directory: Path, chunks: Iterator[bytes] | bytes) -> tuple[P
         Path(name).unlink(missing_ok=True)
         raise
     return Path(name), digest.hexdigest(), size
+
+
+def fill_cache(
+    cache: DirectoryBlobStore, key: str, chunks: Iterator[bytes] | bytes, *, source: str
+) -> Path:
+    """Write a blob read from `source` into the local `cache` (a temporary file, then a rename)
+    and return the cached file; CorruptBlobError, and nothing cached, unless it hashes to `key`."""
+    staged, digest, _ = write_temp_file(cache.root / ".tmp", chunks)
+    if digest != key:
+        staged.unlink()
+        raise CorruptBlobError(
+            f"blob {key} in {source} is corrupt: its content's sha256 is {digest}; refused"
+        )
+    cache.put_file(staged, key)
+    return cache.local_path(key)
 
 
 class BlobStore(Protocol):
@@ -166,56 +195,46 @@ def sweep_part_files(directory: Path, *, older_than: float) -> list[Path]:
     return removed
 
 
-class DirectoryBlobStore:
-    """Blobs as files ``<root>/<key[:2]>/<key>``.
+class TransactionOwnedBlobs:
+    """The rules that tie a blob to the transaction that put it, shared by the stores that keep
+    blobs apart from their rows (a directory, an S3 bucket).
 
-    `references`: which keys committed rows need (default: model updates and model versions);
-    a blob that no row needs is garbage, removed when the transaction that put it rolls back
-    and by :meth:`sweep`.
+    A backend provides `_stored`, `_remove` and `_written_before`, registers each put with
+    `_claim` (holding ``_lock``) before the blob becomes visible, and lists its sweep's
+    candidates for `_remove_orphans`. `references`: which keys committed rows need (default:
+    model updates and model versions); a blob that no row needs is garbage.
     """
 
-    def __init__(self, root: Path, *, references: References = referenced_by_rows) -> None:
-        self.root = root
+    def __init__(self, references: References) -> None:
         self.references = references
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / ".tmp").mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._in_flight: Counter[str] = Counter()
         """Keys put by transactions of this process that have not ended yet."""
 
-    def _path(self, key: str) -> Path:
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"invalid blob key {key!r}")
-        return self.root / key[:2] / key
+    def _stored(self, key: str) -> bool:
+        raise NotImplementedError
 
-    def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists() and path.stat().st_dev != self.root.stat().st_dev:
-            # A rename across file systems is not atomic: copy next to the target first.
-            staged, _, _ = write_temp_file(self.root / ".tmp", path.read_bytes())
-            path.unlink()
-            path = staged
-        with self._lock:
-            if session is not None:
-                self._in_flight[key] += 1
-                session.info.setdefault(_SESSION_KEY, []).append((self, key))
-            if target.exists():
-                path.unlink(missing_ok=True)
-                os.utime(target)  # in use again: not "old" for a sweep with a grace period
-                return False
-            os.replace(path, target)
-            _fsync_dir(target.parent)
-            return True
+    def _remove(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _written_before(self, key: str, older_than: float) -> bool:
+        """The blob is there and was last written (or put again) before `older_than`."""
+        raise NotImplementedError
+
+    def _claim(self, key: str, session: Session | None) -> None:
+        """Tie `key` to the session's transaction (the caller holds ``_lock``)."""
+        if session is not None:
+            self._in_flight[key] += 1
+            session.info.setdefault(_SESSION_KEY, []).append((self, key))
 
     def _transaction_ended(self, key: str, bind: Any, *, committed: bool) -> None:
         """A transaction that put `key` ended; without a commit, remove what no one needs."""
         with self._lock:
             self._in_flight[key] -= 1
             if self._in_flight[key] > 0:
-                return  # another transaction of this process still counts on the file
+                return  # another transaction of this process still counts on the blob
             del self._in_flight[key]
-            if committed or not self._path(key).exists():
+            if committed or not self._stored(key):
                 return
             try:
                 with Session(bind=bind) as session:
@@ -229,8 +248,90 @@ class DirectoryBlobStore:
                 )
                 return
             if not needed:
-                self._path(key).unlink(missing_ok=True)
+                self._remove(key)
                 log.info("blob %s removed: the transaction that stored it did not commit", key)
+
+    def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
+        with self._lock:
+            if self._in_flight[key] > 0:
+                return False
+            with sessions() as session:
+                if key in self.references(session, [key]):
+                    return False
+            removed = self._stored(key)
+            self._remove(key)
+            self._in_flight = +self._in_flight  # drop the zero count the lookup added
+            return removed
+
+    def _remove_orphans(
+        self, sessions: sessionmaker[Session], candidates: Collection[str], *, older_than: float
+    ) -> list[str]:
+        """Remove those of `candidates` (last written before `older_than`) that no committed
+        row needs and no transaction of this process is putting; the keys removed."""
+        if not candidates:
+            return []
+        with sessions() as session:
+            needed = self.references(session, list(candidates))
+        removed: list[str] = []
+        with self._lock:
+            for key in candidates:
+                if key in needed or self._in_flight[key] > 0:
+                    continue
+                if not self._written_before(key, older_than):
+                    continue  # put again since the query (a put touches it), or gone
+                self._remove(key)
+                removed.append(key)
+            self._in_flight = +self._in_flight  # drop the zero counts the lookups added
+        return removed
+
+
+class DirectoryBlobStore(TransactionOwnedBlobs):
+    """Blobs as files ``<root>/<key[:2]>/<key>``.
+
+    `references`: which keys committed rows need (default: model updates and model versions);
+    a blob that no row needs is garbage, removed when the transaction that put it rolls back
+    and by :meth:`sweep`.
+    """
+
+    def __init__(self, root: Path, *, references: References = referenced_by_rows) -> None:
+        super().__init__(references)
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / ".tmp").mkdir(exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        return self.root / key[:2] / key
+
+    def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() and path.stat().st_dev != self.root.stat().st_dev:
+            # A rename across file systems is not atomic: copy next to the target first.
+            staged, _, _ = write_temp_file(self.root / ".tmp", path.read_bytes())
+            path.unlink()
+            path = staged
+        with self._lock:
+            self._claim(key, session)
+            if target.exists():
+                path.unlink(missing_ok=True)
+                os.utime(target)  # in use again: not "old" for a sweep with a grace period
+                return False
+            os.replace(path, target)
+            _fsync_dir(target.parent)
+            return True
+
+    def _stored(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def _remove(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def _written_before(self, key: str, older_than: float) -> bool:
+        try:
+            return self._path(key).stat().st_mtime < older_than
+        except FileNotFoundError:
+            return False
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
@@ -250,18 +351,6 @@ class DirectoryBlobStore:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
-        with self._lock:
-            if self._in_flight[key] > 0:
-                return False
-            with sessions() as session:
-                if key in self.references(session, [key]):
-                    return False
-            removed = self._path(key).exists()
-            self._path(key).unlink(missing_ok=True)
-            self._in_flight = +self._in_flight  # drop the zero count the lookup added
-            return removed
-
     def keys(self) -> Iterator[tuple[str, Path]]:
         """Every stored blob's key and file."""
         for directory in sorted(self.root.iterdir()):
@@ -277,29 +366,8 @@ class DirectoryBlobStore:
         written before `older_than` (epoch seconds); blobs that a transaction of this process
         is still putting are kept."""
         report = SweepReport(part_files=sweep_part_files(self.root / ".tmp", older_than=older_than))
-        candidates: dict[str, Path] = {}
-        for key, path in self.keys():
-            try:
-                if path.stat().st_mtime < older_than:
-                    candidates[key] = path
-            except FileNotFoundError:
-                continue
-        if not candidates:
-            return report
-        with sessions() as session:
-            needed = self.references(session, list(candidates))
-        with self._lock:
-            for key, path in candidates.items():
-                if key in needed or self._in_flight[key] > 0:
-                    continue
-                try:
-                    if path.stat().st_mtime >= older_than:
-                        continue  # put again since the query (put_file touches it)
-                except FileNotFoundError:
-                    continue
-                path.unlink(missing_ok=True)
-                report.orphan_blobs.append(key)
-            self._in_flight = +self._in_flight  # drop the zero counts the lookups added
+        candidates = [key for key, _ in self.keys() if self._written_before(key, older_than)]
+        report.orphan_blobs = self._remove_orphans(sessions, candidates, older_than=older_than)
         return report
 
 
@@ -364,12 +432,7 @@ class DatabaseBlobStore:
             data = session.scalar(select(Blob.data).where(Blob.key == key))
         if data is None:
             raise FileNotFoundError(f"blob {key} is missing from the database")
-        staged, digest, _ = write_temp_file(self.cache.root / ".tmp", data)
-        if digest != key:
-            staged.unlink()
-            raise OSError(f"blob {key} in the database is corrupt (sha256 {digest})")
-        self.cache.put_file(staged, key)
-        return self.cache.local_path(key)
+        return fill_cache(self.cache, key, data, source="the database")
 
     def open(self, key: str) -> BinaryIO:
         return self.local_path(key).open("rb")

@@ -2,7 +2,8 @@
 
 The failure is injected into a collaborator that runs after the blob is in place and before the
 transaction commits (touching the client's last-seen time, marking the federation changed,
-updating statuses after aggregation), on both blob backends and both databases.
+updating statuses after aggregation), on every blob backend (a directory, the database, an S3
+bucket on moto's server over loopback HTTP) and both databases.
 """
 
 from __future__ import annotations
@@ -19,16 +20,22 @@ from service.coordinator import federations as federation_use_cases
 from service.coordinator import rounds
 from service.main import create_app
 from service.store import repositories as repo
+from service.store.s3blobs import S3BlobStore
 from tests.api.conftest import make_federation
 from tests.api.test_rounds import submit
 from tests.factories import ADMIN, federation_spec, sha256, state_bytes, tiny_state
+from tests.s3 import s3_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.db]
 
 
-@pytest.fixture(params=["directory", "database"])
+@pytest.fixture(params=["directory", "database", "s3"])
 def backend_app(request: pytest.FixtureRequest, settings: Settings) -> Iterator[FastAPI]:
-    app = create_app(settings.model_copy(update={"blob_backend": request.param}), run_reaper=False)
+    if request.param == "s3":  # a bucket of its own on moto's server, over loopback HTTP
+        settings = s3_settings(settings, request.getfixturevalue("s3_location"))
+    else:
+        settings = settings.model_copy(update={"blob_backend": request.param})
+    app = create_app(settings, run_reaper=False)
     yield app
     app.state.services.close()
 
@@ -42,12 +49,14 @@ async def api500(backend_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def stored_keys(app: FastAPI) -> set[str]:
-    """Every blob key on disk (the directory store, or the database store's cache) and, for
-    the database store, every blob row."""
+    """Every blob key on disk (the directory store, or the database or S3 store's cache) and,
+    for the database store, every blob row, for the S3 store every object in the bucket."""
     services = app.state.services
     store = getattr(services.blobs, "cache", services.blobs)
     keys = {key for key, _ in store.keys()}
-    if hasattr(services.blobs, "cache"):
+    if isinstance(services.blobs, S3BlobStore):
+        keys |= {f"row:{key}" for key, _ in services.blobs.keys()}
+    elif hasattr(services.blobs, "cache"):
         from sqlalchemy import select
 
         from service.store.models import Blob

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load
 
+from service.config import Settings
 from tests.api.conftest import make_federation
 from tests.factories import ADMIN, tiny_state, update_parts
+from tests.s3 import s3_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.db]
 
@@ -165,11 +169,19 @@ async def test_clients_cannot_see_other_federations_or_clients(api: httpx.AsyncC
     assert own.status_code == 200
 
 
-async def test_database_blob_backend_serves_the_same_protocol(settings) -> None:
-    """Blobs in the database (several replicas, no shared disk): nothing under blob_dir."""
+@pytest.mark.parametrize("backend", ["database", "s3"])
+async def test_shared_blob_backends_serve_the_same_protocol(
+    settings: Settings, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Blobs in the database or in an S3 bucket (moto's server, over loopback HTTP): several
+    replicas without a shared disk. A round runs with nothing under blob_dir, and another
+    replica, with a data directory of its own, serves the new model."""
     from service.main import create_app
 
-    settings.blob_backend = "database"
+    if backend == "s3":
+        settings = s3_settings(settings, request.getfixturevalue("s3_location"))
+    else:
+        settings = settings.model_copy(update={"blob_backend": backend})
     app = create_app(settings, run_reaper=False)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
@@ -179,6 +191,8 @@ async def test_database_blob_backend_serves_the_same_protocol(settings) -> None:
         round0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
         model = await api.get(f"/api/v1/models/{round0['model_out_id']}", headers=fed.headers("a"))
         np.testing.assert_allclose(load(model.content)["layer.bias"], [2.5, 2.5])
+    if backend == "s3":  # the initial model, two updates and the new model
+        assert len(list(app.state.services.blobs.keys())) == 4
     app.state.services.close()
     on_disk = (
         [p for p in settings.blob_dir.rglob("*") if p.is_file()]
@@ -186,3 +200,13 @@ async def test_database_blob_backend_serves_the_same_protocol(settings) -> None:
         else []
     )
     assert on_disk == []
+
+    replica = create_app(
+        settings.model_copy(update={"data_dir": tmp_path / "replica"}), run_reaper=False
+    )
+    transport = httpx.ASGITransport(app=replica)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
+        again = await api.get(f"/api/v1/models/{round0['model_out_id']}", headers=fed.headers("a"))
+        assert again.status_code == 200
+        assert again.content == model.content
+    replica.state.services.close()

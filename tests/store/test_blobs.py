@@ -1,36 +1,101 @@
-"""Content-addressed blob stores: atomic writes, both backends."""
+"""Content-addressed blob stores: atomic writes, every backend (a directory, the database, an
+S3-compatible server: moto's, over HTTP on loopback).
+
+The behaviour every backend shares is tested on each (`backend`); the transaction-ownership
+rules that the directory and the S3 stores share (TransactionOwnedBlobs) on both of those. The
+S3 store's own checks are in test_s3_blobs.py.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
-from service.store.blobs import DatabaseBlobStore, DirectoryBlobStore, sha256_file, write_temp_file
+from service.store.blobs import (
+    DatabaseBlobStore,
+    DirectoryBlobStore,
+    TransactionOwnedBlobs,
+    sha256_file,
+    write_temp_file,
+)
+from service.store.s3blobs import S3BlobStore
 from service.store.session import make_engine, make_sessionmaker
+
+MakeStore = Callable[[str], Any]
+
+
+@pytest.fixture
+def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path, sessions: sessionmaker[Session]
+) -> MakeStore:
+    """A new store of the backend named; "s3" gets a bucket of its own on the loopback server
+    (and skips, saying why, where none can start)."""
+
+    def make(backend: str) -> Any:
+        if backend == "directory":
+            return DirectoryBlobStore(tmp_path / "dir")
+        if backend == "database":
+            return DatabaseBlobStore(sessions, tmp_path / "cache")
+        return S3BlobStore.connect(request.getfixturevalue("s3_location"), tmp_path / "s3-cache")
+
+    return make
+
+
+@pytest.fixture(params=["directory", "database", "s3"])
+def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Any:
+    """Each backend in turn."""
+    return make_store(request.param)
+
+
+@pytest.fixture(params=["directory", "s3"])
+def owned(request: pytest.FixtureRequest, make_store: MakeStore) -> TransactionOwnedBlobs:
+    """Each backend that keeps blobs apart from their rows (TransactionOwnedBlobs)."""
+    store: TransactionOwnedBlobs = make_store(request.param)
+    return store
+
+
+def stored(store: Any) -> set[str]:
+    """The keys a store holds where it keeps them (files, the database store's cache, the
+    bucket) and, for a store with a local cache, in the cache too."""
+    keys = {key for key, _ in store.keys()} if hasattr(store, "keys") else set()
+    cache = getattr(store, "cache", None)
+    if cache is not None:
+        keys |= {key for key, _ in cache.keys()}
+    return keys
 
 
 @pytest.mark.db
-def test_put_is_content_addressed_and_idempotent(tmp_path: Path, database_url: str) -> None:
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    stores = [DirectoryBlobStore(tmp_path / "dir"), DatabaseBlobStore(sessions, tmp_path / "cache")]
-    for store in stores:
-        path, digest, size = write_temp_file(tmp_path / "tmp", b"hello model")
-        assert size == 11
-        assert store.put_file(path, digest) is True  # type: ignore[attr-defined]
-        assert not path.exists()
-        again, digest2, _ = write_temp_file(tmp_path / "tmp", b"hello model")
-        assert digest2 == digest
-        assert store.put_file(again, digest) is False  # type: ignore[attr-defined]
-        local = store.local_path(digest)  # type: ignore[attr-defined]
-        assert local.read_bytes() == b"hello model"
-        assert sha256_file(local) == digest
-        assert store.size(digest) == 11  # type: ignore[attr-defined]
-        store.delete(digest)  # type: ignore[attr-defined]
-        assert not store.exists(digest)  # type: ignore[attr-defined]
-    engine.dispose()
+def test_put_is_content_addressed_and_idempotent(tmp_path: Path, store: Any) -> None:
+    path, digest, size = write_temp_file(tmp_path / "tmp", b"hello model")
+    assert size == 11
+    assert store.put_file(path, digest) is True
+    assert not path.exists()
+    again, digest2, _ = write_temp_file(tmp_path / "tmp", b"hello model")
+    assert digest2 == digest
+    assert store.put_file(again, digest) is False
+    local = store.local_path(digest)
+    assert local.read_bytes() == b"hello model"
+    assert sha256_file(local) == digest
+    with store.open(digest) as handle:
+        assert handle.read() == b"hello model"
+    assert store.size(digest) == 11
+    store.delete(digest)
+    assert not store.exists(digest)
+    assert stored(store) == set()
+    with pytest.raises(FileNotFoundError, match=digest):
+        store.local_path(digest)
 
 
 def test_directory_store_rejects_bad_keys(tmp_path: Path) -> None:
@@ -51,135 +116,119 @@ def test_no_partial_file_under_a_real_key(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def _stores(tmp_path: Path, sessions) -> list[tuple[str, object]]:
-    return [
-        ("directory", DirectoryBlobStore(tmp_path / "dir")),
-        ("database", DatabaseBlobStore(sessions, tmp_path / "cache")),
-    ]
-
-
-def _on_disk(store) -> set[str]:
-    directory = getattr(store, "cache", store)
-    return {key for key, _ in directory.keys()}
-
-
 @pytest.mark.db
-def test_a_blob_whose_transaction_rolls_back_is_removed(tmp_path: Path, database_url: str) -> None:
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    for _, store in _stores(tmp_path, sessions):
-        path, digest, _ = write_temp_file(tmp_path / "tmp", b"rolled back")
+def test_a_blob_whose_transaction_rolls_back_is_removed(
+    tmp_path: Path, store: Any, sessions: sessionmaker[Session]
+) -> None:
+    path, digest, _ = write_temp_file(tmp_path / "tmp", b"rolled back")
 
-        def put_then_fail(store: object = store, path: Path = path, digest: str = digest) -> None:
-            with sessions.begin() as session:
-                assert store.put_file(path, digest, session=session) is True  # type: ignore[attr-defined]
-                assert digest in _on_disk(store)
-                raise RuntimeError("a failure after the put")
-
-        with pytest.raises(RuntimeError, match="after the put"):
-            put_then_fail()
-        assert _on_disk(store) == set()
-        assert not store.exists(digest)  # type: ignore[attr-defined]
-        # a session closed without commit (no exception in a `begin` block) also ends it
-        path, digest, _ = write_temp_file(tmp_path / "tmp", b"abandoned")
-        session = sessions()
-        session.begin()
-        store.put_file(path, digest, session=session)  # type: ignore[attr-defined]
-        session.close()
-        assert _on_disk(store) == set()
-        # committed: kept (for the database store, the row is the reference its cache needs)
-        path, digest, _ = write_temp_file(tmp_path / "tmp", b"committed")
+    def put_then_fail() -> None:
         with sessions.begin() as session:
-            store.put_file(path, digest, session=session)  # type: ignore[attr-defined]
-        assert store.exists(digest)  # type: ignore[attr-defined]
-    engine.dispose()
+            assert store.put_file(path, digest, session=session) is True
+            assert digest in stored(store)
+            raise RuntimeError("a failure after the put")
+
+    with pytest.raises(RuntimeError, match="after the put"):
+        put_then_fail()
+    assert stored(store) == set()
+    assert not store.exists(digest)
+    # a session closed without commit (no exception in a `begin` block) also ends it
+    path, digest, _ = write_temp_file(tmp_path / "tmp", b"abandoned")
+    session = sessions()
+    session.begin()
+    store.put_file(path, digest, session=session)
+    session.close()
+    assert stored(store) == set()
+    # committed: kept (for the database store, the row is the reference its cache needs)
+    path, digest, _ = write_temp_file(tmp_path / "tmp", b"committed")
+    with sessions.begin() as session:
+        store.put_file(path, digest, session=session)
+    assert store.exists(digest)
 
 
 @pytest.mark.db
 def test_a_rollback_keeps_a_blob_another_open_transaction_has_put(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, owned: Any, sessions: sessionmaker[Session]
 ) -> None:
     """Two transactions put the same content; the first rolls back while the second is open:
-    the file stays for the second, and goes when the second rolls back too."""
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    store = DirectoryBlobStore(tmp_path / "dir")
+    the blob stays for the second, and goes when the second rolls back too."""
     first, second = sessions(), sessions()
     first.begin()
     second.begin()
     path, digest, _ = write_temp_file(tmp_path / "tmp", b"same bytes")
-    assert store.put_file(path, digest, session=first) is True
+    assert owned.put_file(path, digest, session=first) is True
     path, _, _ = write_temp_file(tmp_path / "tmp", b"same bytes")
-    assert store.put_file(path, digest, session=second) is False
+    assert owned.put_file(path, digest, session=second) is False
     first.rollback()
-    assert store.exists(digest)
+    assert owned.exists(digest)
     second.rollback()
-    assert not store.exists(digest)
+    assert not owned.exists(digest)
+    assert stored(owned) == set()
     first.close()
     second.close()
-    engine.dispose()
+
+
+def _staging_dir(store: Any) -> Path:
+    """Where the store stages files (its own, or its local cache's)."""
+    return Path(getattr(store, "cache", store).root) / ".tmp"
 
 
 @pytest.mark.db
 def test_sweep_removes_part_files_and_unreferenced_blobs_past_the_grace(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, owned: Any, sessions: sessionmaker[Session]
 ) -> None:
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    store = DirectoryBlobStore(tmp_path / "dir")
-    # an orphan (as a crash between rename and commit leaves it) and a stale staged file
+    # an orphan (as a crash between the write and the commit leaves it) and a stale staged file
     path, orphan, _ = write_temp_file(tmp_path / "tmp", b"orphan")
-    store.put_file(path, orphan)
-    stale = store.root / ".tmp" / "blob-x.part"
+    owned.put_file(path, orphan)
+    stale = _staging_dir(owned) / "blob-x.part"
     stale.write_bytes(b"half")
     # a grace period that they are within keeps both
-    report = store.sweep(sessions, older_than=time.time() - 3600)
+    report = owned.sweep(sessions, older_than=time.time() - 3600)
     assert not report
-    assert store.exists(orphan)
+    assert owned.exists(orphan)
     assert stale.exists()
-    report = store.sweep(sessions, older_than=time.time() + 1)
+    report = owned.sweep(sessions, older_than=time.time() + 2)
     assert report.orphan_blobs == [orphan]
     assert report.part_files == [stale]
-    assert not store.exists(orphan)
+    assert not owned.exists(orphan)
     assert not stale.exists()
-    engine.dispose()
+    assert stored(owned) == set()
 
 
 @pytest.mark.db
 def test_sweep_keeps_a_blob_an_open_transaction_is_putting(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, owned: Any, sessions: sessionmaker[Session]
 ) -> None:
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    store = DirectoryBlobStore(tmp_path / "dir")
     with sessions.begin() as session:
         path, digest, _ = write_temp_file(tmp_path / "tmp", b"in flight")
-        store.put_file(path, digest, session=session)
-        assert not store.sweep(sessions, older_than=time.time() + 1)
-        assert store.exists(digest)
+        owned.put_file(path, digest, session=session)
+        assert not owned.sweep(sessions, older_than=time.time() + 2)
+        assert owned.exists(digest)
     # committed without a row that references it: garbage, swept
-    assert store.sweep(sessions, older_than=time.time() + 1).orphan_blobs == [digest]
-    engine.dispose()
+    assert owned.sweep(sessions, older_than=time.time() + 2).orphan_blobs == [digest]
+    assert stored(owned) == set()
 
 
 @pytest.mark.db
-def test_discard_removes_an_unreferenced_blob_but_not_one_being_put(
-    tmp_path: Path, database_url: str
+def test_discard_removes_an_unreferenced_blob(
+    tmp_path: Path, store: Any, sessions: sessionmaker[Session]
 ) -> None:
-    """A replaced initial model's blob goes; a transaction putting the same bytes keeps it."""
-    engine = make_engine(database_url)
-    sessions = make_sessionmaker(engine)
-    for name, store in _stores(tmp_path, sessions):
-        path, digest, _ = write_temp_file(tmp_path / "tmp", b"replaced " + name.encode())
-        with sessions.begin() as session:
-            store.put_file(path, digest, session=session)  # type: ignore[attr-defined]
-        assert store.discard(digest, sessions) is True  # type: ignore[attr-defined]
-        assert not store.exists(digest)  # type: ignore[attr-defined]
-        assert store.discard(digest, sessions) is False  # type: ignore[attr-defined]
-    directory = DirectoryBlobStore(tmp_path / "dir2")
+    """A replaced initial model's blob goes."""
+    path, digest, _ = write_temp_file(tmp_path / "tmp", b"replaced")
+    with sessions.begin() as session:
+        store.put_file(path, digest, session=session)
+    assert store.discard(digest, sessions) is True
+    assert not store.exists(digest)
+    assert stored(store) == set()
+    assert store.discard(digest, sessions) is False
+
+
+@pytest.mark.db
+def test_discard_keeps_a_blob_an_open_transaction_is_putting(
+    tmp_path: Path, owned: Any, sessions: sessionmaker[Session]
+) -> None:
     path, digest, _ = write_temp_file(tmp_path / "tmp", b"in flight")
     with sessions.begin() as session:
-        directory.put_file(path, digest, session=session)
-        assert directory.discard(digest, sessions) is False
-        assert directory.exists(digest)
-    engine.dispose()
+        owned.put_file(path, digest, session=session)
+        assert owned.discard(digest, sessions) is False
+        assert owned.exists(digest)
