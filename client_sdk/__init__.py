@@ -29,7 +29,7 @@ from client_sdk._exceptions import (
     SiteRoundError,
     UnprocessableEntityError,
 )
-from client_sdk._models import (
+from client_sdk._responses import (
     CurrentRound,
     Diagnostics,
     Instructions,

@@ -30,7 +30,7 @@ from client_sdk._exceptions import (
     IntegrityError,
     status_error,
 )
-from client_sdk._models import (
+from client_sdk._responses import (
     ClientCreated,
     ClientInfo,
     CurrentRound,

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from client_sdk._models import ProblemDetails
+from client_sdk._responses import ProblemDetails
 
 
 class CoordinatorSDKError(Exception):

@@ -19,7 +19,7 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 
 from client_sdk._client import update_metadata, update_path
-from client_sdk._models import Instructions, Neighbor
+from client_sdk._responses import Instructions, Neighbor
 from client_sdk.local_state import LocalStateStore
 from client_sdk.model_files import safetensors_manifest
 from client_sdk.recipes import NeighborModel, RoundContext, TrainReport

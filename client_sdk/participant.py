@@ -40,7 +40,7 @@ from client_sdk._exceptions import (
     InternalServerError,
     SiteRoundError,
 )
-from client_sdk._models import CurrentRound, Diagnostics, Instructions
+from client_sdk._responses import CurrentRound, Diagnostics, Instructions
 from client_sdk._round_update import (
     PreparedUpdate,
     frozen_global_copy,

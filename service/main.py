@@ -29,7 +29,7 @@ from service.api.routes import (
 from service.config import Settings, get_settings
 from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.update_metadata import UpdateMetadata
 from service.store.event_log import log_committed_events
 from service.store.migrate import check_at_head

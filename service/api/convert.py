@@ -15,7 +15,7 @@ from service.api.schemas.federations import (
 from service.api.schemas.rounds import RoundRead
 from service.coordinator.federations import federation_summary
 from service.coordinator.rounds import participation
-from service.store.models import Client, Event, Federation, ModelVersion, Round
+from service.store.tables import Client, Event, Federation, ModelVersion, Round
 
 
 def federation_read(

@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.coordinator import admin_auth
 from service.coordinator import clients as client_use_cases
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import AuthError, RateLimitedError
-from service.store.models import Client
+from service.store.tables import Client
 
 logger = logging.getLogger(__name__)
 

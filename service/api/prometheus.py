@@ -3,8 +3,9 @@
 Three sources go into each scrape (:func:`make_registry`):
 
 * :class:`DatabaseCollector`: the families read from the database at each scrape
-  (``service.coordinator.ops.metrics_snapshot``), described as :class:`MetricFamily` values by
-  the health routes, so that every replica over the same database answers the same for them;
+  (``service.coordinator.monitoring.metrics_snapshot``), described as :class:`MetricFamily`
+  values by the health routes, so that every replica over the same database answers the same
+  for them;
 * ``fedaudit_http_request_duration_seconds``, a histogram by method, route template (the path
   with its ``{parameters}``, never the raw path: bounded cardinality) and status, observed by
   :class:`RequestTimer` (an ASGI middleware);

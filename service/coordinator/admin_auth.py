@@ -23,10 +23,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import AuthError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import AdminSession, AdminToken, Client
+from service.store.tables import AdminSession, AdminToken, Client
 
 ADMIN_SESSION_TTL = timedelta(hours=12)
 ADMIN_TOKEN_PREFIX = "fa_a_"

@@ -27,10 +27,10 @@ from service.audit import (
     next_status,
     run_audit,
 )
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
-from service.store.models import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
+from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
 
 
 @dataclass

@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session
 from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
 from service.coordinator.ratelimit import EventBudget
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.updates import join_drift_errors, record_rejection
 from service.errors import AuthError, BadRequestError, InconsistentUpdateError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import Client, Event, Federation
+from service.store.tables import Client, Event, Federation
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from service.coordinator.federation_config import (
 )
 from service.coordinator.model_fit import fit_problems
 from service.coordinator.notify import mark_changed
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.tensors import (
     Manifest,
     SafetensorsFormatError,
@@ -40,7 +40,7 @@ from service.errors import (
     NotFoundError,
 )
 from service.store import repositories as repo
-from service.store.models import Client, Federation, ModelVersion
+from service.store.tables import Client, Federation, ModelVersion
 
 CLIENT_TOKEN_PREFIX = "fa_c_"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.store.blobs import SweepReport, sweep_part_files
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,13 @@ from sqlalchemy.orm import Session
 
 from service.audit import AuditConfig, InvalidParameterError
 from service.coordinator import audits, queries
+from service.coordinator.resources import Services
 from service.coordinator.rounds import get_round
-from service.coordinator.services import Services
 from service.coordinator.tensors import SafetensorsReader
 from service.errors import BadRequestError, NotFoundError
 from service.store import repositories as repo
 from service.store.base import utcnow
-from service.store.models import Client, Federation
+from service.store.tables import Client, Federation
 
 __all__ = ["anchor", "pin", "recompute", "recompute_round", "set_anchor", "set_pin"]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import ForbiddenError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import Client, Event, Federation, ModelUpdate, ModelVersion, Round
+from service.store.tables import Client, Event, Federation, ModelUpdate, ModelVersion, Round
 
 
 def list_federations(session: Session, *, offset: int, limit: int) -> tuple[list[Federation], int]:

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from service.coordinator import rounds
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from service.audit import DETECTORS
 from service.coordinator.rounds import effective_status, get_round
 from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
-from service.store.models import AuditResult, Client, Event, Federation
+from service.store.tables import AuditResult, Client, Event, Federation
 
 
 def _positions(result: dict[str, Any]) -> dict[str, int]:

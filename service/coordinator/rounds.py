@@ -27,10 +27,10 @@ from sqlalchemy.orm import Session
 from service.audit import next_status
 from service.coordinator import audits
 from service.coordinator.notify import mark_changed
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
-from service.store.models import AuditResult, Client, Federation, ModelVersion, Round
+from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
 
 log = logging.getLogger(__name__)
 

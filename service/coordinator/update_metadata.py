@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.errors import UpdateRejectedError
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
-from service.store.models import Federation
+from service.store.tables import Federation
 
 __all__ = [
     "MAX_METRICS",

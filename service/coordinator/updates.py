@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.coordinator import rounds
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.tensors import (
     SafetensorsFormatError,
     manifest_differences,
@@ -42,7 +42,7 @@ from service.errors import (
     UpdateRejectedError,
 )
 from service.store import repositories as repo
-from service.store.models import Client, Federation, ModelUpdate, Round
+from service.store.tables import Client, Federation, ModelUpdate, Round
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Protocol
 from sqlalchemy import delete, event, select
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from service.store.models import Blob, ModelUpdate, ModelVersion
+from service.store.tables import Blob, ModelUpdate, ModelVersion
 
 log = logging.getLogger(__name__)
 

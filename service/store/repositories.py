@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service.store.base import utcnow
 from service.store.event_log import remember_event
-from service.store.models import (
+from service.store.tables import (
     AuditResult,
     Client,
     Event,

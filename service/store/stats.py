@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.store.models import (
+from service.store.repositories import client_status_counts
+from service.store.tables import (
     AuditResult,
     Client,
     Event,
@@ -23,7 +24,6 @@ from service.store.models import (
     ModelVersion,
     Round,
 )
-from service.store.repositories import client_status_counts
 
 __all__ = ["running_federation_stats", "status_counts"]
 

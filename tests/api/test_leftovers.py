@@ -59,7 +59,7 @@ def stored_keys(app: FastAPI) -> set[str]:
     elif hasattr(services.blobs, "cache"):
         from sqlalchemy import select
 
-        from service.store.models import Blob
+        from service.store.tables import Blob
 
         with services.sessions() as session:
             keys |= {f"row:{key}" for key in session.scalars(select(Blob.key))}

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from client_sdk import _models as sdk
+from client_sdk import _responses as sdk
 from service.openapi_spec import DEFAULT_OUTPUT
 
 SPEC = json.loads(DEFAULT_OUTPUT.read_text(encoding="utf-8"))

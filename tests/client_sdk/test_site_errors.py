@@ -14,7 +14,7 @@ from safetensors.torch import save
 from torch import nn
 
 from client_sdk import FederationClient, SiteRoundError
-from client_sdk._models import CurrentRound
+from client_sdk._responses import CurrentRound
 from client_sdk.participant import Participant
 from client_sdk.recipes import LocalData
 

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.coordinator import admin_auth
 from service.coordinator.federations import hash_token
-from service.store.models import AdminSession
 from service.store.session import make_engine, make_sessionmaker
+from service.store.tables import AdminSession
 
 pytestmark = pytest.mark.db
 

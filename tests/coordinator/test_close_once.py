@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from service.config import Settings
 from service.coordinator import clients, federations, rounds, updates
 from service.coordinator.federation_config import FederationConfigInput
-from service.coordinator.services import Services
-from service.store import models
+from service.coordinator.resources import Services
+from service.store import tables
 from service.store.blobs import write_temp_file
 from service.store.session import make_engine, make_sessionmaker
 from tests.factories import state_bytes, tiny_state, update_parts
@@ -118,17 +118,17 @@ def test_concurrent_closers_close_once(settings: Settings) -> None:
     with primary.sessions() as session:
         versions = session.scalar(
             select(func.count())
-            .select_from(models.ModelVersion)
-            .where(models.ModelVersion.federation_id == fid)
+            .select_from(tables.ModelVersion)
+            .where(tables.ModelVersion.federation_id == fid)
         )
-        audits = session.scalar(select(func.count()).select_from(models.AuditResult))
+        audits = session.scalar(select(func.count()).select_from(tables.AuditResult))
         opened = session.scalars(
-            select(models.Round.index).where(models.Round.federation_id == fid)
+            select(tables.Round.index).where(tables.Round.federation_id == fid)
         ).all()
         closed_events = session.scalar(
             select(func.count())
-            .select_from(models.Event)
-            .where(models.Event.kind == "round.closed")
+            .select_from(tables.Event)
+            .where(tables.Event.kind == "round.closed")
         )
     assert versions == 2  # the initial model and round 0's output
     assert audits == 1
@@ -147,11 +147,11 @@ def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None
     services.clock = lambda: opened + timedelta(seconds=31)
     assert rounds.check_rounds(services) == []
     with services.sessions() as session:
-        rnd = session.get(models.Round, round_id)
+        rnd = session.get(tables.Round, round_id)
         assert rnd.state == "open"
         assert rnd.deadline_extensions == 1
         assert rnd.deadline_at == opened + timedelta(seconds=61)  # now (31 s) + the 30 s deadline
-        kinds = session.scalars(select(models.Event.kind)).all()
+        kinds = session.scalars(select(tables.Event.kind)).all()
     assert "round.deadline_extended" in kinds
 
     # Two of three submit (min_clients = 2); at the new deadline the round closes without c.
@@ -162,7 +162,7 @@ def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None
     services.clock = lambda: opened + timedelta(seconds=120)
     assert rounds.check_rounds(services) == [round_id]
     with services.sessions() as session:
-        rnd = session.get(models.Round, round_id)
+        rnd = session.get(tables.Round, round_id)
         assert rnd.state == "closed"
         assert rnd.state_reason == "deadline"
         assert set(rnd.aggregation_weights or {}) == {str(members["a"].id), str(members["b"].id)}
@@ -182,5 +182,5 @@ def test_reaper_resumes_a_complete_round_after_restart(settings: Settings, tmp_p
     after_restart = make_services(settings)
     assert rounds.check_rounds(after_restart) == [round_id]
     with after_restart.sessions() as session:
-        assert session.get(models.Round, round_id).state == "closed"
+        assert session.get(tables.Round, round_id).state == "closed"
     after_restart.close()

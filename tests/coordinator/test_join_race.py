@@ -17,8 +17,8 @@ from sqlalchemy import select
 from service.config import Settings
 from service.coordinator import clients, federations
 from service.coordinator.federation_config import FederationConfigInput
-from service.coordinator.services import Services
-from service.store import models
+from service.coordinator.resources import Services
+from service.store import tables
 from service.store.blobs import write_temp_file
 from service.store.session import make_engine, make_sessionmaker
 from tests.factories import state_bytes, tiny_state
@@ -88,9 +88,9 @@ def test_the_last_two_joins_at_once_open_round_zero(settings: Settings) -> None:
     assert not other.is_alive()
     assert not errors, errors
     with services.sessions() as session:
-        status = session.scalar(select(models.Federation.status).where(models.Federation.id == fid))
+        status = session.scalar(select(tables.Federation.status).where(tables.Federation.id == fid))
         opened = session.scalars(
-            select(models.Round.index).where(models.Round.federation_id == fid)
+            select(tables.Round.index).where(tables.Round.federation_id == fid)
         ).all()
     assert status == "running"
     assert list(opened) == [0]

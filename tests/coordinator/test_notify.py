@@ -11,7 +11,7 @@ import pytest
 
 from service.config import Settings
 from service.coordinator.notify import LocalNotifier, mark_changed
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.store.blobs import DirectoryBlobStore
 from service.store.session import make_engine, make_sessionmaker
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from service.audit import AuditConfig, StatusHistory
 from service.coordinator.audits import counted_flags, status_history
-from service.store.models import Client
+from service.store.tables import Client
 
 
 def entry(round_index: int, primary: bool | None, *, warmup: bool = False) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, event
 from client_sdk import FederationClient
 from fedaudit_sim.coordinator_process import free_port
 from service.config import Settings
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.main import create_app
 from tests.factories import ADMIN, auth, federation_spec, state_bytes, tiny_state, update_parts
 

@@ -18,8 +18,8 @@ from service.config import Settings
 from service.errors import MigrationsNotAtHeadError
 from service.main import create_app
 from service.store import (
-    models,  # noqa: F401
     stats,
+    tables,  # noqa: F401
 )
 from service.store.base import Base, UTCDateTime, new_id, utcnow
 from service.store.migrate import current_revision, downgrade, head_revision, upgrade

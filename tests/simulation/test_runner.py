@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from client_sdk import APIStatusError, ProblemDetails
-from client_sdk._models import AuditRecord
+from client_sdk._responses import AuditRecord
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.datasets import Dataset, DataSplit
 from fedaudit_sim.federation import Federation, create_federation

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
-from service.coordinator.services import blob_store
+from service.coordinator.resources import blob_store
 from service.errors import BlobStoreUnavailableError, MissingExtraError
 from service.store.blobs import CorruptBlobError, write_temp_file
 from service.store.s3blobs import S3BlobStore, S3Location

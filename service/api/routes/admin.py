@@ -32,7 +32,7 @@ from service.api.deps import (
     require_admin,
 )
 from service.coordinator import admin_auth, queries, reports
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import AuthError, ForbiddenError, NotFoundError
 from service.inputs import INT32_MAX
 

@@ -37,7 +37,7 @@ from service.api.schemas.rounds import RoundDetail, RoundPage
 from service.api.uploads import receive_raw
 from service.coordinator import federations as use_cases
 from service.coordinator import queries, rounds
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.coordinator.updates import StagedUpload
 from service.inputs import INT32_MAX, INT64_MAX
 

@@ -13,7 +13,7 @@ from service.api import prometheus
 from service.api.deps import Credentials, ServicesDep, require_admin
 from service.api.problems import PROBLEM_401, problem
 from service.api.prometheus import MetricFamily, by_label
-from service.coordinator import ops
+from service.coordinator import monitoring
 
 router = APIRouter(tags=["health"])
 
@@ -29,7 +29,7 @@ def healthz() -> dict[str, str]:
     responses={503: problem(503, "Not ready")},
 )
 def readyz(services: ServicesDep) -> dict[str, str]:
-    ops.readiness(services)
+    monitoring.readiness(services)
     return {"status": "ready"}
 
 
@@ -41,8 +41,8 @@ def metrics_auth(request: Request, services: ServicesDep, credentials: Credentia
 
 def database_families(services: Any) -> list[MetricFamily]:
     """The families read from the database at a scrape (``prometheus.DatabaseCollector``)."""
-    return metric_families(ops.metrics_snapshot(services)) + federation_families(
-        ops.running_federations(services)
+    return metric_families(monitoring.metrics_snapshot(services)) + federation_families(
+        monitoring.running_federations(services)
     )
 
 
@@ -109,7 +109,7 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
 
 
 def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
-    """The exposition of one database snapshot (see `ops.metrics_snapshot`)."""
+    """The exposition of one database snapshot (see `monitoring.metrics_snapshot`)."""
     rejected = counts["events"].get("update.rejected", 0)
     return [
         MetricFamily(

@@ -39,7 +39,7 @@ from service.api.uploads import receive_update
 from service.coordinator import clients as client_use_cases
 from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import CoordinatorError
 from service.inputs import INT32_MAX
 

@@ -28,7 +28,7 @@ from service.api.schemas.reports import (
 )
 from service.coordinator import clients as client_use_cases
 from service.coordinator import overrides, queries, reports
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.inputs import INT32_MAX
 
 router = APIRouter(prefix="/federations/{federation_id}", tags=["reports"])

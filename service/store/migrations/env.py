@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from service.store import models  # noqa: F401  (registers the tables on Base.metadata)
+from service.store import tables  # noqa: F401  (registers the tables on Base.metadata)
 from service.store.base import Base
 from service.store.session import make_engine
 

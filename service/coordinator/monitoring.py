@@ -1,16 +1,17 @@
-"""Readiness and metrics."""
+"""What the health and metrics routes read: readiness (the database answers and its schema is at
+head) and the counts and figures of `/metrics`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from service.audit import PRIMARY_DETECTORS
-from service.coordinator.services import Services
+from service.coordinator.resources import Services
 from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
 from service.store import stats
 from service.store.migrate import check_at_head
-from service.store.models import CLIENT_STATUSES, FEDERATION_STATUSES, ROUND_STATES
+from service.store.tables import CLIENT_STATUSES, FEDERATION_STATUSES, ROUND_STATES
 
 
 def readiness(services: Services) -> None:

@@ -1,4 +1,5 @@
-"""What the use cases need from the outside world, bundled once per process."""
+"""The resources the use cases need from the outside world, bundled once per process: database
+sessions, the blob store, change notifications, rate limits, the background executor."""
 
 from __future__ import annotations
 
