@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from client_sdk import Participant
-from client_sdk._models import Instructions
+from client_sdk._responses import Instructions
 from client_sdk.recipes import TrainReport
 from client_sdk.signals import Signals
 

@@ -110,17 +110,23 @@ def _migrated_engine(settings: Settings) -> Engine:
     return engine
 
 
+def _services(settings: Settings) -> Services:
+    """The process's resources over a database at head; a store that does not answer (an S3
+    bucket) is refused with nothing left open."""
+    engine = _migrated_engine(settings)
+    try:
+        return Services.create(settings, make_sessionmaker(engine))
+    except Exception:
+        engine.dispose()
+        raise
+
+
 def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
     """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
     settings = settings or get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log_committed_events()
-    engine = _migrated_engine(settings)
-    try:
-        services = Services.create(settings, make_sessionmaker(engine))
-    except Exception:  # e.g. a blob store that does not answer: refused, nothing left open
-        engine.dispose()
-        raise
+    services = _services(settings)
     metrics_files = prometheus.multiprocess_dir()  # set by `fedaudit serve --workers N`
 
     @asynccontextmanager
