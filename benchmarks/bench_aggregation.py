@@ -55,7 +55,13 @@ from _common import (
 )
 from safetensors.numpy import load_file, save_file
 
-from service.audit import AuditConfig, ClientRoundData, aggregate, run_audit
+from service.audit import (
+    AggregationSettings,
+    AuditConfig,
+    ClientRoundData,
+    aggregate,
+    run_audit,
+)
 from service.coordinator.tensors import SafetensorsReader
 
 TRIM = 0.1
@@ -139,7 +145,7 @@ def audit_inputs(global_path: Path, paths: list[Path]) -> tuple[Any, ...]:
         primary_detector="fednoro",
         aggregation="daagg",
         detectors=("fednoro", "fedncl", "expertise"),
-        aggregation_flags="round",
+        aggregation_settings=AggregationSettings(flags="round"),
     )
     return reports, config
 

@@ -294,17 +294,15 @@ class FedAuditStrategy(Strategy):
         outcome: AuditOutcome,
     ) -> list[dict[str, Any]]:
         """Apply the status rule to this round's determined flags; return the per-site rows."""
-        config = self.audit_config
+        rule = self.audit_config.status
         primary = outcome.detections[outcome.primary]
         rows = []
         for i, (client, before) in enumerate(zip(clients, history, strict=True)):
             flag = outcome.primary_flags[i]
             after = before
             if flag is not None:
-                window = (*before.flags, flag)[-config.status_w :]
-                status = next_status(
-                    before.status, list(window), m=config.status_m, w=config.status_w
-                )
+                window = (*before.flags, flag)[-rule.w :]
+                status = next_status(before.status, list(window), m=rule.m, w=rule.w)
                 after = StatusHistory(status=status, flags=window)
             self._history[client.client_id] = after
             verdict = primary.verdicts[i]

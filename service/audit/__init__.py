@@ -23,6 +23,14 @@ from service.audit.aggregators.weight_cap import (
 from service.audit.audit_config import DETECTORS, PRIMARY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
 from service.audit.class_null import benjamini_hochberg
+from service.audit.config_groups import (
+    AggregationSettings,
+    EvidenceSettings,
+    FedNCLSettings,
+    FedNoRoSettings,
+    FedRNSettings,
+    StatusRule,
+)
 from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
 from service.audit.detector_registry import (
     DETECTOR_REGISTRY,
@@ -63,6 +71,7 @@ __all__ = [
     "NOISY_SET_RULES",
     "PRIMARY_DETECTORS",
     "AggregationResult",
+    "AggregationSettings",
     "AnyArray",
     "AuditConfig",
     "AuditOutcome",
@@ -75,8 +84,12 @@ __all__ = [
     "DetectorSpec",
     "DictStateReader",
     "EvidenceDetector",
+    "EvidenceSettings",
     "FedNCLDetector",
+    "FedNCLSettings",
     "FedNoRoDetector",
+    "FedNoRoSettings",
+    "FedRNSettings",
     "FloatArray",
     "IntArray",
     "InvalidInputError",
@@ -84,6 +97,7 @@ __all__ = [
     "NeighborSets",
     "StateReader",
     "StatusHistory",
+    "StatusRule",
     "aggregate",
     "aggregate_centroids",
     "aggregate_daagg",

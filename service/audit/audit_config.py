@@ -1,35 +1,39 @@
 """The audit's configuration: :class:`AuditConfig`, every hyper-parameter of one round's audit.
 
+It holds the choice of methods (the detectors, the primary one, the aggregation rule) and one
+group of parameters per concern (:mod:`service.audit.config_groups`); outside Python it is one
+flat mapping (:data:`FLAT_KEYS`, :meth:`AuditConfig.to_json`, :meth:`AuditConfig.from_json`).
 Defaults come from the papers (docs/algorithms.md); the federation configuration of the
 coordinator is validated against it. :data:`DETECTORS` and :data:`PRIMARY_DETECTORS` name the
 detectors it may select, read from the registry
 :data:`~service.audit.detector_registry.DETECTOR_REGISTRY`, whose factories build each configured
-detector from its ``<detector>_*`` fields.
+detector from its group.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from service.audit._json import to_jsonable
-from service.audit._validation import (
-    InvalidParameterError,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-)
+from service.audit._validation import InvalidParameterError, check_choice
 from service.audit.aggregation import AGGREGATION_RULES
-from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
+from service.audit.config_groups import (
+    AGGREGATION_FLAGS,
+    AggregationSettings,
+    EvidenceSettings,
+    FedNCLSettings,
+    FedNoRoSettings,
+    FedRNSettings,
+    StatusRule,
+)
 from service.audit.detector_registry import DETECTOR_REGISTRY
-from service.audit.detectors.fednoro import SEPARATION_GROUPS, SEPARATION_STATISTICS
 
 __all__ = [
     "AGGREGATION_FLAGS",
     "DETECTORS",
+    "FLAT_KEYS",
     "PRIMARY_DETECTORS",
     "PROBABILITY_DETECTORS",
     "AuditConfig",
@@ -48,13 +52,71 @@ PROBABILITY_DETECTORS = tuple(
 """Detectors that give each client a noisy probability (``reliability_weighted`` reads it)."""
 
 
-AGGREGATION_FLAGS = ("status", "round")
-"""What decides the aggregation's noisy set (:attr:`AuditConfig.aggregation_flags`)."""
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    "fednoro_random_states": ("fednoro", "random_states"),
+    "fednoro_require_separation": ("fednoro", "require_separation"),
+    "fednoro_separation_threshold": ("fednoro", "separation_threshold"),
+    "fednoro_separation_quantile": ("fednoro", "separation_quantile"),
+    "fednoro_separation_statistic": ("fednoro", "separation_statistic"),
+    "fednoro_min_clients": ("fednoro", "min_clients"),
+    "evidence_q": ("evidence", "q"),
+    "evidence_min_clients": ("evidence", "min_clients"),
+    "evidence_min_informativeness": ("evidence", "min_informativeness"),
+    "evidence_max_flagged_fraction": ("evidence", "max_flagged_fraction"),
+    "evidence_max_heterogeneity": ("evidence", "max_heterogeneity"),
+    "evidence_min_class_count": ("evidence", "min_class_count"),
+    "evidence_mixture_check": ("evidence", "mixture_check"),
+    "evidence_accuracy_check": ("evidence", "accuracy_check"),
+    "evidence_min_accuracy_gap": ("evidence", "min_accuracy_gap"),
+    "evidence_error_check": ("evidence", "error_check"),
+    "evidence_min_error_excess": ("evidence", "min_error_excess"),
+    "evidence_min_error_sites": ("evidence", "min_error_sites"),
+    "fednoro_confirmed_groups": ("fednoro", "confirmed_groups"),
+    "fednoro_separation_groups": ("fednoro", "separation_groups"),
+    "fedncl_beta": ("fedncl", "beta"),
+    "fedncl_two_sided": ("fedncl", "two_sided"),
+    "fedncl_divergence_variant": ("fedncl", "divergence_variant"),
+    "fedncl_loss_mode": ("fedncl", "loss_mode"),
+    "fedncl_min_clients": ("fedncl", "min_clients"),
+    "fedncl_tau": ("fedncl", "tau"),
+    "fedncl_t_corr": ("fedncl", "t_corr"),
+    "fedncl_t_k": ("fedncl", "t_k"),
+    "fedncl_alpha": ("fedncl", "alpha"),
+    "fedrn_k": ("fedrn", "k"),
+    "fedrn_alpha": ("fedrn", "alpha"),
+    "fedrn_similarity": ("fedrn", "similarity"),
+    "neighbor_chunk_size": ("fedrn", "chunk_size"),
+    "daagg_variant": ("aggregation_settings", "daagg_variant"),
+    "trim_fraction": ("aggregation_settings", "trim_fraction"),
+    "status_m": ("status", "m"),
+    "status_w": ("status", "w"),
+    "aggregation_flags": ("aggregation_settings", "flags"),
+    "max_client_weight_factor": ("aggregation_settings", "max_client_weight_factor"),
+}
+"""The flat keys of the grouped parameters (the API's ``audit`` object, the stored configuration,
+the simulator's ``--audit KEY=VALUE``), each to its group of :class:`AuditConfig` and its field
+there, in the order :meth:`AuditConfig.to_json` writes them (the order stored configurations have
+always had)."""
+
+_GROUPS: dict[str, type[Any]] = {
+    "fednoro": FedNoRoSettings,
+    "evidence": EvidenceSettings,
+    "fedncl": FedNCLSettings,
+    "fedrn": FedRNSettings,
+    "aggregation_settings": AggregationSettings,
+    "status": StatusRule,
+}
+_METHOD_KEYS = ("detectors", "primary_detector", "aggregation")
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """Every hyper-parameter of an audit; defaults from the papers (docs/algorithms.md).
+    """Every hyper-parameter of an audit, grouped by concern; defaults from the papers.
+
+    In Python a group is set as a whole, e.g. ``AuditConfig(evidence=EvidenceSettings(q=0.05))``
+    (:meth:`dataclasses.replace` on a group changes one value); :meth:`from_flat` and
+    :meth:`from_json` take the flat keys (``evidence_q=0.05``) that the API, the stored
+    configuration and the simulator use (:data:`FLAT_KEYS`).
 
     Attributes
     ----------
@@ -65,263 +127,58 @@ class AuditConfig:
     primary_detector : str
         ``"evidence"`` (default: the calibrated per-site test of :mod:`service.audit.evidence`,
         which abstains rather than accuse when the consensus is suspect), ``"fednoro"`` or
-        ``"fedncl"``: whose flags drive aggregation and roles (see ``aggregation_flags``).
+        ``"fedncl"``: whose flags drive aggregation and roles (see
+        :attr:`AggregationSettings.flags <service.audit.config_groups.AggregationSettings.flags>`).
     aggregation : str
         One of ``fedavg``, ``daagg``, ``fedncl_layerwise``, ``trimmed_mean``, ``median``,
         ``reliability_weighted`` (the last needs ``primary_detector="fednoro"``, the only
         detector giving probabilities).
-    fednoro_random_states, fednoro_require_separation, fednoro_separation_threshold, \
-fednoro_separation_quantile, fednoro_separation_statistic, fednoro_min_clients
-        :class:`~service.audit.detectors.fednoro.FedNoRoDetector` parameters.
-    evidence_q, evidence_min_clients, evidence_min_informativeness, \
-evidence_max_flagged_fraction, evidence_max_heterogeneity, evidence_min_class_count, \
-evidence_mixture_check, evidence_accuracy_check, evidence_min_accuracy_gap, \
-evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
-        :class:`~service.audit.evidence.EvidenceDetector` parameters (``q``, ``min_clients``,
-        ``min_informativeness``, ``max_flagged_fraction``, ``max_heterogeneity``,
-        ``min_class_count``, ``mixture_check``, ``accuracy_check``, ``min_accuracy_gap``,
-        ``error_check``, ``min_error_excess``, ``min_error_sites``): the
-        calibrated evidence with a stated
-        false-alarm rate, abstention and trust anchors.
-    fednoro_confirmed_groups : bool
-        True (default): when FedNoRo is the primary detector, the clients whose status before
-        the round is "noisy" (from the :class:`StatusHistory` given to :func:`run_audit`) are
-        its ``confirmed`` clients, and a vote whose noisy group lies within them needs only
-        ``fednoro_separation_threshold``, not the calibrated quantile
-        (:meth:`~service.audit.detectors.fednoro.FedNoRoDetector.fit`). False: the quantile every
-        round.
-    fednoro_separation_groups : str
-        ``"all_fits"`` (default): the separation guard judges every distinct noisy set the
-        mixture's fits propose, each at the quantile corrected for their number (Bonferroni),
-        and flags the first that passes, most votes first; ``"majority"``: only the noisy set
-        most fits agree on (the reference's vote)
-        (:class:`~service.audit.detectors.fednoro.FedNoRoDetector`, ``separation_groups``).
-    fedncl_beta, fedncl_two_sided, fedncl_loss_mode, fedncl_min_clients
-        :class:`~service.audit.detectors.fedncl.FedNCLDetector` parameters.
-    fedncl_divergence_variant : str
-        ``"paper"`` or ``"reference"`` (:func:`~service.audit.detectors.fedncl.fedncl_divergences`).
-    fedncl_tau : float
-        Maximum layer-wise penalty (tau, 50).
-    fedncl_t_corr : int
-        T_corr (60 of the paper's 150 rounds; scale it with
-        :func:`~service.audit.schedules.scale_rounds`).
-    fedncl_t_k : int or None
-        Rounds for the penalty to reach tau; None = ``fedncl_t_corr`` (Fed-NCL eq. 14).
-    fedncl_alpha : float
-        Persistence fraction for label-correction candidates (eq. 17).
-    fedrn_k, fedrn_alpha, fedrn_similarity
-        k-reliable neighbors: k, alpha, and whether probes are ``"softmax"`` or ``"logit"``.
-    neighbor_chunk_size : int or None
-        None: automatic (exact K x K search up to ``EXACT_NEIGHBOR_LIMIT`` candidates, chunks of
-        ``AUTO_NEIGHBOR_CHUNK_ENTRIES // K`` rows beyond); an int: always chunked (memory
-        ``chunk x K``). Both give identical neighbors.
-    daagg_variant : str
-        ``"paper"`` or ``"reference"`` distance for DaAgg.
-    trim_fraction : float
-        Trimmed mean: fraction trimmed per side, in [0, 0.5).
-    status_m, status_w : int
-        History rule of :func:`~service.audit.detection.next_status` (noisy after m flags in
-        the last w determined rounds).
-    aggregation_flags : str
-        Which clients the noisy-set rules (``daagg``, ``fedncl_layerwise``) treat as noisy.
-        ``"status"`` (default): those whose status after this round is "noisy" (the rule of
-        ``status_m`` / ``status_w`` applied to the :class:`StatusHistory` given to
-        :func:`run_audit` plus this round's flag), the same status that decides the clients'
-        training roles, so one chance flag does not down-weight a client. ``"round"``: this
-        round's primary flags as they are (as the papers write it). Either way an
-        admin's pin wins. ``reliability_weighted`` reads the round's probabilities in both
-        modes.
-    max_client_weight_factor : float or None
-        Bounded influence: no client's aggregation weight exceeds min(1, f / K) for the K
-        clients of the round (f = 4.0 by default: nothing changes up to 4 clients; >= 1);
-        the excess goes to the others by water-filling
-        (:func:`~service.audit.aggregators.weight_cap.cap_weights`). None: no cap.
+    fednoro : FedNoRoSettings
+        FedNoRo's mixture detector (``fednoro_*``).
+    evidence : EvidenceSettings
+        The calibrated evidence detector (``evidence_*``).
+    fedncl : FedNCLSettings
+        Fed-NCL's detector, layer-wise penalty and label correction (``fedncl_*``).
+    fedrn : FedRNSettings
+        FedRN's k-reliable neighbors (``fedrn_*``, ``neighbor_chunk_size``).
+    aggregation_settings : AggregationSettings
+        DaAgg's distance, the trimmed mean's fraction, which flags make the noisy set, the cap
+        on a client's weight (``daagg_variant``, ``trim_fraction``, ``aggregation_flags``,
+        ``max_client_weight_factor``).
+    status : StatusRule
+        The history rule from flags to status (``status_m``, ``status_w``).
     """
 
     detectors: tuple[str, ...] | None = None
     primary_detector: str = "evidence"
     aggregation: str = "fedavg"
-    fednoro_random_states: tuple[int, ...] = tuple(range(9))
-    fednoro_require_separation: bool = True
-    fednoro_separation_threshold: float = 2.0
-    fednoro_separation_quantile: float | None = 0.99
-    fednoro_separation_statistic: str = "class_z"
-    fednoro_min_clients: int = 4
-    evidence_q: float = 0.01
-    evidence_min_clients: int = 5
-    evidence_min_informativeness: float = 0.05
-    evidence_max_flagged_fraction: float = 0.5
-    evidence_max_heterogeneity: float = 0.9
-    evidence_min_class_count: int = 5
-    evidence_mixture_check: bool = True
-    evidence_accuracy_check: bool = False
-    evidence_min_accuracy_gap: float = 0.25
-    evidence_error_check: bool = False
-    evidence_min_error_excess: float = 0.05
-    evidence_min_error_sites: int = 10
-    fednoro_confirmed_groups: bool = True
-    fednoro_separation_groups: str = "all_fits"
-    fedncl_beta: float = 1.0
-    fedncl_two_sided: bool = False
-    fedncl_divergence_variant: str = "paper"
-    fedncl_loss_mode: str = "sum"
-    fedncl_min_clients: int = 3
-    fedncl_tau: float = 50.0
-    fedncl_t_corr: int = 60
-    fedncl_t_k: int | None = None
-    fedncl_alpha: float = 0.6
-    fedrn_k: int = 2
-    fedrn_alpha: float = 0.6
-    fedrn_similarity: str = "softmax"
-    neighbor_chunk_size: int | None = None
-    daagg_variant: str = "paper"
-    trim_fraction: float = 0.1
-    status_m: int = 2
-    status_w: int = 3
-    aggregation_flags: str = "status"
-    max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
+    fednoro: FedNoRoSettings = FedNoRoSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
+    fedncl: FedNCLSettings = FedNCLSettings()
+    fedrn: FedRNSettings = FedRNSettings()
+    aggregation_settings: AggregationSettings = AggregationSettings()
+    status: StatusRule = StatusRule()
 
     def __post_init__(self) -> None:
-        """Validate every field; lists become tuples and ints become floats where needed."""
-        self._check_methods()
-        self._check_fednoro()
-        self._check_ranges()
-        self._check_rest()
-
-    def _check_methods(self) -> None:
-        """The detectors, the primary one and the aggregation rule, and how they fit together."""
-        set_ = object.__setattr__
-        if self.detectors is not None:
-            detectors = _str_tuple("detectors", self.detectors, DETECTORS)
-            set_(self, "detectors", detectors)
-            if len(set(detectors)) != len(detectors):
-                raise InvalidParameterError("detectors: names must be unique")
-        check_choice("primary_detector", self.primary_detector, PRIMARY_DETECTORS)
-        if self.detectors is not None and self.primary_detector not in self.detectors:
-            raise InvalidParameterError(
-                f"detectors: must include primary_detector {self.primary_detector!r}"
-            )
-        check_choice("aggregation", self.aggregation, AGGREGATION_RULES)
-        if (
-            self.aggregation == "reliability_weighted"
-            and self.primary_detector not in PROBABILITY_DETECTORS
-        ):
-            which = " or ".join(f"primary_detector={name!r}" for name in PROBABILITY_DETECTORS)
-            raise InvalidParameterError(
-                "aggregation: 'reliability_weighted' needs noisy probabilities, which only "
-                f"{which} gives"
-            )
-
-    def _check_fednoro(self) -> None:
-        """FedNoRo's seeds and separation guard."""
-        set_ = object.__setattr__
-        seeds = self.fednoro_random_states
-        if isinstance(seeds, str) or not isinstance(seeds, Sequence) or len(seeds) == 0:
-            raise InvalidParameterError(
-                "fednoro_random_states: expected a non-empty sequence of ints"
-            )
-        set_(
+        """Check the choice of methods and that each group is one; detectors become a tuple."""
+        object.__setattr__(
             self,
-            "fednoro_random_states",
-            tuple(
-                check_int(f"fednoro_random_states[{i}]", s, min_value=0, max_value=2**32 - 1)
-                for i, s in enumerate(seeds)
-            ),
+            "detectors",
+            _checked_methods(self.detectors, self.primary_detector, self.aggregation),
         )
-        check_bool("fednoro_require_separation", self.fednoro_require_separation)
-        check_bool("fednoro_confirmed_groups", self.fednoro_confirmed_groups)
-        if self.fednoro_separation_quantile is not None:
-            set_(
-                self,
-                "fednoro_separation_quantile",
-                check_float(
-                    "fednoro_separation_quantile",
-                    self.fednoro_separation_quantile,
-                    min_value=0.0,
-                    max_value=1.0,
-                    min_inclusive=False,
-                    max_inclusive=False,
-                ),
-            )
-        check_choice(
-            "fednoro_separation_statistic",
-            self.fednoro_separation_statistic,
-            SEPARATION_STATISTICS,
-        )
-        check_choice("fednoro_separation_groups", self.fednoro_separation_groups, SEPARATION_GROUPS)
-        if (
-            self.fednoro_separation_groups == "all_fits"
-            and self.fednoro_require_separation
-            and self.fednoro_separation_quantile is None
-        ):
-            raise InvalidParameterError(
-                "fednoro_separation_groups: 'all_fits' needs fednoro_separation_quantile (the "
-                "levels of the groups judged are corrected for their number); set "
-                "fednoro_separation_groups to 'majority' for the guard of ALGORITHMS.md as written"
-            )
-
-    def _check_ranges(self) -> None:
-        """The bounded floats, the FedNoRo minimum and the evidence parameters."""
-        set_ = object.__setattr__
-        floats = {
-            "fednoro_separation_threshold": (0.0, None),
-            "fedncl_beta": (0.0, None),
-            "fedncl_tau": (1.0, None),
-            "fedncl_alpha": (0.0, 1.0),
-            "fedrn_alpha": (0.0, 1.0),
-        }
-        for name, (lo, hi) in floats.items():
-            set_(self, name, check_float(name, getattr(self, name), min_value=lo, max_value=hi))
-        set_(
-            self,
-            "trim_fraction",
-            check_float(
-                "trim_fraction",
-                self.trim_fraction,
-                min_value=0.0,
-                max_value=0.5,
-                max_inclusive=False,
-            ),
-        )
-        check_int("fednoro_min_clients", self.fednoro_min_clients, min_value=2)
-        # A detector validates its own parameters (EvidenceDetector does when it is built):
-        # build each one to fail here, not at a round.
-        for spec in DETECTOR_REGISTRY.values():
-            if spec.build is not None:
-                spec.build(self)
-
-    def _check_rest(self) -> None:
-        """Fed-NCL, FedRN, DaAgg, the status rule and the weight cap."""
-        set_ = object.__setattr__
-        check_bool("fedncl_two_sided", self.fedncl_two_sided)
-        check_choice(
-            "fedncl_divergence_variant", self.fedncl_divergence_variant, ("paper", "reference")
-        )
-        check_choice("fedncl_loss_mode", self.fedncl_loss_mode, ("sum", "mean"))
-        check_int("fedncl_min_clients", self.fedncl_min_clients, min_value=2)
-        check_int("fedncl_t_corr", self.fedncl_t_corr, min_value=1)
-        if self.fedncl_t_k is not None:
-            check_int("fedncl_t_k", self.fedncl_t_k, min_value=1)
-        check_int("fedrn_k", self.fedrn_k, min_value=1)
-        check_choice("fedrn_similarity", self.fedrn_similarity, ("softmax", "logit"))
-        if self.neighbor_chunk_size is not None:
-            check_int("neighbor_chunk_size", self.neighbor_chunk_size, min_value=1)
-        check_choice("daagg_variant", self.daagg_variant, ("paper", "reference"))
-        window = check_int("status_w", self.status_w, min_value=1)
-        check_int("status_m", self.status_m, min_value=1, max_value=window)
-        check_choice("aggregation_flags", self.aggregation_flags, AGGREGATION_FLAGS)
-        if self.max_client_weight_factor is not None:
-            set_(
-                self,
-                "max_client_weight_factor",
-                check_float(
-                    "max_client_weight_factor", self.max_client_weight_factor, min_value=1.0
-                ),
-            )
+        for name, group in _GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, group):
+                raise InvalidParameterError(
+                    f"{name}: expected {group.__name__}, got {type(value).__name__}"
+                )
 
     def to_json(self) -> dict[str, Any]:
-        """Return the configuration as plain JSON values (tuples become lists)."""
-        return cast(dict[str, Any], to_jsonable(dataclasses.asdict(self)))
+        """Return the configuration as flat plain JSON values (tuples become lists)."""
+        flat = {name: getattr(self, name) for name in _METHOD_KEYS}
+        for key, (group, field) in FLAT_KEYS.items():
+            flat[key] = getattr(getattr(self, group), field)
+        return cast(dict[str, Any], to_jsonable(flat))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditConfig:
@@ -334,11 +191,56 @@ evidence_error_check, evidence_min_error_excess, evidence_min_error_sites
         """
         if not isinstance(data, Mapping):
             raise InvalidParameterError(f"data: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(str(key) for key in data if key not in known)
+        unknown = sorted(
+            str(key) for key in data if key not in FLAT_KEYS and key not in _METHOD_KEYS
+        )
         if unknown:
             raise InvalidParameterError(f"data: unknown configuration key(s) {unknown}")
-        return cls(**dict(data))
+        methods = {key: data[key] for key in _METHOD_KEYS if key in data}
+        # The choice of methods is checked first, as it always was, then each group in turn.
+        _checked_methods(
+            methods.get("detectors"),
+            methods.get("primary_detector", cls.primary_detector),
+            methods.get("aggregation", cls.aggregation),
+        )
+        values: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+        for key, value in data.items():
+            if key in FLAT_KEYS:
+                group, field = FLAT_KEYS[key]
+                values[group][field] = value
+        groups = {name: _GROUPS[name](**values[name]) for name in _GROUPS}
+        return cls(**methods, **groups)
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> AuditConfig:
+        """Build a configuration from flat keywords, ``AuditConfig.from_flat(evidence_q=0.05)``.
+
+        The keyword form of :meth:`from_json` (the same keys, defaults and errors).
+        """
+        return cls.from_json(values)
+
+
+def _checked_methods(
+    detectors: Any, primary_detector: Any, aggregation: Any
+) -> tuple[str, ...] | None:
+    """Check the detectors, the primary one and the aggregation rule, and how they fit together."""
+    if detectors is not None:
+        detectors = _str_tuple("detectors", detectors, DETECTORS)
+        if len(set(detectors)) != len(detectors):
+            raise InvalidParameterError("detectors: names must be unique")
+    check_choice("primary_detector", primary_detector, PRIMARY_DETECTORS)
+    if detectors is not None and primary_detector not in detectors:
+        raise InvalidParameterError(
+            f"detectors: must include primary_detector {primary_detector!r}"
+        )
+    check_choice("aggregation", aggregation, AGGREGATION_RULES)
+    if aggregation == "reliability_weighted" and primary_detector not in PROBABILITY_DETECTORS:
+        which = " or ".join(f"primary_detector={name!r}" for name in PROBABILITY_DETECTORS)
+        raise InvalidParameterError(
+            "aggregation: 'reliability_weighted' needs noisy probabilities, which only "
+            f"{which} gives"
+        )
+    return cast(tuple[str, ...] | None, detectors)
 
 
 def _str_tuple(name: str, value: Any, choices: Sequence[str]) -> tuple[str, ...]:

@@ -5,9 +5,10 @@ Everything that used to name the detectors by hand reads this registry: the name
 primary (``PRIMARY_DETECTORS``), which detectors run when a round's inputs are present
 (:func:`~service.audit.round_detectors.run_detectors`), and which signals a federation must ask
 of its sites (:func:`required_signals`). A new detector is its module (numpy in, a
-:class:`~service.audit.detection.DetectionResult` out), its parameters in ``AuditConfig``, one
-entry here (how to run it from a :class:`DetectorCall`, the input it needs, whether it can be
-primary, the signals a federation requires for it), its tests and its section in
+:class:`~service.audit.detection.DetectionResult` out), its parameters as a group of
+``AuditConfig`` (:mod:`service.audit.config_groups`), one entry here (how to run it from a
+:class:`DetectorCall`, the input it needs, whether it can be primary, the signals a federation
+requires for it, the factory that builds it from its group), its tests and its section in
 docs/algorithms.md.
 
 A detector runs on every client or not at all: where a client did not send its ``input``, the
@@ -17,7 +18,7 @@ detector is "undetermined" with that reason (never run on a subset), and it is n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -31,8 +32,9 @@ from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.evidence import EvidenceDetector
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 
-if TYPE_CHECKING:  # audit_config reads the registry's names: only the type is needed here
+if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
     from service.audit.audit_config import AuditConfig
+    from service.audit.config_groups import EvidenceSettings, FedNCLSettings, FedNoRoSettings
 
 __all__ = [
     "DETECTOR_REGISTRY",
@@ -77,9 +79,9 @@ class DetectorSpec:
     primary : bool
         Whether it flags clients and can therefore be the primary detector.
     build : callable or None
-        The configured detector object, built from an ``AuditConfig`` (it validates its
-        parameters, so the configuration fails when it is built, not at a round); None for a
-        detector that has no parameters.
+        The configured detector object from an ``AuditConfig``, built from the detector's own
+        group of it (whose values were checked when the group was built); None for a detector
+        that has no parameters.
     reads : tuple of str
         Detectors whose result this one reads (from ``DetectorCall.earlier``); they run first.
     probabilities : bool
@@ -96,45 +98,32 @@ class DetectorSpec:
     probabilities: bool = False
 
 
-def fednoro_detector(config: AuditConfig) -> FedNoRoDetector:
-    """FedNoRo's mixture detector with the configuration's ``fednoro_*`` parameters."""
+def fednoro_detector(settings: FedNoRoSettings) -> FedNoRoDetector:
+    """FedNoRo's mixture detector with its settings (``config.fednoro``)."""
     return FedNoRoDetector(
-        random_states=config.fednoro_random_states,
-        require_separation=config.fednoro_require_separation,
-        separation_threshold=config.fednoro_separation_threshold,
-        separation_quantile=config.fednoro_separation_quantile,
-        separation_statistic=config.fednoro_separation_statistic,
-        separation_groups=config.fednoro_separation_groups,
-        min_clients=config.fednoro_min_clients,
+        random_states=settings.random_states,
+        require_separation=settings.require_separation,
+        separation_threshold=settings.separation_threshold,
+        separation_quantile=settings.separation_quantile,
+        separation_statistic=settings.separation_statistic,
+        separation_groups=settings.separation_groups,
+        min_clients=settings.min_clients,
     )
 
 
-def fedncl_detector(config: AuditConfig) -> FedNCLDetector:
-    """Fed-NCL's sigma-rule detector with the configuration's ``fedncl_*`` parameters."""
+def fedncl_detector(settings: FedNCLSettings) -> FedNCLDetector:
+    """Fed-NCL's sigma-rule detector with its settings (``config.fedncl``)."""
     return FedNCLDetector(
-        beta=config.fedncl_beta,
-        two_sided=config.fedncl_two_sided,
-        min_clients=config.fedncl_min_clients,
-        loss_mode=config.fedncl_loss_mode,
+        beta=settings.beta,
+        two_sided=settings.two_sided,
+        min_clients=settings.min_clients,
+        loss_mode=settings.loss_mode,
     )
 
 
-def evidence_detector(config: AuditConfig) -> EvidenceDetector:
-    """The calibrated evidence detector with the configuration's ``evidence_*`` parameters."""
-    return EvidenceDetector(
-        q=config.evidence_q,
-        min_clients=config.evidence_min_clients,
-        min_informativeness=config.evidence_min_informativeness,
-        max_flagged_fraction=config.evidence_max_flagged_fraction,
-        max_heterogeneity=config.evidence_max_heterogeneity,
-        min_class_count=config.evidence_min_class_count,
-        mixture_check=config.evidence_mixture_check,
-        accuracy_check=config.evidence_accuracy_check,
-        min_accuracy_gap=config.evidence_min_accuracy_gap,
-        error_check=config.evidence_error_check,
-        min_error_excess=config.evidence_min_error_excess,
-        min_error_sites=config.evidence_min_error_sites,
-    )
+def evidence_detector(settings: EvidenceSettings) -> EvidenceDetector:
+    """The calibrated evidence detector with its settings (``config.evidence``; same names)."""
+    return EvidenceDetector(**asdict(settings))
 
 
 def _losses(data: CheckedClients) -> FloatArray:
@@ -145,12 +134,12 @@ def _run_fednoro(call: DetectorCall) -> DetectionResult:
     config, history = call.config, call.history
     confirmed = None
     if (
-        config.fednoro_confirmed_groups
+        config.fednoro.confirmed_groups
         and config.primary_detector == "fednoro"
         and history is not None
     ):
         confirmed = np.array([entry.status == "noisy" for entry in history], dtype=bool)
-    detector = fednoro_detector(config)
+    detector = fednoro_detector(config.fednoro)
     result: DetectionResult = detector.fit(
         _losses(call.data), call.data.class_counts, confirmed
     ).result_
@@ -173,7 +162,7 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         if any(v is None for v in data.per_class_errors)
         else np.stack([cast(IntArray, v) for v in data.per_class_errors])
     )
-    return evidence_detector(call.config).fit(
+    return evidence_detector(call.config.evidence).fit(
         _losses(data),
         data.class_counts,
         spreads,
@@ -187,15 +176,15 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
 
 def _run_fedncl(call: DetectorCall) -> DetectionResult:
     data, config, shared = call.data, call.config, call.shared
-    if len(data.ids) < config.fedncl_min_clients:
+    if len(data.ids) < config.fedncl.min_clients:
         # Too few clients to decide: skip reading every state for the divergence.
         divergence = np.zeros(len(data.ids))
     else:
         divergence = fedncl_divergences(
-            shared.global_state, data.states, config.fedncl_divergence_variant, shared=shared
+            shared.global_state, data.states, config.fedncl.divergence_variant, shared=shared
         )
     result: DetectionResult = (
-        fedncl_detector(config)
+        fedncl_detector(config.fedncl)
         .fit(divergence, np.asarray(data.train_loss, dtype=np.float64), data.num_samples)
         .result_
     )
@@ -207,7 +196,7 @@ def _run_expertise(call: DetectorCall) -> DetectionResult:
 
 
 def _evidence_signals(config: AuditConfig) -> frozenset[str]:
-    if config.evidence_accuracy_check:  # the accuracy evidence reads every site's accuracy
+    if config.evidence.accuracy_check:  # the accuracy evidence reads every site's accuracy
         return frozenset({"per_class_loss", "train_accuracy"})
     return frozenset({"per_class_loss"})
 
@@ -218,7 +207,7 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="per_class_loss",
         signals=lambda config: frozenset({"per_class_loss"}),
         primary=True,
-        build=fednoro_detector,
+        build=lambda config: fednoro_detector(config.fednoro),
         probabilities=True,
     ),
     "fedncl": DetectorSpec(
@@ -226,7 +215,7 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="train_loss",
         signals=lambda config: frozenset({"train_loss"}),
         primary=True,
-        build=fedncl_detector,
+        build=lambda config: fedncl_detector(config.fedncl),
     ),
     "expertise": DetectorSpec(
         _run_expertise,
@@ -239,13 +228,13 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="per_class_loss",
         signals=_evidence_signals,
         primary=True,
-        build=evidence_detector,
+        build=lambda config: evidence_detector(config.evidence),
         # FedNoRo's loss mixture is its cross-check (``mixture_check``).
         reads=("fednoro",),
     ),
 }
 """The registry, in table order: a new detector is its module, one entry here, its parameters
-in ``AuditConfig``, its tests and its section in docs/algorithms.md."""
+as a group of ``AuditConfig``, its tests and its section in docs/algorithms.md."""
 
 
 def required_signals(detectors: Iterable[str], config: AuditConfig) -> frozenset[str]:

@@ -8,7 +8,8 @@ needs them at a round close (docs/algorithms.md):
 2. the primary detector's flags (``None`` per client when it is undetermined), and the set of
    clients the aggregation treats as noisy: by default those whose status after this round
    (:func:`~service.audit.detection.next_status` over their flag history) is "noisy", so one
-   chance flag does not change the aggregate (``AuditConfig.aggregation_flags``);
+   chance flag does not change the aggregate (``config.aggregation_settings.flags``, flat key
+   ``aggregation_flags``);
 3. FedRN k-reliable neighbors of every client (when probes and accuracies are present);
 4. the configured aggregation rule, streamed tensor by tensor, with a recorded FedAvg
    fallback when the rule needs flags or probabilities the primary detector could not give;
@@ -106,9 +107,9 @@ class AuditOutcome:
         The primary flags with the caller's overrides (an admin's pins) applied. None when no
         override was given.
     aggregation_flags : list of bool or None, optional
-        The noisy set the aggregation rule was given (see :attr:`AuditConfig.aggregation_flags`;
-        pins applied). None when the rule reads no noisy set or the primary detector is
-        undetermined.
+        The noisy set the aggregation rule was given (see :attr:`AggregationSettings.flags
+        <service.audit.config_groups.AggregationSettings.flags>`; pins applied). None when
+        the rule reads no noisy set or the primary detector is undetermined.
     """
 
     detections: dict[str, DetectionResult]
@@ -180,20 +181,20 @@ def _neighbors(
     sets = k_reliable_neighbors(
         np.stack(pool_probes),
         np.asarray(pool_acc, dtype=np.float64),
-        k=config.fedrn_k,
-        alpha=config.fedrn_alpha,
+        k=config.fedrn.k,
+        alpha=config.fedrn.alpha,
         targets=[index[cid] for cid in data.ids],
         candidates=list(range(n_candidates)),
         chunk_size=(
-            config.neighbor_chunk_size
-            if config.neighbor_chunk_size is not None
+            config.fedrn.chunk_size
+            if config.fedrn.chunk_size is not None
             else (
                 None
                 if len(pool_ids) <= EXACT_NEIGHBOR_LIMIT
                 else max(1, AUTO_NEIGHBOR_CHUNK_ENTRIES // len(pool_ids))
             )
         ),
-        variant=config.fedrn_similarity,
+        variant=config.fedrn.similarity,
     )
     neighbors: dict[str, list[dict[str, Any]]] = {}
     self_weights: dict[str, float] = {}
@@ -268,10 +269,10 @@ def run_audit(
         undetermined (FedAvg fallback).
     status_history : sequence of StatusHistory, optional
         Aligned with ``clients``: each client's status and earlier flags, from which
-        ``aggregation_flags="status"`` decides the noisy set. None: every client is new
-        (trusted, no earlier flag), so with the default ``status_m = 2`` nobody is noisy for
-        the aggregation in a single call; pass ``aggregation_flags="round"`` to aggregate on
-        this round's flags alone.
+        ``config.aggregation_settings.flags == "status"`` (flat key ``aggregation_flags``)
+        decides the noisy set. None: every client is new (trusted, no earlier flag), so with
+        the default ``config.status.m == 2`` nobody is noisy for the aggregation in a single
+        call; set the flags to ``"round"`` to aggregate on this round's flags alone.
     anchors : sequence of bool, optional
         Aligned with ``clients``: True for a trust anchor (a site an admin marked as curated),
         used by the ``evidence`` detector (:mod:`service.audit.evidence`, "Trust anchors").
@@ -325,7 +326,7 @@ def run_audit(
         noisy_probability=probability,
         params=_aggregation_params(config),
         round_index=rnd,
-        max_client_weight_factor=config.max_client_weight_factor,
+        max_client_weight_factor=config.aggregation_settings.max_client_weight_factor,
         shared=shared,
     )
     if primary.status != "ok":
@@ -409,14 +410,13 @@ def _aggregation_params(config: AuditConfig) -> dict[str, Any]:
     """The configured rule's own parameters (:func:`~service.audit.aggregation.aggregate`)."""
     params: dict[str, Any] = {}
     if config.aggregation == "daagg":
-        params["variant"] = config.daagg_variant
+        params["variant"] = config.aggregation_settings.daagg_variant
     elif config.aggregation == "fedncl_layerwise":
-        params["tau"] = config.fedncl_tau
-        params["t_k"] = (
-            config.fedncl_t_k if config.fedncl_t_k is not None else (config.fedncl_t_corr)
-        )
+        fedncl = config.fedncl
+        params["tau"] = fedncl.tau
+        params["t_k"] = fedncl.t_k if fedncl.t_k is not None else fedncl.t_corr
     elif config.aggregation == "trimmed_mean":
-        params["trim_fraction"] = config.trim_fraction
+        params["trim_fraction"] = config.aggregation_settings.trim_fraction
     return params
 
 
@@ -430,7 +430,9 @@ as much as one more pass, at K = 64 more)."""
 def _round_pass(global_state: StateReader, data: CheckedClients, config: AuditConfig) -> RoundPass:
     """The round's shared pass, planned for what the configured aggregation will ask."""
     if config.aggregation == "fedavg":
-        weights = planned_fedavg_weights(data.num_samples, config.max_client_weight_factor)
+        weights = planned_fedavg_weights(
+            data.num_samples, config.aggregation_settings.max_client_weight_factor
+        )
         return RoundPass(global_state, data.states, weights=weights, chosen=int(np.argmax(weights)))
     gram = config.aggregation == "daagg" and len(data.states) <= GRAM_MAX_CLIENTS
     return RoundPass(global_state, data.states, gram=gram)
@@ -445,7 +447,7 @@ def _noisy_set(
     """The clients the aggregation treats as noisy, before pins; None when undetermined."""
     if primary.status != "ok":
         return None
-    if config.aggregation_flags == "round":
+    if config.aggregation_settings.flags == "round":
         return np.asarray(primary.flags, dtype=bool)
     noisy = np.zeros(n_clients, dtype=bool)
     for i, flag in enumerate(primary.flags):
@@ -454,8 +456,8 @@ def _noisy_set(
             after: ClientStatus = next_status(
                 before.status,
                 [*before.flags, flag],
-                m=config.status_m,
-                w=config.status_w,
+                m=config.status.m,
+                w=config.status.w,
             )
         except (InvalidInputError, InvalidParameterError) as exc:
             raise InvalidInputError(f"status_history[{i}]: {exc}") from None

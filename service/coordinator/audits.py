@@ -108,21 +108,21 @@ def counted_flags(client: Client, before_round: int) -> list[bool]:
 
 
 def status_history(client: Client, round_index: int, config: AuditConfig) -> StatusHistory:
-    """The client's status and last ``status_w`` counted flags before round ``round_index``.
+    """The client's status and last ``w`` counted flags before round ``round_index``.
 
     At a round close every stored entry is older than the round, and the stored status is the
     one after the latest of them. Recomputing an older round replays the status rule over the
-    counted flags before it, with ``config``'s ``status_m`` / ``status_w``.
+    counted flags before it, with ``config.status`` (``status_m`` / ``status_w``).
     """
     flags = counted_flags(client, round_index)
-    window: deque[bool] = deque(maxlen=config.status_w)
+    window: deque[bool] = deque(maxlen=config.status.w)
     if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
         window.extend(flags)
         return StatusHistory(status=client.status, flags=tuple(window))
     status: ClientStatus = "trusted"
     for flag in flags:
         window.append(flag)
-        status = next_status(status, list(window), m=config.status_m, w=config.status_w)
+        status = next_status(status, list(window), m=config.status.m, w=config.status.w)
     return StatusHistory(status=status, flags=tuple(window))
 
 

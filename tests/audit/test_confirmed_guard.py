@@ -12,6 +12,7 @@ from service.audit import (
     ClientRoundData,
     DictStateReader,
     FedNoRoDetector,
+    FedNoRoSettings,
     InvalidInputError,
     InvalidParameterError,
     StatusHistory,
@@ -159,9 +160,11 @@ def test_run_audit_reads_the_noisy_statuses_as_confirmed() -> None:
 
 def test_the_relief_can_be_switched_off() -> None:
     config = AuditConfig(
-        detectors=("fednoro",), primary_detector="fednoro", fednoro_confirmed_groups=False
+        detectors=("fednoro",),
+        primary_detector="fednoro",
+        fednoro=FedNoRoSettings(confirmed_groups=False),
     )
     outcome = run_audit(GLOBAL, round_clients(), config, round_index=5, status_history=NOISY_BEFORE)
     assert outcome.primary_flags == [False] * 10
     with pytest.raises(InvalidParameterError, match="fednoro_confirmed_groups"):
-        AuditConfig(fednoro_confirmed_groups="yes")  # type: ignore[arg-type]
+        AuditConfig.from_flat(fednoro_confirmed_groups="yes")

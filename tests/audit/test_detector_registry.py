@@ -17,8 +17,11 @@ from service.audit import (
     ClientRoundData,
     DictStateReader,
     EvidenceDetector,
+    EvidenceSettings,
     FedNCLDetector,
+    FedNCLSettings,
     FedNoRoDetector,
+    FedNoRoSettings,
     required_signals,
 )
 from service.audit.audit_config import PROBABILITY_DETECTORS
@@ -59,8 +62,12 @@ def test_a_detector_that_is_read_reads_none_itself() -> None:
     assert all(not DETECTOR_REGISTRY[name].reads for name in read)
 
 
-def test_the_factories_build_the_configured_detectors() -> None:
-    config = AuditConfig(fednoro_min_clients=7, fedncl_beta=2.0, evidence_q=0.05)
+def test_the_factories_build_the_configured_detectors_from_their_groups() -> None:
+    config = AuditConfig(
+        fednoro=FedNoRoSettings(min_clients=7),
+        fedncl=FedNCLSettings(beta=2.0),
+        evidence=EvidenceSettings(q=0.05, min_error_sites=4),
+    )
     built = {
         name: spec.build(config)
         for name, spec in DETECTOR_REGISTRY.items()
@@ -72,11 +79,15 @@ def test_the_factories_build_the_configured_detectors() -> None:
     assert isinstance(built["fedncl"], FedNCLDetector)
     assert built["fedncl"].beta == 2.0
     assert isinstance(built["evidence"], EvidenceDetector)
+    assert (built["evidence"].q, built["evidence"].min_error_sites) == (0.05, 4)
+    # the evidence group's fields are the detector's parameters, one for one
+    for field in dataclasses.fields(EvidenceSettings):
+        assert getattr(built["evidence"], field.name) == getattr(config.evidence, field.name)
 
 
 def test_required_signals() -> None:
     default = AuditConfig()
-    with_accuracy = AuditConfig(evidence_accuracy_check=True)
+    with_accuracy = AuditConfig(evidence=EvidenceSettings(accuracy_check=True))
     assert required_signals([], default) == frozenset()
     assert required_signals(["fednoro"], default) == {"per_class_loss"}
     assert required_signals(["fedncl"], default) == {"train_loss"}

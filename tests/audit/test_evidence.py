@@ -247,7 +247,7 @@ class TestDetector:
         with pytest.raises(InvalidParameterError, match="q"):
             EvidenceDetector(q=0.0)
         with pytest.raises(InvalidParameterError, match="q"):
-            AuditConfig(evidence_q=0.9)
+            AuditConfig.from_flat(evidence_q=0.9)
 
 
 @pytest.mark.parametrize("n_sites", [5, 20, 50])

@@ -10,9 +10,13 @@ import pytest
 
 from service.audit import (
     AGGREGATION_RULES,
+    AggregationSettings,
     AuditConfig,
     ClientRoundData,
     DictStateReader,
+    FedNCLSettings,
+    FedNoRoSettings,
+    FedRNSettings,
     InvalidInputError,
     InvalidParameterError,
     StatusHistory,
@@ -150,7 +154,9 @@ class TestRunAudit:
 
     def test_config_reaches_the_rules(self):
         global_state, clients = make_federation()
-        config = AuditConfig(aggregation="fedncl_layerwise", fedncl_tau=4.0, fedncl_t_corr=10)
+        config = AuditConfig(
+            aggregation="fedncl_layerwise", fedncl=FedNCLSettings(tau=4.0, t_corr=10)
+        )
         history = flagged_before()
         outcome = run_audit(global_state, clients, config, round_index=1, status_history=history)
         # t_k defaults to t_corr = 10; T = 2: clip(4 * 2 / 10 = 0.8, 1, 4) = 1
@@ -158,7 +164,7 @@ class TestRunAudit:
         outcome = run_audit(
             global_state,
             clients,
-            dataclasses.replace(config, fedncl_t_k=2),
+            dataclasses.replace(config, fedncl=dataclasses.replace(config.fedncl, t_k=2)),
             round_index=1,
             status_history=history,
         )
@@ -167,14 +173,20 @@ class TestRunAudit:
         trimmed = run_audit(
             global_state,
             clients,
-            AuditConfig(aggregation="trimmed_mean", trim_fraction=0.2),
+            AuditConfig(
+                aggregation="trimmed_mean",
+                aggregation_settings=AggregationSettings(trim_fraction=0.2),
+            ),
             round_index=0,
         )
         assert trimmed.aggregation.details["trimmed_per_side"] == 2
         daagg = run_audit(
             global_state,
             clients,
-            AuditConfig(aggregation="daagg", daagg_variant="reference"),
+            AuditConfig(
+                aggregation="daagg",
+                aggregation_settings=AggregationSettings(daagg_variant="reference"),
+            ),
             round_index=0,
         )
         assert daagg.aggregation.details["variant"] == "reference"
@@ -332,7 +344,7 @@ class TestRunAudit:
         )
         stale_b = dataclasses.replace(b, train_accuracy=0.1)
         no_probe = dataclasses.replace(c, client_id="D", probe_softmax=None)
-        config = AuditConfig(fedrn_k=1, neighbor_chunk_size=1)
+        config = AuditConfig(fedrn=FedRNSettings(k=1, chunk_size=1))
         outcome = run_audit(
             DictStateReader({"w": np.zeros(1)}),
             [a, b],
@@ -427,29 +439,31 @@ class TestRunAuditValidation:
 class TestAuditConfig:
     def test_defaults_from_the_spec(self):
         config = AuditConfig()
-        assert config.fednoro_random_states == tuple(range(9))
-        assert config.fednoro_separation_threshold == 2.0
-        assert config.fednoro_min_clients == 4
-        assert config.fedncl_beta == 1.0
-        assert config.fedncl_tau == 50.0
-        assert config.fedncl_t_corr == 60
-        assert config.fedncl_alpha == 0.6
-        assert config.fedrn_k == 2
-        assert config.fedrn_alpha == 0.6
-        assert config.trim_fraction == 0.1
-        assert (config.status_m, config.status_w) == (2, 3)
+        assert config.fednoro.random_states == tuple(range(9))
+        assert config.fednoro.separation_threshold == 2.0
+        assert config.fednoro.min_clients == 4
+        assert config.fedncl.beta == 1.0
+        assert config.fedncl.tau == 50.0
+        assert config.fedncl.t_corr == 60
+        assert config.fedncl.alpha == 0.6
+        assert config.fedrn.k == 2
+        assert config.fedrn.alpha == 0.6
+        assert config.aggregation_settings.trim_fraction == 0.1
+        assert (config.status.m, config.status.w) == (2, 3)
 
     def test_json_round_trip(self):
         config = AuditConfig(
             detectors=("fednoro", "expertise"),
             primary_detector="fednoro",
             aggregation="reliability_weighted",
-            fednoro_random_states=(5, 6),
-            neighbor_chunk_size=128,
-            fedncl_t_k=7,
+            fednoro=FedNoRoSettings(random_states=(5, 6)),
+            fedrn=FedRNSettings(chunk_size=128),
+            fedncl=FedNCLSettings(t_k=7),
         )
         data = json.loads(json.dumps(config.to_json(), allow_nan=False))
         assert data["detectors"] == ["fednoro", "expertise"]
+        assert (data["fednoro_random_states"], data["neighbor_chunk_size"]) == ([5, 6], 128)
+        assert data["fedncl_t_k"] == 7
         assert AuditConfig.from_json(data) == config
         assert AuditConfig.from_json({}) == AuditConfig()
 
@@ -457,12 +471,12 @@ class TestAuditConfig:
         config = AuditConfig(
             detectors=["fednoro"],  # type: ignore[arg-type]
             primary_detector="fednoro",
-            fednoro_random_states=[1, 2],  # type: ignore[arg-type]
-            fedncl_beta=2,
+            fednoro=FedNoRoSettings(random_states=[1, 2]),  # type: ignore[arg-type]
+            fedncl=FedNCLSettings(beta=2),
         )
         assert config.detectors == ("fednoro",)
-        assert config.fednoro_random_states == (1, 2)
-        assert isinstance(config.fedncl_beta, float)
+        assert config.fednoro.random_states == (1, 2)
+        assert isinstance(config.fedncl.beta, float)
 
     def test_from_json_rejects_unknown_keys(self):
         with pytest.raises(
@@ -511,4 +525,4 @@ class TestAuditConfig:
     )
     def test_invalid_values(self, kwargs, match):
         with pytest.raises(InvalidParameterError, match=match):
-            AuditConfig(**kwargs)
+            AuditConfig.from_flat(**kwargs)

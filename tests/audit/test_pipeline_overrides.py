@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from service.audit import (
+    AggregationSettings,
     AuditConfig,
     ClientRoundData,
     DictStateReader,
@@ -40,7 +41,7 @@ CONFIG = AuditConfig(
     detectors=("fedncl",),
     primary_detector="fedncl",
     aggregation="daagg",
-    aggregation_flags="round",
+    aggregation_settings=AggregationSettings(flags="round"),
 )
 GLOBAL = DictStateReader({"w": np.zeros(4, dtype=np.float32)})
 

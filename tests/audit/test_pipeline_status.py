@@ -12,6 +12,7 @@ from service.audit import (
     InvalidInputError,
     InvalidParameterError,
     StatusHistory,
+    StatusRule,
     run_audit,
 )
 from tests.audit.test_pipeline_overrides import GLOBAL, clients
@@ -29,7 +30,7 @@ def daagg_weights(distances: list[float]) -> np.ndarray:
 
 
 def test_status_is_the_default() -> None:
-    assert AuditConfig().aggregation_flags == "status"
+    assert AuditConfig().aggregation_settings.flags == "status"
 
 
 def test_a_first_flag_does_not_change_the_aggregate() -> None:
@@ -92,7 +93,10 @@ def test_a_pin_wins_over_the_status() -> None:
 def test_status_m_and_w_come_from_the_config() -> None:
     # m = 1: one flag is enough
     config = AuditConfig(
-        detectors=("fedncl",), primary_detector="fedncl", aggregation="daagg", status_m=1
+        detectors=("fedncl",),
+        primary_detector="fedncl",
+        aggregation="daagg",
+        status=StatusRule(m=1),
     )
     outcome = run_audit(GLOBAL, clients(), config, round_index=4)
     assert outcome.aggregation_flags == [True, False, False, False]
@@ -126,4 +130,4 @@ def test_a_malformed_history_is_refused(history: list, match: str) -> None:
 
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(InvalidParameterError, match="aggregation_flags"):
-        AuditConfig(aggregation_flags="sometimes")
+        AuditConfig.from_flat(aggregation_flags="sometimes")

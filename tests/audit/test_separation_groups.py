@@ -12,6 +12,7 @@ from service.audit import (
     AuditConfig,
     DictStateReader,
     FedNoRoDetector,
+    FedNoRoSettings,
     InvalidParameterError,
     run_audit,
 )
@@ -117,9 +118,9 @@ def test_all_fits_needs_a_quantile() -> None:
     with pytest.raises(InvalidParameterError, match="separation_groups"):
         FedNoRoDetector(separation_groups="every").fit(LOSS, COUNTS)
     with pytest.raises(InvalidParameterError, match="fednoro_separation_groups"):
-        AuditConfig(fednoro_separation_groups="all_fits", fednoro_separation_quantile=None)
+        FedNoRoSettings(separation_groups="all_fits", separation_quantile=None)
     with pytest.raises(InvalidParameterError, match="fednoro_separation_groups"):
-        AuditConfig(fednoro_separation_groups="every")
+        AuditConfig.from_flat(fednoro_separation_groups="every")
 
 
 def test_run_audit_passes_the_setting_to_the_detector() -> None:
@@ -128,7 +129,9 @@ def test_run_audit_passes_the_setting_to_the_detector() -> None:
 
     def flags(groups: str) -> list[bool | None]:
         config = AuditConfig(
-            detectors=("fednoro",), primary_detector="fednoro", fednoro_separation_groups=groups
+            detectors=("fednoro",),
+            primary_detector="fednoro",
+            fednoro=FedNoRoSettings(separation_groups=groups),
         )
         return run_audit(start, clients, config, round_index=5).primary_flags
 
@@ -160,7 +163,7 @@ def test_without_the_guard_the_flags_are_the_papers_vote() -> None:
     # and no quantile is needed then
     plain = FedNoRoDetector(require_separation=False, separation_quantile=None)
     np.testing.assert_array_equal(plain.fit(LOSS, COUNTS).labels_, THREE)
-    AuditConfig(fednoro_require_separation=False, fednoro_separation_quantile=None)
+    FedNoRoSettings(require_separation=False, separation_quantile=None)
 
 
 def test_all_fits_is_the_default_of_the_audit() -> None:

@@ -154,6 +154,7 @@ def test_public_api_matches_all():
         "blocks",
         "centroids",
         "class_null",
+        "config_groups",
         "detection",
         "detector_registry",
         "detectors",

@@ -297,14 +297,14 @@ class TestRulesRespectTheCap:
 class TestAuditConfig:
     def test_default_and_round_trip(self):
         config = AuditConfig()
-        assert config.max_client_weight_factor == 4.0
+        assert config.aggregation_settings.max_client_weight_factor == 4.0
         assert config.to_json()["max_client_weight_factor"] == 4.0
         off = AuditConfig.from_json({"max_client_weight_factor": None})
-        assert off.max_client_weight_factor is None
+        assert off.aggregation_settings.max_client_weight_factor is None
         two = AuditConfig.from_json({"max_client_weight_factor": 2})
-        assert two.max_client_weight_factor == 2.0
+        assert two.aggregation_settings.max_client_weight_factor == 2.0
 
     @pytest.mark.parametrize("value", [0.5, 0, -1, "4", True, math.inf])
     def test_invalid(self, value):
         with pytest.raises(InvalidParameterError, match="max_client_weight_factor"):
-            AuditConfig(max_client_weight_factor=value)
+            AuditConfig.from_flat(max_client_weight_factor=value)

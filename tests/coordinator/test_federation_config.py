@@ -61,10 +61,10 @@ def test_the_accuracy_evidence_asks_the_sites_for_their_accuracy() -> None:
 
 
 def test_the_detectors_signals_are_signals_a_site_can_send() -> None:
-    from service.audit import DETECTOR_REGISTRY, AuditConfig
+    from service.audit import DETECTOR_REGISTRY, AuditConfig, EvidenceSettings
     from service.coordinator.federation_config import SIGNALS
 
-    every = AuditConfig(evidence_accuracy_check=True)
+    every = AuditConfig(evidence=EvidenceSettings(accuracy_check=True))
     for spec in DETECTOR_REGISTRY.values():
         assert spec.signals(every) <= set(SIGNALS)
 

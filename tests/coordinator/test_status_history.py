@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.audit import AuditConfig, StatusHistory
+from service.audit import AuditConfig, StatusHistory, StatusRule
 from service.coordinator.audits import counted_flags, status_history
 from service.store.tables import Client
 
@@ -69,7 +69,7 @@ def test_an_older_round_replays_the_rule() -> None:
 
 def test_the_replay_uses_the_configs_m_and_w() -> None:
     # m = 1, w = 1: noisy after r2's flag, still noisy after r4's
-    one = AuditConfig(status_m=1, status_w=1)
+    one = AuditConfig(status=StatusRule(m=1, w=1))
     assert status_history(client("trusted", HISTORY), 5, one) == StatusHistory(
         status="noisy", flags=(True,)
     )

@@ -32,12 +32,16 @@ from fedaudit_flower import (  # noqa: E402
     WireSignals,
     encode_signals,
 )
-from service.audit import AuditConfig  # noqa: E402
+from service.audit import AggregationSettings, AuditConfig  # noqa: E402
 
 CLEAN_LOSS = [0.30, 0.32, 0.28, 0.31, 0.29]
 """Per-class loss (both classes) of the five clean sites; the noisy site has 2.0."""
 
 NOISY_NODE = 105
+# DaAgg on this round's flags (not the status after them): one flag already down-weights a site.
+ROUND_FLAGS = AuditConfig(
+    aggregation="daagg", aggregation_settings=AggregationSettings(flags="round")
+)
 
 
 def reply(
@@ -144,7 +148,7 @@ def test_the_noisy_site_is_flagged_then_down_weighted_by_daagg(tmp_path):
 
 
 def test_round_flags_down_weight_at_the_first_flag(tmp_path):
-    s = strategy(tmp_path, audit_config=AuditConfig(aggregation="daagg", aggregation_flags="round"))
+    s = strategy(tmp_path, audit_config=ROUND_FLAGS)
     arrays, metrics = s.aggregate_train(1, federation())
     total = 5 + math.exp(-1)
     assert metrics["fedaudit.weights"][-1] == pytest.approx(math.exp(-1) / total)
@@ -240,7 +244,7 @@ def test_three_sites_with_spreads_get_the_small_federation_verdict(tmp_path):
     # prior (H = ln 2 = 0.693 here) on a site's labels. Node 102 loses 2.0 nats, z = (2.0 -
     # ln 2) / (0.5 / sqrt(100)) = 26; the other two lose 0.3, far below H.
     replies = [reply(100, 1.0, 0.3), reply(101, 1.0, 0.3), reply(102, 4.0, 2.0)]
-    s = strategy(tmp_path, audit_config=AuditConfig(aggregation="daagg", aggregation_flags="round"))
+    s = strategy(tmp_path, audit_config=ROUND_FLAGS)
     arrays, metrics = s.aggregate_train(1, replies)
     assert metrics["fedaudit.decided"] == 1
     assert metrics["fedaudit.flags"] == [0, 0, 1]
