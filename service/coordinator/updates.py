@@ -241,9 +241,12 @@ def _submit(
     )
 
     # The blob belongs to this transaction: the store removes it again if the transaction ends
-    # without a commit, whatever the exception (service.store.blobs).
+    # without a commit, whatever the exception (service.store.blobs). It is put before the
+    # transaction's first statement: the session takes a pooled connection only then, so none
+    # is held while the blob travels (a network PUT with the S3 store).
     try:
         with services.sessions.begin() as session:
+            services.blobs.put_file(staged.path, staged.sha256, session=session)
             if not repo.touch_open_round(session, rnd.id):
                 raise RoundClosedError(
                     f"round {round_index} closed while this update was being received",
@@ -253,7 +256,6 @@ def _submit(
                 raise DuplicateUpdateError(
                     f"an update for round {round_index} was already accepted from this client"
                 )
-            services.blobs.put_file(staged.path, staged.sha256, session=session)
             update = ModelUpdate(
                 federation_id=federation_id,
                 round_id=rnd.id,
