@@ -20,6 +20,7 @@ from fedaudit_flower._records import (
 )
 from fedaudit_flower.auditing import Auditor, InProcessAuditor, RoundAudit
 from fedaudit_flower.client import DEFAULT_SIGNALS, signals_record
+from fedaudit_flower.coordinator import CoordinatorAuditor, CoordinatorConnection
 from fedaudit_flower.strategy import (
     DEFAULT_AUDIT_CONFIG,
     REPORT_FORMAT,
@@ -35,6 +36,8 @@ __all__ = [
     "SIGNALS_KEY",
     "STATUS_CODES",
     "Auditor",
+    "CoordinatorAuditor",
+    "CoordinatorConnection",
     "FedAuditStrategy",
     "InProcessAuditor",
     "RoundAudit",

@@ -61,6 +61,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedaudit_flower._records import SIGNALS_KEY, SignalsFormatError, decode_signals
 from fedaudit_flower.auditing import AuditNotRun, Auditor, InProcessAuditor, RoundAudit, SiteReply
+from fedaudit_flower.coordinator import CoordinatorAuditor, CoordinatorConnection
 from service.audit import AuditConfig, InvalidInputError
 
 __all__ = ["DEFAULT_AUDIT_CONFIG", "REPORT_FORMAT", "STATUS_CODES", "FedAuditStrategy"]
@@ -94,13 +95,17 @@ class FedAuditStrategy(Strategy):
         Key of the signals' ``ConfigRecord`` in each reply (:data:`~fedaudit_flower.SIGNALS_KEY`).
     arrayrecord_key : str, optional
         Key of the model's ``ArrayRecord`` in each reply; None: the reply's only ``ArrayRecord``.
+    coordinator : fedaudit_flower.CoordinatorConnection, optional
+        Forward every round to this running fedaudit coordinator and apply the audit it stores
+        (:mod:`fedaudit_flower.coordinator`); None (default): audit in process.
 
     Attributes
     ----------
     rounds : list of dict
         One entry per training round, as in the report file's ``rounds``.
     auditor : fedaudit_flower.auditing.Auditor
-        The backend: :class:`~fedaudit_flower.auditing.InProcessAuditor`.
+        The backend: :class:`~fedaudit_flower.auditing.InProcessAuditor` or
+        :class:`~fedaudit_flower.coordinator.CoordinatorAuditor`.
     """
 
     def __init__(
@@ -111,27 +116,61 @@ class FedAuditStrategy(Strategy):
         report_path: str | os.PathLike[str] | None = None,
         signals_key: str = SIGNALS_KEY,
         arrayrecord_key: str | None = None,
+        coordinator: CoordinatorConnection | None = None,
     ) -> None:
         self.strategy: Strategy = FedAvg() if strategy is None else strategy
         self.audit_config = DEFAULT_AUDIT_CONFIG if audit_config is None else audit_config
         if not isinstance(self.audit_config, AuditConfig):
             raise TypeError("audit_config: expected a service.audit.AuditConfig")
+        if coordinator is not None and not isinstance(coordinator, CoordinatorConnection):
+            raise TypeError("coordinator: expected a fedaudit_flower.CoordinatorConnection")
         self.report_path = None if report_path is None else Path(report_path)
         self.signals_key = signals_key
         self.arrayrecord_key = arrayrecord_key
         self.rounds: list[dict[str, Any]] = []
-        self.auditor: Auditor = InProcessAuditor(self.audit_config)
+        self.auditor: Auditor = (
+            InProcessAuditor(self.audit_config)
+            if coordinator is None
+            else CoordinatorAuditor(coordinator, self.audit_config)
+        )
         self._global: ArrayRecord | None = None
 
     # -- the wrapped strategy's work -----------------------------------------------------------
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """Run the federation as :meth:`flwr.serverapp.strategy.Strategy.start` does.
+
+        With a coordinator, its federation is planned for ``num_rounds`` rounds (unless the
+        connection sets ``rounds``), so it finishes with the Flower run; its HTTP clients are
+        closed at the end.
+        """
+        if isinstance(self.auditor, CoordinatorAuditor):
+            self.auditor.planned_rounds = num_rounds
+        try:
+            return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the coordinator's HTTP clients, if any (they reopen when needed)."""
+        if isinstance(self.auditor, CoordinatorAuditor):
+            self.auditor.close()
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary and the audit's rule."""
         self.strategy.summary()
         _log.info(
-            "fedaudit: primary detector %r, aggregation %r when it decides",
+            "fedaudit: primary detector %r, aggregation %r when it decides%s",
             self.audit_config.primary_detector,
             self.audit_config.aggregation,
+            "" if isinstance(self.auditor, InProcessAuditor) else ", forwarded to a coordinator",
         )
 
     def configure_train(
