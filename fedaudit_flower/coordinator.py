@@ -11,8 +11,8 @@ At the first training round :class:`CoordinatorAuditor`:
 
 1. creates a federation named ``CoordinatorConnection.federation_name``: as many classes as the
    replies' ``class_counts``, the strategy's ``AuditConfig`` as its audit, no warm-up (as in
-   process), every sampled site required (``min_clients`` 1), a deadline of 7 days (the
-   longest a plan takes: the strategy closes each round itself);
+   process), ``min_clients`` 1 and a deadline of 7 days (the longest a plan takes): the
+   strategy closes each round itself, with the nodes that replied;
 2. uploads the global model sent this round (the ``ArrayRecord`` as the safetensors file
    ``AdminClient.upload_initial_model`` takes);
 3. registers one coordinator client per replying Flower node, named
