@@ -30,10 +30,13 @@ from client_sdk._exceptions import (
     UnprocessableEntityError,
 )
 from client_sdk._responses import (
+    AuditRecord,
+    ClientInfo,
     CurrentRound,
     Diagnostics,
     Instructions,
     ProblemDetails,
+    RoundInfo,
     UpdateReceipt,
 )
 
@@ -63,8 +66,10 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AdminClient",
+    "AuditRecord",
     "AuthenticationError",
     "BadRequestError",
+    "ClientInfo",
     "ConflictError",
     "CoordinatorSDKError",
     "CurrentRound",
@@ -80,6 +85,7 @@ __all__ = [
     "PermissionDeniedError",
     "ProblemDetails",
     "RateLimitError",
+    "RoundInfo",
     "RoundSummary",
     "SiteRoundError",
     "UnprocessableEntityError",

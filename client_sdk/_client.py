@@ -509,6 +509,19 @@ class AdminClient(_Base):
         response = self._request("GET", f"{API}/federations/{federation_id}/rounds/{index}")
         return RoundInfo.model_validate(response.json())
 
+    def close_round(self, federation_id: uuid.UUID | str, index: int, reason: str) -> RoundInfo:
+        """Close the open round ``index`` now with the updates it has, as its deadline would
+        (at least the plan's ``min_clients``; ``reason`` goes to the event trail); answers the
+        closed round with its audit. 409 (``ConflictError``) when the round is not open or has
+        too few updates."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/rounds/{index}/close",
+            json={"reason": reason},
+            retry_status=False,
+        )
+        return RoundInfo.model_validate(response.json())
+
     def list_events(
         self,
         federation_id: uuid.UUID | str,

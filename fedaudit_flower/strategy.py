@@ -1,4 +1,4 @@
-"""A Flower strategy that audits every training round with fedaudit, in process.
+"""A Flower strategy that audits each training round with fedaudit, in process or forwarded.
 
 :class:`FedAuditStrategy` wraps a message-API strategy (``flwr.serverapp.strategy``, FedAvg by
 default). Sampling, configuration and evaluation are the wrapped strategy's. After each
@@ -7,16 +7,24 @@ training round, :meth:`FedAuditStrategy.aggregate_train`:
 1. lets the wrapped strategy aggregate the replies as it always does;
 2. reads every reply's model (its ``ArrayRecord``) and fedaudit signals (the ``ConfigRecord``
    under :data:`~fedaudit_flower.SIGNALS_KEY`, written by the ClientApp helper
-   :func:`~fedaudit_flower.signals_record`), and runs :func:`service.audit.run_audit` on them
-   against the global model sent this round, with each site's status history;
+   :func:`~fedaudit_flower.signals_record`), and has its auditor audit them against the global
+   model sent this round, with each site's status history: :func:`service.audit.run_audit` in
+   process (:class:`~fedaudit_flower.auditing.InProcessAuditor`, the default), or the same audit
+   on a running fedaudit coordinator the round is forwarded to over HTTP
+   (``coordinator=CoordinatorConnection(url, admin_token)``,
+   :mod:`fedaudit_flower.coordinator`);
 3. when the primary detector decided (status ``ok``), returns the audit's aggregate (its rule and
    weights: with the default :data:`DEFAULT_AUDIT_CONFIG`, DaAgg down-weights the sites whose
-   status is "noisy"); when it did not (``undetermined``, ``inconclusive``, or the audit could not
-   run: a reply without signals, no global model seen), it keeps the wrapped strategy's
-   aggregate and says why;
+   status is "noisy"); when it did not (``undetermined``, ``inconclusive``), it keeps the
+   wrapped strategy's aggregate and says why, except when forwarding, where the coordinator's
+   aggregate is the round's model in every audited round (so that the Flower global model is
+   the one the coordinator audits the next round against; the coordinator module says more).
+   When the audit could not run (a reply without signals, no global model seen), the wrapped
+   strategy's aggregate is kept in both modes;
 4. updates each site's status (trusted, suspect, noisy: the rule of
-   :func:`service.audit.next_status` over its determined flags), adds the audit to the round's
-   ``MetricRecord`` (keys ``fedaudit.*``, below) and rewrites the JSON report file.
+   :func:`service.audit.next_status` over its determined flags; when forwarding, the
+   coordinator's), adds the audit to the round's ``MetricRecord`` (keys ``fedaudit.*``, below)
+   and rewrites the JSON report file.
 
 Sites are Flower nodes: a site's id in the audit is its node id as a decimal string.
 
@@ -25,7 +33,7 @@ in increasing node id):
 
 ==========================  ===================================================================
 ``fedaudit.decided``        1 when the primary detector decided, else 0
-``fedaudit.applied``        1 when the audit's aggregate replaced the wrapped strategy's
+``fedaudit.applied``        1 when the audit's or coordinator's aggregate replaced the wrapped
 ``fedaudit.num_flagged``    sites the primary detector flagged this round
 ``fedaudit.num_noisy``      sites whose status is "noisy" after the round
 ``fedaudit.node_ids``       the audited sites
@@ -47,22 +55,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedaudit_flower._records import SIGNALS_KEY, SignalsFormatError, decode_signals
-from service.audit import (
-    AuditConfig,
-    AuditOutcome,
-    ClientRoundData,
-    DictStateReader,
-    InvalidInputError,
-    StatusHistory,
-    next_status,
-    run_audit,
-)
+from fedaudit_flower.auditing import AuditNotRun, Auditor, InProcessAuditor, RoundAudit, SiteReply
+from fedaudit_flower.coordinator import CoordinatorAuditor, CoordinatorConnection
+from service.audit import AuditConfig, InvalidInputError
 
 __all__ = ["DEFAULT_AUDIT_CONFIG", "REPORT_FORMAT", "STATUS_CODES", "FedAuditStrategy"]
 
@@ -79,10 +79,6 @@ STATUS_CODES = {"trusted": 0, "suspect": 1, "noisy": 2}
 """How ``fedaudit.status`` encodes a status in the (numeric) ``MetricRecord``."""
 
 
-class _NotAudited(Exception):
-    """The audit cannot run on this round's replies (the message says why)."""
-
-
 class FedAuditStrategy(Strategy):
     """Wrap a Flower strategy and audit every training round with fedaudit.
 
@@ -90,7 +86,7 @@ class FedAuditStrategy(Strategy):
     ----------
     strategy : flwr.serverapp.strategy.Strategy, optional
         The strategy to wrap (``FedAvg()`` when omitted). It samples, configures and evaluates,
-        and its aggregate is kept whenever the audit does not decide.
+        and its aggregate is kept whenever the audit does not decide (in process).
     audit_config : service.audit.AuditConfig, optional
         The audit's detectors, aggregation rule and status rule (:data:`DEFAULT_AUDIT_CONFIG`).
     report_path : str or pathlib.Path, optional
@@ -99,11 +95,17 @@ class FedAuditStrategy(Strategy):
         Key of the signals' ``ConfigRecord`` in each reply (:data:`~fedaudit_flower.SIGNALS_KEY`).
     arrayrecord_key : str, optional
         Key of the model's ``ArrayRecord`` in each reply; None: the reply's only ``ArrayRecord``.
+    coordinator : fedaudit_flower.CoordinatorConnection, optional
+        Forward every round to this running fedaudit coordinator and apply the audit it stores
+        (:mod:`fedaudit_flower.coordinator`); None (default): audit in process.
 
     Attributes
     ----------
     rounds : list of dict
         One entry per training round, as in the report file's ``rounds``.
+    auditor : fedaudit_flower.auditing.Auditor
+        The backend: :class:`~fedaudit_flower.auditing.InProcessAuditor` or
+        :class:`~fedaudit_flower.coordinator.CoordinatorAuditor`.
     """
 
     def __init__(
@@ -114,27 +116,61 @@ class FedAuditStrategy(Strategy):
         report_path: str | os.PathLike[str] | None = None,
         signals_key: str = SIGNALS_KEY,
         arrayrecord_key: str | None = None,
+        coordinator: CoordinatorConnection | None = None,
     ) -> None:
         self.strategy: Strategy = FedAvg() if strategy is None else strategy
         self.audit_config = DEFAULT_AUDIT_CONFIG if audit_config is None else audit_config
         if not isinstance(self.audit_config, AuditConfig):
             raise TypeError("audit_config: expected a service.audit.AuditConfig")
+        if coordinator is not None and not isinstance(coordinator, CoordinatorConnection):
+            raise TypeError("coordinator: expected a fedaudit_flower.CoordinatorConnection")
         self.report_path = None if report_path is None else Path(report_path)
         self.signals_key = signals_key
         self.arrayrecord_key = arrayrecord_key
         self.rounds: list[dict[str, Any]] = []
-        self._history: dict[str, StatusHistory] = {}
+        self.auditor: Auditor = (
+            InProcessAuditor(self.audit_config)
+            if coordinator is None
+            else CoordinatorAuditor(coordinator, self.audit_config)
+        )
         self._global: ArrayRecord | None = None
 
     # -- the wrapped strategy's work -----------------------------------------------------------
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """Run the federation as :meth:`flwr.serverapp.strategy.Strategy.start` does.
+
+        With a coordinator, its federation is planned for ``num_rounds`` rounds (unless the
+        connection sets ``rounds``), so it finishes with the Flower run; its HTTP clients are
+        closed at the end.
+        """
+        if isinstance(self.auditor, CoordinatorAuditor):
+            self.auditor.planned_rounds = num_rounds
+        try:
+            return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the coordinator's HTTP clients, if any (they reopen when needed)."""
+        if isinstance(self.auditor, CoordinatorAuditor):
+            self.auditor.close()
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary and the audit's rule."""
         self.strategy.summary()
         _log.info(
-            "fedaudit: primary detector %r, aggregation %r when it decides",
+            "fedaudit: primary detector %r, aggregation %r when it decides%s",
             self.audit_config.primary_detector,
             self.audit_config.aggregation,
+            "" if isinstance(self.auditor, InProcessAuditor) else ", forwarded to a coordinator",
         )
 
     def configure_train(
@@ -167,7 +203,7 @@ class FedAuditStrategy(Strategy):
     @property
     def statuses(self) -> dict[str, str]:
         """Each audited site's status (node id as a string -> trusted / suspect / noisy)."""
-        return {cid: h.status for cid, h in self._history.items()}
+        return {str(node): s.status for node, s in self.auditor.statuses().items()}
 
     # -- the audit -----------------------------------------------------------------------------
 
@@ -180,7 +216,8 @@ class FedAuditStrategy(Strategy):
         -------
         tuple of (ArrayRecord or None, MetricRecord or None)
             The audit's aggregate when its primary detector decided, else the wrapped
-            strategy's; the wrapped strategy's metrics plus the ``fedaudit.*`` entries.
+            strategy's (in process) or the coordinator's (forwarding); the wrapped strategy's
+            metrics plus the ``fedaudit.*`` entries.
         """
         replies = list(replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
@@ -191,20 +228,13 @@ class FedAuditStrategy(Strategy):
         )
         entry: dict[str, Any] = {"round": server_round, "sites": len(valid)}
         try:
-            clients = [self._client(m) for m in valid]
-            if not clients:
-                raise _NotAudited("no reply without an error")
+            sites = [self._site(m) for m in valid]
+            if not sites:
+                raise AuditNotRun("no reply without an error")
             if self._global is None:
-                raise _NotAudited("no global model: configure_train was not called")
-            history = [self._history.get(c.client_id, StatusHistory()) for c in clients]
-            outcome = run_audit(
-                DictStateReader({k: v.numpy() for k, v in self._global.items()}),
-                clients,
-                self.audit_config,
-                round_index=server_round - 1,
-                status_history=history,
-            )
-        except (_NotAudited, InvalidInputError, SignalsFormatError) as exc:
+                raise AuditNotRun("no global model: configure_train was not called")
+            audit = self.auditor.audit_round(server_round, self._global, sites)
+        except (AuditNotRun, InvalidInputError, SignalsFormatError) as exc:
             why = f"not audited: {exc}"
             _log.warning(
                 "fedaudit round %d: %s; the wrapped strategy's aggregate is kept",
@@ -217,107 +247,63 @@ class FedAuditStrategy(Strategy):
             self._finish(entry)
             return arrays, metrics
 
-        primary = outcome.detections[outcome.primary]
-        decided = primary.status == "ok"
-        sites = self._update_history(clients, history, outcome)
-        reason: str | None = None
-        if decided:
-            arrays = ArrayRecord(
-                {name: Array(np.asarray(t)) for name, t in outcome.aggregation.state.items()}
-            )
-        else:
-            reason = (
-                f"primary detector {primary.method!r} {primary.status} ({primary.reason}): "
-                "the wrapped strategy's aggregate is kept"
-            )
-            _log.info("fedaudit round %d: %s", server_round, reason)
+        arrays, applied, reason = self._choose(server_round, arrays, audit)
         entry.update(
             audited=True,
-            decided=decided,
-            applied="audit" if decided else "wrapped",
+            decided=audit.decided,
+            applied=applied,
             reason=reason,
-            detector_status=primary.status,
-            rule=outcome.aggregation.rule,
-            clients=sites,
-            audit=outcome.to_json(),
+            detector_status=audit.detector_status,
+            rule=audit.rule,
+            clients=[site.row() for site in audit.sites],
+            audit=audit.audit,
+            **audit.details,
         )
-        flags = outcome.primary_flags
-        metrics["fedaudit.decided"] = int(decided)
-        metrics["fedaudit.applied"] = int(decided)
-        metrics["fedaudit.num_flagged"] = sum(1 for f in flags if f)
-        metrics["fedaudit.num_noisy"] = sum(1 for s in sites if s["status"] == "noisy")
-        metrics["fedaudit.node_ids"] = [int(m.metadata.src_node_id) for m in valid]
-        metrics["fedaudit.flags"] = [-1 if f is None else int(f) for f in flags]
-        metrics["fedaudit.status"] = [STATUS_CODES[s["status"]] for s in sites]
-        metrics["fedaudit.weights"] = [float(w) for w in outcome.aggregation.weights]
-        metrics["fedaudit.scores"] = [math.nan if s is None else float(s) for s in primary.scores]
+        metrics.update(round_metrics(audit, applied=applied != "wrapped"))
         self._finish(entry)
         return arrays, metrics
 
-    def _client(self, message: Message) -> ClientRoundData:
+    def _choose(
+        self, server_round: int, wrapped: ArrayRecord | None, audit: RoundAudit
+    ) -> tuple[ArrayRecord | None, str, str | None]:
+        """The round's model, what it is (audit, wrapped, coordinator) and why, when not the
+        audit's decided aggregate."""
+        if audit.decided:
+            return audit.aggregate, "audit", None
+        why = (
+            f"primary detector {audit.detector!r} {audit.detector_status} ({audit.detector_reason})"
+        )
+        if self.auditor.keeps_wrapped_when_undecided:
+            reason = f"{why}: the wrapped strategy's aggregate is kept"
+            _log.info("fedaudit round %d: %s", server_round, reason)
+            return wrapped, "wrapped", reason
+        reason = (
+            f"{why}: the coordinator's aggregate is used, so that the Flower global model stays "
+            "the one the coordinator audits the next round against"
+        )
+        _log.info("fedaudit round %d: %s", server_round, reason)
+        return audit.aggregate, "coordinator", reason
+
+    def _site(self, message: Message) -> SiteReply:
         content = message.content
         node = str(message.metadata.src_node_id)
         if self.signals_key not in content.config_records:
-            raise _NotAudited(f"node {node} sent no {self.signals_key!r} ConfigRecord")
+            raise AuditNotRun(f"node {node} sent no {self.signals_key!r} ConfigRecord")
         try:
             signals = decode_signals(content.config_records[self.signals_key])
         except SignalsFormatError as exc:
             raise SignalsFormatError(f"node {node}: {exc}") from None
         if self.arrayrecord_key is not None:
             if self.arrayrecord_key not in content.array_records:
-                raise _NotAudited(f"node {node} sent no ArrayRecord {self.arrayrecord_key!r}")
+                raise AuditNotRun(f"node {node} sent no ArrayRecord {self.arrayrecord_key!r}")
             record = content.array_records[self.arrayrecord_key]
         elif len(content.array_records) == 1:
             record = next(iter(content.array_records.values()))
         else:
-            raise _NotAudited(
+            raise AuditNotRun(
                 f"node {node} sent {len(content.array_records)} ArrayRecords; set arrayrecord_key"
             )
-        return ClientRoundData(
-            client_id=node,
-            num_samples=signals.num_samples,
-            class_counts=signals.class_counts,
-            per_class_loss=signals.per_class_loss,
-            per_class_loss_sd=signals.per_class_loss_sd,
-            per_class_errors=signals.per_class_errors,
-            train_loss=signals.train_loss,
-            train_accuracy=signals.train_accuracy,
-            probe_softmax=signals.probe_softmax,
-            centroids=signals.centroids,
-            state=DictStateReader({k: v.numpy() for k, v in record.items()}),
-        )
-
-    def _update_history(
-        self,
-        clients: list[ClientRoundData],
-        history: list[StatusHistory],
-        outcome: AuditOutcome,
-    ) -> list[dict[str, Any]]:
-        """Apply the status rule to this round's determined flags; return the per-site rows."""
-        rule = self.audit_config.status
-        primary = outcome.detections[outcome.primary]
-        rows = []
-        for i, (client, before) in enumerate(zip(clients, history, strict=True)):
-            flag = outcome.primary_flags[i]
-            after = before
-            if flag is not None:
-                window = (*before.flags, flag)[-rule.w :]
-                status = next_status(before.status, list(window), m=rule.m, w=rule.w)
-                after = StatusHistory(status=status, flags=window)
-            self._history[client.client_id] = after
-            verdict = primary.verdicts[i]
-            rows.append(
-                {
-                    "node_id": int(client.client_id),
-                    "num_samples": int(client.num_samples),
-                    "flag": flag,
-                    "status_before": before.status,
-                    "status": after.status,
-                    "weight": float(outcome.aggregation.weights[i]),
-                    "verdict": None if verdict is None else verdict.to_json(),
-                }
-            )
-        return rows
+        return SiteReply(node_id=int(message.metadata.src_node_id), signals=signals, arrays=record)
 
     def _finish(self, entry: dict[str, Any]) -> None:
         self.rounds.append(entry)
@@ -329,13 +315,30 @@ class FedAuditStrategy(Strategy):
         return {
             "format": REPORT_FORMAT,
             "wrapped_strategy": type(self.strategy).__name__,
+            **self.auditor.report_fields(),
             "audit_config": self.audit_config.to_json(),
             "rounds": self.rounds,
             "statuses": {
-                cid: {"status": h.status, "recent_flags": list(h.flags)}
-                for cid, h in sorted(self._history.items(), key=lambda kv: int(kv[0]))
+                str(node): {"status": s.status, "recent_flags": list(s.recent_flags)}
+                for node, s in sorted(self.auditor.statuses().items())
             },
         }
+
+
+def round_metrics(audit: RoundAudit, *, applied: bool) -> dict[str, Any]:
+    """The ``fedaudit.*`` entries of an audited round's ``MetricRecord``."""
+    sites = audit.sites
+    return {
+        "fedaudit.decided": int(audit.decided),
+        "fedaudit.applied": int(applied),
+        "fedaudit.num_flagged": sum(1 for s in sites if s.flag),
+        "fedaudit.num_noisy": sum(1 for s in sites if s.status == "noisy"),
+        "fedaudit.node_ids": [s.node_id for s in sites],
+        "fedaudit.flags": [-1 if s.flag is None else int(s.flag) for s in sites],
+        "fedaudit.status": [STATUS_CODES[s.status] for s in sites],
+        "fedaudit.weights": [float(s.weight) for s in sites],
+        "fedaudit.scores": [math.nan if s.score is None else float(s.score) for s in sites],
+    }
 
 
 def write_json_atomically(path: Path, document: dict[str, Any]) -> None:

@@ -9,6 +9,12 @@ its metrics and fedaudit's signals (``fedaudit_flower.signals_record``). The Ser
 Run it (needs ``pip install "fedaudit[flower]" "flwr[simulation]"``, the Ray backend)::
 
     python examples/flower/digits_flower.py --rounds 5 --report flower-report.json
+
+With ``--coordinator URL`` the strategy forwards every round to a running fedaudit coordinator
+instead of auditing in process (its admin token from ``FEDAUDIT_ADMIN_TOKEN``); the rounds then
+appear in that coordinator's report and dashboard, under the federation ``--federation-name``::
+
+    FEDAUDIT_ADMIN_TOKEN=... python examples/flower/digits_flower.py --coordinator http://127.0.0.1:8000
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +38,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from client_sdk.recipes.base import LocalData
-from fedaudit_flower import SIGNALS_KEY, FedAuditStrategy, signals_record
+from fedaudit_flower import SIGNALS_KEY, CoordinatorConnection, FedAuditStrategy, signals_record
 
 NUM_SITES = 10
 NOISY_PARTITIONS = (0, 1, 2)
@@ -123,17 +130,22 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     wrapped = NamingFedAvg()
-    strategy = FedAuditStrategy(wrapped, report_path=STATE["report"])
+    # coordinator=None audits in process; a CoordinatorConnection forwards every round
+    strategy = FedAuditStrategy(
+        wrapped, report_path=STATE["report"], coordinator=STATE.get("coordinator")
+    )
     STATE["strategy"] = strategy
     STATE["partitions"] = wrapped.partitions
     initial = ArrayRecord(make_model().state_dict())
     strategy.start(grid=grid, initial_arrays=initial, num_rounds=STATE["rounds"])
 
 
-def run(rounds: int, report: Path) -> dict[str, Any]:
+def run(
+    rounds: int, report: Path, coordinator: CoordinatorConnection | None = None
+) -> dict[str, Any]:
     """Run the simulation; return the report, with each node's partition id added (also in
-    the file)."""
-    STATE.update(rounds=rounds, report=report)
+    the file). With ``coordinator``, every round is forwarded to that coordinator."""
+    STATE.update(rounds=rounds, report=report, coordinator=coordinator)
     run_simulation(
         server_app=server_app,
         client_app=client_app,
@@ -148,20 +160,39 @@ def run(rounds: int, report: Path) -> dict[str, Any]:
 
 def print_report(document: dict[str, Any]) -> None:
     partitions = document["partitions"]
-    print(f"{'round':>5}  {'decided':>7}  {'applied':>7}  flagged partitions")
+    print(f"{'round':>5}  {'decided':>7}  {'applied':>11}  flagged partitions")
     for entry in document["rounds"]:
         flagged = sorted(
             partitions[str(c["node_id"])] for c in entry.get("clients", []) if c["flag"]
         )
-        print(f"{entry['round']:>5}  {entry['decided']!s:>7}  {entry['applied']:>7}  {flagged}")
+        print(f"{entry['round']:>5}  {entry['decided']!s:>7}  {entry['applied']:>11}  {flagged}")
     print(f"\nstatus after the last round (noisy partitions were {list(NOISY_PARTITIONS)}):")
     for node, status in sorted(document["statuses"].items(), key=lambda kv: partitions[kv[0]]):
         print(f"  partition {partitions[node]}: {status['status']}")
+    if "coordinator" in document:
+        where = document["coordinator"]
+        print(f"\nforwarded to {where['url']}: federation {where['federation_id']}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--report", type=Path, default=Path("flower-report.json"))
+    parser.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="forward every round to this fedaudit coordinator (admin token: FEDAUDIT_ADMIN_TOKEN)",
+    )
+    parser.add_argument("--federation-name", default="flower-digits")
     args = parser.parse_args()
-    print_report(run(args.rounds, args.report))
+    connection = None
+    if args.coordinator:
+        token = os.environ.get("FEDAUDIT_ADMIN_TOKEN", "")
+        if not token:
+            parser.error(
+                "--coordinator needs the coordinator's admin token in FEDAUDIT_ADMIN_TOKEN"
+            )
+        connection = CoordinatorConnection(
+            args.coordinator, token, federation_name=args.federation_name
+        )
+    print_report(run(args.rounds, args.report, connection))

@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.coordinator import rounds
 from service.coordinator.federation_config import (
     FederationConfigInput,
     InvalidHyperparametersError,
@@ -393,6 +394,48 @@ def stop(services: Services, federation_id: uuid.UUID, *, reason: str, actor: st
     """Stop a federation for good (`stop_federation`) and commit."""
     with services.sessions.begin() as session:
         return stop_federation(session, federation_id, reason=reason, actor=actor)
+
+
+def close_round_now(
+    services: Services, federation_id: uuid.UUID, index: int, *, reason: str, actor: str
+) -> None:
+    """The admin's "close": close the open round ``index`` now with the updates it has, as its
+    deadline would (at least the plan's ``min_clients`` of them); its selected sites that have
+    not sent are left out of its audit and aggregate, and the next round opens as usual.
+
+    A ``round.close_requested`` event records who asked and why; the round's ``state_reason``
+    is ``closed by the admin: <reason>``. A round that another closer (the deadline checker, the
+    last upload) closes meanwhile is answered as it is.
+
+    Raises
+    ------
+    NotFoundError
+        No such federation or round.
+    FederationStateError
+        The round is not open, or has fewer than ``min_clients`` updates.
+    """
+    with services.sessions.begin() as session:
+        federation = get_federation(session, federation_id)
+        rnd = rounds.get_round(session, federation_id, index)
+        if rnd.state != "open":
+            raise FederationStateError(f"round {index} is {rnd.state}; only an open round closes")
+        updates = repo.count_updates_of_round(session, rnd.id)
+        if updates < max(federation.min_clients, 1):
+            raise FederationStateError(
+                f"round {index} has {updates} updates; closing it needs at least "
+                f"{max(federation.min_clients, 1)} (the plan's min_clients)"
+            )
+        repo.add_event(
+            session,
+            kind="round.close_requested",
+            actor=actor,
+            message=f"round {index}: close requested with {updates} updates: {reason}",
+            federation_id=federation.id,
+            round_id=rnd.id,
+            data={"index": index, "updates": updates, "reason": reason},
+        )
+        round_id = rnd.id
+    rounds.close_round(services, round_id, reason=f"closed by the admin: {reason}")
 
 
 def register_client(

@@ -33,7 +33,7 @@ from service.api.schemas.federations import (
     FederationStop,
     ModelRead,
 )
-from service.api.schemas.rounds import RoundDetail, RoundPage
+from service.api.schemas.rounds import RoundClose, RoundDetail, RoundPage
 from service.api.uploads import receive_raw
 from service.coordinator import federations as use_cases
 from service.coordinator import queries, rounds
@@ -224,6 +224,28 @@ def get_round(
     index: int = Path(ge=0, le=INT32_MAX),
 ) -> RoundDetail:
     queries.federation_of(session, federation_id)
+    rnd = rounds.get_round(session, federation_id, index)
+    base = convert.round_read(session, rnd)
+    return RoundDetail(**base.model_dump(), audit=queries.audit_of_round(session, rnd.id))
+
+
+@router.post(
+    "/{federation_id}/rounds/{index}/close",
+    summary="Close an open round now with the updates it has (as its deadline would)",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409, **PROBLEM_422},
+)
+def close_round(
+    federation_id: uuid.UUID,
+    body: RoundClose,
+    session: SessionDep,
+    services: ServicesDep,
+    actor: AdminDep,
+    index: int = Path(ge=0, le=INT32_MAX),
+) -> RoundDetail:
+    """The round is audited and aggregated with the updates received (at least the plan's
+    `min_clients`); selected sites that have not sent are left out, and the next round opens.
+    409 when the round is not open or has too few updates."""
+    use_cases.close_round_now(services, federation_id, index, reason=body.reason, actor=actor)
     rnd = rounds.get_round(session, federation_id, index)
     base = convert.round_read(session, rnd)
     return RoundDetail(**base.model_dump(), audit=queries.audit_of_round(session, rnd.id))

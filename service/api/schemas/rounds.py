@@ -31,6 +31,20 @@ class RoundRead(BaseModel):
     coordinator_seconds: float | None
 
 
+class RoundClose(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"reason": "site c is down; the others should go on"}]},
+    )
+
+    reason: Text = Field(
+        min_length=1,
+        max_length=500,
+        description="Why the round closes before its deadline: recorded in the event trail and "
+        "in the round's state_reason. " + TEXT_RULES,
+    )
+
+
 class RoundDetail(RoundRead):
     audit: AuditRecord | None = Field(
         default=None,
