@@ -8,7 +8,7 @@ of its sites (:func:`required_signals`). A new detector is its module (numpy in,
 :class:`~service.audit.detection.DetectionResult` out), its parameters as a group of
 ``AuditConfig`` (:mod:`service.audit.config_groups`), one entry here (how to run it from a
 :class:`DetectorCall`, the input it needs, whether it can be primary, the signals a federation
-requires for it, the factory that builds it from its group), its tests and its section in
+requires for it; its runner builds the detector from its group), its tests and its section in
 docs/algorithms.md.
 
 A detector runs on every client or not at all: where a client did not send its ``input``, the
@@ -78,10 +78,6 @@ class DetectorSpec:
         The signals a federation running it requires of every site, given its configuration.
     primary : bool
         Whether it flags clients and can therefore be the primary detector.
-    build : callable or None
-        The configured detector object from an ``AuditConfig``, built from the detector's own
-        group of it (whose values were checked when the group was built); None for a detector
-        that has no parameters.
     reads : tuple of str
         Detectors whose result this one reads (from ``DetectorCall.earlier``); they run first.
     probabilities : bool
@@ -93,7 +89,6 @@ class DetectorSpec:
     input: str
     signals: Callable[[AuditConfig], frozenset[str]]
     primary: bool = False
-    build: Callable[[AuditConfig], object] | None = None
     reads: tuple[str, ...] = ()
     probabilities: bool = False
 
@@ -207,7 +202,6 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="per_class_loss",
         signals=lambda config: frozenset({"per_class_loss"}),
         primary=True,
-        build=lambda config: fednoro_detector(config.fednoro),
         probabilities=True,
     ),
     "fedncl": DetectorSpec(
@@ -215,7 +209,6 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="train_loss",
         signals=lambda config: frozenset({"train_loss"}),
         primary=True,
-        build=lambda config: fedncl_detector(config.fedncl),
     ),
     "expertise": DetectorSpec(
         _run_expertise,
@@ -228,7 +221,6 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         input="per_class_loss",
         signals=_evidence_signals,
         primary=True,
-        build=lambda config: evidence_detector(config.evidence),
         # FedNoRo's loss mixture is its cross-check (``mixture_check``).
         reads=("fednoro",),
     ),

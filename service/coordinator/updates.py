@@ -3,8 +3,10 @@
 Order: idempotent replay, round state, selection, duplicate, declared sha256, tensor manifest
 (names, shapes, dtypes equal the global model's), finite values, signals, and num_samples /
 class_counts against the site's join (within the federation's ``max_sample_drift``). Only then
-is the blob stored and the row inserted, in a transaction that first locks the round against a
-concurrent close; a blob whose transaction does not commit is removed again. A rejected request
+are the blob stored and the row inserted, in one transaction that locks the round against a
+concurrent close (a file or an object is put before that lock, so no connection is held while it
+travels; the database store's row after it); a blob whose transaction does not commit is
+removed again. A rejected request
 changes nothing but the event trail, which records why. The metadata's checks are in
 :mod:`service.coordinator.update_metadata`.
 """
@@ -241,12 +243,16 @@ def _submit(
     )
 
     # The blob belongs to this transaction: the store removes it again if the transaction ends
-    # without a commit, whatever the exception (service.store.blobs). It is put before the
-    # transaction's first statement: the session takes a pooled connection only then, so none
-    # is held while the blob travels (a network PUT with the S3 store).
+    # without a commit, whatever the exception (service.store.blobs). A file or an object is put
+    # before the transaction's first statement: the session takes a pooled connection only
+    # then, so none is held while the blob travels (a network PUT with the S3 store). The
+    # database store writes a row: it puts after the round's lock, which orders two sites'
+    # puts of the same bytes (else both would insert the row and one be refused).
+    early = not services.blobs.writes_rows
     try:
         with services.sessions.begin() as session:
-            services.blobs.put_file(staged.path, staged.sha256, session=session)
+            if early:
+                services.blobs.put_file(staged.path, staged.sha256, session=session)
             if not repo.touch_open_round(session, rnd.id):
                 raise RoundClosedError(
                     f"round {round_index} closed while this update was being received",
@@ -256,6 +262,8 @@ def _submit(
                 raise DuplicateUpdateError(
                     f"an update for round {round_index} was already accepted from this client"
                 )
+            if not early:
+                services.blobs.put_file(staged.path, staged.sha256, session=session)
             update = ModelUpdate(
                 federation_id=federation_id,
                 round_id=rnd.id,

@@ -137,6 +137,10 @@ def fill_cache(
 class BlobStore(Protocol):
     """Where model states live. Keys are sha256 hex digests of the content."""
 
+    writes_rows: bool
+    """The store writes its blobs as rows through the caller's session (the database store):
+    a put then takes the session's connection and must follow the caller's locks."""
+
     def put_file(self, path: Path, key: str, *, session: Session | None = None) -> bool:
         """Move the fsynced file at `path` into the store under `key`; True if it was new.
 
@@ -205,6 +209,9 @@ class TransactionOwnedBlobs:
     model updates and model versions); a blob that no row needs is garbage.
     """
 
+    writes_rows = False
+    """A put touches no database connection (a file, an object)."""
+
     def __init__(self, references: References) -> None:
         self.references = references
         self._lock = threading.Lock()
@@ -234,22 +241,27 @@ class TransactionOwnedBlobs:
             if self._in_flight[key] > 0:
                 return  # another transaction of this process still counts on the blob
             del self._in_flight[key]
-            if committed or not self._stored(key):
+            if committed:
                 return
+            # Runs inside the session's transaction-end hook: an error here (a store that does
+            # not answer) must not replace the exception that ended the transaction, nor stop
+            # the other blobs of the transaction from being released. The sweep removes what is
+            # left.
             try:
+                if not self._stored(key):
+                    return
                 with Session(bind=bind) as session:
                     needed = key in self.references(session, [key])
+                if not needed:
+                    self._remove(key)
+                    log.info("blob %s removed: the transaction that stored it did not commit", key)
             except Exception:
                 log.warning(
-                    "could not check whether blob %s is still referenced after a rollback; "
-                    "the start-up sweep will remove it if not",
+                    "could not remove blob %s after a rollback; the start-up sweep will if no "
+                    "row needs it",
                     key,
                     exc_info=True,
                 )
-                return
-            if not needed:
-                self._remove(key)
-                log.info("blob %s removed: the transaction that stored it did not commit", key)
 
     def discard(self, key: str, sessions: sessionmaker[Session]) -> bool:
         with self._lock:
@@ -387,6 +399,9 @@ def _blobs_transaction_ended(session: Session, transaction: SessionTransaction) 
 
 class DatabaseBlobStore:
     """Blobs as rows of the ``blob`` table; reads go through a local cache directory."""
+
+    writes_rows = True
+    """A put reads and inserts the blob's row through the caller's session."""
 
     def __init__(self, sessions: sessionmaker[Session], cache_dir: Path) -> None:
         self.sessions = sessions

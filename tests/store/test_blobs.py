@@ -147,6 +147,31 @@ def test_a_blob_whose_transaction_rolls_back_is_removed(
 
 
 @pytest.mark.db
+def test_a_store_that_fails_during_the_cleanup_does_not_hide_the_transactions_error(
+    tmp_path: Path, owned: Any, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cleanup after a rollback runs in the session's transaction-end hook: a store that does
+    # not answer there (an S3 HEAD that fails) must neither replace the error that ended the
+    # transaction nor leave the blobs counted as in flight (the sweep would skip them forever).
+    first, key1, _ = write_temp_file(tmp_path / "tmp", b"first")
+    second, key2, _ = write_temp_file(tmp_path / "tmp", b"second")
+
+    def unreachable(key: str) -> bool:
+        raise ConnectionError("the store does not answer")
+
+    def put_two_then_fail() -> None:
+        with sessions.begin() as session:
+            owned.put_file(first, key1, session=session)
+            owned.put_file(second, key2, session=session)
+            monkeypatch.setattr(owned, "_stored", unreachable)
+            raise LookupError("the round closed")
+
+    with pytest.raises(LookupError, match="the round closed"):
+        put_two_then_fail()
+    assert dict(owned._in_flight) == {}
+
+
+@pytest.mark.db
 def test_a_rollback_keeps_a_blob_another_open_transaction_has_put(
     tmp_path: Path, owned: Any, sessions: sessionmaker[Session]
 ) -> None:
