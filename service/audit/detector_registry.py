@@ -83,6 +83,9 @@ class DetectorSpec:
     probabilities : bool
         Whether its result gives each client a noisy probability (``reliability_weighted``
         needs such a primary detector).
+    classes : bool
+        Whether its verdicts name the classes that look noisy (``evidence["noisy_classes"]``):
+        the report shows them beside the verdict.
     """
 
     run: Callable[[DetectorCall], DetectionResult]
@@ -91,6 +94,7 @@ class DetectorSpec:
     primary: bool = False
     reads: tuple[str, ...] = ()
     probabilities: bool = False
+    classes: bool = False
 
 
 def fednoro_detector(settings: FedNoRoSettings) -> FedNoRoDetector:
@@ -203,6 +207,7 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         signals=lambda config: frozenset({"per_class_loss"}),
         primary=True,
         probabilities=True,
+        classes=True,
     ),
     "fedncl": DetectorSpec(
         _run_fedncl,
@@ -223,6 +228,7 @@ DETECTOR_REGISTRY: dict[str, DetectorSpec] = {
         primary=True,
         # FedNoRo's loss mixture is its cross-check (``mixture_check``).
         reads=("fednoro",),
+        classes=True,
     ),
 }
 """The registry, in table order: a new detector is its module, one entry here, its parameters

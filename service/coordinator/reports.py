@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.audit import DETECTORS
+from service.audit import DETECTOR_REGISTRY, DETECTORS
 from service.coordinator.rounds import effective_status, get_round
 from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
@@ -33,8 +33,8 @@ def _class_label(federation: Federation, index: int) -> str:
     return names[index] if names and 0 <= index < len(names) else str(index)
 
 
-CLASS_DETECTORS = ("evidence", "fednoro")
-"""The detectors whose verdicts name classes (``evidence.noisy_classes``)."""
+CLASS_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.classes)
+"""The detectors whose verdicts name classes (the registry's ``classes``)."""
 
 
 def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:

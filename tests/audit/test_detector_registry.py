@@ -37,6 +37,10 @@ def test_the_registry_holds_the_four_detectors_by_name() -> None:
     assert tuple(DETECTOR_REGISTRY) == DETECTORS
     assert PRIMARY_DETECTORS == ("fednoro", "fedncl", "evidence")
     assert PROBABILITY_DETECTORS == ("fednoro",)
+    assert [name for name, spec in DETECTOR_REGISTRY.items() if spec.classes] == [
+        "fednoro",
+        "evidence",
+    ]
     assert {name: spec.input for name, spec in DETECTOR_REGISTRY.items()} == {
         "fednoro": "per_class_loss",
         "fedncl": "train_loss",

@@ -39,9 +39,22 @@ def test_the_neighbor_matrix_keeps_sixty_sites_the_noisy_ones_first() -> None:
     sites[0]["neighbors"] = [{"client_id": f"id-{i:03d}", "weight": 0.5} for i in range(65, 70)]
     html = plots.neighbor_matrix(sites)
     assert plots.MATRIX_SITES == 60
-    assert row_indices(html) == {str(i) for i in range(60)}  # 60 rows (and 60 columns)
+    assert row_indices(html) == {str(i) for i in range(60)}  # 60 rows
     labels = [t.text for t in svg_root(html).iter(f"{NS}text")]
-    assert labels[60:65] == [f"noisy: s{i:03d}" for i in range(65, 70)]  # rows after 60 columns
+    # columns: the neighbors the shown rows were given (the five noisy sites), then the rows,
+    # noisy first
+    assert labels[:5] == [f"s{i:03d}" for i in range(65, 70)]
+    assert labels[5:10] == [f"noisy: s{i:03d}" for i in range(65, 70)]
+    assert labels[64] == "trusted: s054"  # the 60th row: 5 noisy, then s000-s054
+    assert "The first 60 of 70 sites as rows" in html
+
+
+def test_a_cut_matrix_whose_rows_have_no_neighbor_says_so_with_the_cut() -> None:
+    # 70 sites; only site 69 (not among the first 60 rows) was given a neighbor
+    sites = [site(i) for i in range(70)]
+    sites[69]["neighbors"] = [{"client_id": "id-000", "weight": 1.0}]
+    html = plots.neighbor_matrix(sites)
+    assert "No neighbor relation among the sites shown" in html
     assert "The first 60 of 70 sites" in html
 
 

@@ -141,25 +141,34 @@ def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
     """FedRN's reliable neighbors as a sites x sites matrix: row = the site, column = a
     neighbor it was given, colour = that neighbor's weight; the sites sorted by status (noisy
     first), then name, so that a noisy site's row and column stand together. Readable at 50
-    sites, where a graph is not."""
+    sites, where a graph is not. Beyond :data:`MATRIX_SITES` sites, the rows are the first of
+    them and the columns the neighbors those rows were given (at most :data:`MATRIX_SITES`)."""
     if not clients:
         return '<p class="muted">No client.</p>'
-    ordered = by_status(clients)[:MATRIX_SITES]
-    position = {c["client_id"]: i for i, c in enumerate(ordered)}
-    values: list[list[float | None]] = [[None] * len(ordered) for _ in ordered]
-    for i, c in enumerate(ordered):
+    everyone = by_status(clients)
+    rows_shown = everyone[:MATRIX_SITES]
+    if len(everyone) <= MATRIX_SITES:
+        columns = rows_shown
+    else:
+        given = {n.get("client_id") for c in rows_shown for n in c["neighbors"] or []}
+        columns = [c for c in everyone if c["client_id"] in given][:MATRIX_SITES]
+    position = {c["client_id"]: j for j, c in enumerate(columns)}
+    values: list[list[float | None]] = [[None] * len(columns) for _ in rows_shown]
+    for i, c in enumerate(rows_shown):
         for n in c["neighbors"] or []:
             j = position.get(n.get("client_id"))
             if j is not None:
                 values[i][j] = float(n.get("weight") or 0.0)
+    note = _shown_note(len(rows_shown), len(everyone), "sites as rows, their neighbors as columns")
     if not any(v is not None for row in values for v in row):
-        return '<p class="muted">No neighbor relation in the latest audit.</p>'
-    rows = [f"{c['status']}: {c['name']}" for c in ordered]
+        shown = "the sites shown" if note else "the latest audit"
+        return f'<p class="muted">No neighbor relation among {shown}.</p>' + note
+    rows = [f"{c['status']}: {c['name']}" for c in rows_shown]
     return (
         '<p class="muted">Row: a site (its status first); column: a reliable neighbor FedRN gave '
         "it, in the same order; colour: the neighbor's weight in the site's local model (from "
         "the smallest to the largest shown); grey: not its neighbor. Sites sorted by status, "
         "noisy first.</p>"
-        + svg.heatmap(values, rows, [c["name"] for c in ordered], label="reliable-neighbor matrix")
-        + _shown_note(len(ordered), len(clients), "sites, as rows and as columns")
+        + svg.heatmap(values, rows, [c["name"] for c in columns], label="reliable-neighbor matrix")
+        + note
     )
