@@ -253,15 +253,7 @@ def _submit(
         with services.sessions.begin() as session:
             if early:
                 services.blobs.put_file(staged.path, staged.sha256, session=session)
-            if not repo.touch_open_round(session, rnd.id):
-                raise RoundClosedError(
-                    f"round {round_index} closed while this update was being received",
-                    **_open_round_hint(session, federation_id),
-                )
-            if repo.update_of(session, rnd.id, client.id) is not None:
-                raise DuplicateUpdateError(
-                    f"an update for round {round_index} was already accepted from this client"
-                )
+            _lock_open_round(session, rnd, client)
             if not early:
                 services.blobs.put_file(staged.path, staged.sha256, session=session)
             update = ModelUpdate(
@@ -287,6 +279,20 @@ def _submit(
             f"an update for round {round_index} was already accepted from this client"
         ) from None
     return SubmitResult(update, created=True)
+
+
+def _lock_open_round(session: Session, rnd: Round, client: Client) -> None:
+    """Lock the round against a concurrent close; refuse the update if the round closed
+    meanwhile or the client's update for it was accepted already."""
+    if not repo.touch_open_round(session, rnd.id):
+        raise RoundClosedError(
+            f"round {rnd.index} closed while this update was being received",
+            **_open_round_hint(session, rnd.federation_id),
+        )
+    if repo.update_of(session, rnd.id, client.id) is not None:
+        raise DuplicateUpdateError(
+            f"an update for round {rnd.index} was already accepted from this client"
+        )
 
 
 class _RoundContext(NamedTuple):

@@ -161,8 +161,8 @@ def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
                 values[i][j] = float(n.get("weight") or 0.0)
     note = _shown_note(len(rows_shown), len(everyone), "sites as rows, their neighbors as columns")
     if not any(v is not None for row in values for v in row):
-        shown = "the sites shown" if note else "the latest audit"
-        return f'<p class="muted">No neighbor relation among {shown}.</p>' + note
+        where = "among the sites shown" if note else "in the latest audit"
+        return f'<p class="muted">No neighbor relation {where}.</p>' + note
     rows = [f"{c['status']}: {c['name']}" for c in rows_shown]
     return (
         '<p class="muted">Row: a site (its status first); column: a reliable neighbor FedRN gave '
