@@ -64,7 +64,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,7 @@ from fedaudit_flower.auditing import (
     SiteResult,
     SiteStatus,
     array_record,
+    numpy_state,
 )
 from service.audit import DETECTORS, AuditConfig, required_signals
 
@@ -104,16 +105,6 @@ MAX_PLAN_ROUNDS = 100_000
 """The most rounds a coordinator's plan takes."""
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 """The longest round deadline a coordinator's plan takes."""
-_SIGNAL_FIELDS = (
-    "class_counts",
-    "per_class_loss",
-    "per_class_loss_sd",
-    "per_class_errors",
-    "train_loss",
-    "train_accuracy",
-    "probe_softmax",
-    "centroids",
-)
 
 
 @dataclass(frozen=True)
@@ -172,9 +163,8 @@ class CoordinatorConnection:
 
 def safetensors_bytes(arrays: ArrayRecord) -> bytes:
     """An ``ArrayRecord`` as the safetensors file the coordinator takes (names, dtypes kept)."""
-    return save_safetensors(
-        {name: np.require(array.numpy(), requirements="C") for name, array in arrays.items()}
-    )
+    state = numpy_state(arrays)
+    return save_safetensors({name: np.require(a, requirements="C") for name, a in state.items()})
 
 
 def arrays_from_safetensors(data: bytes, order: Iterable[str] = ()) -> ArrayRecord:
@@ -186,7 +176,7 @@ def arrays_from_safetensors(data: bytes, order: Iterable[str] = ()) -> ArrayReco
 
 def signals_json(signals: WireSignals) -> dict[str, Any]:
     """The signals as an update's ``signals`` (the coordinator's ``UpdateSignals``)."""
-    values = {name: getattr(signals, name) for name in _SIGNAL_FIELDS}
+    values = {f.name: getattr(signals, f.name) for f in fields(signals) if f.name != "num_samples"}
     return {name: value for name, value in values.items() if value is not None}
 
 

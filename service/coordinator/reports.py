@@ -466,8 +466,8 @@ def client_history(session: Session, federation: Federation, client: Client) -> 
     cid = str(client.id)
     rounds = []
     for audit_id, round_index, client_ids in repo.audit_client_ids(session, federation.id):
-        position = _positions({"client_ids": client_ids}).get(cid)
-        if position is not None:
+        if cid in client_ids:
+            position = client_ids.index(cid)
             fields = repo.audit_values(session, audit_id, _client_paths(position, cid))
             rounds.append(_client_entry(federation, round_index, fields))
     return {
