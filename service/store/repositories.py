@@ -356,11 +356,6 @@ def audit_of_round(session: Session, round_id: uuid.UUID) -> AuditResult | None:
     return session.scalar(select(AuditResult).where(AuditResult.round_id == round_id))
 
 
-def audits_of_federation(session: Session, federation_id: uuid.UUID) -> list[AuditResult]:
-    query = select(AuditResult).where(AuditResult.federation_id == federation_id)
-    return list(session.scalars(query.order_by(AuditResult.round_index)))
-
-
 def audit_client_ids(
     session: Session, federation_id: uuid.UUID
 ) -> list[tuple[uuid.UUID, int, list[str]]]:
