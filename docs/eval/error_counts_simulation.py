@@ -36,12 +36,15 @@ def federation(
     base: np.ndarray,
     spread: float,
     noisy: dict[int, float],
+    class_spread: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(loss, counts, sd, errors) of one round, per site and class."""
     counts = np.stack(
         [rng.multinomial(max(5, rng.poisson(n)), rng.dirichlet([0.5] * c)) for _ in range(k)]
     )
     factor = np.exp(rng.normal(0.0, spread, size=k)) if spread else np.ones(k)
+    # A site's classes given the site: one class's samples harder than its others.
+    by_class = np.exp(rng.normal(0.0, class_spread, size=(k, c)))
     loss = np.full((k, c), np.nan)
     sd = np.full((k, c), np.nan)
     errors = np.zeros((k, c), dtype=np.int64)
@@ -51,7 +54,7 @@ def federation(
             if m == 0:
                 continue
             wrong = rng.random(m) < noisy.get(i, 0.0)
-            hard = rng.random(m) < min(1.0, base[j] * factor[i])
+            hard = rng.random(m) < min(1.0, base[j] * factor[i] * by_class[i, j])
             per_sample = rng.exponential(0.05 * factor[i], m)
             per_sample = np.where(hard, 0.7 + rng.exponential(1.5, m), per_sample)
             per_sample = np.where(wrong, 2.0 + rng.exponential(2.0, m), per_sample)
@@ -62,7 +65,14 @@ def federation(
 
 
 def measure(
-    k: int, c: int, n: int, spread: float, noisy: dict[int, float], rounds: int, seed: int = 0
+    k: int,
+    c: int,
+    n: int,
+    spread: float,
+    noisy: dict[int, float],
+    rounds: int,
+    seed: int = 0,
+    class_spread: float = 0.0,
 ) -> str:
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.005, 0.08, size=c)
@@ -71,7 +81,7 @@ def measure(
     alarms = {"losses": 0, "both": 0}
     found = {"losses": np.zeros(len(noisy)), "both": np.zeros(len(noisy))}
     for _ in range(rounds):
-        loss, counts, sd, errors = federation(rng, k, c, n, base, spread, noisy)
+        loss, counts, sd, errors = federation(rng, k, c, n, base, spread, noisy, class_spread)
         for kind in ("losses", "both"):
             detector = EvidenceDetector(mixture_check=False, error_check=kind == "both")
             wrong = errors if kind == "both" else None

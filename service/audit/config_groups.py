@@ -195,7 +195,7 @@ class EvidenceSettings:
     mixture_check: bool = True
     accuracy_check: bool = False
     min_accuracy_gap: float = 0.25
-    error_check: bool = False
+    error_check: bool = True
     min_error_excess: float = 0.05
     min_error_sites: int = 10
 

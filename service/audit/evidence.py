@@ -195,7 +195,7 @@ class EvidenceDetector:
         others' (:mod:`service.audit.accuracy_evidence`): a site that lies about its losses.
     min_accuracy_gap : float, default=0.25
         The accuracy test's practical-significance floor (absolute error above the centre).
-    error_check : bool, default=False
+    error_check : bool, default=True
         When every site reported ``per_class_errors``, combine the loss evidence with the
         error-count evidence of :mod:`service.audit.error_evidence` (consensus mode; Bonferroni
         over the two).
@@ -224,7 +224,7 @@ class EvidenceDetector:
         mixture_check: bool = True,
         accuracy_check: bool = False,
         min_accuracy_gap: float = 0.25,
-        error_check: bool = False,
+        error_check: bool = True,
         min_error_excess: float = 0.05,
         min_error_sites: int = 10,
     ) -> None:
