@@ -104,27 +104,39 @@ def test_the_floor_keeps_a_small_excess_out() -> None:
 
 
 def _federation(
-    rng: np.random.Generator, k: int, c: int, n_mean: int, spread: float
+    rng: np.random.Generator,
+    k: int,
+    c: int,
+    n_mean: int,
+    spread: float,
+    class_spread: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Clean sites: Dirichlet(0.5) label mix, Poisson sizes, per-class error rates 0.5-8 %,
-    each site's rates times exp(N(0, spread^2)) (harder or easier data)."""
+    each site's rates times exp(N(0, spread^2)) (harder or easier data), each (site, class)
+    rate times exp(N(0, class_spread^2)) (a class harder at one site than elsewhere)."""
     base = rng.uniform(0.005, 0.08, size=c)
     counts = np.stack(
         [rng.multinomial(max(5, rng.poisson(n_mean)), rng.dirichlet([0.5] * c)) for _ in range(k)]
     )
-    rates = np.clip(base * np.exp(rng.normal(0.0, spread, size=(k, 1))), 0.0, 1.0)
+    factor = np.exp(rng.normal(0.0, spread, size=(k, 1)))
+    if class_spread:
+        factor = factor * np.exp(rng.normal(0.0, class_spread, size=(k, c)))
+    rates = np.clip(base * factor, 0.0, 1.0)
     return rng.binomial(counts, rates), counts
 
 
-@pytest.mark.parametrize(("k", "spread"), [(20, 0.0), (50, 0.0), (5, 0.0), (20, 0.3)])
-def test_false_alarm_rate_on_clean_federations(k: int, spread: float) -> None:
+@pytest.mark.parametrize(
+    ("k", "spread", "class_spread"),
+    [(20, 0.0, 0.0), (50, 0.0, 0.0), (5, 0.0, 0.0), (20, 0.3, 0.0), (20, 0.0, 0.5)],
+)
+def test_false_alarm_rate_on_clean_federations(k: int, spread: float, class_spread: float) -> None:
     # The detector's two passes, BH at q = 0.01: rounds with any flag, 150 simulated rounds.
     # The tolerance allows 3 %.
     rng = np.random.default_rng(0)
     rounds = 150
     alarms = 0
     for _ in range(rounds):
-        errors, counts = _federation(rng, k, 10, 40, spread)
+        errors, counts = _federation(rng, k, 10, 40, spread, class_spread)
         first, _ = benjamini_hochberg(error_evidence(errors, counts).p_value, 0.01)
         flags, _ = benjamini_hochberg(error_evidence(errors, counts, exclude=first).p_value, 0.01)
         alarms += bool(flags.any())
@@ -215,3 +227,32 @@ def test_phi_is_fitted_when_the_poisson_trim_would_remove_half_of_the_sites() ->
     ev = error_evidence(errors, counts)
     assert ev.dispersion > 0.05
     assert 2 * int(ev.fit_set.sum()) > 20
+
+
+def test_the_per_class_part_sees_errors_in_one_class() -> None:
+    # 12 sites, 4 classes of 20 samples, 1 error per class; site 0 has 9 in class 0. Its total,
+    # 12 against 4 * 20 * (11 + 0.5) / 221 = 4.16 expected, is Poisson-unlikely (mid-p about
+    # 1.5e-3); class 0 alone, 9 against 1.04, far more (mid-p about 6e-6, times 4 classes and
+    # the factor of two of the combination: about 5e-5), with ``class_part``.
+    counts = np.full((12, 4), 20)
+    errors = np.full((12, 4), 1)
+    errors[0, 0] = 9
+    total_only = error_evidence(errors, counts)
+    assert total_only.observed[0] == 12
+    assert total_only.expected[0] == pytest.approx(80 * 11.5 / 221)
+    assert 1e-3 < total_only.p_value[0] < 2e-3
+    with_classes = error_evidence(errors, counts, class_part=True)
+    assert 1e-5 < with_classes.p_value[0] < 1e-4
+    assert total_only.p_value[1:].tolist() == with_classes.p_value[1:].tolist() == [1.0] * 11
+
+
+def test_psi_sees_classes_that_differ_within_sites() -> None:
+    # 30 sites of 5 classes x 60 samples at 8 % errors: no class-level spread, psi = 0; the
+    # same with each (site, class) rate times exp(N(0, 0.8^2)): psi well above 0.
+    rng = np.random.default_rng(5)
+    counts = np.full((30, 5), 60)
+    alike = rng.binomial(counts, 0.08)
+    assert error_evidence(alike, counts).class_dispersion == 0.0
+    rates = np.clip(0.08 * np.exp(rng.normal(0.0, 0.8, size=(30, 5))), 0.0, 1.0)
+    differ = error_evidence(rng.binomial(counts, rates), counts)
+    assert differ.class_dispersion > 0.05
