@@ -37,8 +37,10 @@ from client_sdk._responses import (
     Instructions,
     ProblemDetails,
     RoundInfo,
+    SignalPolicy,
     UpdateReceipt,
 )
+from client_sdk.privacy import SignalPolicyError
 
 if TYPE_CHECKING:
     from client_sdk.participant import (
@@ -87,6 +89,8 @@ __all__ = [
     "RateLimitError",
     "RoundInfo",
     "RoundSummary",
+    "SignalPolicy",
+    "SignalPolicyError",
     "SiteRoundError",
     "UnprocessableEntityError",
     "UpdateReceipt",

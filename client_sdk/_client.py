@@ -40,7 +40,7 @@ from client_sdk._responses import (
     JoinInfo,
     ModelInfo,
     RoundInfo,
-    TaskSpec,
+    SiteTask,
     UpdateReceipt,
 )
 
@@ -176,7 +176,7 @@ def join_path(federation_id: uuid.UUID | str) -> str:
     return f"{API}/federations/{federation_id}/join"
 
 
-def join_body(num_samples: int, class_counts: Sequence[int]) -> dict[str, Any]:
+def join_body(num_samples: int, class_counts: Sequence[int | None]) -> dict[str, Any]:
     """The JSON body of a join, exactly as :meth:`FederationClient.join` sends it."""
     return {"num_samples": num_samples, "class_counts": list(class_counts)}
 
@@ -221,13 +221,18 @@ class FederationClient(_Base):
     def __init__(self, base_url: str | None = None, api_token: str | None = None, **kwargs: Any):
         super().__init__(base_url, api_token, **kwargs)
 
-    def get_task(self, federation_id: uuid.UUID | str) -> TaskSpec:
-        """The federation's task: number of classes, input shape, class names."""
+    def get_task(self, federation_id: uuid.UUID | str) -> SiteTask:
+        """The federation's task: number of classes, input shape, class names, and the
+        signal privacy policy the site's join and updates must obey."""
         response = self._request("GET", f"{API}/federations/{federation_id}/task")
-        return TaskSpec.model_validate(response.json())
+        return SiteTask.model_validate(response.json())
 
     def join(
-        self, federation_id: uuid.UUID | str, *, num_samples: int, class_counts: list[int]
+        self,
+        federation_id: uuid.UUID | str,
+        *,
+        num_samples: int,
+        class_counts: Sequence[int | None],
     ) -> JoinInfo:
         response = self._request(
             "POST", join_path(federation_id), json=join_body(num_samples, class_counts)

@@ -24,10 +24,25 @@ class ProblemDetails(BaseModel):
     instance: str | None = None
 
 
+class SignalPolicy(_Model):
+    """A federation's signal privacy policy (``config.privacy``): how coarse the counts and
+    per-class signals a site sends must be (``client_sdk.privacy`` applies it)."""
+
+    min_class_count: int = 0
+    count_bucket: int = 1
+
+
 class TaskSpec(_Model):
     num_classes: int
     input_shape: list[int]
     class_names: list[str] | None = None
+
+
+class SiteTask(TaskSpec):
+    """The task as a site reads it (``GET .../task``), with the privacy policy its join and
+    updates must obey (absent from a coordinator older than the policy: no policy)."""
+
+    privacy: SignalPolicy = Field(default_factory=SignalPolicy)
 
 
 class PlanSpec(_Model):
@@ -74,7 +89,7 @@ class ClientInfo(_Model):
     anchor: bool = False
     anchor_reason: str | None = None
     num_samples: int | None = None
-    class_counts: list[int] | None = None
+    class_counts: list[int | None] | None = None
     joined_at: datetime | None = None
     last_seen_at: datetime | None = None
 
@@ -90,6 +105,7 @@ class JoinInfo(_Model):
     federation_status: str
     num_classes: int
     input_shape: list[int]
+    privacy: SignalPolicy = Field(default_factory=SignalPolicy)
 
 
 class Diagnostics(_Model):
@@ -137,6 +153,7 @@ class Instructions(_Model):
     label_correction: bool = False
     neighbors: list[Neighbor] = []
     self_weight: float | None = None
+    privacy: SignalPolicy = Field(default_factory=SignalPolicy)
 
 
 class RoundRef(_Model):

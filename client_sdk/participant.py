@@ -55,6 +55,7 @@ from client_sdk.model_files import (
     save_initial_model,
     state_to_bytes,
 )
+from client_sdk.privacy import private_counts, private_signals
 from client_sdk.recipes import LocalData, NeighborModel, TrainReport, get_recipe
 from client_sdk.signals import Signals, compute_signals
 
@@ -178,8 +179,9 @@ class Participant:
         )
         self._last_wait: str | None = None
 
-    def _join_counts(self) -> tuple[int, list[int]]:
-        """(num_samples, class_counts) as the join declares them (checked against the task)."""
+    def _join_counts(self) -> tuple[int, list[int | None]]:
+        """(num_samples, class_counts) as the join declares them (checked against the task),
+        as coarse as the federation's privacy policy asks (``client_sdk.privacy``)."""
         task = self.client.get_task(self.federation_id)
         labels = self.data.labels.cpu()
         if int(labels.max().item()) >= task.num_classes:
@@ -188,14 +190,14 @@ class Participant:
                 f"{task.num_classes} classes"
             )
         counts = [int(c) for c in torch.bincount(labels, minlength=task.num_classes)]
-        return self.data.num_samples, counts
+        return private_counts(self.data.num_samples, counts, task.privacy)
 
     def join(self) -> None:
         """Join (again) with this site's sample count and class counts."""
         num_samples, counts = self._join_counts()
         joined = self.client.join(self.federation_id, num_samples=num_samples, class_counts=counts)
         log.info("joined federation %s as %s", self.federation_id, joined.name)
-        held = sum(1 for c in counts if c > 0)
+        held = sum(1 for c in counts if c is None or c > 0)
         self._progress(
             f"joined federation {self.federation_id} as {joined.name!r}: {num_samples} samples "
             f"in {held} of {len(counts)} classes, training on {self.device}"
@@ -376,13 +378,18 @@ class Participant:
         signals = self._compute_signals(global_model, model, report, instructions)
         signal_seconds = time.perf_counter() - trained
         stage[0] = "upload"
-        reported = reported_signals(signals)
+        num_samples, reported = private_signals(
+            self.data.num_samples,
+            reported_signals(signals),
+            instructions.privacy,
+            global_centroids=instructions.centroids,
+        )
         return PreparedUpdate(
             round_index=instructions.round_index,
             recipe=instructions.recipe,
             idempotency_key=f"{current.round.id}",
             state=state_to_bytes(model),
-            num_samples=self.data.num_samples,
+            num_samples=num_samples,
             signals=reported,
             metrics=dict(report.metrics),
             report=report,

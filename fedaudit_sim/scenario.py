@@ -207,6 +207,14 @@ class TrainingSpec(_Strict):
     momentum: float = Field(default=0.5, ge=0.0, lt=1.0)
 
 
+class PrivacySpec(_Strict):
+    """The federation's signal privacy policy (the coordinator's ``config.privacy``): every
+    simulated site applies it through the SDK, so a run measures what it costs the audit."""
+
+    min_class_count: int = Field(default=0, ge=0)
+    count_bucket: int = Field(default=1, ge=1)
+
+
 class MethodSpec(_Strict):
     """One method configuration: a coordinator preset plus overrides.
 
@@ -224,6 +232,7 @@ class MethodSpec(_Strict):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     audit: dict[str, Any] = Field(default_factory=dict)
     probe_size: int | None = Field(default=None, ge=1, le=1024)
+    privacy: PrivacySpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +267,8 @@ class MethodSpec(_Strict):
             config["audit"] = dict(self.audit)
         if self.probe_size is not None:
             config["probe_size"] = self.probe_size
+        if self.privacy is not None:
+            config["privacy"] = self.privacy.model_dump()
         return config
 
 

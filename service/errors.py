@@ -16,7 +16,8 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
     ├── PayloadTooLargeError         413 payload-too-large
     ├── InvalidSpecError             422 validation-error
     ├── UpdateRejectedError          422 update-rejected
-    │   └── InconsistentUpdateError  422 update-inconsistent
+    │   ├── InconsistentUpdateError  422 update-inconsistent
+    │   └── PrivacyPolicyError       422 privacy-policy
     ├── InvalidModelError            422 invalid-model
     ├── RateLimitedError             429 rate-limited
     └── NotReadyError                503 not-ready
@@ -116,6 +117,14 @@ class InconsistentUpdateError(UpdateRejectedError):
 
     title = "Update inconsistent with the join"
     type_slug = "update-inconsistent"
+
+
+class PrivacyPolicyError(UpdateRejectedError):
+    """A join or update whose counts or per-class signals are finer than the federation's
+    signal privacy policy allows (nothing of it is stored)."""
+
+    title = "Signals finer than the federation's privacy policy"
+    type_slug = "privacy-policy"
 
 
 class InvalidModelError(CoordinatorError):

@@ -217,6 +217,8 @@ PROBLEM_422_UPDATE: dict[int | str, dict[str, Any]] = {
     422: problem(
         422,
         "Invalid update (/problems/update-rejected), or num_samples / class_counts outside the "
-        "drift the federation allows from the site's join (/problems/update-inconsistent)",
+        "drift the federation allows from the site's join (/problems/update-inconsistent), "
+        "or counts or per-class signals finer than the federation's signal privacy policy "
+        "(/problems/privacy-policy; nothing is stored)",
     )
 }

@@ -36,10 +36,31 @@ def federation_create(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Print only the new federation's id")
     ] = False,
+    min_class_count: Annotated[
+        int | None,
+        typer.Option(
+            "--min-class-count",
+            min=0,
+            help="Privacy policy: a class a site holds fewer samples of is sent as 'fewer "
+            "than N' with no per-class loss (sets config.privacy.min_class_count; 0: off)",
+        ),
+    ] = None,
+    count_bucket: Annotated[
+        int | None,
+        typer.Option(
+            "--count-bucket",
+            min=1,
+            help="Privacy policy: sites send their sample and class counts rounded up to a "
+            "multiple of N (sets config.privacy.count_bucket; 1: exact)",
+        ),
+    ] = None,
     url: UrlOption = "http://127.0.0.1:8000",
     token: TokenOption = "",
 ) -> None:
-    """Create a federation from a JSON spec (prints it as JSON; --quiet: only its id)."""
+    """Create a federation from a JSON spec (prints it as JSON; --quiet: only its id).
+
+    --min-class-count and --count-bucket set the federation's signal privacy policy over the
+    spec's config.privacy."""
     try:
         body = json.loads(spec.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -52,12 +73,27 @@ def federation_create(
             f"not a {type(body).__name__}",
             2,
         )
+    _set_privacy(body, spec, min_class_count=min_class_count, count_bucket=count_bucket)
     with admin_client(url, token) as admin:
         federation = call(admin.create_federation, body)
     if quiet:
         typer.echo(str(federation.id))
         return
     stdout().print_json(federation.model_dump_json())
+
+
+def _set_privacy(body: dict[str, Any], spec: Path, **settings: int | None) -> None:
+    """Put the options given (not None) into the spec's config.privacy."""
+    given = {key: value for key, value in settings.items() if value is not None}
+    if not given:
+        return
+    config = body.setdefault("config", {})
+    if not isinstance(config, dict):
+        fail(f"the spec {str(spec)!r}: config must be a JSON object", 2)
+    privacy = config.setdefault("privacy", {})
+    if not isinstance(privacy, dict):
+        fail(f"the spec {str(spec)!r}: config.privacy must be a JSON object", 2)
+    privacy.update(given)
 
 
 @federation_app.command("list")

@@ -60,7 +60,9 @@ def client_round_data(update: ModelUpdate, reader: Any) -> ClientRoundData:
     return ClientRoundData(
         client_id=str(update.client_id),
         num_samples=int(update.num_samples),
-        class_counts=np.asarray(signals["class_counts"], dtype=np.int64),
+        # A class count the privacy policy suppresses (null; its per-class signals are null
+        # too) is a class the site does not hold, for the audit.
+        class_counts=np.asarray([c or 0 for c in signals["class_counts"]], dtype=np.int64),
         per_class_loss=_array(per_class) if per_class is not None else None,
         per_class_loss_sd=_array(signals.get("per_class_loss_sd")),
         per_class_errors=_array(signals.get("per_class_errors")),

@@ -18,8 +18,15 @@ from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
 from service.coordinator.ratelimit import EventBudget
 from service.coordinator.resources import Services
+from service.coordinator.signal_policy import count_problems, policy_of
 from service.coordinator.updates import join_drift_errors, record_rejection
-from service.errors import AuthError, BadRequestError, InconsistentUpdateError, NotFoundError
+from service.errors import (
+    AuthError,
+    BadRequestError,
+    InconsistentUpdateError,
+    NotFoundError,
+    PrivacyPolicyError,
+)
 from service.store import repositories as repo
 from service.store.tables import Client, Event, Federation
 
@@ -96,12 +103,39 @@ def check_scope(client: Client, federation_id: uuid.UUID) -> None:
         raise NotFoundError(f"federation {federation_id} does not exist")
 
 
+def _check_join_counts(
+    federation: Federation, num_samples: int, class_counts: list[int | None]
+) -> None:
+    """One count per class, within the federation's privacy policy, adding up to num_samples."""
+    if len(class_counts) != federation.num_classes:
+        msg = f"must have {federation.num_classes} entries"
+        raise BadRequestError(
+            "invalid join request: " + msg, errors=[{"loc": ["body", "class_counts"], "msg": msg}]
+        )
+    forbidden, wrong = count_problems(
+        num_samples,
+        class_counts,
+        policy_of(federation.config),
+        samples_loc=["body", "num_samples"],
+        counts_loc=["body", "class_counts"],
+    )
+    if forbidden:
+        raise PrivacyPolicyError(
+            f"the join's counts are finer than the federation's privacy policy allows "
+            f"({len(forbidden)} problem(s); first: {'.'.join(map(str, forbidden[0]['loc']))}: "
+            f"{forbidden[0]['msg']}); nothing was recorded",
+            errors=forbidden,
+        )
+    if wrong:
+        raise BadRequestError("invalid join request: " + wrong[0]["msg"], errors=wrong)
+
+
 def join(
     session: Session,
     client: Client,
     *,
     num_samples: int,
-    class_counts: list[int],
+    class_counts: list[int | None],
     now: datetime,
 ) -> Client:
     """Record the client's data summary; joining again updates it (e.g. after a restart).
@@ -124,20 +158,7 @@ def join(
     federation = repo.lock_federation(session, client.federation_id)
     assert federation is not None
     session.refresh(federation)  # the locked row's values, even if loaded before in this session
-    errors: list[dict[str, Any]] = []
-    if len(class_counts) != federation.num_classes:
-        errors.append(
-            {"loc": ["body", "class_counts"], "msg": f"must have {federation.num_classes} entries"}
-        )
-    elif sum(class_counts) != num_samples:
-        errors.append(
-            {
-                "loc": ["body", "class_counts"],
-                "msg": f"sums to {sum(class_counts)} but num_samples is {num_samples}",
-            }
-        )
-    if errors:
-        raise BadRequestError("invalid join request: " + errors[0]["msg"], errors=errors)
+    _check_join_counts(federation, num_samples, class_counts)
     first = client.joined_at is None
     if (
         not first
@@ -215,7 +236,7 @@ def join_federation(
     federation_id: uuid.UUID,
     *,
     num_samples: int,
-    class_counts: list[int],
+    class_counts: list[int | None],
 ) -> tuple[Client, Federation]:
     """Join (`join`) and commit; returns the client and its federation as stored.
 

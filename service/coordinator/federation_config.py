@@ -21,6 +21,7 @@ from service.audit import (
     scale_rounds,
 )
 from service.coordinator.hyperparameters import hyperparameter_errors
+from service.coordinator.signal_policy import SignalPolicy
 from service.inputs import INT32_MAX, BoundedJson
 
 Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
@@ -148,6 +149,14 @@ class FederationConfigInput(BaseModel):
             "An update outside is refused (422, /problems/update-inconsistent)."
         ),
     )
+    privacy: SignalPolicy = Field(
+        default_factory=SignalPolicy,
+        description=(
+            "The signal privacy policy every site applies before sending its counts and "
+            "per-class signals (docs/what-leaves-the-site.md); a join or update that does not "
+            "obey it is refused (422, /problems/privacy-policy). Off by default."
+        ),
+    )
 
 
 def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any]:
@@ -204,5 +213,6 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
         "audit": audit_config.to_json(),
         "probe_size": data.probe_size,
         "max_sample_drift": data.max_sample_drift,
+        "privacy": data.privacy.model_dump(),
         "signals": sorted(signals),
     }

@@ -317,7 +317,7 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
     if float(hyperparameters.get("la_tau", 0.0)) <= 0.0:
         return []  # no logit adjustment at all (the default since la_tau): nothing to warn of
     held = [
-        sum(1 for count in client.class_counts if int(count) > 0)
+        sum(1 for count in client.class_counts if count is None or int(count) > 0)
         for client in clients
         if client.class_counts
     ]

@@ -28,6 +28,7 @@ from service.audit import next_status
 from service.coordinator import audits
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
+from service.coordinator.signal_policy import policy_of
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
@@ -149,6 +150,7 @@ def build_instructions(
         ),
         "centroids": federation.centroids if config["recipe"] == "rofl" else None,
         "deadline_at": rnd.deadline_at.isoformat(),
+        "privacy": policy_of(config).model_dump(),
     }
     result: dict[uuid.UUID, dict[str, Any]] = {}
     for client in selected:

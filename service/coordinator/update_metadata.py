@@ -17,7 +17,8 @@ from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.errors import UpdateRejectedError
+from service.coordinator.signal_policy import count_problems, policy_of
+from service.errors import PrivacyPolicyError, UpdateRejectedError
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
 from service.store.tables import Federation
 
@@ -51,14 +52,22 @@ class UpdateSignals(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    class_counts: list[Count] = Field(
+    class_counts: list[Count | None] = Field(
         max_length=MAX_ENTRIES,
-        description="Samples per class; sums to num_samples (every update sends them)",
+        description=(
+            "Samples per class, as declared at join (every update sends them); sums to "
+            "num_samples. Under the federation's privacy policy (config.privacy): null for a "
+            "suppressed class (the site holds 1 to min_class_count - 1 samples of it), and "
+            "every count rounded up to a multiple of count_bucket"
+        ),
     )
     per_class_loss: list[NonNegative | None] | None = Field(
         None,
         max_length=MAX_ENTRIES,
-        description="The global model's mean cross-entropy per given label (FedNoRo)",
+        description=(
+            "The global model's mean cross-entropy per given label (FedNoRo); null for a class "
+            "the site holds no sample of, or whose count the privacy policy suppresses"
+        ),
     )
     per_class_loss_sd: list[NonNegative | None] | None = Field(
         None,
@@ -152,13 +161,16 @@ def validate_signals(
     for key in federation.config["signals"]:
         if getattr(signals, key, None) is None:
             errors.append(problem(["metadata", "signals", key], "required by this federation"))
-    counts = _check_class_counts(errors, signals, typed.num_samples, federation.num_classes)
-    _check_per_class_signals(errors, signals, counts, federation.num_classes)
+    forbidden: list[dict[str, Any]] = []
+    counts = _check_class_counts(errors, forbidden, typed.num_samples, signals, federation)
+    _check_per_class_signals(errors, forbidden, signals, counts, federation.num_classes)
     _check_probe(errors, signals.probe_softmax, federation)
     _check_centroids(errors, signals.centroids, federation.num_classes)
     for key in typed.metrics:
         if name_problem(key) is not None:
             errors.append(problem(["metadata", "metrics"], "names must be printable characters"))
+    if forbidden:
+        _refuse([*forbidden, *errors], PrivacyPolicyError)
     if errors:
         _refuse(errors)
     return typed.num_samples, signals.model_dump(exclude_none=True), dict(typed.metrics)
@@ -169,9 +181,11 @@ MAX_PROBLEMS_SHOWN = 50
 not a response larger than the upload."""
 
 
-def _refuse(errors: list[dict[str, Any]]) -> NoReturn:
+def _refuse(
+    errors: list[dict[str, Any]], error: type[UpdateRejectedError] = UpdateRejectedError
+) -> NoReturn:
     shown = "" if len(errors) <= MAX_PROBLEMS_SHOWN else f", the first {MAX_PROBLEMS_SHOWN} listed"
-    raise UpdateRejectedError(
+    raise error(
         f"the update's metadata is invalid ({len(errors)} problems{shown}; first: "
         f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']})",
         errors=errors[:MAX_PROBLEMS_SHOWN],
@@ -179,34 +193,62 @@ def _refuse(errors: list[dict[str, Any]]) -> NoReturn:
 
 
 def _check_class_counts(
-    errors: list[dict[str, Any]], signals: UpdateSignals, n: int, num_classes: int
-) -> list[int] | None:
-    """The class counts when there is one per class (a problem added to ``errors`` when they do
-    not sum to ``n``); None otherwise, with the problem added to ``errors``."""
+    errors: list[dict[str, Any]],
+    forbidden: list[dict[str, Any]],
+    n: int,
+    signals: UpdateSignals,
+    federation: Federation,
+) -> list[int | None] | None:
+    """The class counts when there is one per class (what the federation's privacy policy
+    forbids added to ``forbidden``, counts that do not add up to ``n`` to ``errors``); None
+    otherwise, with the problem added to ``errors``."""
     counts = signals.class_counts
-    if len(counts) != num_classes:
-        errors.append(
-            problem(["metadata", "signals", "class_counts"], f"must have {num_classes} entries")
-        )
-        return None
-    if sum(counts) != n:
+    if len(counts) != federation.num_classes:
         errors.append(
             problem(
                 ["metadata", "signals", "class_counts"],
-                f"sums to {sum(counts)} but num_samples is {n}",
+                f"must have {federation.num_classes} entries",
             )
         )
+        return None
+    refused, wrong = count_problems(
+        n,
+        counts,
+        policy_of(federation.config),
+        samples_loc=["metadata", "num_samples"],
+        counts_loc=["metadata", "signals", "class_counts"],
+    )
+    forbidden.extend(refused)
+    errors.extend(wrong)
     return counts
 
 
 def _check_per_class_signals(
     errors: list[dict[str, Any]],
+    forbidden: list[dict[str, Any]],
     signals: UpdateSignals,
-    counts: list[int] | None,
+    counts: list[int | None] | None,
     num_classes: int,
 ) -> None:
     """per_class_loss, and its spread and error counts, which are sent with it only: one entry
-    per class, null exactly where the site holds no sample, errors at most the class's count."""
+    per class, null exactly where the site holds no sample or its count is suppressed (a value
+    there is what the privacy policy forbids), errors at most the class's count."""
+    if counts is not None:
+        for name in ("per_class_loss", "per_class_loss_sd", "per_class_errors"):
+            values = getattr(signals, name)
+            for c, count in enumerate(counts):
+                if (
+                    count is None
+                    and values is not None
+                    and c < len(values)
+                    and values[c] is not None
+                ):
+                    forbidden.append(
+                        problem(
+                            ["metadata", "signals", name, c],
+                            "must be null for a class the privacy policy suppresses",
+                        )
+                    )
     if signals.per_class_loss is not None:
         _check_per_class(errors, "per_class_loss", signals.per_class_loss, counts, num_classes)
     for name in ("per_class_loss_sd", "per_class_errors"):
@@ -223,7 +265,7 @@ def _check_per_class(
     errors: list[dict[str, Any]],
     name: str,
     values: list[float | None] | list[int | None],
-    counts: list[int] | None,
+    counts: list[int | None] | None,
     num_classes: int,
 ) -> None:
     loc: list[str | int] = ["metadata", "signals", name]
@@ -233,12 +275,15 @@ def _check_per_class(
     if counts is None:
         return
     for c, value in enumerate(values):
-        if value is None and counts[c] > 0:
+        count = counts[c]
+        if count is None:
+            continue  # suppressed: a value there is refused by _check_per_class_signals
+        if value is None and count > 0:
             errors.append(problem([*loc, c], "null for a class the client holds"))
-        elif value is not None and counts[c] == 0:
+        elif value is not None and count == 0:
             errors.append(problem([*loc, c], "must be null for a class with no sample"))
-        elif name == "per_class_errors" and value is not None and value > counts[c]:
-            errors.append(problem([*loc, c], f"exceeds the class's count {counts[c]}"))
+        elif name == "per_class_errors" and value is not None and value > count:
+            errors.append(problem([*loc, c], f"exceeds the class's count {count}"))
 
 
 def _check_probe(

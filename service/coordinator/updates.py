@@ -66,16 +66,17 @@ class SubmitResult:
 
 def join_drift_errors(
     num_samples: int,
-    class_counts: list[int],
+    class_counts: list[int | None],
     joined_samples: int,
-    joined_counts: list[int],
+    joined_counts: list[int | None],
     drift: float,
 ) -> list[dict[str, Any]]:
     """How an update's counts leave the drift allowed from the join (empty: within it).
 
     With n the joined num_samples and d the drift: ``|num_samples - n| <= d n``, and the class
     histogram's L1 distance to the joined one, ``sum_c |class_counts[c] - joined[c]|``, at most
-    ``d n`` (so relabelling m samples costs 2m). d = 0: exactly the join.
+    ``d n`` (so relabelling m samples costs 2m). d = 0: exactly the join. A class count the
+    privacy policy suppresses (null) counts as 0 here: null on both sides is no change.
     """
     allowed = drift * joined_samples
     errors: list[dict[str, Any]] = []
@@ -87,7 +88,9 @@ def join_drift_errors(
                 f"at join (at most {allowed:g} more or fewer)",
             )
         )
-    distance = sum(abs(int(a) - int(b)) for a, b in zip(class_counts, joined_counts, strict=True))
+    distance = sum(
+        abs(int(a or 0) - int(b or 0)) for a, b in zip(class_counts, joined_counts, strict=True)
+    )
     if distance > allowed:
         errors.append(
             problem(
@@ -101,9 +104,9 @@ def join_drift_errors(
 
 def check_join_consistency(
     num_samples: int,
-    class_counts: list[int],
+    class_counts: list[int | None],
     joined_samples: int | None,
-    joined_counts: list[int] | None,
+    joined_counts: list[int | None] | None,
     drift: float,
 ) -> None:
     """Refuse an update whose counts are not what the site declared at join, within ``drift``."""
@@ -303,7 +306,7 @@ class _RoundContext(NamedTuple):
     round: Round
     manifest: Any
     joined_samples: int | None
-    joined_counts: list[int] | None
+    joined_counts: list[int | None] | None
 
 
 def _round_context(
@@ -323,7 +326,11 @@ def _round_context(
     assert model_in is not None
     site = repo.get_client(session, client.id)
     assert site is not None
-    joined_counts = None if site.class_counts is None else [int(c) for c in site.class_counts]
+    joined_counts = (
+        None
+        if site.class_counts is None
+        else [None if c is None else int(c) for c in site.class_counts]
+    )
     return _RoundContext(federation, rnd, model_in.manifest, site.num_samples, joined_counts)
 
 

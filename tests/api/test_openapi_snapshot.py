@@ -72,5 +72,7 @@ def test_the_update_metadata_is_a_schema_with_its_constraints() -> None:
     signals = schemas["UpdateSignals"]["properties"]
     accuracy = signals["train_accuracy"]["anyOf"][0]
     assert (accuracy["minimum"], accuracy["maximum"]) == (0, 1)
-    assert signals["class_counts"]["items"]["minimum"] == 0
+    # a count, or null for a class the federation's privacy policy suppresses
+    count, suppressed = signals["class_counts"]["items"]["anyOf"]
+    assert (count["minimum"], suppressed["type"]) == (0, "null")
     assert schemas["UpdateSignals"]["required"] == ["class_counts"]

@@ -16,6 +16,8 @@ SCHEMAS = SPEC["components"]["schemas"]
 PAIRS: list[tuple[type[BaseModel], str]] = [
     (sdk.Federation, "FederationRead"),
     (sdk.TaskSpec, "TaskSpec"),
+    (sdk.SiteTask, "SiteTask"),
+    (sdk.SignalPolicy, "SignalPolicy"),
     (sdk.PlanSpec, "PlanSpec"),
     (sdk.ModelInfo, "ModelRead"),
     (sdk.ClientInfo, "ClientRead"),

@@ -157,6 +157,8 @@ def test_method_config_input_sends_only_what_is_set():
         "warmup_rounds": 0,
         "probe_size": 4,
     }
+    private = MethodSpec(method="fedavg", name="private", privacy={"min_class_count": 5})
+    assert private.config_input(training)["privacy"] == {"min_class_count": 5, "count_bucket": 1}
 
 
 def test_overrides_merge_params_and_reset_them_on_a_new_method():

@@ -24,7 +24,7 @@ from service.api.problems import (
     PROBLEM_422,
     PROBLEM_422_UPDATE,
 )
-from service.api.schemas.federations import TaskSpec
+from service.api.schemas.federations import SiteTask
 from service.api.schemas.rounds import (
     CurrentRound,
     Instructions,
@@ -40,6 +40,7 @@ from service.coordinator import clients as client_use_cases
 from service.coordinator import rounds, updates
 from service.coordinator.queries import federation_of
 from service.coordinator.resources import Services
+from service.coordinator.signal_policy import policy_of
 from service.errors import CoordinatorError
 from service.inputs import INT32_MAX
 
@@ -53,16 +54,17 @@ SAFETY_RECHECK_S = 15.0
 
 @router.get(
     "/task",
-    summary="The federation's task (classes, input shape)",
+    summary="The federation's task (classes, input shape, signal privacy policy)",
     responses={**PROBLEM_401, **PROBLEM_404},
 )
-def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> TaskSpec:
+def get_task(federation_id: uuid.UUID, session: SessionDep, client: CurrentClient) -> SiteTask:
     client_use_cases.check_scope(client, federation_id)
     federation = federation_of(session, federation_id)
-    return TaskSpec.model_construct(
+    return SiteTask.model_construct(
         num_classes=federation.num_classes,
         input_shape=federation.input_shape,
         class_names=federation.class_names,
+        privacy=policy_of(federation.config),
     )
 
 
@@ -106,6 +108,7 @@ def join(
         federation_status=federation.status,
         num_classes=federation.num_classes,
         input_shape=federation.input_shape,
+        privacy=policy_of(federation.config),
     )
 
 

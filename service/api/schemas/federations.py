@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.coordinator.federation_config import FederationConfigInput
+from service.coordinator.signal_policy import SignalPolicy
 from service.inputs import INT32_MAX, NAME_RULES, TEXT_RULES, Name, PositiveInt32, Text
 
 MAX_INPUT_ELEMENTS = INT32_MAX
@@ -35,6 +36,16 @@ class TaskSpec(BaseModel):
         if math.prod(shape) > MAX_INPUT_ELEMENTS:
             raise ValueError(f"has more than {MAX_INPUT_ELEMENTS} elements per sample")
         return shape
+
+
+class SiteTask(TaskSpec):
+    """The task as a site reads it: with the privacy policy its join and updates must obey."""
+
+    privacy: SignalPolicy = Field(
+        default_factory=SignalPolicy,
+        description="The federation's signal privacy policy (config.privacy): how coarse the "
+        "counts and per-class signals the site sends must be",
+    )
 
 
 class PlanSpec(BaseModel):
@@ -138,7 +149,10 @@ class ClientRead(BaseModel):
     anchor: bool = False
     anchor_reason: str | None = None
     num_samples: int | None
-    class_counts: list[int] | None
+    class_counts: list[int | None] | None = Field(
+        description="As the site declared them at join; null for a class the federation's "
+        "privacy policy suppresses (fewer than min_class_count samples)"
+    )
     joined_at: datetime | None
     last_seen_at: datetime | None
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas.audits import AuditRecord
+from service.coordinator.signal_policy import SignalPolicy
 from service.inputs import NAME_RULES, TEXT_RULES, Int32, Name, PositiveInt32, Text
 
 
@@ -76,8 +77,18 @@ class JoinRequest(BaseModel):
         json_schema_extra={"examples": [{"num_samples": 10, "class_counts": [5, 5]}]},
     )
 
-    num_samples: PositiveInt32
-    class_counts: list[Int32] = Field(min_length=1, max_length=100_000)
+    num_samples: PositiveInt32 = Field(
+        description="The site's training samples; under the federation's privacy policy "
+        "(config.privacy) rounded up to a multiple of count_bucket"
+    )
+    class_counts: list[Int32 | None] = Field(
+        min_length=1,
+        max_length=100_000,
+        description="Samples per class, summing to num_samples. Under the federation's privacy "
+        "policy: null for a suppressed class (the site holds 1 to min_class_count - 1 samples "
+        "of it: 'fewer than min_class_count'), every other count rounded up to a multiple of "
+        "count_bucket (0 stays 0), and the sum only consistent with num_samples",
+    )
 
 
 class JoinRead(BaseModel):
@@ -87,6 +98,11 @@ class JoinRead(BaseModel):
     federation_status: str
     num_classes: int
     input_shape: list[int]
+    privacy: SignalPolicy = Field(
+        default_factory=SignalPolicy,
+        description="The federation's signal privacy policy, which every count and per-class "
+        "signal the site sends must obey",
+    )
 
 
 class Neighbor(BaseModel):
@@ -118,6 +134,11 @@ class Instructions(BaseModel):
     role: Literal["clean", "noisy"]
     label_correction: bool
     neighbors: list[Neighbor]
+    privacy: SignalPolicy = Field(
+        default_factory=SignalPolicy,
+        description="The federation's signal privacy policy, which the update must obey "
+        "(off for a round opened before the federation had one)",
+    )
     self_weight: float | None
 
 

@@ -1,0 +1,159 @@
+"""A federation's signal privacy policy, and the checks that hold joins and updates to it.
+
+The policy is set when the federation is created (``config.privacy``) and sent to every site
+with its task and its round instructions; the SDK applies it before anything leaves the site
+(``client_sdk/privacy.py``). The coordinator only checks that what arrives obeys it:
+
+- ``min_class_count`` m (0: off): a class a site holds fewer than m samples of is *suppressed*.
+  Its entry of ``class_counts`` is ``null`` (meaning "at least 1 and fewer than m"), and its
+  ``per_class_loss``, ``per_class_loss_sd`` and ``per_class_errors`` are ``null``. A count
+  below m is refused, and so is a site whose every class is suppressed (it would leave the
+  detectors no class to compare).
+- ``count_bucket`` b (1: off): every count a site reports (``num_samples`` and each entry of
+  ``class_counts``) is its exact count rounded up to a multiple of b; 0 stays 0, so whether a
+  site holds a class is still known. A count that is not a multiple of b is refused.
+
+With either on, the class counts no longer sum exactly to ``num_samples``: they must be
+consistent with it, i.e. some exact histogram behind the reported one sums to some exact total
+behind the reported ``num_samples``. Without a policy that is the exact sum, as before.
+
+No web or database imports: plain functions over the stored configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.inputs import INT32_MAX
+
+__all__ = ["SignalPolicy", "count_problems", "policy_of"]
+
+MAX_COUNT_BUCKET = 1_000_000
+
+
+class SignalPolicy(BaseModel):
+    """How coarse the counts and per-class signals a site sends must be."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_class_count: int = Field(
+        default=0,
+        ge=0,
+        le=INT32_MAX,
+        description=(
+            "m: a class a site holds 1 to m-1 samples of is suppressed: its class count is sent "
+            "as null (meaning 'fewer than m') and its per-class loss, spread and error count as "
+            "null. 0 (or 1): off."
+        ),
+    )
+    count_bucket: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_COUNT_BUCKET,
+        description=(
+            "b: num_samples and every class count are sent rounded up to a multiple of b "
+            "(0 stays 0). 1: exact counts."
+        ),
+    )
+
+    @property
+    def active(self) -> bool:
+        return self.min_class_count > 1 or self.count_bucket > 1
+
+
+def policy_of(config: Mapping[str, Any]) -> SignalPolicy:
+    """The policy of a federation's stored configuration (off for one created before it
+    existed)."""
+    return SignalPolicy.model_validate(config.get("privacy") or {})
+
+
+def _held_range(count: int | None, policy: SignalPolicy) -> tuple[int, int]:
+    """The exact counts a reported class count stands for, (lowest, highest)."""
+    m, b = policy.min_class_count, policy.count_bucket
+    if count is None:
+        return 1, max(m - 1, 1)
+    if count == 0:
+        return 0, 0
+    return max(count - b + 1, m, 1), count
+
+
+def count_problems(
+    num_samples: int,
+    class_counts: Sequence[int | None],
+    policy: SignalPolicy,
+    *,
+    samples_loc: list[str],
+    counts_loc: list[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(what the policy forbids, what does not add up) in a join's or an update's counts; both
+    empty when they are fine. ``class_counts`` has one entry per class (checked before);
+    ``samples_loc`` and ``counts_loc`` locate the two fields in the request.
+
+    The messages name the policy's settings, never the value sent: a refusal is recorded in
+    the event trail, which must not keep the exact count the policy withholds.
+    """
+    m, b = policy.min_class_count, policy.count_bucket
+    forbidden: list[dict[str, Any]] = []
+    where = counts_loc
+    for c, count in enumerate(class_counts):
+        if count is None:
+            if m <= 1:
+                forbidden.append(
+                    _problem([*where, c], "null, but this federation suppresses no class")
+                )
+        elif 0 < count < m:
+            forbidden.append(
+                _problem(
+                    [*where, c],
+                    f"a count below the federation's min_class_count {m} must be sent as null",
+                )
+            )
+        elif count % b:
+            forbidden.append(
+                _problem([*where, c], f"not a multiple of the federation's count_bucket {b}")
+            )
+    if num_samples % b:
+        forbidden.append(
+            _problem(samples_loc, f"not a multiple of the federation's count_bucket {b}")
+        )
+    if m > 1 and not any(count for count in class_counts):
+        forbidden.append(
+            _problem(
+                where,
+                f"every class this site holds has fewer than the federation's min_class_count "
+                f"{m} samples: nothing is left to report, the site cannot take part",
+            )
+        )
+    if forbidden:
+        return forbidden, []
+    return [], _sum_problems(num_samples, class_counts, policy, where)
+
+
+def _sum_problems(
+    num_samples: int, class_counts: Sequence[int | None], policy: SignalPolicy, where: list[str]
+) -> list[dict[str, Any]]:
+    if not policy.active:
+        total = sum(int(c or 0) for c in class_counts)
+        if total != num_samples:
+            return [_problem(where, f"sums to {total} but num_samples is {num_samples}")]
+        return []
+    ranges = [_held_range(count, policy) for count in class_counts]
+    low, high = sum(r[0] for r in ranges), sum(r[1] for r in ranges)
+    # The exact total behind num_samples (rounded up to a multiple of b) is in this range.
+    total_low = max(num_samples - policy.count_bucket + 1, 1)
+    if max(low, total_low) > min(high, num_samples):
+        return [
+            _problem(
+                where,
+                f"the class counts stand for {low} to {high} samples in all, num_samples "
+                f"{num_samples} for {total_low} to {num_samples}: they cannot both hold",
+            )
+        ]
+    return []
+
+
+def _problem(loc: list[Any], msg: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": msg}

@@ -1,0 +1,50 @@
+"""``fedaudit federation create --min-class-count --count-bucket``: the federation's signal
+privacy policy from the command line, against a real coordinator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedaudit_sim.coordinator_process import CoordinatorProcess
+from service.cli import app
+
+pytestmark = pytest.mark.slow
+
+SPEC = {
+    "name": "cli-privacy",
+    "task": {"num_classes": 3, "input_shape": [4]},
+    "plan": {"rounds": 2},
+    "config": {"method": "fedavg", "privacy": {"min_class_count": 3, "count_bucket": 7}},
+}
+
+
+def test_the_options_set_the_policy_over_the_spec(tmp_path: Path) -> None:
+    runner = CliRunner()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"name": "cli-bare", "task": SPEC["task"], "plan": SPEC["plan"]}))
+    with CoordinatorProcess(tmp_path / "coord") as server:
+        env = {"FEDAUDIT_URL": server.url, "FEDAUDIT_ADMIN_TOKEN": server.admin_token}
+        # the spec's policy, with the option given over it and the other setting kept
+        created = runner.invoke(
+            app, ["federation", "create", str(spec), "--min-class-count", "10"], env=env
+        )
+        assert created.exit_code == 0, created.output
+        privacy = json.loads(created.output)["config"]["privacy"]
+        assert privacy == {"min_class_count": 10, "count_bucket": 7}
+        # a spec without config gets one
+        created = runner.invoke(
+            app, ["federation", "create", str(bare), "--count-bucket", "5"], env=env
+        )
+        assert created.exit_code == 0, created.output
+        privacy = json.loads(created.output)["config"]["privacy"]
+        assert privacy == {"min_class_count": 0, "count_bucket": 5}
+        refused = runner.invoke(
+            app, ["federation", "create", str(bare), "--count-bucket", "0"], env=env
+        )
+        assert refused.exit_code == 2, refused.output
