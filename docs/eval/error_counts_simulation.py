@@ -14,6 +14,8 @@ Usage (from the repository root)::
     .venv/bin/python docs/eval/error_counts_simulation.py [ROUNDS] [--large]
 
 ``--large`` runs the clean rows with larger sites instead (300 and 1000 samples, spread 0.3).
+"class spread" is the standard deviation of a (site, class) log factor on the hard samples' rate
+on top of the site's: one class harder at one site than elsewhere.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def measure(
             found[kind] += flags[list(noisy)]
     rates = ", ".join(f"{r:.2f}" for r in noisy.values()) or "none"
     return (
-        f"| {k} | {c} | {n} | {spread} | {rates} | {alarms['losses'] / rounds:.3f} | "
+        f"| {k} | {c} | {n} | {spread} | {class_spread} | {rates} | "
+        f"{alarms['losses'] / rounds:.3f} | "
         f"{alarms['both'] / rounds:.3f} | "
         f"{' '.join(f'{v:.2f}' for v in found['losses'] / rounds) or '-'} | "
         f"{' '.join(f'{v:.2f}' for v in found['both'] / rounds) or '-'} |"
@@ -101,23 +104,30 @@ def measure(
 def main(rounds: int, large: bool = False) -> None:
     mild = {i: 0.1 + 0.04 * i for i in range(6)}
     print(
-        "| sites | classes | samples | spread | noisy rates | false-alarm rounds, losses | "
-        "false-alarm rounds, both | found, losses | found, both |"
+        "| sites | classes | samples | spread | class spread | noisy rates | "
+        "false-alarm rounds, losses | false-alarm rounds, both | found, losses | found, both |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    settings: tuple[tuple[int, int, int, float, dict[int, float]], ...] = (
-        (20, 10, 70, 0.0, {}),
-        (20, 10, 70, 0.3, {}),
-        (20, 10, 70, 0.6, {}),
-        (10, 2, 300, 0.5, {}),
-        (20, 10, 70, 0.0, mild),
-        (20, 10, 70, 0.3, mild),
-        (50, 10, 30, 0.0, {7: 0.5}),
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    settings: tuple[tuple[int, int, int, float, float, dict[int, float]], ...] = (
+        (20, 10, 70, 0.0, 0.0, {}),
+        (20, 10, 70, 0.3, 0.0, {}),
+        (20, 10, 70, 0.6, 0.0, {}),
+        (10, 2, 300, 0.5, 0.0, {}),
+        (20, 10, 70, 0.0, 0.5, {}),
+        (20, 10, 70, 0.0, 1.0, {}),
+        (20, 10, 70, 0.0, 0.0, mild),
+        (20, 10, 70, 0.3, 0.0, mild),
+        (20, 10, 70, 0.0, 0.5, mild),
+        (50, 10, 30, 0.0, 0.0, {7: 0.5}),
     )
     if large:
-        settings = ((20, 10, 300, 0.3, {}), (20, 10, 1000, 0.3, {}), (10, 10, 1000, 0.3, {}))
-    for k, c, n, spread, noisy in settings:
-        print(measure(k, c, n, spread, noisy, rounds), flush=True)
+        settings = (
+            (20, 10, 300, 0.3, 0.0, {}),
+            (20, 10, 1000, 0.3, 0.0, {}),
+            (10, 10, 1000, 0.3, 0.0, {}),
+        )
+    for k, c, n, spread, class_spread, noisy in settings:
+        print(measure(k, c, n, spread, noisy, rounds, class_spread=class_spread), flush=True)
 
 
 if __name__ == "__main__":

@@ -321,18 +321,8 @@ def error_evidence(
     else:
         # Out of iterations: the rates and p-values above belong to the previous fit set.
         fit_sites = seen[-1] if seen else fit_sites
-    # Per class the estimated rate's variance as a dispersion: 1 / (rate * samples behind it).
-    # Only classes of at least min_class_count samples enter the per-class part (as in the loss
-    # evidence: one error among a handful of samples clears any floor on the rate).
-    behind = np.nan_to_num(support, nan=1.0) * np.nan_to_num(rates)
-    class_extra = np.where(entered, 1.0 / np.maximum(behind, 1e-12), 0.0)
-    per_class = entered & (counts >= min_class_count)
-    # The class-level dispersion psi (module docstring, "Classes of a site"): fitted like phi
-    # from the lower tail, over the per-class counts of the fit set, on top of phi.
-    cells = per_class & fit_sites[:, None]
-    psi = fit_dispersion(errors[cells], mean[cells], (phi + class_extra)[cells])
-    p_class = np.where(
-        per_class, mid_p(errors, np.maximum(mean, 1e-12), phi + psi + class_extra), 1.0
+    psi, p_one = _class_level(
+        errors, counts, mean, rates, support, fit_sites, phi, min_class_count, min_excess
     )
     if psi > 0.0:
         # The class-level factors are independent across classes: the total's dispersion grows
@@ -341,11 +331,8 @@ def error_evidence(
         p_total = np.where(
             has, mid_p(observed, np.maximum(expected, 1e-12), phi + extra + psi * share), 1.0
         )
-    # The floor: an error rate at least min_excess above the expected one, for the total and
-    # for each class.
+    # The floor: an error rate at least min_excess above the expected one.
     total_ok = observed - expected >= min_excess * np.maximum(n_in.sum(axis=1), 1)
-    class_ok = per_class & (errors - mean >= min_excess * counts)
-    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
     p_site = np.where(total_ok, p_total, 1.0)
     if class_part:
         p_site = np.minimum(1.0, 2.0 * np.minimum(p_site, p_one))
@@ -359,6 +346,40 @@ def error_evidence(
         class_dispersion=psi,
         fit_set=fit_sites,
     )
+
+
+def _class_level(
+    errors: IntArray,
+    counts: IntArray,
+    mean: FloatArray,
+    rates: FloatArray,
+    support: FloatArray,
+    fit_sites: BoolArray,
+    phi: float,
+    min_class_count: int,
+    min_excess: float,
+) -> tuple[float, FloatArray]:
+    """(psi, the per-class part's p-value per site) of :func:`error_evidence`.
+
+    psi (module docstring, "Classes of a site") is fitted like phi from the lower tail, over
+    the per-class counts of the fit set, on top of phi. The per-class part: the smallest
+    per-class mid-p among the classes of at least ``min_class_count`` samples whose error rate
+    clears the floor, times the number of such classes the site holds (1 where none)."""
+    entered = np.isfinite(rates)
+    # Per class the estimated rate's variance as a dispersion: 1 / (rate * samples behind it).
+    behind = np.nan_to_num(support, nan=1.0) * np.nan_to_num(rates)
+    class_extra = np.where(entered, 1.0 / np.maximum(behind, 1e-12), 0.0)
+    # Only classes of at least min_class_count samples (as in the loss evidence: one error among
+    # a handful of samples clears any floor on the rate).
+    per_class = entered & (counts >= min_class_count)
+    cells = per_class & fit_sites[:, None]
+    psi = fit_dispersion(errors[cells], mean[cells], (phi + class_extra)[cells])
+    p_class = np.where(
+        per_class, mid_p(errors, np.maximum(mean, 1e-12), phi + psi + class_extra), 1.0
+    )
+    class_ok = per_class & (errors - mean >= min_excess * counts)
+    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
+    return psi, np.asarray(p_one, dtype=np.float64)
 
 
 def ndtri_clipped(p: FloatArray) -> FloatArray:
