@@ -345,3 +345,65 @@ async def test_fedaudit_prune_prints_what_went_and_what_stayed(
     assert missing.exit_code == 1
     assert "400" in missing.output
     assert "retention_rounds" in missing.output
+
+
+FEDRN = {"method": "fedrn", "hyperparameters": {"head_name": "norm"}, "warmup_rounds": 0}
+
+
+async def send_fedrn(api: httpx.AsyncClient, fed: Any, site: str, index: int) -> None:
+    position = SITES.index(site)
+    probe = [[0.2 + 0.1 * position, 0.8 - 0.1 * position]] * 8
+    response = await submit(
+        api,
+        fed,
+        site,
+        index,
+        site_state(site, index),
+        10,
+        signal_overrides={"probe_softmax": probe, "train_accuracy": 0.8},
+    )
+    assert response.status_code == 201, response.text
+
+
+async def test_prune_keeps_the_neighbour_models_an_open_round_hands_out(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """FedRN: round 1's instructions give each site the latest local models of others. Once a
+    and b have sent round 1, their round-0 updates are no longer their latest, but c may still
+    download them as its neighbours: kept until round 1 is over."""
+    fed = await make_federation(api, clients=SITES, rounds=4, config=FEDRN)
+    for site in SITES:
+        await send_fedrn(api, fed, site, 0)
+    instructions = (
+        await api.get(f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers("c"))
+    ).json()["instructions"]
+    neighbours = {n["model_id"] for n in instructions["neighbors"]}
+    rows = updates_by_site_and_round(app, fed)
+    assert neighbours == {str(rows[("a", 0)].id), str(rows[("b", 0)].id)}
+    await send_fedrn(api, fed, "a", 1)
+    await send_fedrn(api, fed, "b", 1)
+
+    held = await prune(api, fed, keep_rounds=0)
+    assert held["pruned"]["updates"] == 0
+    assert held["kept"]["neighbor_updates"] == 2  # a's and b's round 0, c's neighbours
+    assert held["kept"]["latest_updates"] == 1  # c's round 0
+    for model_id in neighbours:
+        download = await api.get(f"/api/v1/models/{model_id}", headers=fed.headers("c"))
+        assert download.status_code == 200, download.text
+
+    closed = await api.post(
+        f"/api/v1/federations/{fed.id}/rounds/1/close", json={"reason": "c is late"}, headers=ADMIN
+    )
+    assert closed.status_code == 200, closed.text
+    done = await prune(api, fed, keep_rounds=0)
+    assert done["pruned"]["updates"] == 2
+    assert done["pruned"]["rounds"] == [0]
+    assert done["kept"]["latest_updates"] == 3  # a's and b's round 1, c's round 0
+    gone = await api.get(f"/api/v1/models/{rows[('a', 0)].id}", headers=ADMIN)
+    assert gone.status_code == 410
+    # Round 2 hands out the latest models, all kept, and closes with FedRN's neighbour search.
+    for site in SITES:
+        await send_fedrn(api, fed, site, 2)
+    round2 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/2", headers=ADMIN)).json()
+    assert round2["state"] == "closed"
+    assert round2["audit"]["neighbors"]
