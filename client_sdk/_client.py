@@ -39,6 +39,7 @@ from client_sdk._responses import (
     Federation,
     JoinInfo,
     ModelInfo,
+    PruneReport,
     RoundInfo,
     SiteTask,
     UpdateReceipt,
@@ -526,6 +527,25 @@ class AdminClient(_Base):
             retry_status=False,
         )
         return RoundInfo.model_validate(response.json())
+
+    def prune(
+        self,
+        federation_id: uuid.UUID | str,
+        *,
+        keep_rounds: int | None = None,
+        dry_run: bool = False,
+    ) -> PruneReport:
+        """Prune the model updates of the finished rounds older than the last ``keep_rounds``
+        (None: the coordinator's ``retention_rounds`` setting): their blobs, probe softmax and
+        centroids go; each site's latest update, every global model, the audit results and the
+        reports stay. ``dry_run``: answer what would go and change nothing."""
+        response = self._request(
+            "POST",
+            f"{API}/federations/{federation_id}/prune",
+            json={"keep_rounds": keep_rounds, "dry_run": dry_run},
+            retry_status=False,
+        )
+        return PruneReport.model_validate(response.json())
 
     def list_events(
         self,

@@ -263,7 +263,34 @@ class RoundInfo(_Model):
     aggregation_rule: str | None = None
     aggregation_weights: dict[str, Any] | None = None
     coordinator_seconds: float | None = None
+    pruned_clients: list[uuid.UUID] = Field(default_factory=list)
     audit: AuditRecord | None = None
+
+
+class PrunedPart(_Model):
+    rounds: list[int]
+    updates: int
+    blobs: int
+    bytes: int
+    signals: list[str]
+
+
+class KeptPart(_Model):
+    rounds: list[int]
+    latest_updates: int
+    neighbor_updates: int
+    global_models: int
+    already_pruned: int
+
+
+class PruneReport(_Model):
+    """What a prune removed (or, with ``dry_run``, would remove) and what it kept."""
+
+    federation_id: uuid.UUID
+    keep_rounds: int
+    dry_run: bool
+    pruned: PrunedPart
+    kept: KeptPart
 
 
 class Event(_Model):

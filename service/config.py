@@ -187,6 +187,18 @@ class Settings(BaseSettings):
         ),
     )
 
+    retention_rounds: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Keep the model updates of the last N finished rounds of every federation: when a "
+            "round closes, the blobs (and probe softmax and centroids) of older updates are "
+            "pruned, except each site's latest update and the neighbour models an open round "
+            "hands out; global models and the signals the reports read stay. Unset (default): "
+            "keep everything; `fedaudit prune` prunes on request (service.coordinator.retention)."
+        ),
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:

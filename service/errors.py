@@ -13,6 +13,7 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
     │   ├── DuplicateUpdateError     409 duplicate-update
     │   ├── IdempotencyKeyReusedError 409 idempotency-key-reused
     │   └── FederationStateError     409 federation-state
+    ├── GoneError                    410 gone
     ├── PayloadTooLargeError         413 payload-too-large
     ├── InvalidSpecError             422 validation-error
     ├── UpdateRejectedError          422 update-rejected
@@ -89,6 +90,14 @@ class IdempotencyKeyReusedError(ConflictError):
 class FederationStateError(ConflictError):
     title = "Federation state does not allow this"
     type_slug = "federation-state"
+
+
+class GoneError(CoordinatorError):
+    """What was stored once and removed for good (a model update pruned by retention)."""
+
+    status = 410
+    title = "Gone"
+    type_slug = "gone"
 
 
 class PayloadTooLargeError(CoordinatorError):

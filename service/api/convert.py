@@ -14,6 +14,7 @@ from service.api.schemas.federations import (
 )
 from service.api.schemas.rounds import RoundRead
 from service.coordinator.federations import federation_summary
+from service.coordinator.retention import pruned_clients
 from service.coordinator.rounds import participation
 from service.store.tables import Client, Event, Federation, ModelVersion, Round
 
@@ -99,6 +100,7 @@ def round_read(session: Session, rnd: Round) -> RoundRead:
         aggregation_rule=rnd.aggregation_rule,
         aggregation_weights=rnd.aggregation_weights,
         coordinator_seconds=rnd.coordinator_seconds,
+        pruned_clients=pruned_clients(session, rnd),
     )
 
 

@@ -74,6 +74,7 @@ def _slug(status: int) -> str:
         404: "not-found",
         405: "method-not-allowed",
         409: "conflict",
+        410: "gone",
         413: "payload-too-large",
         415: "unsupported-media-type",
         422: "validation-error",
@@ -184,6 +185,9 @@ PROBLEM_403: dict[int | str, dict[str, Any]] = {403: problem(403, "Forbidden")}
 PROBLEM_404: dict[int | str, dict[str, Any]] = {404: problem(404, "Not found")}
 PROBLEM_409: dict[int | str, dict[str, Any]] = {
     409: problem(409, "Conflict with the current state")
+}
+PROBLEM_410: dict[int | str, dict[str, Any]] = {
+    410: problem(410, "Removed for good: a model update pruned by retention (`reason` says when)")
 }
 PROBLEM_413: dict[int | str, dict[str, Any]] = {413: problem(413, "Payload too large")}
 PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input")}

@@ -4,7 +4,8 @@ Server side (:mod:`service.cli.server`): ``serve``, ``db upgrade``, ``openapi``.
 over HTTP against a running coordinator (``--url`` / ``FEDAUDIT_URL``, ``--token`` /
 ``FEDAUDIT_ADMIN_TOKEN``): ``federation create/list/show/start/stop`` and ``model upload``
 (:mod:`service.cli.federations`), ``client add/list/pin/unpin/...``
-(:mod:`service.cli.clients`), ``rounds``, ``events``, ``report`` (:mod:`service.cli.reading`);
+(:mod:`service.cli.clients`), ``rounds``, ``events``, ``report`` (:mod:`service.cli.reading`),
+``prune`` (:mod:`service.cli.retention`);
 ``model init`` writes the initial model file locally. Whole runs on one machine: ``simulate`` and
 ``demo``, added by the simulator (``fedaudit_sim``) through the entry-point group
 ``fedaudit.commands``. The command and its groups, and what the modules share, are in
@@ -21,7 +22,7 @@ from service.cli._app import app
 __all__ = ["PLUGIN_GROUP", "app", "main"]
 
 #: The modules whose decorators register the commands, in the order ``fedaudit --help`` lists them.
-COMMAND_MODULES = ("server", "federations", "clients", "reading")
+COMMAND_MODULES = ("server", "federations", "clients", "reading", "retention")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"service.cli.{_name}")
 

@@ -301,8 +301,8 @@ def neighbor_assignments(
         assigned = []
         for entry in entries:
             update = latest.get(uuid.UUID(entry["client_id"]))
-            if update is None:
-                continue
+            if update is None or update.pruned_at is not None:
+                continue  # retention keeps each site's latest update; a pruned one is not sent
             assigned.append(
                 {
                     "client_id": entry["client_id"],

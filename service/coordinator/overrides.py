@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import AuditConfig, InvalidParameterError
-from service.coordinator import audits, queries
+from service.coordinator import audits, queries, retention
 from service.coordinator.resources import Services
 from service.coordinator.rounds import get_round
 from service.coordinator.tensors import SafetensorsReader
@@ -123,6 +123,11 @@ def recompute_round(
     updates = repo.updates_of_round(session, rnd.id)
     if not [u for u in updates if u.client_id not in excluded]:
         raise BadRequestError("no update left after the exclusions")
+    retention.check_not_pruned(
+        [u for u in updates if u.client_id not in excluded],
+        {c.id: c.name for c in clients.values()},
+        needed_for=f"a what-if of round {index}",
+    )
     model_in = repo.get_model_version(session, rnd.model_in_id)
     model_out = repo.get_model_version(session, rnd.model_out_id)
     assert model_in is not None

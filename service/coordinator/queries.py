@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.coordinator.resources import Services
-from service.errors import ForbiddenError, NotFoundError
+from service.errors import ForbiddenError, GoneError, NotFoundError
 from service.store import repositories as repo
 from service.store.tables import Client, Event, Federation, ModelUpdate, ModelVersion, Round
 
@@ -93,7 +93,7 @@ def downloadable_model(
     The admin may download any model. A client may download its federation's global model
     versions (the initial one once round 0 has opened), its own updates, and the latest local
     models of the neighbors it was assigned in the open round's instructions — nothing else
-    (other clients' models are private).
+    (other clients' models are private). A model update that retention pruned is gone (410).
     """
     version = repo.get_model_version(session, model_id)
     if version is not None:
@@ -120,6 +120,15 @@ def downloadable_model(
             raise ForbiddenError(
                 f"model {model_id} is another client's local model and was not assigned to you"
             )
+    if update.pruned_at is not None:
+        raise GoneError(
+            f"model {model_id} is the update of round {update.round_index} that retention "
+            f"pruned at {update.pruned_at.isoformat()}; its row and the audit results stay, the "
+            "global models of every round can still be downloaded",
+            reason="pruned by retention",
+            pruned_at=update.pruned_at.isoformat(),
+            round=update.round_index,
+        )
     return update.blob_key, update.sha256, update.size_bytes
 
 

@@ -370,6 +370,7 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
                 "primary_flag": (
                     flags[position] if position is not None and position < len(flags) else None
                 ),
+                "pruned": update.pruned_at is not None,
             }
         )
     aggregation = result.get("aggregation") or {}

@@ -25,7 +25,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.audit import next_status
-from service.coordinator import audits
+from service.coordinator import audits, retention
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
@@ -375,6 +375,7 @@ def _close_claimed(
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
     _record_abstention(session, federation.id, rnd, outcome.result)
     _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
+    retention.prune_after_close(services, session, federation, now)
     rnd.coordinator_seconds = time.perf_counter() - started
 
 

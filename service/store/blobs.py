@@ -14,6 +14,12 @@ for the directory and the S3 stores; the database store's rows roll back with th
 A crash between the rename and the commit can still leave a file without a row;
 :meth:`DirectoryBlobStore.sweep` (run at start-up) removes those, and the staged ``.part`` files
 a crash leaves.
+
+Removal follows the rows the same way. A caller that changes rows so that they no longer need
+some blobs (retention marks model updates pruned) hands the keys to :meth:`BlobStore.drop` with
+its session: the directory and S3 stores remove them once the transaction commits, and keep them
+if it does not; the database store deletes their rows in the transaction itself. A crash after
+the commit leaves blobs that no row needs, which the sweep removes.
 """
 
 from __future__ import annotations
@@ -42,19 +48,25 @@ CHUNK = 1024 * 1024
 QUERY_BATCH = 500
 _SESSION_KEY = "fedaudit.blobs_put"
 """``session.info`` entry: the (store, key) pairs put in the session's current transaction."""
+_DROP_KEY = "fedaudit.blobs_dropped"
+"""``session.info`` entry: the (store, key) pairs to remove when the transaction commits."""
 
 References = Callable[[Session, Collection[str]], set[str]]
 """Which of these keys a committed row still needs."""
 
 
 def referenced_by_rows(session: Session, keys: Collection[str]) -> set[str]:
-    """The keys that a model update or a model version points at."""
+    """The keys that a model update (not pruned) or a model version points at."""
     found: set[str] = set()
     wanted = list(keys)
     for start in range(0, len(wanted), QUERY_BATCH):
         batch = wanted[start : start + QUERY_BATCH]
         found.update(
-            session.scalars(select(ModelUpdate.blob_key).where(ModelUpdate.blob_key.in_(batch)))
+            session.scalars(
+                select(ModelUpdate.blob_key).where(
+                    ModelUpdate.blob_key.in_(batch), ModelUpdate.pruned_at.is_(None)
+                )
+            )
         )
         found.update(
             session.scalars(select(ModelVersion.blob_key).where(ModelVersion.blob_key.in_(batch)))
@@ -168,6 +180,12 @@ class BlobStore(Protocol):
         still needs it (a replaced model's blob); True if it was removed."""
         ...
 
+    def drop(self, keys: Collection[str], *, session: Session) -> None:
+        """Remove the blobs `keys` with the caller's transaction, whose flushed rows no longer
+        need them (pruned updates): gone once it commits, kept if it does not. A key that a row
+        still needs, or that a transaction of this process is putting, is kept."""
+        ...
+
     def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
         """Remove what a crash or a failed transaction left, last written before `older_than`."""
         ...
@@ -274,6 +292,30 @@ class TransactionOwnedBlobs:
             self._remove(key)
             self._in_flight = +self._in_flight  # drop the zero count the lookup added
             return removed
+
+    def drop(self, keys: Collection[str], *, session: Session) -> None:
+        session.info.setdefault(_DROP_KEY, []).extend((self, check_key(key)) for key in keys)
+
+    def _drop_committed(self, key: str, bind: Any) -> None:
+        """The transaction that dropped `key` committed: remove it unless something needs it.
+        Runs in the commit hook: an error is logged (the sweep removes what is left), never
+        raised over a commit that happened."""
+        with self._lock:
+            try:
+                if self._in_flight[key] > 0:
+                    return  # put again by a transaction still under way
+                with Session(bind=bind) as session:
+                    if key in self.references(session, [key]):
+                        return
+                self._remove(key)
+            except Exception:
+                log.warning(
+                    "could not remove the pruned blob %s; the start-up sweep will",
+                    key,
+                    exc_info=True,
+                )
+            finally:
+                self._in_flight = +self._in_flight  # drop the zero count the lookup added
 
     def _remove_orphans(
         self, sessions: sessionmaker[Session], candidates: Collection[str], *, older_than: float
@@ -387,12 +429,17 @@ class DirectoryBlobStore(TransactionOwnedBlobs):
 def _blobs_committed(session: Session) -> None:
     for store, key in session.info.pop(_SESSION_KEY, ()):
         store._transaction_ended(key, session.get_bind(), committed=True)
+    for store, key in session.info.pop(_DROP_KEY, ()):
+        store._drop_committed(key, session.get_bind())
 
 
 @event.listens_for(Session, "after_transaction_end")
 def _blobs_transaction_ended(session: Session, transaction: SessionTransaction) -> None:
-    if transaction.parent is not None or _SESSION_KEY not in session.info:
-        return  # a nested transaction, or nothing put: the outermost one decides
+    if transaction.parent is not None:
+        return  # a nested transaction: the outermost one decides
+    session.info.pop(_DROP_KEY, None)  # not committed (a commit took them): the blobs stay
+    if _SESSION_KEY not in session.info:
+        return  # nothing put
     for store, key in session.info.pop(_SESSION_KEY):
         store._transaction_ended(key, session.get_bind(), committed=False)
 
@@ -466,9 +513,22 @@ class DatabaseBlobStore:
         self.cache.delete(key)
         return removed
 
+    def drop(self, keys: Collection[str], *, session: Session) -> None:
+        """Delete the blob rows of `keys` that no row needs in the caller's transaction; their
+        cached copies go once it commits. (A replica that finds the row before this commit and
+        puts the same content meanwhile does not write it again: content that an old, pruned
+        update and a new update share exactly is not expected.)"""
+        wanted = list(keys)
+        needed = referenced_by_rows(session, wanted)
+        gone = [key for key in wanted if key not in needed]
+        for start in range(0, len(gone), QUERY_BATCH):
+            session.execute(delete(Blob).where(Blob.key.in_(gone[start : start + QUERY_BATCH])))
+        self.cache.drop(gone, session=session)
+
     def sweep(self, sessions: sessionmaker[Session], *, older_than: float) -> SweepReport:
         """The cache's leftovers: staged files, and copies of blobs without a row. (A blob row
-        commits with the rows that reference it, so none is left without them.)"""
+        commits with the rows that reference it, and goes in the transaction that stops them
+        referencing it, so none is left without them.)"""
         return self.cache.sweep(sessions, older_than=older_than)
 
 

@@ -349,6 +349,54 @@ def latest_updates(
     return {row.client_id: row for row in session.scalars(query)}
 
 
+# --- retention -------------------------------------------------------------------------------
+
+
+def finished_round_indices(session: Session, federation_id: uuid.UUID) -> list[int]:
+    """The indices of the federation's closed or failed rounds, newest first."""
+    query = select(Round.index).where(
+        Round.federation_id == federation_id, Round.state.in_(("closed", "failed"))
+    )
+    return list(session.scalars(query.order_by(Round.index.desc())))
+
+
+def unpruned_updates_up_to(
+    session: Session, federation_id: uuid.UUID, last_round: int
+) -> list[ModelUpdate]:
+    """The updates not pruned yet of rounds ``<= last_round``, oldest round first."""
+    query = select(ModelUpdate).where(
+        ModelUpdate.federation_id == federation_id,
+        ModelUpdate.round_index <= last_round,
+        ModelUpdate.pruned_at.is_(None),
+    )
+    return list(session.scalars(query.order_by(ModelUpdate.round_index, ModelUpdate.id)))
+
+
+def count_pruned_updates(session: Session, federation_id: uuid.UUID) -> int:
+    query = select(func.count()).where(
+        ModelUpdate.federation_id == federation_id, ModelUpdate.pruned_at.is_not(None)
+    )
+    return session.scalar(query) or 0
+
+
+def open_round_instructions(session: Session, federation_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The instructions handed to the sites of the federation's rounds not closed yet."""
+    query = (
+        select(RoundParticipant.instructions)
+        .join(Round, Round.id == RoundParticipant.round_id)
+        .where(Round.federation_id == federation_id, Round.state.in_(("open", "aggregating")))
+    )
+    return list(session.scalars(query))
+
+
+def pruned_clients_of_round(session: Session, round_id: uuid.UUID) -> list[uuid.UUID]:
+    """The clients whose update of the round was pruned."""
+    query = select(ModelUpdate.client_id).where(
+        ModelUpdate.round_id == round_id, ModelUpdate.pruned_at.is_not(None)
+    )
+    return list(session.scalars(query.order_by(ModelUpdate.client_id)))
+
+
 # --- audit results ---------------------------------------------------------------------------
 
 

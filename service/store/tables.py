@@ -151,6 +151,10 @@ class ModelUpdate(Base):
     idempotency_key: Mapped[str] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Set when retention removed the update's blob and its large signals (probe softmax,
+    # centroids); the row, its sha256 and the signals the reports read stay
+    # (service.coordinator.retention). A pruned update's blob_key is no reference.
+    pruned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class AuditResult(Base):

@@ -33,8 +33,8 @@ def test_every_operation_with_a_body_documents_the_400_for_an_unreadable_one() -
         if "requestBody" in operation
     ]
     # create, stop, add client, join, pin, anchor, revoke a site's token, recompute, close a
-    # round, 2 uploads, a site's error report
-    assert len(with_body) == 12
+    # round, 2 uploads, a site's error report, prune
+    assert len(with_body) == 13
     for method, path, operation in with_body:
         assert "400" in operation["responses"], (method, path)
 

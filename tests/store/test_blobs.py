@@ -257,3 +257,64 @@ def test_discard_keeps_a_blob_an_open_transaction_is_putting(
         owned.put_file(path, digest, session=session)
         assert owned.discard(digest, sessions) is False
         assert owned.exists(digest)
+
+
+@pytest.mark.db
+def test_drop_removes_blobs_when_the_transaction_commits_and_keeps_them_when_it_does_not(
+    tmp_path: Path, store: Any, sessions: sessionmaker[Session]
+) -> None:
+    """Retention hands the blobs of pruned updates to `drop` in the transaction that marks the
+    rows: nothing goes until it commits, and a failed one leaves every blob in place."""
+    keys = []
+    for content in (b"old update", b"older update"):
+        path, digest, _ = write_temp_file(tmp_path / "tmp", content)
+        with sessions.begin() as session:
+            store.put_file(path, digest, session=session)
+        store.local_path(digest)  # a cached copy, where the store has a cache
+        keys.append(digest)
+
+    def drop_then_fail() -> None:
+        with sessions.begin() as session:
+            store.drop(keys, session=session)
+            raise RuntimeError("a failure after the drop")
+
+    with pytest.raises(RuntimeError, match="after the drop"):
+        drop_then_fail()
+    assert all(store.exists(key) for key in keys)
+    session = sessions()  # a session closed without a commit drops nothing either
+    session.begin()
+    store.drop(keys, session=session)
+    session.close()
+    assert stored(store) >= set(keys)
+
+    with sessions.begin() as session:
+        store.drop(keys[:1], session=session)
+        assert store.local_path(keys[0]).read_bytes() == b"old update"  # until the commit
+    assert not store.exists(keys[0])
+    assert store.exists(keys[1])
+    assert stored(store) == {keys[1]}
+
+
+@pytest.mark.db
+def test_drop_keeps_a_blob_a_row_needs_or_a_transaction_is_putting(
+    tmp_path: Path, sessions: sessionmaker[Session]
+) -> None:
+    """Content-addressed: a pruned update's content may also be another row's (a global model
+    identical to it); that row keeps it. So does an upload of the same content under way."""
+    needed: set[str] = set()
+    store = DirectoryBlobStore(tmp_path / "dir", references=lambda _, keys: needed & set(keys))
+    path, shared, _ = write_temp_file(tmp_path / "tmp", b"shared content")
+    store.put_file(path, shared)
+    needed.add(shared)
+    with sessions.begin() as session:
+        store.drop([shared], session=session)
+    assert store.exists(shared)
+    needed.clear()
+    with sessions.begin() as putting:
+        again, _, _ = write_temp_file(tmp_path / "tmp", b"shared content")
+        store.put_file(again, shared, session=putting)
+        with sessions.begin() as session:
+            store.drop([shared], session=session)
+        assert store.exists(shared)
+        needed.add(shared)  # the upload's row commits with it
+    assert store.exists(shared)

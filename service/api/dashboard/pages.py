@@ -357,6 +357,15 @@ def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]
     details.append(("aggregation", esc(view["aggregation_rule"] or "-")))
     if view["fallback_reason"]:
         details.append(("fallback", esc(view["fallback_reason"])))
+    pruned = sum(1 for r in view["clients"] if r.get("pruned"))
+    if pruned:
+        details.append(
+            (
+                "retention",
+                f"{pruned} of {len(view['clients'])} model updates pruned (the flags, weights "
+                "and losses shown stay; a what-if of this round needs them left out)",
+            )
+        )
     body = (
         f'<section><p><a href="{esc(federation_url(federation_id))}">{esc(federation_name)}</a>'
         f"</p><h1>Round {esc(view['round'])}</h1>{_definitions(details)}</section>"

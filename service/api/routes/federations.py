@@ -32,11 +32,13 @@ from service.api.schemas.federations import (
     FederationRead,
     FederationStop,
     ModelRead,
+    PruneReport,
+    PruneRequest,
 )
 from service.api.schemas.rounds import RoundClose, RoundDetail, RoundPage
 from service.api.uploads import receive_raw
 from service.coordinator import federations as use_cases
-from service.coordinator import queries, rounds
+from service.coordinator import queries, retention, rounds
 from service.coordinator.resources import Services
 from service.coordinator.updates import StagedUpload
 from service.inputs import INT32_MAX, INT64_MAX
@@ -174,6 +176,29 @@ def stop_federation(
 ) -> FederationRead:
     federation = use_cases.stop(services, federation_id, reason=body.reason, actor=actor)
     return convert.federation_read(session, federation)
+
+
+@router.post(
+    "/{federation_id}/prune",
+    summary="Prune the model updates of old rounds (retention); global models are kept",
+    response_model=PruneReport,
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_422},
+)
+def prune_federation(
+    federation_id: uuid.UUID, body: PruneRequest, services: ServicesDep, actor: AdminDep
+) -> dict[str, object]:
+    """Removes the blobs, and the probe softmax and centroids, of the model updates of the
+    finished rounds older than the last `keep_rounds`, except each site's latest update and the
+    neighbour models an open round hands out. Rows, audit results, reports and every global
+    model stay; a pruned update's download and a what-if of its round answer 410. Recorded as a
+    `federation.pruned` event."""
+    return retention.prune(
+        services,
+        federation_id,
+        keep_rounds=body.keep_rounds,
+        dry_run=body.dry_run,
+        actor=actor,
+    )
 
 
 @router.post(

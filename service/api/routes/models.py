@@ -14,7 +14,7 @@ from service.api.deps import (
     is_admin,
     note_wrong_token,
 )
-from service.api.problems import PROBLEM_401, PROBLEM_403, PROBLEM_404
+from service.api.problems import PROBLEM_401, PROBLEM_403, PROBLEM_404, PROBLEM_410
 from service.coordinator import clients as client_use_cases
 from service.coordinator import queries
 from service.errors import AuthError
@@ -32,6 +32,7 @@ router = APIRouter(prefix="/models", tags=["models"])
         **PROBLEM_401,
         **PROBLEM_403,
         **PROBLEM_404,
+        **PROBLEM_410,
     },
 )
 def download_model(

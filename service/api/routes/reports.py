@@ -15,7 +15,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from service.api import convert
 from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
-from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404
+from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404, PROBLEM_410
 from service.api.schemas.federations import ClientRead
 from service.api.schemas.reports import (
     AnchorRequest,
@@ -153,7 +153,7 @@ def _recompute(
     "/rounds/{index}/recompute",
     summary="Re-run a past round's audit or a what-if aggregation (nothing is stored)",
     response_model=RecomputeResult,
-    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404},
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_404, **PROBLEM_410},
 )
 async def recompute_round(
     federation_id: uuid.UUID,

@@ -131,6 +131,50 @@ class FederationStop(BaseModel):
     )
 
 
+class PruneRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"keep_rounds": 5, "dry_run": True}]}
+    )
+
+    keep_rounds: int | None = Field(
+        default=None,
+        ge=0,
+        le=INT32_MAX,
+        description="Keep the model updates of the last N finished rounds; older ones lose "
+        "their blob and their probe softmax and centroids. Default: the coordinator's "
+        "retention_rounds setting (400 when it has none).",
+    )
+    dry_run: bool = Field(default=False, description="Answer what would be pruned; change nothing.")
+
+
+class PrunedPart(BaseModel):
+    rounds: list[int] = Field(description="The rounds whose updates were pruned now")
+    updates: int = Field(description="Model updates pruned now (row kept, blob removed)")
+    blobs: int = Field(description="Blobs removed (an update's content kept by another row stays)")
+    bytes: int = Field(description="The bytes of the blobs removed")
+    signals: list[str] = Field(description="The signals removed from each pruned update")
+
+
+class KeptPart(BaseModel):
+    rounds: list[int] = Field(description="The finished rounds whose updates are kept")
+    latest_updates: int = Field(
+        description="Older updates kept as a site's latest local model (FedRN's neighbours)"
+    )
+    neighbor_updates: int = Field(
+        description="Older updates kept as neighbour models assigned in an open round"
+    )
+    global_models: int = Field(description="Global model versions, all kept")
+    already_pruned: int = Field(description="Updates pruned before this request")
+
+
+class PruneReport(BaseModel):
+    federation_id: uuid.UUID
+    keep_rounds: int
+    dry_run: bool
+    pruned: PrunedPart
+    kept: KeptPart
+
+
 class ClientCreate(BaseModel):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"name": "hospital-a"}]}

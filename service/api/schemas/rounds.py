@@ -30,6 +30,11 @@ class RoundRead(BaseModel):
     aggregation_rule: str | None
     aggregation_weights: dict[str, Any] | None
     coordinator_seconds: float | None
+    pruned_clients: list[uuid.UUID] = Field(
+        default_factory=list,
+        description="The sites whose update of this round retention pruned (its blob, probe "
+        "softmax and centroids are gone; a what-if of the round needs them left out)",
+    )
 
 
 class RoundClose(BaseModel):
