@@ -10,7 +10,8 @@ Usage::
 
 from typing import TYPE_CHECKING, Any
 
-from client_sdk._client import AdminClient, FederationClient
+from client_sdk._admin import AdminClient
+from client_sdk._client import FederationClient
 from client_sdk._exceptions import (
     APIConnectionError,
     APIStatusError,

@@ -254,6 +254,7 @@ def error_evidence(
     min_excess: float = 0.05,
     min_class_count: int = 5,
     class_part: bool = False,
+    min_dispersion: float = 0.0,
 ) -> ErrorEvidence:
     """The error-count evidence of one round (module docstring).
 
@@ -273,9 +274,8 @@ def error_evidence(
     min_class_count : int
         Samples a site must hold of a class for that class alone to count (the per-class part,
         and the cells ``psi`` is fitted on).
-    class_part : bool
-        Combine the site's total with its per-class part (module docstring, "The per-class
-        part"); off by default.
+    min_dispersion, class_part : float, bool
+        A floor on phi; the per-class part combined with the total (module docstring).
     """
     k = counts.shape[0]
     given = np.ones(k, dtype=bool) if exclude is None else ~np.asarray(exclude, dtype=bool)
@@ -300,15 +300,14 @@ def error_evidence(
         extra = est_var.sum(axis=1) / np.maximum(expected, 1e-12) ** 2
         if stage == "dispersion":
             fit = fit_sites & has
-            phi = fit_dispersion(observed[fit], expected[fit], extra[fit])
+            phi = max(fit_dispersion(observed[fit], expected[fit], extra[fit]), min_dispersion)
         p_total = np.where(has, mid_p(observed, np.maximum(expected, 1e-12), phi + extra), 1.0)
         trimmed = given & (p_total >= trim)
         # Stop trimming when it is stable, cycles, or would leave half of the sites or fewer:
         # in the first stage that means going on to fit phi on the current fit set (sites that
         # differ in difficulty make the phi = 0 trim remove many clean sites; phi is for them).
-        over = 2 * int(trimmed.sum()) <= k
         if (
-            over
+            2 * int(trimmed.sum()) <= k
             or any(bool((trimmed == f).all()) for f in seen)
             or bool((trimmed == fit_sites).all())
         ):
@@ -373,7 +372,7 @@ def _class_level(
     # a handful of samples clears any floor on the rate).
     per_class = entered & (counts >= min_class_count)
     cells = per_class & fit_sites[:, None]
-    psi = fit_dispersion(errors[cells], mean[cells], (phi + class_extra)[cells])
+    psi = fit_dispersion(errors[cells].astype(np.float64), mean[cells], (phi + class_extra)[cells])
     p_class = np.where(
         per_class, mid_p(errors, np.maximum(mean, 1e-12), phi + psi + class_extra), 1.0
     )

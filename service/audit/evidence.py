@@ -57,16 +57,14 @@ over R audited rounds is at most ``q * R`` (0.3 for the default ``q = 0.01`` and
 noisy sites present, at most a fraction ``q`` of the flags are expected to be wrong. The
 p-values are close to exact when the spreads are reported and the sites differ only by sampling
 (``tests/audit/test_evidence.py`` simulates it: at most 3 % of rounds with a flag, 5 to 50
-sites). They are **not** when ``tau_c`` must be estimated from a few holders or the spreads are
-missing: the robust scale of five values is itself uncertain and the tails of z grow (an
-independent check measured 8.7 % of rounds with a false flag for 5 sites with tau = 0.1, and
-8-13 % for 5-10 sites without spreads, at q = 0.01); a small-sample correction is still to come.
+sites); **not** when ``tau_c`` must be estimated from a few holders, the spreads are missing, or
+sites differ in difficulty (measured: docs/algorithms.md, "Calibrated evidence", false alarms).
 The status rule across rounds (:func:`~service.audit.detection.next_status`) then needs several
-flagged rounds before the aggregation treats a site as noisy. With sites that differ in
-difficulty the site-level part brings the false alarms down but not to q: simulated, 20 clean
-sites of 1,000 samples whose difficulty differs by a log-normal factor of spread 0.3 see a false
-flag in 3 % of the rounds, 10 such sites in 17 % (``docs/eval/error_counts_simulation.py
---large``; 78 % and 53 % before the site-level part).
+flagged rounds before the aggregation treats a site as noisy.
+
+**Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites,
+consensus mode): ``p_k = min(1, 2 min(p_loss, p_errors))``; their dispersion phi is at least the
+one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`).
 
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
 the evidence is measured against is suspect: too few sites, a model that does not beat the label
@@ -95,6 +93,7 @@ holds gives no evidence in anchor mode.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -258,6 +257,12 @@ class EvidenceDetector:
             "min_error_excess", min_error_excess, min_value=0.0, max_value=1.0
         )
         self.min_error_sites = check_int("min_error_sites", min_error_sites, min_value=3)
+        self._counted = partial(
+            error_evidence,
+            min_holders=self.min_holders,
+            min_excess=self.min_error_excess,
+            min_class_count=self.min_class_count,
+        )
 
     # ----------------------------------------------------------------------------------------
 
@@ -317,15 +322,9 @@ class EvidenceDetector:
         score = np.maximum(z_high, class_score)
         counted: ErrorEvidence | None = None
         p_high = p_loss
-        if wrong is not None and reference is None:
-            counted = error_evidence(
-                wrong,
-                counts,
-                min_holders=self.min_holders,
-                exclude=exclude,
-                min_excess=self.min_error_excess,
-                min_class_count=self.min_class_count,
-            )
+        if wrong is not None and reference is None:  # phi's floor: the spread of difficulty
+            floor = 0.0 if site is None else site.count_dispersion()
+            counted = self._counted(wrong, counts, exclude=exclude, min_dispersion=floor)
             p_high = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)

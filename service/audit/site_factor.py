@@ -179,6 +179,12 @@ class SiteFactor:
         p = ndtr(-zd) if math.isinf(self.df) else student_t.sf(zd, self.df)
         return np.asarray(np.where(ok, p, 1.0), dtype=np.float64)
 
+    def count_dispersion(self) -> float:
+        """The dispersion of error counts this spread of difficulty implies: a log-normal factor
+        of variance tau^2 has squared coefficient of variation exp(tau^2) - 1 (the floor of
+        :mod:`service.audit.error_evidence`'s phi)."""
+        return float(np.expm1(self.tau2))
+
     def shrunken_shift(self) -> FloatArray:
         """(x - centre) tau^2 / (tau^2 + within): each site's predicted difficulty (log scale);
         zeros without a between-site spread or without sampling variances (no spreads)."""
