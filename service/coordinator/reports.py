@@ -416,6 +416,8 @@ CSV_COLUMNS = (
     "neighbors",
     "inconsistent_updates",
     "last_inconsistent_at",
+    "epsilon_round",
+    "epsilon_total",
 )
 
 
@@ -447,6 +449,8 @@ def report_csv(report: dict[str, Any]) -> str:
                 ""
                 if row["last_inconsistent_at"] is None
                 else row["last_inconsistent_at"].isoformat(),
+                _csv_number(row["epsilon_round"]),
+                _csv_number(row["epsilon_total"]),
             ]
         )
     return buffer.getvalue()

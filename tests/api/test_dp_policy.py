@@ -4,6 +4,8 @@ with each round's audit and shown in the report, a site's history and the dashbo
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 from typing import Any
 
@@ -150,6 +152,19 @@ async def test_each_round_stores_the_budget_and_the_report_shows_it(api) -> None
         (0, pytest.approx(per_round)),
         (2, pytest.approx(epsilon(1.5, 1e-5, 2))),
     ]
+    csv_rows = {
+        r["name"]: r
+        for r in csv.DictReader(
+            io.StringIO(
+                (
+                    await api.get(f"/api/v1/federations/{fed.id}/report?format=csv", headers=ADMIN)
+                ).text
+            )
+        )
+    }
+    assert float(csv_rows["b"]["epsilon_total"]) == pytest.approx(
+        rows["b"]["epsilon_total"], rel=1e-5
+    )
     # `fedaudit report`'s table
     console = Console(width=200, record=True)
     console.print(render_report(report))
