@@ -87,7 +87,7 @@ def round_privacy(
     delta = policy.dp_delta
     assert delta is not None  # required with the mechanism (SignalPolicy)
     k = releases_per_update(signals)
-    totals = [k * int(updates_so_far.get(cid, 1)) for cid in client_ids]
+    totals = [k * int(updates_so_far[cid]) for cid in client_ids]
     return {
         "mechanism": "gaussian",
         "accountant": ACCOUNTANT,
