@@ -30,6 +30,15 @@ class SignalPolicy(_Model):
 
     min_class_count: int = 0
     count_bucket: int = 1
+    # The Gaussian mechanism on the per-class loss and the probe softmax (0: off).
+    dp_noise_multiplier: float = 0.0
+    dp_clip_loss: float | None = None
+    dp_clip_probe: float | None = None
+    dp_delta: float | None = None
+
+    @property
+    def dp_active(self) -> bool:
+        return self.dp_noise_multiplier > 0.0
 
 
 class TaskSpec(_Model):

@@ -442,6 +442,7 @@ class Participant:
             probe_size=instructions.probe.size if instructions.probe is not None else 0,
             input_shape=instructions.input_shape,
             device=self.device,
+            loss_clip=instructions.privacy.dp_clip_loss if instructions.privacy.dp_active else None,
         )
 
     def train_round(self, current: CurrentRound) -> RoundSummary:

@@ -71,6 +71,18 @@ def _inconsistent_text(row: dict[str, Any]) -> str:
     return f"[bold red]{count}[/]{escape(when)}"
 
 
+def _privacy_text(privacy: dict[str, Any] | None) -> str:
+    """The Gaussian mechanism on the signals: its settings and the epsilon of one round (the
+    table's "eps" columns give each site's); empty without it."""
+    if not privacy:
+        return ""
+    return (
+        f"\nGaussian mechanism: sigma {privacy['noise_multiplier']:g}, loss clip "
+        f"{privacy['clip_loss']:g}; epsilon {privacy['epsilon_per_round']:.3g} per round at "
+        f"delta {privacy['delta']:g} ({privacy['accountant']}); eps total: each site's so far"
+    )
+
+
 SITE_ERRORS_SHOWN = 3
 """The latest site errors the report table shows (the JSON report has more)."""
 
@@ -101,6 +113,8 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
             + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
         )
+    privacy = data.get("privacy")
+    caption += _privacy_text(privacy)
     for error in (data.get("site_errors") or [])[:SITE_ERRORS_SHOWN]:
         first_line = (str(error.get("message") or "").splitlines() or [""])[0][:200]
         caption += (
@@ -123,6 +137,8 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     refused = any(row.get("inconsistent_updates") for row in data["clients"])
     if refused:
         table.add_column("inconsistent claims (last)")
+    for name in ("eps round", "eps total") if privacy else ():
+        table.add_column(name, justify="right")
     styles = {"noisy": "bold red", "suspect": "yellow", "trusted": "green"}
 
     def number(value: Any, fmt: str = ".2f") -> str:
@@ -145,5 +161,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         ]
         if refused:
             cells.append(_inconsistent_text(row))
+        if privacy:
+            cells += [number(row.get(key), ".3g") for key in ("epsilon_round", "epsilon_total")]
         table.add_row(*cells)
     return table

@@ -215,6 +215,7 @@ def compute_signals(
     input_shape: Sequence[int],
     device: DeviceLike,
     batch_size: int = 256,
+    loss_clip: float | None = None,
 ) -> Signals:
     """Compute the signals the server requires for this round.
 
@@ -242,6 +243,10 @@ def compute_signals(
         Where the models are.
     batch_size : int
         Evaluation batch size.
+    loss_clip : float or None
+        B of the federation's Gaussian mechanism: each per-sample loss is clipped to [0, B]
+        before the per-class mean (and its spread); None: not clipped
+        (:mod:`client_sdk.privacy` adds the noise).
 
     Returns
     -------
@@ -264,7 +269,7 @@ def compute_signals(
     if "per_class_loss" in required:
         logits = _batched_logits(global_model, d.inputs, batch_size, num_classes)
         signals.per_class_loss, signals.per_class_loss_sd, signals.per_class_errors = (
-            _per_class_loss_signals(logits, d.labels, counts, num_classes, dev)
+            _per_class_loss_signals(logits, d.labels, counts, num_classes, dev, loss_clip)
         )
 
     if "train_loss" in required:
@@ -303,12 +308,15 @@ def _per_class_loss_signals(
     counts: torch.Tensor,
     num_classes: int,
     dev: torch.device,
+    loss_clip: float | None = None,
 ) -> tuple[list[float | None], list[float | None], list[int | None]]:
     """theta_G's per-class mean loss (FedNoRo section 4.1, eq. 3's input), its standard
     deviation (ddof 0) and its error count per given label, from theta_G's ``logits`` (module
     docstring); None for a class with no sample. (per_class_loss, per_class_loss_sd,
     per_class_errors)."""
     losses = F.cross_entropy(logits, labels, reduction="none")
+    if loss_clip is not None:
+        losses = losses.clamp(max=float(loss_clip))  # cross-entropy is >= 0 already
     acc = accumulator_dtype(dev)
     sums = torch.zeros(num_classes, dtype=acc, device=dev)
     sums.index_add_(0, labels, losses.to(acc))

@@ -213,6 +213,11 @@ class PrivacySpec(_Strict):
 
     min_class_count: int = Field(default=0, ge=0)
     count_bucket: int = Field(default=1, ge=1)
+    # The Gaussian mechanism (sigma > 0 needs the clip and delta; the coordinator checks them).
+    dp_noise_multiplier: float | None = Field(default=None, ge=0.0)
+    dp_clip_loss: float | None = Field(default=None, gt=0.0)
+    dp_clip_probe: float | None = Field(default=None, gt=0.0)
+    dp_delta: float | None = Field(default=None, gt=0.0, lt=1.0)
 
 
 class MethodSpec(_Strict):
@@ -268,7 +273,7 @@ class MethodSpec(_Strict):
         if self.probe_size is not None:
             config["probe_size"] = self.probe_size
         if self.privacy is not None:
-            config["privacy"] = self.privacy.model_dump()
+            config["privacy"] = self.privacy.model_dump(exclude_none=True)
         return config
 
 

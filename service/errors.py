@@ -21,6 +21,7 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
     │   └── PrivacyPolicyError       422 privacy-policy
     ├── InvalidModelError            422 invalid-model
     ├── RateLimitedError             429 rate-limited
+    ├── DpAccountingUnavailableError 501 dp-accounting-unavailable
     └── NotReadyError                503 not-ready
 """
 
@@ -146,6 +147,15 @@ class RateLimitedError(CoordinatorError):
     status = 429
     title = "Too many requests"
     type_slug = "rate-limited"
+
+
+class DpAccountingUnavailableError(CoordinatorError):
+    """The federation's Gaussian mechanism needs the privacy accountant (``dp-accounting``, the
+    ``fedaudit[dp]`` extra), which this coordinator lacks; nothing is accounted by other means."""
+
+    status = 501
+    title = "Privacy accounting unavailable"
+    type_slug = "dp-accounting-unavailable"
 
 
 class NotReadyError(CoordinatorError):

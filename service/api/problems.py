@@ -191,6 +191,14 @@ PROBLEM_410: dict[int | str, dict[str, Any]] = {
 }
 PROBLEM_413: dict[int | str, dict[str, Any]] = {413: problem(413, "Payload too large")}
 PROBLEM_422: dict[int | str, dict[str, Any]] = {422: problem(422, "Invalid input")}
+PROBLEM_501_DP: dict[int | str, dict[str, Any]] = {
+    501: problem(
+        501,
+        "The federation asks for the Gaussian mechanism, whose privacy accountant "
+        "(dp-accounting, fedaudit[dp]) this coordinator lacks "
+        "(/problems/dp-accounting-unavailable)",
+    )
+}
 PROBLEM_503: dict[int | str, dict[str, Any]] = {
     503: {
         **problem(503, "Busy: no database connection free in time; retry after Retry-After"),

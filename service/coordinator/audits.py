@@ -27,7 +27,9 @@ from service.audit import (
     next_status,
     run_audit,
 )
+from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
+from service.coordinator.signal_policy import policy_of
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
@@ -193,6 +195,9 @@ def audit_round(
         }
         for cid, u in zip(ids, updates, strict=True)
     ]
+    privacy = _round_privacy(session, federation, rnd, updates)
+    if privacy is not None:
+        result["privacy"] = privacy
     centroids = outcome.centroids
     return RoundOutcome(
         state=aggregation.state,
@@ -202,6 +207,24 @@ def audit_round(
         flags_by_client=flags,
         centroids=None if centroids is None else np.asarray(centroids).tolist(),
         result=result,
+    )
+
+
+def _round_privacy(
+    session: Session, federation: Federation, rnd: Round, updates: list[ModelUpdate]
+) -> dict[str, Any] | None:
+    """The Gaussian mechanism's budget at this round (None when the federation has none):
+    the round's epsilon, and each site's over all its updates up to this round."""
+    policy = policy_of(federation.config)
+    if not policy.dp_active:
+        return None
+    ids = [u.client_id for u in updates]
+    counts = repo.update_counts(session, federation.id, ids, up_to_round=rnd.index)
+    return round_privacy(
+        policy,
+        federation.config["signals"],
+        [str(cid) for cid in ids],
+        {str(cid): n for cid, n in counts.items()},
     )
 
 

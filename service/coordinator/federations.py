@@ -25,6 +25,7 @@ from service.coordinator.federation_config import (
 )
 from service.coordinator.model_fit import fit_problems
 from service.coordinator.notify import mark_changed
+from service.coordinator.privacy_budget import require_accountant
 from service.coordinator.resources import Services
 from service.coordinator.tensors import (
     Manifest,
@@ -100,6 +101,8 @@ def create_federation(
             f"invalid audit configuration: {exc}",
             errors=[{"loc": ["config"], "msg": str(exc)}],
         ) from None
+    if config.privacy.dp_active:
+        require_accountant()  # no federation whose budget could not be accounted
     federation = Federation(
         name=name,
         num_classes=num_classes,

@@ -17,6 +17,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import DETECTOR_REGISTRY, DETECTORS
+from service.coordinator.privacy_budget import report_privacy
 from service.coordinator.rounds import effective_status, get_round
 from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
@@ -48,6 +49,8 @@ def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
         "reliability": repo.JsonPath(("expertise", position), "float"),
         "neighbors": repo.JsonPath(("neighbors", client_id)),
         "primary": repo.JsonPath(("primary",), "str"),
+        "epsilon_round": repo.JsonPath(("privacy", "epsilon_round"), "float"),
+        "epsilon_total": repo.JsonPath(("privacy", "epsilon_total", position), "float"),
     }
     for name in DETECTORS:
         paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
@@ -108,6 +111,8 @@ def _client_entry(
         "reliability": fields["reliability"],
         "neighbors": fields["neighbors"],
         "weight": fields["weight"],
+        "epsilon_round": fields["epsilon_round"],
+        "epsilon_total": fields["epsilon_total"],
     }
 
 
@@ -166,6 +171,8 @@ def _report_row(
         "last_weight": None if latest is None else latest["weight"],
         "inconsistent_updates": inconsistent.get(client.id, (0, None))[0],
         "last_inconsistent_at": inconsistent.get(client.id, (0, None))[1],
+        "epsilon_round": None if latest is None else latest["epsilon_round"],
+        "epsilon_total": None if latest is None else latest["epsilon_total"],
     }
 
 
@@ -221,6 +228,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         "latest": summary,
         "clients": rows,
         "site_errors": site_errors(session, federation, names),
+        "privacy": report_privacy(federation.config),
     }
 
 
@@ -409,6 +417,8 @@ CSV_COLUMNS = (
     "neighbors",
     "inconsistent_updates",
     "last_inconsistent_at",
+    "epsilon_round",
+    "epsilon_total",
 )
 
 
@@ -440,6 +450,8 @@ def report_csv(report: dict[str, Any]) -> str:
                 ""
                 if row["last_inconsistent_at"] is None
                 else row["last_inconsistent_at"].isoformat(),
+                _csv_number(row["epsilon_round"]),
+                _csv_number(row["epsilon_total"]),
             ]
         )
     return buffer.getvalue()

@@ -17,6 +17,16 @@ With either on, the class counts no longer sum exactly to ``num_samples``: they 
 consistent with it, i.e. some exact histogram behind the reported one sums to some exact total
 behind the reported ``num_samples``. Without a policy that is the exact sum, as before.
 
+- ``dp_noise_multiplier`` sigma (0: off), with ``dp_clip_loss`` B, ``dp_delta`` and optionally
+  ``dp_clip_probe`` R: the Gaussian mechanism. The site clips each per-sample loss to [0, B]
+  before the per-class mean and adds N(0, (sigma B / n_c)^2) to the mean of class c; it clips
+  each probe softmax row to within R (L2) of the uniform row and adds
+  N(0, (sigma sqrt(P) min(2R, sqrt 2))^2) to every entry (docs/what-leaves-the-site.md, the
+  sensitivities). ``per_class_loss_sd`` and ``per_class_errors`` are not sent under it. The
+  coordinator cannot see the noise; it refuses what the mechanism never sends (the spread, the
+  error counts, a mean above B) and accounts for the rounds
+  (:mod:`service.coordinator.privacy_budget`).
+
 No web or database imports: plain functions over the stored configuration.
 """
 
@@ -25,13 +35,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.inputs import INT32_MAX
 
-__all__ = ["SignalPolicy", "count_problems", "policy_of"]
+__all__ = ["NOISED_SIGNALS", "SignalPolicy", "count_problems", "dp_problems", "policy_of"]
 
 MAX_COUNT_BUCKET = 1_000_000
+MAX_NOISE_MULTIPLIER = 1e6
+MAX_CLIP = 1e6
+
+NOISED_SIGNALS = ("per_class_loss", "probe_softmax")
+"""The signals the Gaussian mechanism noises; each update carrying one is one release."""
+
+WITHHELD_UNDER_DP = ("per_class_loss_sd", "per_class_errors")
+"""Sent with the per-class loss, but not under the Gaussian mechanism (not noised, so not sent)."""
 
 
 class SignalPolicy(BaseModel):
@@ -59,9 +77,82 @@ class SignalPolicy(BaseModel):
         ),
     )
 
+    dp_noise_multiplier: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=MAX_NOISE_MULTIPLIER,
+        allow_inf_nan=False,
+        description=(
+            "sigma of the Gaussian mechanism on the per-class loss and the probe softmax: each "
+            "is sent with N(0, (sigma * sensitivity)^2) noise added on the site. 0 (or null): "
+            "off. With it, dp_clip_loss and dp_delta are required."
+        ),
+    )
+    dp_clip_loss: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=MAX_CLIP,
+        allow_inf_nan=False,
+        description=(
+            "B: each per-sample loss is clipped to [0, B] before the per-class mean, whose "
+            "sensitivity is then B / n_c for a class of n_c samples. Only with "
+            "dp_noise_multiplier."
+        ),
+    )
+    dp_clip_probe: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=MAX_CLIP,
+        allow_inf_nan=False,
+        description=(
+            "R: each probe softmax row is clipped to L2 distance R from the uniform row; a "
+            "row's sensitivity is min(2R, sqrt(2)). Null: no clipping (sqrt(2), the simplex's "
+            "diameter). Only with dp_noise_multiplier."
+        ),
+    )
+    dp_delta: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "delta of the (epsilon, delta) the coordinator accounts for each site; choose it "
+            "well below 1 / (a site's number of samples). Only with dp_noise_multiplier."
+        ),
+    )
+
+    @field_validator("dp_noise_multiplier", mode="before")
+    @classmethod
+    def _null_is_off(cls, value: Any) -> Any:
+        return 0.0 if value is None else value
+
+    @model_validator(mode="after")
+    def _gaussian_settings(self) -> SignalPolicy:
+        if self.dp_active:
+            missing = [name for name in ("dp_clip_loss", "dp_delta") if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"{' and '.join(missing)} required with dp_noise_multiplier")
+        else:
+            stray = [
+                name
+                for name in ("dp_clip_loss", "dp_clip_probe", "dp_delta")
+                if getattr(self, name) is not None
+            ]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)} set without dp_noise_multiplier (> 0): the Gaussian "
+                    f"mechanism is off, so they would do nothing"
+                )
+        return self
+
     @property
     def active(self) -> bool:
+        """Whether the counts are coarsened (``min_class_count`` or ``count_bucket``)."""
         return self.min_class_count > 1 or self.count_bucket > 1
+
+    @property
+    def dp_active(self) -> bool:
+        """Whether the Gaussian mechanism is on."""
+        return self.dp_noise_multiplier > 0.0
 
 
 def policy_of(config: Mapping[str, Any]) -> SignalPolicy:
@@ -153,6 +244,33 @@ def _sum_problems(
             )
         ]
     return []
+
+
+def dp_problems(signals: Mapping[str, Any], policy: SignalPolicy) -> list[dict[str, Any]]:
+    """What the Gaussian mechanism forbids in an update's ``signals`` (its metadata's): the
+    spread and the error counts, which it does not send, and a per-class loss above the clip
+    bound (the site clamps its noised means to [0, B]). Empty when the mechanism is off. The
+    noise itself cannot be checked."""
+    if not policy.dp_active:
+        return []
+    found = [
+        _problem(
+            ["metadata", "signals", name],
+            "not sent under the federation's Gaussian mechanism (dp_noise_multiplier)",
+        )
+        for name in WITHHELD_UNDER_DP
+        if signals.get(name) is not None
+    ]
+    bound = policy.dp_clip_loss
+    for c, value in enumerate(signals.get("per_class_loss") or []):
+        if value is not None and bound is not None and value > bound:
+            found.append(
+                _problem(
+                    ["metadata", "signals", "per_class_loss", c],
+                    f"above the federation's dp_clip_loss {bound}",
+                )
+            )
+    return found
 
 
 def _problem(loc: list[Any], msg: str) -> dict[str, Any]:

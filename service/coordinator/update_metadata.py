@@ -17,7 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.coordinator.signal_policy import count_problems, policy_of
+from service.coordinator.signal_policy import count_problems, dp_problems, policy_of
 from service.errors import PrivacyPolicyError, UpdateRejectedError
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
 from service.store.tables import Federation
@@ -164,6 +164,7 @@ def validate_signals(
     forbidden: list[dict[str, Any]] = []
     counts = _check_class_counts(errors, forbidden, typed.num_samples, signals, federation)
     _check_per_class_signals(errors, forbidden, signals, counts, federation.num_classes)
+    forbidden.extend(dp_problems(signals.model_dump(), policy_of(federation.config)))
     _check_probe(errors, signals.probe_softmax, federation)
     _check_centroids(errors, signals.centroids, federation.num_classes)
     for key in typed.metrics:

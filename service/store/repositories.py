@@ -329,6 +329,24 @@ def count_updates_of_round(session: Session, round_id: uuid.UUID) -> int:
     return session.scalar(query) or 0
 
 
+def update_counts(
+    session: Session, federation_id: uuid.UUID, client_ids: Sequence[uuid.UUID], *, up_to_round: int
+) -> dict[uuid.UUID, int]:
+    """How many updates each client has had accepted in rounds up to ``up_to_round``."""
+    if not client_ids:
+        return {}
+    query = (
+        select(ModelUpdate.client_id, func.count())
+        .where(
+            ModelUpdate.federation_id == federation_id,
+            ModelUpdate.client_id.in_(client_ids),
+            ModelUpdate.round_index <= up_to_round,
+        )
+        .group_by(ModelUpdate.client_id)
+    )
+    return {client_id: int(count) for client_id, count in session.execute(query).all()}
+
+
 def latest_updates(
     session: Session, federation_id: uuid.UUID, client_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, ModelUpdate]:

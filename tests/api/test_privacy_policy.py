@@ -21,6 +21,14 @@ CONFIG = {
     "primary_detector": "evidence",
     "privacy": POLICY,
 }
+OFF = {
+    "min_class_count": 0,
+    "count_bucket": 1,
+    "dp_noise_multiplier": 0.0,
+    "dp_clip_loss": None,
+    "dp_clip_probe": None,
+    "dp_delta": None,
+}
 # a holds [30, 3, 0] (37 samples), b [12, 8, 20] (40): as the SDK sends them under POLICY
 JOINS = {
     "a": {"num_samples": 40, "class_counts": [30, None, 0]},
@@ -47,23 +55,24 @@ async def clients(api, fed) -> dict[str, dict[str, Any]]:
 
 async def test_the_policy_is_stored_and_told_to_the_sites(api) -> None:
     fed = await policy_federation(api)
-    assert fed.data["config"]["privacy"] == POLICY
+    stored = {**OFF, **POLICY}
+    assert fed.data["config"]["privacy"] == stored
     task = await api.get(f"/api/v1/federations/{fed.id}/task", headers=fed.headers("a"))
-    assert task.json()["privacy"] == POLICY
+    assert task.json()["privacy"] == stored
     joined = await join(api, fed, "a", JOINS["a"])
     assert joined.status_code == 200, joined.text
-    assert joined.json()["privacy"] == POLICY
+    assert joined.json()["privacy"] == stored
     instructions = (await current(api, fed, "a"))["instructions"]
-    assert instructions["privacy"] == POLICY
+    assert instructions["privacy"] == stored
     # the suppressed class is stored as sent: null, not a number
     assert (await clients(api, fed))["a"]["class_counts"] == [30, None, 0]
 
 
 async def test_a_federation_without_a_policy_has_it_off(api) -> None:
     fed = await make_federation(api)
-    assert fed.data["config"]["privacy"] == {"min_class_count": 0, "count_bucket": 1}
+    assert fed.data["config"]["privacy"] == OFF
     task = await api.get(f"/api/v1/federations/{fed.id}/task", headers=fed.headers("a"))
-    assert task.json()["privacy"] == {"min_class_count": 0, "count_bucket": 1}
+    assert task.json()["privacy"] == OFF
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,14 @@ SPEC = {
     "config": {"method": "fedavg", "privacy": {"min_class_count": 3, "count_bucket": 7}},
 }
 
+# the Gaussian mechanism's settings, off (stored with every policy)
+NO_NOISE = {
+    "dp_noise_multiplier": 0.0,
+    "dp_clip_loss": None,
+    "dp_clip_probe": None,
+    "dp_delta": None,
+}
+
 
 def test_the_options_set_the_policy_over_the_spec(tmp_path: Path) -> None:
     runner = CliRunner()
@@ -36,14 +44,14 @@ def test_the_options_set_the_policy_over_the_spec(tmp_path: Path) -> None:
         )
         assert created.exit_code == 0, created.output
         privacy = json.loads(created.output)["config"]["privacy"]
-        assert privacy == {"min_class_count": 10, "count_bucket": 7}
+        assert privacy == {**NO_NOISE, "min_class_count": 10, "count_bucket": 7}
         # a spec without config gets one
         created = runner.invoke(
             app, ["federation", "create", str(bare), "--count-bucket", "5"], env=env
         )
         assert created.exit_code == 0, created.output
         privacy = json.loads(created.output)["config"]["privacy"]
-        assert privacy == {"min_class_count": 0, "count_bucket": 5}
+        assert privacy == {**NO_NOISE, "min_class_count": 0, "count_bucket": 5}
         refused = runner.invoke(
             app, ["federation", "create", str(bare), "--count-bucket", "0"], env=env
         )

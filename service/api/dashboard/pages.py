@@ -203,9 +203,30 @@ def _refused(client: Mapping[str, Any]) -> str:
     )
 
 
+def _epsilon_cells(entry: Mapping[str, Any]) -> str:
+    """The Gaussian mechanism's epsilon of a round and of every round so far."""
+    return (
+        f'<td class="num">{number(entry.get("epsilon_round"), 3)}</td>'
+        f'<td class="num">{number(entry.get("epsilon_total"), 3)}</td>'
+    )
+
+
+EPSILON_HEADERS = (
+    '<th title="epsilon of the site\'s update in the round (Gaussian mechanism)">'
+    "\u03b5 round</th>"
+    '<th title="epsilon of all the site\'s updates so far, composed by the accountant">'
+    "\u03b5 total</th>"
+)
+
+
 def client_table(
-    federation_id: str, clients: Sequence[Mapping[str, Any]], primary: str | None = None
+    federation_id: str,
+    clients: Sequence[Mapping[str, Any]],
+    primary: str | None = None,
+    *,
+    dp: bool = False,
 ) -> str:
+    """The report's table, with the sites' epsilons under the Gaussian mechanism (``dp``)."""
     rows = []
     for c in clients:
         pinned = (
@@ -226,6 +247,7 @@ def client_table(
             f'<td class="num">{number(c["last_weight"])}</td>'
             f'<td class="num">{number(c["num_samples"])}</td>'
             f'<td class="num">{_refused(c)}</td>'
+            f"{_epsilon_cells(c) if dp else ''}"
             "</tr>"
         )
     return (
@@ -233,7 +255,7 @@ def client_table(
         "<th>latest scores (\u2691 flagged)</th><th>noisy classes</th><th>reliability</th>"
         "<th>neighbors (weight)</th><th>last weight</th><th>samples</th>"
         '<th title="updates refused: num_samples / class_counts inconsistent with the join">'
-        "inconsistent claims</th></tr></thead>"
+        f"inconsistent claims</th>{EPSILON_HEADERS if dp else ''}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -249,6 +271,17 @@ def _summary(report: Mapping[str, Any]) -> str:
         ("warm-up rounds", esc(report["warmup_rounds"])),
         ("rounds audited", esc(report["rounds_audited"])),
     ]
+    privacy = report.get("privacy")
+    if privacy:
+        items.append(
+            (
+                "Gaussian mechanism",
+                f"\u03c3 = {number(privacy['noise_multiplier'])}, loss clip "
+                f"{number(privacy['clip_loss'])}, probe clip {number(privacy['clip_probe'])}; "
+                f"\u03b5 = {number(privacy['epsilon_per_round'], 3)} per round at "
+                f"\u03b4 = {esc(privacy['delta'])} ({esc(privacy['accountant'])})",
+            )
+        )
     if latest:
         items += [
             ("latest audited round", esc(latest.get("round"))),
@@ -299,6 +332,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
     """The noisy-client report of one federation, with its plots."""
     clients = report["clients"]
     statuses = {c["client_id"]: c["status"] for c in clients}
+    dp = bool(report.get("privacy"))
     if latest_round is None:
         round_plots = '<section><p class="muted">No audited round yet.</p></section>'
     else:
@@ -314,7 +348,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
         f"{_round_links(report['federation_id'], clients)}</section>"
         f"{site_error_table(report.get('site_errors') or [])}"
         f"<section><h2>Noisy-client report</h2>"
-        f"{client_table(report['federation_id'], clients, report['primary_detector'])}"
+        f"{client_table(report['federation_id'], clients, report['primary_detector'], dp=dp)}"
         f"{_score_legend(clients)}</section>"
         f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
         f'<div class="plots">{round_plots}'
@@ -426,6 +460,7 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
         details.append(("trust anchor", esc(view.get("anchor_reason") or "yes")))
     details += [(f"{esc(d)} score", esc(SCORE_MEANINGS.get(d, d))) for d in detectors]
     header = "".join(f"<th>{esc(d)}</th>" for d in detectors)
+    dp = any(r.get("epsilon_round") is not None for r in rounds)
     rows = "".join(
         "<tr>"
         f'<td class="num">{esc(r["round"])}</td>'
@@ -435,13 +470,15 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
         f'<td class="num">{number(r.get("reliability"))}</td>'
         f'<td class="num">{number(r.get("weight"))}</td>'
         f"<td>{_neighbors(r.get('neighbors'))}</td>"
+        f"{_epsilon_cells(r) if dp else ''}"
         "</tr>"
         for r in rounds
     )
     history = (
         "<table><thead><tr><th>round</th><th>primary flag</th>"
         f"{header}<th>noisy classes</th><th>reliability</th><th>weight</th>"
-        f"<th>neighbors (weight)</th></tr></thead><tbody>{rows}</tbody></table>"
+        f"<th>neighbors (weight)</th>{EPSILON_HEADERS if dp else ''}</tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
         if rounds
         else '<p class="muted">No audited round yet.</p>'
     )

@@ -21,6 +21,7 @@ from service.api.problems import (
     PROBLEM_409,
     PROBLEM_413,
     PROBLEM_422,
+    PROBLEM_501_DP,
 )
 from service.api.schemas.federations import (
     ClientCreate,
@@ -53,7 +54,7 @@ EVENT_KIND_PATTERN = r"^[a-z0-9_.-]+$"
     "",
     status_code=status.HTTP_201_CREATED,
     summary="Create a federation",
-    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_409, **PROBLEM_422},
+    responses={**PROBLEM_400, **PROBLEM_401, **PROBLEM_409, **PROBLEM_422, **PROBLEM_501_DP},
 )
 def create_federation(
     body: FederationCreate, session: SessionDep, services: ServicesDep, actor: AdminDep

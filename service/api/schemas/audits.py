@@ -70,6 +70,26 @@ class AuditClient(_Record):
     pinned_status: str | None = None
 
 
+class PrivacyRecord(_Record):
+    """The Gaussian mechanism's privacy budget at the round (docs/what-leaves-the-site.md)."""
+
+    mechanism: Literal["gaussian"]
+    accountant: str = Field(description="What computed the epsilons (dp-accounting's RDP)")
+    noise_multiplier: float = Field(description="sigma: noise sd / L2 sensitivity")
+    delta: float = Field(description="The delta every epsilon is at")
+    releases_per_update: int = Field(
+        description="Noised signals per update (per_class_loss, probe_softmax): each is one "
+        "Gaussian mechanism"
+    )
+    epsilon_round: float = Field(description="The epsilon of one site's update of this round")
+    releases_total: list[int] = Field(
+        description="Per client (aligned with client_ids): its releases up to this round"
+    )
+    epsilon_total: list[float] = Field(
+        description="Per client: the epsilon of all its updates up to this round, composed"
+    )
+
+
 class AuditRecord(_Record):
     """The audit stored when a round closed."""
 
@@ -94,3 +114,6 @@ class AuditRecord(_Record):
     round_index: int | None = None
     in_warmup: bool | None = None
     clients: list[AuditClient] | None = None
+    privacy: PrivacyRecord | None = Field(
+        None, description="The Gaussian mechanism's budget; absent when the federation has none"
+    )

@@ -127,6 +127,18 @@ class ReportClient(BaseModel):
     last_inconsistent_at: datetime | None = Field(
         default=None, description="When the last of those updates was refused"
     )
+    epsilon_round: float | None = Field(
+        default=None,
+        description=(
+            "Under the Gaussian mechanism: the epsilon (at the federation's dp_delta) of the "
+            "site's update in its latest audited round; null without it"
+        ),
+    )
+    epsilon_total: float | None = Field(
+        default=None,
+        description="Under the Gaussian mechanism: the epsilon of all the site's updates up to "
+        "its latest audited round, composed by the accountant; null without it",
+    )
 
 
 class ReportLatest(BaseModel):
@@ -162,6 +174,20 @@ class SiteErrorView(BaseModel):
     message: str
 
 
+class ReportPrivacy(BaseModel):
+    """The federation's Gaussian mechanism and its budget (docs/what-leaves-the-site.md)."""
+
+    noise_multiplier: float = Field(description="sigma: noise sd / L2 sensitivity")
+    clip_loss: float = Field(description="B: per-sample losses clipped to [0, B]")
+    clip_probe: float | None = Field(
+        description="R: probe softmax rows clipped to L2 distance R from uniform (null: none)"
+    )
+    delta: float
+    accountant: str = Field(description="What computes the epsilons (dp-accounting's RDP)")
+    releases_per_update: int = Field(description="Noised signals per update")
+    epsilon_per_round: float = Field(description="The epsilon of one site's update in a round")
+
+
 class NoisyClientReport(BaseModel):
     """Per client: status, flag history, latest scores per detector, noisy classes, weights."""
 
@@ -179,6 +205,11 @@ class NoisyClientReport(BaseModel):
     site_errors: list[SiteErrorView] = Field(
         default_factory=list,
         description="The latest errors the sites reported (site.error events), newest first",
+    )
+    privacy: ReportPrivacy | None = Field(
+        default=None,
+        description="The Gaussian mechanism on the signals; null when the federation has none "
+        "(each client's epsilon_round and epsilon_total give its budget)",
     )
 
 
@@ -198,6 +229,18 @@ class ClientRoundView(BaseModel):
     reliability: float | None
     neighbors: list[NeighborWeight] | None
     weight: float | None = Field(description="Aggregation weight in that round")
+    epsilon_round: float | None = Field(
+        default=None,
+        description=(
+            "Under the Gaussian mechanism: the epsilon (at the federation's dp_delta) of the "
+            "site's update in that round; null without it"
+        ),
+    )
+    epsilon_total: float | None = Field(
+        default=None,
+        description="Under the Gaussian mechanism: the epsilon of all the site's updates up to "
+        "that round, composed by the accountant; null without it",
+    )
 
 
 class ClientHistory(BaseModel):
