@@ -29,6 +29,22 @@ PG_ENV = "FEDAUDIT_TEST_POSTGRES_URL"
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _absl_logs_to_the_real_stderr() -> None:
+    """dp-accounting (the DP accountant) imports absl, whose logging handler keeps the
+    ``sys.stderr`` of the moment it was imported (pytest's capture) and closes that stream when
+    a later ``logging.config.dictConfig`` (``fedaudit serve`` run in process by a CLI test)
+    shuts every handler down; pytest then dies with "lost sys.stderr". absl never closes the
+    real standard error, so its handler writes there (imported here, before any test)."""
+    import sys
+
+    try:
+        from absl import logging as absl_logging
+    except ImportError:  # the dp extra is not installed
+        return
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
 def postgres_url() -> str | None:
     url = os.environ.get(PG_ENV)
     if not url and os.environ.get("FEDAUDIT_REQUIRE_POSTGRES") == "1":
