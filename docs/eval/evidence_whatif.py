@@ -4,7 +4,8 @@ Reads the coordinator database that ``fedaudit simulate`` keeps (``<out>/coordin
 every round whose updates all arrived, and judges it with the product's ``EvidenceDetector``
 (defaults; with the sites' error counts when they sent them) and ``FedNoRoDetector``
 (defaults), without status history; where the error counts were sent, a third time with the
-evidence detector on the losses only (``error_check=False``).
+evidence detector on the losses only (``error_check=False``) and a fourth with the counts'
+per-class part on ("counts per class").
 Only ``fedavg`` federations are a fair counterfactual (their flags do not feed back into training).
 
 Per run, after the warm-up: rounds with a false flag (a clean site flagged), mean and last-round
@@ -22,6 +23,7 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,8 @@ def judge(run: dict[str, Any], kind: str) -> list[tuple[int, str, np.ndarray]]:
             result = EvidenceDetector(error_check=True).fit(
                 loss, counts, sd, per_class_errors=errors
             )
+        elif kind == "counts per class":
+            result = _with_class_part().fit(loss, counts, sd, per_class_errors=errors)
         elif kind == "losses only":
             result = EvidenceDetector(error_check=False).fit(loss, counts, sd)
         else:
@@ -126,6 +130,14 @@ def judge(run: dict[str, Any], kind: str) -> list[tuple[int, str, np.ndarray]]:
         flags = np.asarray([bool(v.flag) if v is not None else False for v in result.verdicts])
         out.append((index, result.status, flags))
     return out
+
+
+def _with_class_part() -> EvidenceDetector:
+    """The default detector with the error counts' per-class part on (off in the product:
+    ``service.audit.error_evidence``'s docstring says why); replays only."""
+    detector = EvidenceDetector(error_check=True)
+    detector._counted = partial(detector._counted, class_part=True)
+    return detector
 
 
 def main(paths: list[str]) -> None:
@@ -138,7 +150,7 @@ def main(paths: list[str]) -> None:
             defined = bool(truth.any() and not truth.all())
             kinds = ["fednoro", "evidence"]
             if run["rounds"] and run["rounds"][0][4] is not None:
-                kinds.append("losses only")
+                kinds += ["losses only", "counts per class"]
             for kind in kinds:
                 rows = judge(run, kind)
                 false_rounds = sum(1 for _, _, fl in rows if (fl & ~truth).any())

@@ -200,7 +200,7 @@ class EvidenceDetector:
         over the two).
     min_error_excess : float, default=0.05
         The error-count test's practical-significance floor: a site's error rate must be at
-        least this far above the expected one (its total, or one class's).
+        least this far above the expected one (over its entered classes).
     min_error_sites : int, default=10
         Sites a round needs for the error counts to enter: their between-site spread is
         estimated from the sites' lower tail, which a handful of sites hardly has (8 clean-ish

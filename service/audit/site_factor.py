@@ -182,8 +182,11 @@ class SiteFactor:
     def count_dispersion(self) -> float:
         """The dispersion of error counts this spread of difficulty implies: a log-normal factor
         of variance tau^2 has squared coefficient of variation exp(tau^2) - 1 (the floor of
-        :mod:`service.audit.error_evidence`'s phi)."""
-        return float(np.expm1(self.tau2))
+        :mod:`service.audit.error_evidence`'s phi), at most 1. 0 without sampling variances
+        (no spreads): tau then holds the sampling spread too, not only the difficulty."""
+        if not np.any(np.nan_to_num(self.within) > 0) or not math.isfinite(self.tau2):
+            return 0.0
+        return float(min(np.expm1(self.tau2), 1.0))
 
     def shrunken_shift(self) -> FloatArray:
         """(x - centre) tau^2 / (tau^2 + within): each site's predicted difficulty (log scale);

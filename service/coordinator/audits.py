@@ -56,7 +56,17 @@ def _matrix(value: Any) -> np.ndarray | None:
     return None if value is None else np.asarray(value, dtype=np.float64)
 
 
-def client_round_data(update: ModelUpdate, reader: Any) -> ClientRoundData:
+def counts_are_exact(federation: Federation) -> bool:
+    """Whether the sites send exact class counts (no ``count_bucket`` in the privacy policy).
+    Rounded-up counts would bias the error counts' expected values (a small site's rounding
+    lowers the pooled error rates): under a bucket the audit leaves the error counts out."""
+    policy = federation.config.get("privacy") or {}
+    return int(policy.get("count_bucket") or 1) <= 1
+
+
+def client_round_data(
+    update: ModelUpdate, reader: Any, *, exact_counts: bool = True
+) -> ClientRoundData:
     signals = update.signals
     per_class = signals.get("per_class_loss")
     return ClientRoundData(
@@ -67,7 +77,7 @@ def client_round_data(update: ModelUpdate, reader: Any) -> ClientRoundData:
         class_counts=np.asarray([c or 0 for c in signals["class_counts"]], dtype=np.int64),
         per_class_loss=_array(per_class) if per_class is not None else None,
         per_class_loss_sd=_array(signals.get("per_class_loss_sd")),
-        per_class_errors=_array(signals.get("per_class_errors")),
+        per_class_errors=_array(signals.get("per_class_errors")) if exact_counts else None,
         train_loss=signals.get("train_loss"),
         train_accuracy=signals.get("train_accuracy"),
         probe_softmax=_matrix(signals.get("probe_softmax")),
@@ -153,8 +163,11 @@ def audit_round(
     updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
     round_clients = [clients[u.client_id] for u in updates]
     global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
+    exact = counts_are_exact(federation)
     data = [
-        client_round_data(u, SafetensorsReader(services.blobs.local_path(u.blob_key)))
+        client_round_data(
+            u, SafetensorsReader(services.blobs.local_path(u.blob_key)), exact_counts=exact
+        )
         for u in updates
     ]
     candidates = _neighbor_candidates(services, session, federation, updates, data)

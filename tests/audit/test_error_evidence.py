@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -259,3 +263,28 @@ def test_psi_sees_classes_that_differ_within_sites() -> None:
     rates = np.clip(0.08 * np.exp(rng.normal(0.0, 0.8, size=(30, 5))), 0.0, 1.0)
     differ = error_evidence(rng.binomial(counts, rates), counts)
     assert differ.class_dispersion > 0.05
+
+
+def test_phi_is_at_least_the_losses_spread_of_difficulty() -> None:
+    # 20 clean binary sites of about 300 samples whose difficulty differs by a log-normal factor
+    # of spread 0.5 (the simulation of docs/eval/error_counts_simulation.py). The counts' phi,
+    # read from the lower tail of 20 sites, varied from 0.02 to 0.64 round to round and the
+    # counts flagged a clean site in 24 % of rounds (the losses alone: 7 %); with phi at least
+    # exp(site_tau^2) - 1 it was 7 % (60 rounds, seed 0). Tolerance: at most 9 of 60.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "eval"))
+    from error_counts_simulation import federation
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.005, 0.08, size=2)
+    alarms = 0
+    for _ in range(60):
+        loss, counts, sd, errors = federation(rng, 20, 2, 300, base, 0.5, {})
+        result = EvidenceDetector(mixture_check=False).fit(
+            loss, counts, sd, per_class_errors=errors
+        )
+        summary = result.summary
+        assert summary["errors_counted"] is True
+        tau = summary["site_tau"]
+        assert summary["errors_dispersion"] >= min(math.expm1(tau**2), 1.0) - 1e-12
+        alarms += any(v is not None and v.flag for v in result.verdicts)
+    assert alarms <= 9

@@ -14,6 +14,7 @@ from scipy.stats import t as student_t
 
 from service.audit.evidence import EvidenceDetector
 from service.audit.site_factor import (
+    SiteFactor,
     fit_site_null,
     shortest_half,
     site_factor,
@@ -242,3 +243,27 @@ def test_anchored_mode_keeps_the_class_combination():
         assert verdict.evidence["site_z"] is None
         assert verdict.evidence["p_value"] == pytest.approx(_p_from_shown_fields(verdict, row))
     assert [bool(v.flag) for v in result.verdicts] == [i in noisy for i in range(10)]
+
+
+def _factor(tau2: float, within: float) -> SiteFactor:
+    x = np.array([0.1, -0.1, 0.0])
+    return SiteFactor(
+        x,
+        np.full(3, within),
+        0.0,
+        tau2,
+        0.0,
+        2.0,
+        x / math.sqrt(tau2 + within + 1e-12),
+        np.ones(3, dtype=bool),
+    )
+
+
+def test_count_dispersion_is_the_log_normal_cv_squared() -> None:
+    # A log-normal factor exp(a), a ~ N(0, tau^2): Var / mean^2 = exp(tau^2) - 1.
+    assert _factor(0.25, 0.01).count_dispersion() == pytest.approx(math.expm1(0.25))  # 0.2840
+    assert _factor(0.0, 0.01).count_dispersion() == 0.0
+    # Capped at 1 (the largest phi the counts' fit allows).
+    assert _factor(2.0, 0.01).count_dispersion() == 1.0
+    # Without spreads (within = 0) tau also holds the sampling spread: no floor.
+    assert _factor(0.25, 0.0).count_dispersion() == 0.0
