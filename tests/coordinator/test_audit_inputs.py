@@ -37,7 +37,7 @@ def test_rounded_counts_leave_the_error_counts_out() -> None:
     }
     exact = client_round_data(_update(signals), reader=None)
     assert exact.per_class_errors is not None
-    assert np.array_equal(exact.per_class_errors, [1.0, np.nan, 2.0], equal_nan=True)
+    assert np.array_equal(np.asarray(exact.per_class_errors), [1.0, np.nan, 2.0], equal_nan=True)
     assert exact.class_counts.tolist() == [10, 0, 10]  # a suppressed class is not held
     rounded = client_round_data(_update(signals), reader=None, exact_counts=False)
     assert rounded.per_class_errors is None
