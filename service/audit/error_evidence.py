@@ -68,7 +68,7 @@ combined with the total by Bonferroni, ``p_k = min(1, 2 min(p_total, m min_c p_c
 with the floor on its own rate. It is off because a clean site's hard class looks like a noisy
 one to it and ``psi`` does not see enough of it: in README's demo (20 digit sites), a clean site
 held 22 samples of one class of which the global model got 8-9 wrong against about 2 expected,
-round after round, ``psi`` was fitted at 0-0.14, and the site was flagged in 3 of 36 rounds
+round after round, ``psi`` was fitted at 0-0.14, and the site was flagged in 2 of 36 rounds
 (never by its total, 13-17 errors against 9-11 expected). Its mean loss in that class was
 close to the other sites' (its errors were low-confidence ones, a noisy site's are confident),
 so the loss evidence did not flag it.
