@@ -27,6 +27,7 @@ from client_sdk._exceptions import (
     PayloadTooLargeError,
     PermissionDeniedError,
     RateLimitError,
+    SignalPolicyError,
     SiteRoundError,
     UnprocessableEntityError,
 )
@@ -41,7 +42,6 @@ from client_sdk._responses import (
     SignalPolicy,
     UpdateReceipt,
 )
-from client_sdk.privacy import SignalPolicyError
 
 if TYPE_CHECKING:
     from client_sdk.participant import (

@@ -147,3 +147,8 @@ def status_error(response: httpx.Response) -> APIStatusError:
         f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
     )
     return cls(message, response=response, problem=problem)
+
+
+class SignalPolicyError(ValueError):
+    """The federation's privacy policy leaves this site nothing to report (raised by
+    ``client_sdk.privacy`` before anything is sent)."""

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from client_sdk._exceptions import SignalPolicyError
 from client_sdk._responses import SignalPolicy
 
 __all__ = [
@@ -54,10 +55,6 @@ __all__ = [
 
 PER_CLASS_SIGNALS = ("per_class_loss", "per_class_loss_sd", "per_class_errors")
 """The signals with one entry per class that a suppressed class sends as None."""
-
-
-class SignalPolicyError(ValueError):
-    """The federation's privacy policy leaves this site nothing to report."""
 
 
 def _round_up(count: int, bucket: int) -> int:

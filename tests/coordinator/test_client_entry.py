@@ -22,6 +22,9 @@ def fields(primary: str, **statuses: str) -> dict[str, Any]:
         "neighbors": None,
         "evidence.noisy_classes": [2],
         "fednoro.noisy_classes": [1, 2],
+        # No Gaussian mechanism: the audit holds no privacy budget.
+        "epsilon_round": None,
+        "epsilon_total": None,
     }
     for name in ("fednoro", "fedncl", "expertise", "evidence"):
         out[f"{name}.status"] = statuses.get(name)
