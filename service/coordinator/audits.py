@@ -60,23 +60,53 @@ def counts_are_exact(federation: Federation) -> bool:
     """Whether the sites send exact class counts (no ``count_bucket`` in the privacy policy).
     Rounded-up counts would bias the error counts' expected values (a small site's rounding
     lowers the pooled error rates): under a bucket the audit leaves the error counts out."""
-    policy = federation.config.get("privacy") or {}
-    return int(policy.get("count_bucket") or 1) <= 1
+    return policy_of(federation.config).count_bucket <= 1
+
+
+def mechanism_scale(federation: Federation) -> float | None:
+    """sigma * B of the federation's Gaussian mechanism (None without it): a class mean of n_c
+    samples carries noise of standard deviation sigma B / n_c, which the audit must count as
+    sampling error (module ``client_round_data``)."""
+    policy = policy_of(federation.config)
+    if not policy.dp_noise_multiplier or policy.dp_clip_loss is None:
+        return None
+    return float(policy.dp_noise_multiplier) * float(policy.dp_clip_loss)
+
+
+def _mechanism_spread(counts: np.ndarray, scale: float) -> np.ndarray:
+    """The per-sample spread whose mean has the mechanism's noise: sd / sqrt(n_c) = sigma B / n_c
+    gives sd = sigma B / sqrt(n_c); NaN where the class is not held."""
+    n = counts.astype(np.float64)
+    return np.where(n > 0, scale / np.sqrt(np.maximum(n, 1.0)), np.nan)
 
 
 def client_round_data(
-    update: ModelUpdate, reader: Any, *, exact_counts: bool = True
+    update: ModelUpdate,
+    reader: Any,
+    *,
+    exact_counts: bool = True,
+    mechanism: float | None = None,
 ) -> ClientRoundData:
+    """What the audit reads of one stored update. ``exact_counts`` False (a count bucket): the
+    error counts are left out. ``mechanism`` (sigma B of the Gaussian mechanism): the sites send
+    no spreads, and the audit is given the noise's own as ``per_class_loss_sd`` instead, so that
+    the evidence counts the noise as sampling error (without it, 10-15 of 36 rounds flagged a
+    clean site at sigma 0.5-2 on 20 digit sites)."""
     signals = update.signals
     per_class = signals.get("per_class_loss")
+    # A class count the privacy policy suppresses (null; its per-class signals are null too) is
+    # a class the site does not hold, for the audit.
+    counts = np.asarray([c or 0 for c in signals["class_counts"]], dtype=np.int64)
     return ClientRoundData(
         client_id=str(update.client_id),
         num_samples=int(update.num_samples),
-        # A class count the privacy policy suppresses (null; its per-class signals are null
-        # too) is a class the site does not hold, for the audit.
-        class_counts=np.asarray([c or 0 for c in signals["class_counts"]], dtype=np.int64),
+        class_counts=counts,
         per_class_loss=_array(per_class) if per_class is not None else None,
-        per_class_loss_sd=_array(signals.get("per_class_loss_sd")),
+        per_class_loss_sd=(
+            _mechanism_spread(counts, mechanism)
+            if mechanism is not None and per_class is not None
+            else _array(signals.get("per_class_loss_sd"))
+        ),
         per_class_errors=_array(signals.get("per_class_errors")) if exact_counts else None,
         train_loss=signals.get("train_loss"),
         train_accuracy=signals.get("train_accuracy"),
@@ -163,10 +193,13 @@ def audit_round(
     updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
     round_clients = [clients[u.client_id] for u in updates]
     global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
-    exact = counts_are_exact(federation)
+    exact, mechanism = counts_are_exact(federation), mechanism_scale(federation)
     data = [
         client_round_data(
-            u, SafetensorsReader(services.blobs.local_path(u.blob_key)), exact_counts=exact
+            u,
+            SafetensorsReader(services.blobs.local_path(u.blob_key)),
+            exact_counts=exact,
+            mechanism=mechanism,
         )
         for u in updates
     ]

@@ -6,7 +6,7 @@ import uuid
 
 import numpy as np
 
-from service.coordinator.audits import client_round_data, counts_are_exact
+from service.coordinator.audits import client_round_data, counts_are_exact, mechanism_scale
 from service.store.tables import Federation, ModelUpdate
 
 
@@ -42,3 +42,20 @@ def test_rounded_counts_leave_the_error_counts_out() -> None:
     rounded = client_round_data(_update(signals), reader=None, exact_counts=False)
     assert rounded.per_class_errors is None
     assert rounded.per_class_loss is not None
+
+
+def test_the_mechanisms_noise_is_given_to_the_audit_as_the_spread() -> None:
+    # sigma B = 2: a class mean of 4 samples carries noise of sd 2 / 4 = 0.5, the mean of a
+    # per-sample spread of 2 / sqrt(4) = 1; of 16 samples 2 / 16 = 0.125, a spread of 0.5.
+    signals = {"class_counts": [4, 0, 16], "per_class_loss": [0.9, None, 0.3]}
+    data = client_round_data(_update(signals), reader=None, mechanism=2.0)
+    assert data.per_class_loss_sd is not None
+    assert np.array_equal(np.asarray(data.per_class_loss_sd), [1.0, np.nan, 0.5], equal_nan=True)
+    assert client_round_data(_update(signals), reader=None).per_class_loss_sd is None
+
+
+def test_the_mechanism_scale_is_sigma_times_the_clip() -> None:
+    dp: dict[str, object] = {"dp_noise_multiplier": 1.5, "dp_clip_loss": 4.0, "dp_delta": 1e-5}
+    assert mechanism_scale(_federation(dp)) == 6.0
+    assert mechanism_scale(_federation({"min_class_count": 5})) is None
+    assert mechanism_scale(_federation(None)) is None
