@@ -170,6 +170,22 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
     return StatusHistory(status=status, flags=tuple(window))
 
 
+def _round_data(
+    services: Services, federation: Federation, updates: list[ModelUpdate]
+) -> list[ClientRoundData]:
+    """What the audit reads of each update, as the federation's privacy policy lets it."""
+    exact, mechanism = counts_are_exact(federation), mechanism_scale(federation)
+    return [
+        client_round_data(
+            u,
+            SafetensorsReader(services.blobs.local_path(u.blob_key)),
+            exact_counts=exact,
+            mechanism=mechanism,
+        )
+        for u in updates
+    ]
+
+
 def audit_round(
     services: Services,
     session: Session,
@@ -193,16 +209,7 @@ def audit_round(
     updates = sorted(updates, key=lambda u: (clients[u.client_id].name, str(u.client_id)))
     round_clients = [clients[u.client_id] for u in updates]
     global_reader = SafetensorsReader(services.blobs.local_path(model_in.blob_key))
-    exact, mechanism = counts_are_exact(federation), mechanism_scale(federation)
-    data = [
-        client_round_data(
-            u,
-            SafetensorsReader(services.blobs.local_path(u.blob_key)),
-            exact_counts=exact,
-            mechanism=mechanism,
-        )
-        for u in updates
-    ]
+    data = _round_data(services, federation, updates)
     candidates = _neighbor_candidates(services, session, federation, updates, data)
     outcome = run_audit(
         global_reader,
