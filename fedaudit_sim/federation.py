@@ -25,7 +25,13 @@ from typing import Any, Final
 import httpx
 from torch import nn
 
-from client_sdk import AdminClient, APIStatusError, FederationClient, SiteRoundError
+from client_sdk import (
+    AdminClient,
+    APIStatusError,
+    FederationClient,
+    SignalPolicyError,
+    SiteRoundError,
+)
 from client_sdk.participant import Participant
 from client_sdk.recipes import RecipeError
 from fedaudit_sim.lying import LossLyingParticipant
@@ -208,8 +214,14 @@ def create_federation(
                 progress=False,  # the simulator draws its own progress bar
             )
         )
-    for participant in participants:
-        participant.join()
+    for k, participant in enumerate(participants):
+        try:
+            participant.join()
+        except SignalPolicyError as exc:
+            raise SimulationError(
+                f"method {spec.name!r}: {names[k]} cannot join under the federation's privacy "
+                f"policy ({exc}); lower min_class_count or give the sites more samples"
+            ) from exc
     return Federation(
         spec=spec,
         federation_id=fid,

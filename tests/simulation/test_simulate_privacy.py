@@ -93,3 +93,19 @@ def test_a_simulated_federation_under_the_gaussian_mechanism_reports_its_epsilon
         assert "per_class_errors" not in signals
         assert all(v is None or 0.0 <= v <= 5.0 for v in signals["per_class_loss"])
         assert all(abs(sum(row) - 1.0) < 1e-6 for row in signals["probe_softmax"])
+
+
+def test_a_site_the_policy_leaves_nothing_to_report_fails_the_run_clearly(tmp_path: Path):
+    # A minimum of 1,000 samples a class: every digits site's classes are suppressed, the SDK
+    # refuses to join the first one, and the simulator says which site and why.
+    from fedaudit_sim.federation import SimulationError
+
+    scenario = {
+        **SCENARIO,
+        "name": "privacy-too-strict",
+        "methods": [{**SCENARIO["methods"][0], "privacy": {"min_class_count": 1000}}],
+    }
+    with pytest.raises(
+        SimulationError, match=r"'private': client-00 cannot join .*min_class_count"
+    ):
+        simulate(validate_scenario(scenario), tmp_path / "out", plots=False)
