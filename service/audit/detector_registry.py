@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from service.audit._typing import FloatArray, IntArray
+from service.audit._typing import FloatArray
 from service.audit.blocks import RoundPass
 from service.audit.detection import DetectionResult
 from service.audit.detectors.expertise import expertise_detection
@@ -155,11 +155,13 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
     )
     # The accuracy evidence likewise needs every client's accuracy (else it is left out).
     accuracy = None if missing(data.ids, data.train_accuracy) else data.train_accuracy
-    # And the error counts every client's (a client without them leaves the round to the losses).
+    # The error counts of the clients that sent them (NaN rows for the others: judged on their
+    # losses alone, service.audit.error_evidence.reported_counts).
+    width = data.class_counts.shape[1]
     wrong = (
         None
-        if any(v is None for v in data.per_class_errors)
-        else np.stack([cast(IntArray, v) for v in data.per_class_errors])
+        if all(v is None for v in data.per_class_errors)
+        else np.stack([np.full(width, np.nan) if v is None else v for v in data.per_class_errors])
     )
     return evidence_detector(call.config.evidence).fit(
         _losses(data),

@@ -100,6 +100,9 @@ from service.audit._validation import InvalidInputError, as_float_array
 
 __all__ = [
     "ErrorEvidence",
+    "ReportedCounts",
+    "counted_on",
+    "reported_counts",
     "checked_error_counts",
     "error_evidence",
     "fit_dispersion",
@@ -141,6 +144,9 @@ class ErrorEvidence:
     harder than its other classes); 0 when the lower tail of the per-class counts shows none."""
     fit_set: BoolArray
     """(K,) the sites the rates and ``dispersion`` were fitted on."""
+    reported: BoolArray | None = None
+    """(K,) the sites that sent their counts (None: all of them); the others' p-value is 1 and
+    their counts 0 (:func:`counted_on`)."""
 
 
 def checked_error_counts(name: str, value: Any, counts: IntArray) -> IntArray:
@@ -390,6 +396,77 @@ def _class_level(
     class_ok = per_class & (errors - mean >= min_excess * counts)
     p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
     return psi, np.asarray(p_one, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ReportedCounts:
+    """A round's error counts: every site's row (0 where the site did not send them) and which
+    sites sent them."""
+
+    errors: IntArray
+    """(K, C) checked counts; a row of zeros for a site that did not send them."""
+    reporting: BoolArray
+    """(K,) the sites that sent their counts."""
+
+
+def reported_counts(value: Any, counts: IntArray, min_sites: int) -> ReportedCounts | None:
+    """The round's error counts (K, C), NaN (or None) everywhere in a held class's place for a
+    site that did not send them; None when fewer than ``min_sites`` sites did. A site that sent
+    some held classes' counts and not others' is refused (:func:`checked_error_counts`).
+
+    A site that leaves its counts out is judged on its losses alone (its p-value is the loss
+    evidence's, without the factor of two): leaving them out gains it nothing, and the other
+    sites are still judged on both."""
+    array = as_float_array("per_class_errors", value, ndim=2, allow_nan=True)
+    if array.shape != counts.shape:
+        raise InvalidInputError(
+            f"per_class_errors: shape {array.shape} differs from class_counts {counts.shape}"
+        )
+    held = counts > 0
+    absent: BoolArray = np.asarray((~np.isfinite(array) | ~held).all(axis=1) & held.any(axis=1))
+    if int((~absent).sum()) < min_sites:
+        return None
+    errors = checked_error_counts("per_class_errors", np.where(absent[:, None], 0.0, array), counts)
+    return ReportedCounts(errors, ~absent)
+
+
+def counted_on(
+    reported: ReportedCounts,
+    counts: IntArray,
+    exclude: BoolArray | None,
+    evidence: Any = None,
+    **options: Any,
+) -> ErrorEvidence:
+    """:func:`error_evidence` (or ``evidence``, called the same way) fitted on the sites that
+    sent their counts only, its arrays expanded to every site (p-value 1, z 0, no errors, no
+    expectation, not in the fit set for the others)."""
+    rows = reported.reporting
+    run = error_evidence if evidence is None else evidence
+    ev: ErrorEvidence = run(
+        reported.errors[rows],
+        counts[rows],
+        exclude=None if exclude is None else np.asarray(exclude, dtype=bool)[rows],
+        **options,
+    )
+    if bool(rows.all()):
+        return ev
+
+    def full(values: Any, fill: float) -> Any:
+        out = np.full(rows.size, fill, dtype=np.asarray(values).dtype)
+        out[rows] = values
+        return out
+
+    return ErrorEvidence(
+        p_value=full(ev.p_value, 1.0),
+        z=full(ev.z, 0.0),
+        expected=full(ev.expected, 0.0),
+        observed=full(ev.observed, 0),
+        class_rate=ev.class_rate,
+        dispersion=ev.dispersion,
+        class_dispersion=ev.class_dispersion,
+        fit_set=full(ev.fit_set, False),
+        reported=rows,
+    )
 
 
 def ndtri_clipped(p: FloatArray) -> FloatArray:

@@ -113,7 +113,13 @@ from service.audit.class_null import (
     site_p_values,
 )
 from service.audit.detection import DetectionResult
-from service.audit.error_evidence import ErrorEvidence, checked_error_counts, error_evidence
+from service.audit.error_evidence import (
+    ErrorEvidence,
+    ReportedCounts,
+    counted_on,
+    error_evidence,
+    reported_counts,
+)
 from service.audit.evidence_abstention import (
     class_heterogeneity,
     consensus_reason,
@@ -195,9 +201,9 @@ class EvidenceDetector:
     min_accuracy_gap : float, default=0.25
         The accuracy test's practical-significance floor (absolute error above the centre).
     error_check : bool, default=True
-        When every site reported ``per_class_errors``, combine the loss evidence with the
-        error-count evidence of :mod:`service.audit.error_evidence` (consensus mode; Bonferroni
-        over the two).
+        Where ``min_error_sites`` sites or more sent ``per_class_errors`` (a NaN row: one that
+        did not, judged on its losses alone), combine the loss evidence with the error counts'
+        (:mod:`service.audit.error_evidence`; consensus mode; Bonferroni over the two).
     min_error_excess : float, default=0.05
         The error-count test's practical-significance floor: a site's error rate must be at
         least this far above the expected one (over its entered classes).
@@ -275,7 +281,7 @@ class EvidenceDetector:
         reference: BoolArray | None,
         direction: float,
         never: BoolArray,
-        wrong: IntArray | None = None,
+        wrong: ReportedCounts | None = None,
     ) -> EvidencePass:
         """One fit and its flags (module docstring, "One p-value per site"); with ``wrong``
         (consensus mode only) the site's p-value is the Bonferroni combination of the loss and
@@ -324,8 +330,9 @@ class EvidenceDetector:
         p_high = p_loss
         if wrong is not None and reference is None:  # phi's floor: the spread of difficulty
             floor = 0.0 if site is None else site.count_dispersion()
-            counted = self._counted(wrong, counts, exclude=exclude, min_dispersion=floor)
-            p_high = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
+            counted = counted_on(wrong, counts, exclude, self._counted, min_dispersion=floor)
+            both = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
+            p_high = np.where(wrong.reporting, both, p_loss)
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
         low, _ = benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)
@@ -455,7 +462,7 @@ class EvidenceDetector:
         counts: IntArray,
         sd: FloatArray | None,
         anchor: BoolArray,
-        wrong: IntArray | None,
+        wrong: ReportedCounts | None,
         sizes: FloatArray,
         entropy: float,
         informativeness: float,
@@ -485,13 +492,12 @@ class EvidenceDetector:
         direction = -1.0 if inverted else 1.0
         return _Decision(anchored, "anchored", direction, reason, heterogeneity, split, inverted)
 
-    def _error_counts(self, per_class_errors: Any, counts: IntArray) -> IntArray | None:
-        """The checked error counts when they enter (``error_check``, sent, and at least
-        ``min_error_sites`` sites to estimate their spread); else None."""
+    def _error_counts(self, per_class_errors: Any, counts: IntArray) -> ReportedCounts | None:
+        """The checked error counts when they enter (``error_check``, and at least
+        ``min_error_sites`` sites sent them, to estimate their spread); else None."""
         if not self.error_check or per_class_errors is None:
             return None
-        wrong = checked_error_counts("per_class_errors", per_class_errors, counts)
-        return wrong if counts.shape[0] >= self.min_error_sites else None
+        return reported_counts(per_class_errors, counts, self.min_error_sites)
 
     def fit(
         self,

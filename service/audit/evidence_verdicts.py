@@ -111,6 +111,8 @@ def error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
     """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
     if counted is None:
         return {}
+    if counted.reported is not None and not counted.reported[i]:
+        return {"errors": None, "errors_expected": None, "errors_z": None, "errors_p_value": None}
     return {
         "errors": int(counted.observed[i]),
         "errors_expected": float(counted.expected[i]),

@@ -11,7 +11,12 @@ import pytest
 
 from service.audit._validation import InvalidInputError
 from service.audit.class_null import benjamini_hochberg
-from service.audit.error_evidence import error_evidence, fit_dispersion, upper_p
+from service.audit.error_evidence import (
+    error_evidence,
+    fit_dispersion,
+    reported_counts,
+    upper_p,
+)
 from service.audit.evidence import EvidenceDetector
 
 
@@ -288,3 +293,38 @@ def test_phi_is_at_least_the_losses_spread_of_difficulty() -> None:
         assert summary["errors_dispersion"] >= min(math.expm1(tau**2), 1.0) - 1e-12
         alarms += any(v is not None and v.flag for v in result.verdicts)
     assert alarms <= 9
+
+
+def test_a_site_that_leaves_its_counts_out_is_judged_on_its_losses_alone() -> None:
+    # The mild round: site 0's errors are what flag it. If site 0 sends no counts (NaN row), the
+    # other 19 are still judged on both, and site 0 on its losses alone: its p-value is the loss
+    # evidence's own (no factor of two), as with the counts off, and it is not flagged.
+    loss, counts, sd, errors = _mild_round()
+    sent = errors.astype(np.float64)
+    sent[0] = np.nan
+    result = EvidenceDetector().fit(loss, counts, sd, per_class_errors=sent)
+    assert result.summary["errors_counted"] is True
+    silent, other = result.verdicts[0], result.verdicts[1]
+    assert silent is not None
+    assert other is not None
+    assert silent.evidence["errors"] is None
+    assert silent.evidence["errors_p_value"] is None
+    assert other.evidence["errors"] == 4
+    losses_only = EvidenceDetector(error_check=False).fit(loss, counts, sd).verdicts[0]
+    assert losses_only is not None
+    assert silent.evidence["p_value"] == pytest.approx(losses_only.evidence["p_value"])
+    assert not silent.flag
+
+
+def test_reported_counts_need_min_sites_and_whole_rows() -> None:
+    counts = np.full((4, 2), 10)
+    counts[3, 1] = 0
+    sent = np.array([[1.0, 0.0], [np.nan, np.nan], [2.0, 1.0], [0.0, np.nan]])
+    got = reported_counts(sent, counts, min_sites=3)
+    assert got is not None
+    assert got.reporting.tolist() == [True, False, True, True]  # site 3 does not hold class 1
+    assert got.errors.tolist() == [[1, 0], [0, 0], [2, 1], [0, 0]]
+    assert reported_counts(sent, counts, min_sites=4) is None
+    sent[2, 1] = np.nan  # one held class's count missing, the other sent
+    with pytest.raises(InvalidInputError, match="integer for every held class"):
+        reported_counts(sent, counts, min_sites=3)
