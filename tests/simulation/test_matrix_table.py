@@ -258,3 +258,21 @@ def test_the_matrix_scenarios_are_valid_and_span_the_issue() -> None:
     assert any(s.noise.protocol == "none" and s.clients == 5 for s in scenarios)
     for s in scenarios:
         assert [m.method for m in s.methods] == ["fednoro", "fedavg"]
+
+
+def test_the_privacy_scenarios_are_valid() -> None:
+    # docs/eval/privacy/ (docs/evaluation.md, "Signal privacy"): one matrix scenario each, with
+    # FedNoRo under no policy, minimum counts and the Gaussian mechanism.
+    files = sorted((ROOT / "docs/eval/privacy").glob("*.yaml"))
+    assert len(files) == 2
+    for f in files:
+        scenario = load_scenario(f)
+        assert scenario.name == f"privacy-{f.stem.removeprefix('p-')}"
+        assert [m.name for m in scenario.methods] == [
+            "exact",
+            "min5",
+            "min5-b5",
+            "dp-s0.5",
+            "dp-s1",
+            "dp-s2",
+        ]
