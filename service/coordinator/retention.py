@@ -158,30 +158,21 @@ def prune(
             "keep_rounds is required: the coordinator has no retention_rounds setting",
             errors=[{"loc": ["body", "keep_rounds"], "msg": "required"}],
         )
-    if dry_run:
-        with services.sessions() as session:
-            federation = _locked(session, federation_id)
-            report = prune_federation(
-                session,
-                services.blobs,
-                federation,
-                keep_rounds=keep_rounds,
-                actor=actor,
-                now=services.clock(),
-                dry_run=True,
-            )
-            session.rollback()
-            return report
-    with services.sessions.begin() as session:
+    # A dry run works in a transaction it rolls back; a prune in one that commits.
+    with services.sessions() if dry_run else services.sessions.begin() as session:
         federation = _locked(session, federation_id)
-        return prune_federation(
+        report = prune_federation(
             session,
             services.blobs,
             federation,
             keep_rounds=keep_rounds,
             actor=actor,
             now=services.clock(),
+            dry_run=dry_run,
         )
+        if dry_run:
+            session.rollback()
+        return report
 
 
 def _locked(session: Session, federation_id: uuid.UUID) -> Federation:
