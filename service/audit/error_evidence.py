@@ -42,7 +42,7 @@ leave half of the sites or fewer.
 **phi's floor.** The caller may pass a floor (``min_dispersion``): the evidence detector passes
 the dispersion the loss evidence's between-site spread of difficulty implies, ``exp(tau^2) - 1``
 (:meth:`service.audit.site_factor.SiteFactor.count_dispersion`, at most 1): the same harder data
-raise a site's losses and its errors, and 20 sites' lower tail alone gave phi from 0.02 to 0.64
+raise a site's losses and its errors, and 20 sites' lower tail alone gave phi from 0 to 0.64
 round to round where the truth was 0.28 (simulated binary sites of 300 samples, log-normal
 difficulty of spread 0.5, 100 rounds: 24 % of rounds with a false flag, 11 % with the floor, 7 %
 for the losses alone).

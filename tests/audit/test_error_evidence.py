@@ -273,7 +273,7 @@ def test_psi_sees_classes_that_differ_within_sites() -> None:
 def test_phi_is_at_least_the_losses_spread_of_difficulty() -> None:
     # 20 clean binary sites of about 300 samples whose difficulty differs by a log-normal factor
     # of spread 0.5 (the simulation of docs/eval/error_counts_simulation.py). The counts' phi,
-    # read from the lower tail of 20 sites, varied from 0.02 to 0.64 round to round: over these
+    # read from the lower tail of 20 sites, varied from 0 to 0.64 over 12 rounds: over these
     # 60 rounds (seed 0) a clean site was flagged in 13 without the floor, 4 with phi at least
     # exp(site_tau^2) - 1 (100 rounds: 24 %, 11 %; the losses alone 7 %). Tolerance: 9 of 60.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "eval"))
