@@ -11,9 +11,11 @@ for both (the default). FedNoRo's mixture abstention is off (the simulation has 
 
 Usage (from the repository root)::
 
-    .venv/bin/python docs/eval/error_counts_simulation.py [ROUNDS] [--large]
+    .venv/bin/python docs/eval/error_counts_simulation.py [ROUNDS] [--large | --small]
 
 ``--large`` runs the clean rows with larger sites instead (300 and 1000 samples, spread 0.3).
+``--small`` runs federations of 5 to 8 sites instead, with a third detector: the counts without
+their dispersion floor below 10 sites (``min_error_dispersion=0``).
 "class spread" is the standard deviation of a (site, class) log factor on the hard samples' rate
 on top of the site's: one class harder at one site than elsewhere.
 """
@@ -75,39 +77,49 @@ def measure(
     rounds: int,
     seed: int = 0,
     class_spread: float = 0.0,
+    no_floor: bool = False,
 ) -> str:
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.005, 0.08, size=c)
     truth = np.zeros(k, dtype=bool)
     truth[list(noisy)] = True
-    alarms = {"losses": 0, "both": 0}
-    found = {"losses": np.zeros(len(noisy)), "both": np.zeros(len(noisy))}
+    kinds = ("losses", "both", "no floor")[: 3 if no_floor else 2]
+    alarms = dict.fromkeys(kinds, 0)
+    found = {kind: np.zeros(len(noisy)) for kind in kinds}
     for _ in range(rounds):
         loss, counts, sd, errors = federation(rng, k, c, n, base, spread, noisy, class_spread)
-        for kind in ("losses", "both"):
-            detector = EvidenceDetector(mixture_check=False, error_check=kind == "both")
-            wrong = errors if kind == "both" else None
+        for kind in kinds:
+            detector = EvidenceDetector(
+                mixture_check=False,
+                error_check=kind != "losses",
+                min_error_dispersion=0.0 if kind == "no floor" else 0.5,
+            )
+            wrong = errors if kind != "losses" else None
             result = detector.fit(loss, counts, sd, per_class_errors=wrong)
             flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
             alarms[kind] += bool((flags & ~truth).any())
             found[kind] += flags[list(noisy)]
     rates = ", ".join(f"{r:.2f}" for r in noisy.values()) or "none"
-    return (
-        f"| {k} | {c} | {n} | {spread} | {class_spread} | {rates} | "
-        f"{alarms['losses'] / rounds:.3f} | "
-        f"{alarms['both'] / rounds:.3f} | "
-        f"{' '.join(f'{v:.2f}' for v in found['losses'] / rounds) or '-'} | "
-        f"{' '.join(f'{v:.2f}' for v in found['both'] / rounds) or '-'} |"
-    )
+    cells = [f"{alarms[kind] / rounds:.3f}" for kind in kinds]
+    cells += [" ".join(f"{v:.2f}" for v in found[kind] / rounds) or "-" for kind in kinds]
+    return f"| {k} | {c} | {n} | {spread} | {class_spread} | {rates} | " + " | ".join(cells) + " |"
 
 
-def main(rounds: int, large: bool = False) -> None:
+def main(rounds: int, large: bool = False, small: bool = False) -> None:
     mild = {i: 0.1 + 0.04 * i for i in range(6)}
-    print(
-        "| sites | classes | samples | spread | class spread | noisy rates | "
-        "false-alarm rounds, losses | false-alarm rounds, both | found, losses | found, both |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    header = "| sites | classes | samples | spread | class spread | noisy rates | "
+    if small:
+        print(
+            header + "false-alarm rounds, losses | false-alarm rounds, both | false-alarm rounds, "
+            "both without the floor | found, losses | found, both | found, without the floor |"
+        )
+        print("| --- " * 12 + "|")
+    else:
+        print(
+            header + "false-alarm rounds, losses | false-alarm rounds, both | found, losses | "
+            "found, both |"
+        )
+        print("| --- " * 10 + "|")
     settings: tuple[tuple[int, int, int, float, float, dict[int, float]], ...] = (
         (20, 10, 70, 0.0, 0.0, {}),
         (20, 10, 70, 0.3, 0.0, {}),
@@ -127,10 +139,28 @@ def main(rounds: int, large: bool = False) -> None:
             (20, 10, 1000, 0.3, 0.0, {}),
             (10, 10, 1000, 0.3, 0.0, {}),
         )
+    if small:
+        settings = (
+            (5, 3, 35, 0.0, 0.0, {}),
+            (5, 3, 35, 0.3, 0.0, {}),
+            (6, 2, 90, 0.0, 0.0, {}),
+            (6, 2, 90, 0.3, 0.0, {}),
+            (6, 2, 90, 0.6, 0.0, {}),
+            (6, 2, 90, 0.0, 0.5, {}),
+            (8, 10, 70, 0.3, 0.0, {}),
+            (8, 10, 70, 0.0, 1.0, {}),
+            (6, 2, 90, 0.0, 0.0, {0: 0.3}),
+            (6, 2, 90, 0.3, 0.0, {0: 0.2, 1: 0.4}),
+            (5, 3, 35, 0.3, 0.0, {0: 0.4, 1: 0.5}),
+            (8, 10, 70, 0.3, 0.0, {0: 0.1, 1: 0.2}),
+        )
     for k, c, n, spread, class_spread, noisy in settings:
-        print(measure(k, c, n, spread, noisy, rounds, class_spread=class_spread), flush=True)
+        print(
+            measure(k, c, n, spread, noisy, rounds, class_spread=class_spread, no_floor=small),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    numbers = [a for a in sys.argv[1:] if a != "--large"]
-    main(int(numbers[0]) if numbers else 150, "--large" in sys.argv[1:])
+    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(int(numbers[0]) if numbers else 150, "--large" in sys.argv[1:], "--small" in sys.argv[1:])

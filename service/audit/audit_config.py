@@ -71,6 +71,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     "evidence_error_check": ("evidence", "error_check"),
     "evidence_min_error_excess": ("evidence", "min_error_excess"),
     "evidence_min_error_sites": ("evidence", "min_error_sites"),
+    "evidence_min_error_dispersion": ("evidence", "min_error_dispersion"),
     "fednoro_confirmed_groups": ("fednoro", "confirmed_groups"),
     "fednoro_separation_groups": ("fednoro", "separation_groups"),
     "fedncl_beta": ("fedncl", "beta"),

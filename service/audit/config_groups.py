@@ -184,6 +184,8 @@ class EvidenceSettings:
         The error-count test's practical-significance floor, in [0, 1].
     min_error_sites : int
         Sites a round needs for the error counts to enter (>= 3).
+    min_error_dispersion : float
+        The error counts' dispersion floor below 10 sites, in [0, 1].
     """
 
     q: float = 0.01
@@ -197,7 +199,8 @@ class EvidenceSettings:
     min_accuracy_gap: float = 0.25
     error_check: bool = True
     min_error_excess: float = 0.05
-    min_error_sites: int = 10
+    min_error_sites: int = 5
+    min_error_dispersion: float = 0.5
 
     def __post_init__(self) -> None:
         """Build the detector once: it checks its own parameters (the values stay as given)."""

@@ -64,7 +64,8 @@ flagged rounds before the aggregation treats a site as noisy.
 
 **Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites,
 consensus mode): ``p_k = min(1, 2 min(p_loss, p_errors))``; their dispersion phi is at least the
-one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`).
+one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`), and at
+least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites, where no spread is fitted.
 
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
 the evidence is measured against is suspect: too few sites, a model that does not beat the label
@@ -100,12 +101,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit._validation import (
-    InvalidInputError,
-    check_bool,
-    check_float,
-    check_int,
-)
+from service.audit._validation import InvalidInputError, check_bool, check_float, check_int
 from service.audit.class_null import (
     benjamini_hochberg,
     class_evidence,
@@ -207,11 +203,11 @@ class EvidenceDetector:
     min_error_excess : float, default=0.05
         The error-count test's practical-significance floor: a site's error rate must be at
         least this far above the expected one (over its entered classes).
-    min_error_sites : int, default=10
-        Sites a round needs for the error counts to enter: their between-site spread is
-        estimated from the sites' lower tail, which a handful of sites hardly has (8 clean-ish
-        BreastMNIST sites: a clean site at 15 % errors against 5 % expected was flagged in one
-        round, the spread estimated at 0).
+    min_error_sites : int, default=5
+        Sites a round needs for the error counts to enter.
+    min_error_dispersion : float, default=0.5
+        phi's floor below ``SITE_LEVEL_MIN_SITES`` sites: a handful of sites' lower tail cannot
+        tell how much clean sites differ (docs/algorithms.md, "Error counts", measured).
     """
 
     method = "evidence"
@@ -231,7 +227,8 @@ class EvidenceDetector:
         min_accuracy_gap: float = 0.25,
         error_check: bool = True,
         min_error_excess: float = 0.05,
-        min_error_sites: int = 10,
+        min_error_sites: int = 5,
+        min_error_dispersion: float = 0.5,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -263,6 +260,9 @@ class EvidenceDetector:
             "min_error_excess", min_error_excess, min_value=0.0, max_value=1.0
         )
         self.min_error_sites = check_int("min_error_sites", min_error_sites, min_value=3)
+        self.min_error_dispersion = check_float(
+            "min_error_dispersion", min_error_dispersion, min_value=0.0, max_value=1.0
+        )
         self._counted = partial(
             error_evidence,
             min_holders=self.min_holders,
@@ -329,7 +329,7 @@ class EvidenceDetector:
         counted: ErrorEvidence | None = None
         p_high = p_loss
         if wrong is not None and reference is None:  # phi's floor: the spread of difficulty
-            floor = 0.0 if site is None else site.count_dispersion()
+            floor = self.min_error_dispersion if site is None else site.count_dispersion()
             counted = counted_on(wrong, counts, exclude, self._counted, min_dispersion=floor)
             both = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
             p_high = np.where(wrong.reporting, both, p_loss)

@@ -41,6 +41,7 @@ STORED_KEYS = [
     "evidence_error_check",
     "evidence_min_error_excess",
     "evidence_min_error_sites",
+    "evidence_min_error_dispersion",
     "fednoro_confirmed_groups",
     "fednoro_separation_groups",
     "fedncl_beta",

@@ -214,17 +214,53 @@ def test_bad_error_counts_are_refused(change, match) -> None:
 
 
 def test_the_counts_need_min_error_sites() -> None:
-    # Nine of the mild round's sites: below the default of 10, the counts stay out (and site 0,
-    # whose losses are like the others', is not flagged); at min_error_sites=9 they enter.
+    # Nine of the mild round's sites: at min_error_sites=10 the counts stay out (and site 0,
+    # whose losses are like the others', is not flagged); at the default (5) they enter.
     loss, counts, sd, errors = (a[:9] for a in _mild_round())
-    few = EvidenceDetector(error_check=True).fit(loss, counts, sd, per_class_errors=errors)
+    few = EvidenceDetector(min_error_sites=10).fit(loss, counts, sd, per_class_errors=errors)
     assert few.summary["errors_counted"] is False
     assert not any(v.flag for v in few.verdicts if v is not None)
-    enough = EvidenceDetector(error_check=True, min_error_sites=9).fit(
-        loss, counts, sd, per_class_errors=errors
-    )
+    enough = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
     assert enough.summary["errors_counted"] is True
     assert [i for i, v in enumerate(enough.verdicts) if v is not None and v.flag] == [0]
+
+
+def _six_sites(site0_errors: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Six sites, 2 classes of 20 samples, losses alike; one error per class everywhere but at
+    site 0, which makes ``site0_errors`` per class. Site 0's expected total, from the other five
+    (leave-one-out (T + 1/2) / (N + 1) per class): 2 x 20 x 5.5 / 101 = 2.178."""
+    counts = np.full((6, 2), 20)
+    errors = np.ones((6, 2), dtype=np.int64)
+    errors[0] = site0_errors
+    return np.full((6, 2), 0.3), counts, np.full((6, 2), 0.8), errors
+
+
+@pytest.mark.parametrize(
+    ("per_class", "floor", "flagged"), [(5, 0.0, True), (5, 0.5, False), (10, 0.5, True)]
+)
+def test_below_ten_sites_phi_has_a_floor(per_class: int, floor: float, flagged: bool) -> None:
+    # Below 10 sites no spread of difficulty is fitted, and the other sites' lower tail (every
+    # one at its expected count here) says phi = 0. 10 errors against 2.18 expected: Poisson's
+    # tail 9.3e-5 flags site 0; the negative binomial at the floor phi = 0.5 (r = 2,
+    # p = 2 / 4.178) gives P(E >= 10) = 0.0086 (scipy.stats.nbinom.sf(9, 2, 2 / 4.178)), not
+    # below BH's 0.01 / 6 once doubled for the two kinds of evidence. 20 errors are.
+    loss, counts, sd, errors = _six_sites(per_class)
+    result = EvidenceDetector(min_error_dispersion=floor).fit(
+        loss, counts, sd, per_class_errors=errors
+    )
+    assert result.summary["errors_counted"] is True
+    assert result.summary["errors_dispersion"] == pytest.approx(floor)
+    first = result.verdicts[0]
+    assert first is not None
+    assert first.evidence["errors_expected"] == pytest.approx(2 * 20 * 5.5 / 101)
+    if floor == 0.5 and per_class == 5:
+        # at least the negative binomial's tail (the rate's own estimation variance adds to it)
+        assert first.evidence["errors_p_value"] >= 0.0086
+    assert [i for i, v in enumerate(result.verdicts) if v is not None and v.flag] == (
+        [0] if flagged else []
+    )
+    plain = EvidenceDetector(error_check=False).fit(loss, counts, sd)
+    assert not any(v.flag for v in plain.verdicts if v is not None)
 
 
 def test_phi_is_fitted_when_the_poisson_trim_would_remove_half_of_the_sites() -> None:
