@@ -40,7 +40,7 @@ from client_sdk._exceptions import (
     InternalServerError,
     SiteRoundError,
 )
-from client_sdk._responses import CurrentRound, Diagnostics, Instructions
+from client_sdk._responses import CurrentRound, Diagnostics, Instructions, SiteTask
 from client_sdk._round_update import (
     PreparedUpdate,
     frozen_global_copy,
@@ -56,6 +56,7 @@ from client_sdk.model_files import (
     state_to_bytes,
 )
 from client_sdk.privacy import private_counts, private_signals
+from client_sdk.privacy_budget import preview_privacy
 from client_sdk.recipes import LocalData, NeighborModel, TrainReport, get_recipe
 from client_sdk.signals import Signals, compute_signals
 
@@ -179,10 +180,11 @@ class Participant:
         )
         self._last_wait: str | None = None
 
-    def _join_counts(self) -> tuple[int, list[int | None]]:
-        """(num_samples, class_counts) as the join declares them (checked against the task),
-        as coarse as the federation's privacy policy asks (``client_sdk.privacy``)."""
-        task = self.client.get_task(self.federation_id)
+    def _join_counts(self, task: SiteTask | None = None) -> tuple[int, list[int | None]]:
+        """(num_samples, class_counts) as the join declares them (checked against the task,
+        fetched unless given), as coarse as the federation's privacy policy asks
+        (``client_sdk.privacy``)."""
+        task = task if task is not None else self.client.get_task(self.federation_id)
         labels = self.data.labels.cpu()
         if int(labels.max().item()) >= task.num_classes:
             raise ValueError(
@@ -515,7 +517,13 @@ class Participant:
           ``Idempotency-Key`` header, ``metadata`` (the JSON part exactly as it would be sent:
           ``num_samples``, ``sha256``, ``signals``, ``metrics``) and ``state`` (the model part:
           format, byte size, sha256 and each tensor's name, dtype and shape, not its values);
-          None otherwise (join first, or wait for the round to open: ``wait_s`` long-polls).
+          None otherwise (join first, or wait for the round to open: ``wait_s`` long-polls);
+        - ``privacy``: the federation's privacy policy and, under its Gaussian mechanism, what
+          sending costs (:func:`client_sdk.privacy_budget.preview_privacy`): the (epsilon,
+          delta) of this round's update and the epsilon after an update in every round of the
+          plan, computed by the coordinator's accountant; before a round is open, or without
+          the ``dp-accounting`` package (``fedaudit[dp]``), the epsilons are None and
+          ``epsilon_unavailable`` says why.
 
         The round is trained here, with the coordinator's instructions, on a copy of the model
         and an in-memory copy of the local state: the model, the state directory and the
@@ -524,7 +532,8 @@ class Participant:
         code; on the CPU the same seed gives the same bytes (``client_sdk.recipes.training``),
         on a GPU the numbers may differ in their last digits, the fields and shapes do not.
         """
-        num_samples, counts = self._join_counts()
+        task = self.client.get_task(self.federation_id)
+        num_samples, counts = self._join_counts(task)
         preview: dict[str, Any] = {
             "federation_id": self.federation_id,
             "join": {
@@ -535,9 +544,15 @@ class Participant:
         }
         current = self.client.get_current_round(self.federation_id, wait_s=wait_s)
         preview["round"] = {"status": current.status, "reason": current.reason}
+        preview["privacy"] = preview_privacy(task.privacy)
         if current.status != "train":
             preview["update"] = None
             return preview
+        instructions = current.instructions
+        assert instructions is not None
+        preview["privacy"] = preview_privacy(
+            instructions.privacy, instructions.signals, instructions.total_rounds
+        )
         prepared = self._prepare_update(
             current, copy.deepcopy(self.model), self.state.scratch_copy()
         )

@@ -19,7 +19,7 @@ from fedaudit_flower._records import (
     encode_signals,
 )
 from fedaudit_flower.auditing import Auditor, InProcessAuditor, RoundAudit
-from fedaudit_flower.client import DEFAULT_SIGNALS, signals_record
+from fedaudit_flower.client import DEFAULT_SIGNALS, privacy_policy, signals_record
 from fedaudit_flower.coordinator import CoordinatorAuditor, CoordinatorConnection
 from fedaudit_flower.strategy import (
     DEFAULT_AUDIT_CONFIG,
@@ -45,5 +45,6 @@ __all__ = [
     "WireSignals",
     "decode_signals",
     "encode_signals",
+    "privacy_policy",
     "signals_record",
 ]

@@ -6,8 +6,9 @@ metrics (one ``MetricRecord``). The message-API strategies (``FedAvg`` and the o
 every list a ``MetricRecord`` holds, so fedaudit's signals travel in a ``ConfigRecord`` under
 its own key (:data:`SIGNALS_KEY`), which those strategies ignore. Flower's records hold flat,
 homogeneous lists and no ``None``: a class without samples is NaN in ``per_class_loss`` and
-``per_class_loss_sd`` and -1 in ``per_class_errors``, and a matrix (``probe_softmax``,
-``centroids``) is sent row-major with its shape under ``<name>_shape``.
+``per_class_loss_sd`` and -1 in ``per_class_errors``, a class count the privacy policy
+suppresses (``None``, "fewer than min_class_count") is -1 in ``class_counts``, and a matrix
+(``probe_softmax``, ``centroids``) is sent row-major with its shape under ``<name>_shape``.
 
 Entries (``num_samples`` and ``class_counts`` always; the others when computed):
 
@@ -16,7 +17,7 @@ key                    type          meaning (``client_sdk.signals.Signals``)
 =====================  ============  ==========================================================
 ``format``             str           :data:`SIGNALS_FORMAT`
 ``num_samples``        int           n_k
-``class_counts``       list of int   histogram of the given labels
+``class_counts``       list of int   histogram of the given labels (-1: suppressed)
 ``per_class_loss``     list of float theta_G's mean cross-entropy per given label (NaN: absent)
 ``per_class_loss_sd``  list of float its standard deviation, ddof 0 (NaN: absent)
 ``per_class_errors``   list of int   theta_G's errors per given label (-1: absent)
@@ -39,12 +40,14 @@ from typing import Any
 from flwr.app import ConfigRecord
 
 __all__ = [
+    "PRIVACY_PREFIX",
     "SIGNALS_FORMAT",
     "SIGNALS_KEY",
     "SignalsFormatError",
     "WireSignals",
     "decode_signals",
     "encode_signals",
+    "policy_entries",
 ]
 
 SIGNALS_KEY = "fedaudit.signals"
@@ -52,6 +55,10 @@ SIGNALS_KEY = "fedaudit.signals"
 
 SIGNALS_FORMAT = "fedaudit.signals/1"
 """Value of the record's ``format`` entry (a later layout gets a new number)."""
+
+PRIVACY_PREFIX = "fedaudit.privacy."
+"""Prefix of the privacy policy's entries in a training message's config
+(``fedaudit.privacy.min_class_count``, ...; 0 for an unset clip or delta)."""
 
 _MATRICES = ("probe_softmax", "centroids")
 
@@ -67,7 +74,8 @@ class WireSignals:
     Attributes
     ----------
     num_samples : int
-    class_counts : list of int
+    class_counts : list of (int or None)
+        None: suppressed by the privacy policy (fewer than its ``min_class_count``).
     per_class_loss, per_class_loss_sd : list of (float or None), or None
     per_class_errors : list of (int or None), or None
     train_loss, train_accuracy : float or None
@@ -75,7 +83,7 @@ class WireSignals:
     """
 
     num_samples: int
-    class_counts: list[int]
+    class_counts: list[int | None]
     per_class_loss: list[float | None] | None = None
     per_class_loss_sd: list[float | None] | None = None
     per_class_errors: list[int | None] | None = None
@@ -105,7 +113,7 @@ def encode_signals(signals: Any) -> ConfigRecord:
     entries: dict[str, Any] = {
         "format": SIGNALS_FORMAT,
         "num_samples": int(signals.num_samples),
-        "class_counts": [int(c) for c in signals.class_counts],
+        "class_counts": [-1 if c is None else int(c) for c in signals.class_counts],
     }
     for name in ("per_class_loss", "per_class_loss_sd"):
         value = getattr(signals, name)
@@ -186,9 +194,11 @@ def decode_signals(record: Mapping[str, Any]) -> WireSignals:
         )
     counts = record.get("class_counts")
     if not isinstance(counts, list) or not all(
-        isinstance(c, int) and not isinstance(c, bool) for c in counts
+        isinstance(c, int) and not isinstance(c, bool) and c >= -1 for c in counts
     ):
-        raise SignalsFormatError("class_counts: expected a list of ints")
+        raise SignalsFormatError(
+            "class_counts: expected a list of ints, -1 or more (-1: suppressed)"
+        )
     per_class: dict[str, list[float | None] | None] = {}
     for name in ("per_class_loss", "per_class_loss_sd"):
         values = _floats(record, name)
@@ -206,7 +216,7 @@ def decode_signals(record: Mapping[str, Any]) -> WireSignals:
         )
     return WireSignals(
         num_samples=_int(record, "num_samples"),
-        class_counts=list(counts),
+        class_counts=[None if c < 0 else c for c in counts],
         per_class_loss=per_class["per_class_loss"],
         per_class_loss_sd=per_class["per_class_loss_sd"],
         per_class_errors=None if errors is None else [None if e < 0 else e for e in errors],
@@ -215,3 +225,16 @@ def decode_signals(record: Mapping[str, Any]) -> WireSignals:
         probe_softmax=_matrix(record, "probe_softmax"),
         centroids=_matrix(record, "centroids"),
     )
+
+
+def policy_entries(policy: Any) -> dict[str, int | float]:
+    """A privacy policy (``client_sdk.SignalPolicy``) as the entries of a training message's
+    config (:data:`PRIVACY_PREFIX`; an unset clip or delta is 0: a record holds no None)."""
+    return {
+        f"{PRIVACY_PREFIX}min_class_count": int(policy.min_class_count),
+        f"{PRIVACY_PREFIX}count_bucket": int(policy.count_bucket),
+        f"{PRIVACY_PREFIX}dp_noise_multiplier": float(policy.dp_noise_multiplier),
+        f"{PRIVACY_PREFIX}dp_clip_loss": float(policy.dp_clip_loss or 0.0),
+        f"{PRIVACY_PREFIX}dp_clip_probe": float(policy.dp_clip_probe or 0.0),
+        f"{PRIVACY_PREFIX}dp_delta": float(policy.dp_delta or 0.0),
+    }

@@ -256,7 +256,9 @@ def _client_round_data(site: SiteReply) -> ClientRoundData:
     return ClientRoundData(
         client_id=str(site.node_id),
         num_samples=signals.num_samples,
-        class_counts=signals.class_counts,
+        # a class count the privacy policy suppresses (None) is a class the site does not hold,
+        # for the audit (as on the coordinator: service/coordinator/audits.py)
+        class_counts=[c or 0 for c in signals.class_counts],
         per_class_loss=signals.per_class_loss,
         per_class_loss_sd=signals.per_class_loss_sd,
         per_class_errors=signals.per_class_errors,

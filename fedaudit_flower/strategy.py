@@ -59,7 +59,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from fedaudit_flower._records import SIGNALS_KEY, SignalsFormatError, decode_signals
+from client_sdk._responses import SignalPolicy
+from fedaudit_flower._records import (
+    SIGNALS_KEY,
+    SignalsFormatError,
+    WireSignals,
+    decode_signals,
+    policy_entries,
+)
 from fedaudit_flower.auditing import AuditNotRun, Auditor, InProcessAuditor, RoundAudit, SiteReply
 from fedaudit_flower.coordinator import CoordinatorAuditor, CoordinatorConnection
 from service.audit import AuditConfig, InvalidInputError
@@ -98,6 +105,11 @@ class FedAuditStrategy(Strategy):
     coordinator : fedaudit_flower.CoordinatorConnection, optional
         Forward every round to this running fedaudit coordinator and apply the audit it stores
         (:mod:`fedaudit_flower.coordinator`); None (default): audit in process.
+    privacy : client_sdk.SignalPolicy, optional
+        The federation's signal privacy policy: sent to the sites in every training message's
+        config (``fedaudit.privacy.*``, read by :func:`~fedaudit_flower.privacy_policy` for
+        :func:`~fedaudit_flower.signals_record`), and every reply's signals are checked against
+        it: a reply that breaks it leaves the round not audited, the reason naming the node.
 
     Attributes
     ----------
@@ -117,6 +129,7 @@ class FedAuditStrategy(Strategy):
         signals_key: str = SIGNALS_KEY,
         arrayrecord_key: str | None = None,
         coordinator: CoordinatorConnection | None = None,
+        privacy: SignalPolicy | None = None,
     ) -> None:
         self.strategy: Strategy = FedAvg() if strategy is None else strategy
         self.audit_config = DEFAULT_AUDIT_CONFIG if audit_config is None else audit_config
@@ -134,6 +147,7 @@ class FedAuditStrategy(Strategy):
             else CoordinatorAuditor(coordinator, self.audit_config)
         )
         self._global: ArrayRecord | None = None
+        self.privacy = privacy
 
     # -- the wrapped strategy's work -----------------------------------------------------------
 
@@ -176,8 +190,11 @@ class FedAuditStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Remember the global model sent this round (the audit's theta_G), then delegate."""
+        """Remember the global model sent this round (the audit's theta_G), add the privacy
+        policy to the config, then delegate."""
         self.set_global_arrays(arrays)
+        if self.privacy is not None:
+            config = ConfigRecord({**dict(config.items()), **policy_entries(self.privacy)})
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def configure_evaluate(
@@ -293,6 +310,12 @@ class FedAuditStrategy(Strategy):
             signals = decode_signals(content.config_records[self.signals_key])
         except SignalsFormatError as exc:
             raise SignalsFormatError(f"node {node}: {exc}") from None
+        if self.privacy is not None:
+            problems = policy_problems(signals, self.privacy)
+            if problems:
+                raise AuditNotRun(
+                    f"node {node}'s signals break the privacy policy: {'; '.join(problems)}"
+                )
         if self.arrayrecord_key is not None:
             if self.arrayrecord_key not in content.array_records:
                 raise AuditNotRun(f"node {node} sent no ArrayRecord {self.arrayrecord_key!r}")
@@ -353,3 +376,37 @@ def write_json_atomically(path: Path, document: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def policy_problems(signals: WireSignals, policy: SignalPolicy) -> list[str]:
+    """What a reply's signals send that the privacy policy forbids (empty when none), checked
+    as the coordinator checks an update (``service/coordinator/signal_policy.py``: it is not
+    imported here, by the import contracts): a class count below ``min_class_count`` not
+    suppressed, a suppressed class when none is, a count not a multiple of ``count_bucket``;
+    under the Gaussian mechanism a spread or error counts, or a mean loss outside [0, B]. The
+    messages name the settings, not the values sent. The noise itself cannot be checked."""
+    m, b = policy.min_class_count, max(policy.count_bucket, 1)
+    found: list[str] = []
+    for c, count in enumerate(signals.class_counts):
+        if count is None and m <= 1:
+            found.append(f"class_counts[{c}]: suppressed, but the policy suppresses no class")
+        elif count is not None and 0 < count < m:
+            found.append(f"class_counts[{c}]: below min_class_count {m}, must be suppressed")
+        elif count is not None and count % b:
+            found.append(f"class_counts[{c}]: not a multiple of count_bucket {b}")
+    if signals.num_samples % b:
+        found.append(f"num_samples: not a multiple of count_bucket {b}")
+    for name in ("per_class_loss", "per_class_loss_sd", "per_class_errors"):
+        values = getattr(signals, name) or []
+        for c, count in enumerate(signals.class_counts):
+            if count is None and c < len(values) and values[c] is not None:
+                found.append(f"{name}[{c}]: sent for a suppressed class")
+    if policy.dp_active:
+        for name in ("per_class_loss_sd", "per_class_errors"):
+            if getattr(signals, name) is not None:
+                found.append(f"{name}: not sent under the Gaussian mechanism")
+        bound = policy.dp_clip_loss
+        for c, value in enumerate(signals.per_class_loss or []):
+            if value is not None and bound is not None and not 0.0 <= value <= bound:
+                found.append(f"per_class_loss[{c}]: outside [0, dp_clip_loss {bound}]")
+    return found

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -28,6 +29,60 @@ from service.cli._app import (
     write_csv,
     write_json,
 )
+from service.coordinator.signal_policy import SignalPolicy
+
+# The privacy policy's options of `federation create` (config.privacy over the spec's).
+MinClassCountOption = Annotated[
+    int | None,
+    typer.Option(
+        "--min-class-count",
+        min=0,
+        help="Privacy policy: a class a site holds fewer samples of is sent as 'fewer "
+        "than N' with no per-class loss (sets config.privacy.min_class_count; 0: off)",
+    ),
+]
+CountBucketOption = Annotated[
+    int | None,
+    typer.Option(
+        "--count-bucket",
+        min=1,
+        help="Privacy policy: sites send their sample and class counts rounded up to a "
+        "multiple of N (sets config.privacy.count_bucket; 1: exact)",
+    ),
+]
+NoiseMultiplierOption = Annotated[
+    float | None,
+    typer.Option(
+        "--dp-noise-multiplier",
+        help="Privacy policy: sigma of the Gaussian mechanism on the per-class loss and "
+        "the probe softmax (sets config.privacy.dp_noise_multiplier; 0: off; needs "
+        "--dp-clip-loss and --dp-delta, here or in the spec)",
+    ),
+]
+ClipLossOption = Annotated[
+    float | None,
+    typer.Option(
+        "--dp-clip-loss",
+        help="Privacy policy: B, each per-sample loss clipped to [0, B] before the "
+        "per-class mean (sets config.privacy.dp_clip_loss; > 0)",
+    ),
+]
+ClipProbeOption = Annotated[
+    float | None,
+    typer.Option(
+        "--dp-clip-probe",
+        help="Privacy policy: R, each probe softmax row clipped to L2 distance R from the "
+        "uniform row (sets config.privacy.dp_clip_probe; > 0; unset: no clipping)",
+    ),
+]
+DeltaOption = Annotated[
+    float | None,
+    typer.Option(
+        "--dp-delta",
+        help="Privacy policy: the delta of the (epsilon, delta) the coordinator accounts "
+        "(sets config.privacy.dp_delta; between 0 and 1, well below 1 / a site's samples)",
+    ),
+]
 
 
 @federation_app.command("create")
@@ -36,31 +91,20 @@ def federation_create(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Print only the new federation's id")
     ] = False,
-    min_class_count: Annotated[
-        int | None,
-        typer.Option(
-            "--min-class-count",
-            min=0,
-            help="Privacy policy: a class a site holds fewer samples of is sent as 'fewer "
-            "than N' with no per-class loss (sets config.privacy.min_class_count; 0: off)",
-        ),
-    ] = None,
-    count_bucket: Annotated[
-        int | None,
-        typer.Option(
-            "--count-bucket",
-            min=1,
-            help="Privacy policy: sites send their sample and class counts rounded up to a "
-            "multiple of N (sets config.privacy.count_bucket; 1: exact)",
-        ),
-    ] = None,
+    min_class_count: MinClassCountOption = None,
+    count_bucket: CountBucketOption = None,
+    dp_noise_multiplier: NoiseMultiplierOption = None,
+    dp_clip_loss: ClipLossOption = None,
+    dp_clip_probe: ClipProbeOption = None,
+    dp_delta: DeltaOption = None,
     url: UrlOption = "http://127.0.0.1:8000",
     token: TokenOption = "",
 ) -> None:
     """Create a federation from a JSON spec (prints it as JSON; --quiet: only its id).
 
-    --min-class-count and --count-bucket set the federation's signal privacy policy over the
-    spec's config.privacy."""
+    --min-class-count, --count-bucket and the --dp-* options set the federation's signal
+    privacy policy over the spec's config.privacy; the policy is checked as the coordinator
+    checks it before anything is sent (a bad one: exit status 2, nothing created)."""
     try:
         body = json.loads(spec.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -73,7 +117,16 @@ def federation_create(
             f"not a {type(body).__name__}",
             2,
         )
-    _set_privacy(body, spec, min_class_count=min_class_count, count_bucket=count_bucket)
+    _set_privacy(
+        body,
+        spec,
+        min_class_count=min_class_count,
+        count_bucket=count_bucket,
+        dp_noise_multiplier=dp_noise_multiplier,
+        dp_clip_loss=dp_clip_loss,
+        dp_clip_probe=dp_clip_probe,
+        dp_delta=dp_delta,
+    )
     with admin_client(url, token) as admin:
         federation = call(admin.create_federation, body)
     if quiet:
@@ -82,8 +135,9 @@ def federation_create(
     stdout().print_json(federation.model_dump_json())
 
 
-def _set_privacy(body: dict[str, Any], spec: Path, **settings: int | None) -> None:
-    """Put the options given (not None) into the spec's config.privacy."""
+def _set_privacy(body: dict[str, Any], spec: Path, **settings: float | None) -> None:
+    """Put the options given (not None) into the spec's config.privacy, and check the result
+    with the coordinator's own model of the policy (exit status 2 when it refuses it)."""
     given = {key: value for key, value in settings.items() if value is not None}
     if not given:
         return
@@ -94,6 +148,14 @@ def _set_privacy(body: dict[str, Any], spec: Path, **settings: int | None) -> No
     if not isinstance(privacy, dict):
         fail(f"the spec {str(spec)!r}: config.privacy must be a JSON object", 2)
     privacy.update(given)
+    try:
+        SignalPolicy.model_validate(privacy)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'privacy'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        fail(f"the federation's privacy policy (config.privacy) is refused: {problems}", 2)
 
 
 @federation_app.command("list")

@@ -7,7 +7,9 @@ the site adds N(0, (sigma * sensitivity)^2) noise to it. An update with k noised
 releases; a site's updates up to round r are k times the number of its stored updates. The
 epsilon at the federation's ``dp_delta`` is computed by Google's ``dp-accounting`` package
 (its Renyi-DP accountant, Mironov 2017, composed over the releases and converted to
-(epsilon, delta)); nothing here derives a bound by hand.
+(epsilon, delta)); nothing here derives a bound by hand. The accounting functions live in
+:mod:`client_sdk.privacy_budget` (pure: no HTTP, no torch), so that a site's
+``Participant.preview()`` shows the epsilon computed by the same code.
 
 What the epsilon covers, and what it does not (the model weights, the counts, the training loss
 and accuracy), is in docs/what-leaves-the-site.md. The accounting runs at each round's audit and
@@ -20,12 +22,12 @@ create a federation with the mechanism, and an audit that needs it raises
 
 from __future__ import annotations
 
-import functools
-import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from service.coordinator.signal_policy import NOISED_SIGNALS, SignalPolicy, policy_of
+from client_sdk.privacy_budget import ACCOUNTANT, accountant, releases_per_update
+from client_sdk.privacy_budget import epsilon as shared_epsilon
+from service.coordinator.signal_policy import SignalPolicy, policy_of
 from service.errors import DpAccountingUnavailableError
 
 __all__ = [
@@ -37,14 +39,11 @@ __all__ = [
     "round_privacy",
 ]
 
-ACCOUNTANT = "dp-accounting RDP"
-"""How the stored epsilons were computed (the report says so)."""
-
 
 def require_accountant() -> Any:
     """The ``dp_accounting`` module; :class:`DpAccountingUnavailableError` without it."""
     try:
-        return importlib.import_module("dp_accounting")
+        return accountant()
     except ImportError as exc:
         raise DpAccountingUnavailableError(
             "the federation's Gaussian mechanism (config.privacy.dp_noise_multiplier) needs the "
@@ -53,22 +52,14 @@ def require_accountant() -> Any:
         ) from exc
 
 
-@functools.lru_cache(maxsize=4096)
 def epsilon(noise_multiplier: float, delta: float, releases: int) -> float:
     """The epsilon at ``delta`` of ``releases`` Gaussian mechanisms of noise multiplier
-    ``noise_multiplier`` (noise standard deviation / L2 sensitivity), composed; 0 for none."""
-    if releases <= 0:
-        return 0.0
-    dp_accounting = require_accountant()
-    accountant = dp_accounting.rdp.RdpAccountant()
-    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), releases)
-    return float(accountant.get_epsilon(delta))
-
-
-def releases_per_update(signals: Iterable[str]) -> int:
-    """How many noised releases an update of a federation requiring ``signals`` carries."""
-    wanted = set(signals)
-    return sum(1 for name in NOISED_SIGNALS if name in wanted)
+    ``noise_multiplier`` composed, 0 for none (:func:`client_sdk.privacy_budget.epsilon`, the
+    function the SDK's preview uses); :class:`DpAccountingUnavailableError` without the
+    accountant."""
+    if releases > 0:
+        require_accountant()
+    return shared_epsilon(noise_multiplier, delta, releases)
 
 
 def round_privacy(

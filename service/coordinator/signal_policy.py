@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from client_sdk.privacy_budget import NOISED_SIGNALS
 from service.inputs import INT32_MAX
 
 __all__ = ["NOISED_SIGNALS", "SignalPolicy", "count_problems", "dp_problems", "policy_of"]
@@ -44,9 +45,6 @@ __all__ = ["NOISED_SIGNALS", "SignalPolicy", "count_problems", "dp_problems", "p
 MAX_COUNT_BUCKET = 1_000_000
 MAX_NOISE_MULTIPLIER = 1e6
 MAX_CLIP = 1e6
-
-NOISED_SIGNALS = ("per_class_loss", "probe_softmax")
-"""The signals the Gaussian mechanism noises; each update carrying one is one release."""
 
 WITHHELD_UNDER_DP = ("per_class_loss_sd", "per_class_errors")
 """Sent with the per-class loss, but not under the Gaussian mechanism (not noised, so not sent)."""

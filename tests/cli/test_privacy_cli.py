@@ -56,3 +56,56 @@ def test_the_options_set_the_policy_over_the_spec(tmp_path: Path) -> None:
             app, ["federation", "create", str(bare), "--count-bucket", "0"], env=env
         )
         assert refused.exit_code == 2, refused.output
+
+
+# Each refused the way the coordinator refuses it (service/coordinator/signal_policy.py), with
+# the part of the message that names the problem.
+BAD_DP_OPTIONS = [
+    (["--dp-noise-multiplier", "-1", "--dp-clip-loss", "1", "--dp-delta", "1e-5"], "greater"),
+    (["--dp-noise-multiplier", "1", "--dp-delta", "1e-5"], "dp_clip_loss required"),
+    (["--dp-noise-multiplier", "1", "--dp-clip-loss", "1"], "dp_delta required"),
+    (["--dp-noise-multiplier", "1", "--dp-clip-loss", "0", "--dp-delta", "1e-5"], "greater"),
+    (["--dp-noise-multiplier", "1", "--dp-clip-loss", "1", "--dp-delta", "1"], "less than 1"),
+    (["--dp-noise-multiplier", "inf", "--dp-clip-loss", "1", "--dp-delta", "1e-5"], "finite"),
+    (
+        ["--dp-noise-multiplier", "1", "--dp-clip-loss", "1", "--dp-delta", "1e-5"]
+        + ["--dp-clip-probe", "0"],
+        "greater",
+    ),
+    (["--dp-clip-loss", "1"], "without dp_noise_multiplier"),
+]
+
+
+def test_the_dp_options_set_the_gaussian_mechanism_and_bad_ones_create_nothing(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("dp_accounting", reason="the dp extra (fedaudit[dp]) is not installed")
+    runner = CliRunner()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    with CoordinatorProcess(tmp_path / "coord") as server:
+        env = {"FEDAUDIT_URL": server.url, "FEDAUDIT_ADMIN_TOKEN": server.admin_token}
+        for options, message in BAD_DP_OPTIONS:
+            refused = runner.invoke(app, ["federation", "create", str(spec), *options], env=env)
+            assert refused.exit_code == 2, (options, refused.output)
+            assert "privacy policy (config.privacy) is refused" in refused.output, options
+            assert message in refused.output, (options, refused.output)
+        listed = runner.invoke(app, ["federation", "list", "--json"], env=env)
+        assert listed.exit_code == 0, listed.output
+        assert json.loads(listed.output) == []  # nothing was created
+        created = runner.invoke(
+            app,
+            ["federation", "create", str(spec), "--dp-noise-multiplier", "2", "--dp-clip-loss"]
+            + ["3", "--dp-clip-probe", "0.5", "--dp-delta", "1e-5"],
+            env=env,
+        )
+        assert created.exit_code == 0, created.output
+        privacy = json.loads(created.output)["config"]["privacy"]
+        assert privacy == {
+            "min_class_count": 3,
+            "count_bucket": 7,
+            "dp_noise_multiplier": 2.0,
+            "dp_clip_loss": 3.0,
+            "dp_clip_probe": 0.5,
+            "dp_delta": 1e-5,
+        }

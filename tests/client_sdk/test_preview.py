@@ -79,6 +79,8 @@ def test_preview_shows_the_upload_and_sends_nothing(tmp_path: Path) -> None:
             assert early["join"]["body"] == {"num_samples": 30, "class_counts": [10, 10, 10]}
             assert early["update"] is None
             assert early["round"]["status"] == "wait"
+            # no privacy policy: nothing coarsened, no mechanism
+            assert early["privacy"] == {"min_class_count": 0, "count_bucket": 1, "mechanism": None}
 
             participant.join()
             sent.clear()
@@ -122,3 +124,50 @@ def test_preview_shows_the_upload_and_sends_nothing(tmp_path: Path) -> None:
             assert _metadata_part(upload) == metadata
             assert summary.upload_bytes == update["state"]["size_bytes"]
             assert admin.get_round(federation.id, 0).submitted_clients != []
+
+
+def test_preview_states_the_privacy_cost_of_the_gaussian_mechanism(tmp_path: Path) -> None:
+    pytest.importorskip("dp_accounting", reason="the dp extra (fedaudit[dp]) is not installed")
+    with (
+        CoordinatorProcess(tmp_path / "coord") as server,
+        AdminClient(server.url, server.admin_token) as admin,
+    ):
+        federation = admin.create_federation(
+            {
+                "name": "preview-dp",
+                "task": {"num_classes": 3, "input_shape": [4]},
+                "plan": {"rounds": 3, "min_clients": 1},
+                # per-class loss and probe softmax: 2 noised releases per update
+                "config": {
+                    "method": "fedrn",
+                    "detectors": ["evidence", "fedncl"],
+                    "privacy": {"dp_noise_multiplier": 2.0, "dp_clip_loss": 3.0, "dp_delta": 1e-5},
+                },
+                "seed": 5,
+            }
+        )
+        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
+        token = admin.add_client(federation.id, "site-a").token
+        with FederationClient(server.url, api_token=token) as client:
+            participant = Participant(client, federation.id, tiny_model(), tiny_data())
+            early = participant.preview()["privacy"]
+            # the task states the mechanism; which signals it noises comes with a round
+            assert early["mechanism"] == "gaussian"
+            assert early["epsilon_round"] is None
+            assert "round's instructions" in early["epsilon_unavailable"]
+
+            participant.join()
+            preview = participant.preview()
+            privacy = preview["privacy"]
+            assert privacy["releases_per_update"] == 2
+            assert privacy["rounds"] == 3
+            # sigma = 2, delta = 1e-5: the RDP bound of 2 releases is 3.189 (exact: 2.943), of
+            # 6 releases 5.979 (exact: 5.545); tests/client_sdk/test_preview_privacy.py
+            assert privacy["epsilon_round"] == pytest.approx(3.189, abs=0.01)
+            assert privacy["epsilon_total"] == pytest.approx(5.979, abs=0.01)
+            assert privacy["epsilon_unavailable"] is None
+            # the update previewed is the one the mechanism sends: no spread
+            assert "per_class_loss_sd" not in preview["update"]["metadata"]["signals"]
+            # the coordinator states the same epsilon for a round
+            report = admin.get_json(f"/federations/{federation.id}/report")
+            assert report["privacy"]["epsilon_per_round"] == privacy["epsilon_round"]
