@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.coordinator import clients, federations, rounds, updates
 from service.coordinator.federation_config import FederationConfigInput
 from service.coordinator.resources import Services
-from service.store import tables
+from service.store import repositories, tables
 from service.store.blobs import write_temp_file
 from service.store.session import make_engine, make_sessionmaker
 from tests.factories import state_bytes, tiny_state, update_parts
@@ -195,10 +197,10 @@ def test_two_replicas_extend_a_starved_round_once(
     _, round_id, _ = prepare_round(replica_a, ["a", "b"], min_clients=2, deadline_s=30)
     later = replica_a.clock() + timedelta(seconds=31)
     replica_a.clock = replica_b.clock = lambda: later
-    touch = rounds.repo.touch_open_round
+    touch = repositories.touch_open_round
     interleaved: list[str | None] = []
 
-    def a_extends_first(session, rid):  # type: ignore[no-untyped-def]
+    def a_extends_first(session: Session, rid: uuid.UUID) -> bool:
         if not interleaved:
             interleaved.append("a")
             worker = threading.Thread(
@@ -208,7 +210,7 @@ def test_two_replicas_extend_a_starved_round_once(
             worker.join(timeout=60)
         return touch(session, rid)
 
-    monkeypatch.setattr(rounds.repo, "touch_open_round", a_extends_first)
+    monkeypatch.setattr(repositories, "touch_open_round", a_extends_first)
     assert rounds._deadline_action(replica_b, round_id) is None
     assert interleaved == ["a", None]  # A ran in between (and extended)
     with replica_a.sessions() as session:
