@@ -92,6 +92,15 @@ class Settings(BaseSettings):
             "Retry-After."
         ),
     )
+    change_notifier: Literal["auto", "local"] = Field(
+        default="auto",
+        description=(
+            "What wakes long-polls when a round opens or closes. auto: PostgreSQL LISTEN/NOTIFY "
+            "on a PostgreSQL database (replicas wake each other's waiting sites), in-process "
+            "signals on SQLite; local: in-process signals only (a site waiting on another "
+            "replica learns of a change at its 15-second re-check)."
+        ),
+    )
     admin_token: SecretStr | None = None
     admin_token_file: Path | None = None
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)

@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.startup_sweep:
             sweep_leftovers(services)
+        services.notifier.start()  # on PostgreSQL: other replicas' signals wake our long-polls
         reaper = DeadlineReaper(services) if run_reaper else None
         if reaper is not None:
             reaper.start()

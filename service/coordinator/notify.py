@@ -6,13 +6,16 @@ A use case that opens or closes a round, or starts, stops or finishes a federati
 the database sees the change. A rolled-back transaction notifies nobody.
 
 `ChangeNotifier` is the interface the rest of the service sees. `LocalNotifier` fans signals out
-inside one process, which is all a single coordinator needs. Several replicas behind a load
-balancer would need a notifier that also relays signals between processes (PostgreSQL
-``LISTEN``/``NOTIFY`` for instance: `notify` sends ``pg_notify``, a listener thread hands what it
-receives to a `LocalNotifier`); nothing else would change.
+inside one process, which is all a single coordinator on SQLite needs. On PostgreSQL the
+coordinator uses `PgNotifier` (`service.coordinator.pg_notify`) so that replicas behind a load
+balancer wake each other's waiters: its `notify` wakes this process's waiters and sends
+``pg_notify`` to the others, and a listener thread (``LISTEN`` on one dedicated connection) hands
+what it receives to a `LocalNotifier`. `Services` picks it from the database URL (the setting
+``change_notifier`` can force the local one).
 
 Signals carry no state: a waiter re-reads the database after each one, so a spurious signal
-costs one short query, and waiters also re-check on a slow timer in case a signal was missed.
+costs one short query, and waiters also re-check on a slow timer in case a signal was missed
+(a replica whose listener is reconnecting, a process killed between a commit and its signal).
 """
 
 from __future__ import annotations
@@ -54,6 +57,14 @@ class ChangeNotifier(Protocol):
 
     def subscribers(self, federation_id: uuid.UUID) -> int:
         """How many subscriptions of this process wait on the federation now."""
+        ...
+
+    def start(self) -> None:
+        """Begin relaying signals from other processes, if this notifier does (app start-up)."""
+        ...
+
+    def close(self) -> None:
+        """Stop relaying and release what `start` opened (app shut-down)."""
         ...
 
 
@@ -107,9 +118,22 @@ class LocalNotifier:
                     if not waiting:
                         del self._subscriptions[federation_id]
 
+    def notify_all(self) -> None:
+        """Signal every subscriber of every federation (after signals may have been missed)."""
+        with self._lock:
+            subscriptions = [s for waiting in self._subscriptions.values() for s in waiting]
+        for subscription in subscriptions:
+            subscription.signal()
+
     def subscribers(self, federation_id: uuid.UUID) -> int:
         with self._lock:
             return len(self._subscriptions.get(federation_id, ()))
+
+    def start(self) -> None:
+        """Nothing to start: signals stay inside this process."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def mark_changed(session: Session, federation_id: uuid.UUID) -> None:

@@ -11,11 +11,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
 from service.coordinator.ratelimit import EventBudget, FailureThrottle
+from service.errors import MissingExtraError
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
 from service.store.s3blobs import S3BlobStore, S3Location
@@ -46,9 +48,10 @@ class Services:
         self._commit_hook = CommitHook(self.sessions, self.notifier)
 
     def close(self) -> None:
-        """Stop the worker and release the database connections."""
+        """Stop the worker and the notifier and release the database connections."""
         self.worker.shutdown()
         self._commit_hook.remove()
+        self.notifier.close()
         bind = self.sessions.kw.get("bind")
         if bind is not None:
             bind.dispose()
@@ -56,7 +59,29 @@ class Services:
     @classmethod
     def create(cls, settings: Settings, sessions: sessionmaker[Session]) -> Services:
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-        return cls(settings=settings, sessions=sessions, blobs=blob_store(settings, sessions))
+        return cls(
+            settings=settings,
+            sessions=sessions,
+            blobs=blob_store(settings, sessions),
+            notifier=change_notifier(settings),
+        )
+
+
+def change_notifier(settings: Settings) -> ChangeNotifier:
+    """PostgreSQL LISTEN/NOTIFY on a PostgreSQL database (replicas wake each other's waiters),
+    unless the settings force in-process signals; in-process signals on SQLite. Not started:
+    the app's lifespan starts it (`ChangeNotifier.start`) and `Services.close` stops it."""
+    url = settings.resolved_database_url
+    if settings.change_notifier == "local" or make_url(url).get_backend_name() != "postgresql":
+        return LocalNotifier()
+    try:
+        from service.coordinator.pg_notify import PgNotifier
+    except ImportError as exc:
+        raise MissingExtraError(
+            "replicas on PostgreSQL wake each other's long-polls through psycopg, which is not "
+            "installed: pip install 'fedaudit[postgres]' (or set FEDAUDIT_CHANGE_NOTIFIER=local)"
+        ) from exc
+    return PgNotifier.for_url(url)
 
 
 def blob_store(settings: Settings, sessions: sessionmaker[Session]) -> BlobStore:

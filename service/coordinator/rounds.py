@@ -541,6 +541,10 @@ def _deadline_action(services: Services, round_id: uuid.UUID) -> str | None:
             return "deadline"
         if not repo.touch_open_round(session, rnd.id):
             return None
+        # Locked now; another replica's checker may have extended it since it was read.
+        session.refresh(rnd)
+        if now < rnd.deadline_at:
+            return None
         old = rnd.deadline_at
         rnd.deadline_at = now + timedelta(seconds=federation.round_deadline_s)
         rnd.deadline_extensions += 1

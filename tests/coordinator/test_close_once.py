@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.coordinator import clients, federations, rounds, updates
 from service.coordinator.federation_config import FederationConfigInput
 from service.coordinator.resources import Services
-from service.store import tables
+from service.store import repositories, tables
 from service.store.blobs import write_temp_file
 from service.store.session import make_engine, make_sessionmaker
 from tests.factories import state_bytes, tiny_state, update_parts
@@ -184,3 +186,42 @@ def test_reaper_resumes_a_complete_round_after_restart(settings: Settings, tmp_p
     with after_restart.sessions() as session:
         assert session.get(tables.Round, round_id).state == "closed"
     after_restart.close()
+
+
+def test_two_replicas_extend_a_starved_round_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica B reads the expired round, then A's checker extends it before B takes the lock:
+    B must see the new deadline and leave it (one extension, one event), not extend it again."""
+    replica_a, replica_b = make_services(settings), make_services(settings)
+    _, round_id, _ = prepare_round(replica_a, ["a", "b"], min_clients=2, deadline_s=30)
+    later = replica_a.clock() + timedelta(seconds=31)
+    replica_a.clock = replica_b.clock = lambda: later
+    touch = repositories.touch_open_round
+    interleaved: list[str | None] = []
+
+    def a_extends_first(session: Session, rid: uuid.UUID) -> bool:
+        if not interleaved:
+            interleaved.append("a")
+            worker = threading.Thread(
+                target=lambda: interleaved.append(rounds._deadline_action(replica_a, rid))
+            )
+            worker.start()
+            worker.join(timeout=60)
+        return touch(session, rid)
+
+    monkeypatch.setattr(repositories, "touch_open_round", a_extends_first)
+    assert rounds._deadline_action(replica_b, round_id) is None
+    assert interleaved == ["a", None]  # A ran in between (and extended)
+    with replica_a.sessions() as session:
+        rnd = session.get(tables.Round, round_id)
+        assert rnd.deadline_extensions == 1
+        assert rnd.deadline_at == later + timedelta(seconds=30)
+        extended = session.scalar(
+            select(func.count())
+            .select_from(tables.Event)
+            .where(tables.Event.kind == "round.deadline_extended")
+        )
+    assert extended == 1
+    replica_a.close()
+    replica_b.close()

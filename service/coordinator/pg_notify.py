@@ -1,0 +1,185 @@
+"""Change notifications between replicas over PostgreSQL ``LISTEN``/``NOTIFY``.
+
+`PgNotifier` is the `ChangeNotifier` of coordinators on PostgreSQL. `notify(federation_id)` wakes
+this process's waiters at once and sends ``pg_notify(channel, payload)`` on a dedicated sender
+connection, so that every other replica on the same database wakes its own. A listener thread
+holds one more dedicated connection (neither comes from the request pool), ``LISTEN``s on the
+channel and hands each payload's federation id to a `LocalNotifier`.
+
+The payload is ``"<federation id> <origin>"``: a process skips the echo of its own signals, whose
+waiters it has already woken. If the listener's connection drops, the thread logs it and
+reconnects with back-off (0.1 s doubling to 5 s); meanwhile this replica's waiters learn of other
+replicas' changes at their slow re-check only, and once listening again the thread wakes every
+waiter once, since signals may have been missed. A signal that cannot be sent is logged, not
+raised: it is sent after the change committed, and the waiters' re-check is the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from contextlib import AbstractContextManager
+
+import psycopg
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from service.coordinator.notify import LocalNotifier, Subscription
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "fedaudit_changes"
+APPLICATION_NAME = "fedaudit-listener"
+CONNECT_TIMEOUT_S = 5
+MAX_BACKOFF_S = 5.0
+
+
+def libpq_dsn(database_url: str) -> str:
+    """The libpq URI of a SQLAlchemy PostgreSQL URL (``postgresql+psycopg://`` and the like)."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PgNotifier:
+    """Signals shared by every process that uses the same database and channel."""
+
+    def __init__(self, dsn: str, *, channel: str = CHANNEL, poll_s: float = 0.25) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._poll_s = poll_s
+        self._origin = uuid.uuid4().hex
+        self._local = LocalNotifier()
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._listener_pid: int | None = None
+        self._thread: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._sender: psycopg.Connection | None = None
+
+    @classmethod
+    def for_url(
+        cls, database_url: str, *, channel: str = CHANNEL, poll_s: float = 0.25
+    ) -> PgNotifier:
+        return cls(libpq_dsn(database_url), channel=channel, poll_s=poll_s)
+
+    # --- ChangeNotifier ---------------------------------------------------------------------
+
+    def notify(self, federation_id: uuid.UUID) -> None:
+        self._local.notify(federation_id)
+        self._send(f"{federation_id} {self._origin}")
+
+    def subscribe(self, federation_id: uuid.UUID) -> AbstractContextManager[Subscription]:
+        return self._local.subscribe(federation_id)
+
+    def subscribers(self, federation_id: uuid.UUID) -> int:
+        return self._local.subscribers(federation_id)
+
+    def start(self, ready_timeout_s: float = 5.0) -> None:
+        """Start the listener thread; wait up to `ready_timeout_s` for its ``LISTEN`` (if the
+        database does not answer by then, the thread keeps trying in the background)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._listen_forever, name="fedaudit-listener", daemon=True
+            )
+            self._thread.start()
+        if not self._listening.wait(ready_timeout_s):
+            log.warning("change listener not connected yet; waiting sites re-check slowly")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._send_lock:
+            if self._sender is not None:
+                self._sender.close()
+                self._sender = None
+
+    # --- state, for health checks and tests -------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The server process id of the listener's connection (None while disconnected)."""
+        return self._listener_pid
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def _send(self, payload: str) -> None:
+        """``pg_notify`` on the sender connection, reopened once if it was lost."""
+        with self._send_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._sender is None or self._sender.closed:
+                        self._sender = psycopg.connect(
+                            self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                        )
+                    self._sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+                    return
+                except psycopg.Error as exc:
+                    if self._sender is not None:
+                        self._sender.close()
+                    self._sender = None
+                    if attempt == 2:
+                        log.warning(
+                            "could not send a change signal to other replicas (%s); their "
+                            "waiting sites learn of it at their next re-check",
+                            exc,
+                        )
+
+    # --- listening --------------------------------------------------------------------------
+
+    def _listen_forever(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    application_name=APPLICATION_NAME,
+                ) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    if failures:
+                        log.warning("change listener connected again after %d attempt(s)", failures)
+                    failures = 0
+                    self._listener_pid = conn.info.backend_pid
+                    self._listening.set()
+                    # Whatever changed while nobody listened: every waiter re-reads once.
+                    self._local.notify_all()
+                    self._relay(conn)
+            except psycopg.Error as exc:
+                self._listening.clear()
+                self._listener_pid = None
+                if self._stop.is_set():
+                    break
+                failures += 1
+                delay = min(MAX_BACKOFF_S, 0.1 * 2 ** min(failures - 1, 10))
+                log.warning(
+                    "change listener lost its database connection (%s); reconnecting in %.1f s; "
+                    "until then sites waiting here learn of other replicas' changes at their "
+                    "slow re-check",
+                    exc,
+                    delay,
+                )
+                self._stop.wait(delay)
+        self._listening.clear()
+        self._listener_pid = None
+
+    def _relay(self, conn: psycopg.Connection) -> None:
+        while not self._stop.is_set():
+            for note in conn.notifies(timeout=self._poll_s):
+                self._deliver(note.payload)
+
+    def _deliver(self, payload: str) -> None:
+        federation, _, origin = payload.partition(" ")
+        if origin == self._origin:
+            return  # our own signal: its waiters were woken when it was sent
+        try:
+            federation_id = uuid.UUID(federation)
+        except ValueError:
+            log.warning("ignoring a change signal with an unreadable payload %r", payload[:100])
+            return
+        self._local.notify(federation_id)
