@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import re
 import resource
+import secrets
 import shlex
 import statistics
 import sys
@@ -47,7 +48,7 @@ import traceback
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,18 +243,31 @@ def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 @contextmanager
-def coordinator(data_dir: Path, database_url: str | None) -> Iterator[CoordinatorProcess]:
-    server = CoordinatorProcess(
-        data_dir,
-        database_url=database_url,
+def coordinators(
+    data_dir: Path, database_url: str | None, replicas: int, blob_backend: str
+) -> Iterator[list[CoordinatorProcess]]:
+    """``replicas`` coordinator processes on one database (one admin token), each with its own
+    data directory and log; the blobs where ``blob_backend`` says (``database``: no shared disk
+    between the replicas)."""
+    token = secrets.token_urlsafe(24)
+    env = {
         # INFO would write one access line per request; WARNING keeps errors (and tracebacks).
-        extra_env={"FEDAUDIT_LOG_LEVEL": "WARNING"},
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+        "FEDAUDIT_LOG_LEVEL": "WARNING",
+        "FEDAUDIT_BLOB_BACKEND": blob_backend,
+    }
+    with ExitStack() as stack:
+        servers = []
+        for i in range(replicas):
+            server = CoordinatorProcess(
+                data_dir / f"replica{i}" if replicas > 1 else data_dir,
+                database_url=database_url,
+                admin_token=token,
+                extra_env=env,
+            )
+            server.start()
+            stack.callback(server.stop)
+            servers.append(server)
+        yield servers
 
 
 def create_load_federation(
@@ -434,6 +448,20 @@ def main(argv: list[str] | None = None) -> int:
         help="wait_s of get_current_round (0: short polls that sleep the server's hint)",
     )
     parser.add_argument("--postgres-url", default=None, help="default: SQLite in a temp dir")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="coordinator processes on the one PostgreSQL database (needs --postgres-url); the "
+        "site processes are dealt to them in turn",
+    )
+    parser.add_argument(
+        "--blob-backend",
+        choices=("directory", "database"),
+        default=None,
+        help="where the coordinators keep the models (default: files in a directory for one "
+        "replica, the database for several, which share no disk)",
+    )
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="for the whole run")
     parser.add_argument(
         "--stall-s",
@@ -448,8 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sites, args.rounds = 4, 2
-    if args.sites < 1 or args.rounds < 1 or args.sites_per_process < 1:
-        parser.error("--sites, --rounds and --sites-per-process must be at least 1")
+    if args.sites < 1 or args.rounds < 1 or args.sites_per_process < 1 or args.replicas < 1:
+        parser.error("--sites, --rounds, --sites-per-process and --replicas must be at least 1")
+    if args.replicas > 1 and not args.postgres_url:
+        parser.error("--replicas above 1 needs --postgres-url (replicas share a PostgreSQL)")
+    if args.replicas > 1 and args.blob_backend == "directory":
+        parser.error("--blob-backend directory: replicas on separate machines share no disk")
+    blob_backend = args.blob_backend or ("database" if args.replicas > 1 else "directory")
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(shlex.quote(a) for a in ["bench_load.py", *given])
     machine = machine_info()
@@ -460,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"load: {args.sites} sites x {args.rounds} rounds, {len(groups)} site processes "
         f"({args.sites_per_process} site(s) per process), "
-        f"{'PostgreSQL' if args.postgres_url else 'SQLite'}, poll wait_s={args.poll_wait_s}; "
+        f"{'PostgreSQL' if args.postgres_url else 'SQLite'}, {args.replicas} coordinator "
+        f"process(es), blobs: {blob_backend}, poll wait_s={args.poll_wait_s}; "
         f"{machine['cpu_count']} cores, {machine['memory_gib']} GiB",
         flush=True,
     )
@@ -470,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = Path(tmp) / "coordinator"
         out_dir = Path(tmp) / "sites"
         out_dir.mkdir()
-        with coordinator(data_dir, args.postgres_url) as server:
+        with coordinators(data_dir, args.postgres_url, args.replicas, blob_backend) as servers:
+            server = servers[0]  # the admin's replica
             database_url = args.postgres_url or f"sqlite:///{(data_dir / 'fedaudit.db').resolve()}"
             with AdminClient(server.url, server.admin_token) as admin:
                 setup_started = time.perf_counter()
@@ -490,11 +525,11 @@ def main(argv: list[str] | None = None) -> int:
                 # The release time, set just before the barrier opens (shared memory: a fork
                 # copies ordinary values at fork time).
                 shared_t0 = context.Value("d", 0.0, lock=False)
-                for group in groups:
+                for number, group in enumerate(groups):
                     p = context.Process(
                         target=site_process,
                         args=(
-                            server.url,
+                            servers[number % len(servers)].url,
                             str(federation_id),
                             [specs[i] for i in group],
                             args.poll_wait_s,
@@ -508,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
                     p.start()
                     processes.append(p)
                 fork_s = time.perf_counter() - fork_started
-                coordinator_cpu_before = process_cpu_seconds(coordinator_pid(server))
+                coordinator_cpu_before = sum(
+                    process_cpu_seconds(coordinator_pid(one)) for one in servers
+                )
                 children_before = children_cpu_seconds()
                 shared_t0.value = time.time()
                 barrier.wait(timeout=600)
@@ -529,13 +566,24 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 wall_s = time.monotonic() - started
                 coordinator_cpu_s = (
-                    process_cpu_seconds(coordinator_pid(server)) - coordinator_cpu_before
+                    sum(process_cpu_seconds(coordinator_pid(one)) for one in servers)
+                    - coordinator_cpu_before
                 )
                 sites_cpu_s = children_cpu_seconds() - children_before
                 print(f"all site processes exited after {wall_s:.1f} s; checking", flush=True)
                 federation = admin.get_federation(federation_id)
                 rounds_info = admin.list_rounds(federation_id)
-            log = log_errors(server.log_path)
+            logs = [log_errors(one.log_path) for one in servers]
+            log = {
+                "error_lines": sum(one["error_lines"] for one in logs),
+                "first_error_lines": [line for one in logs for line in one["first_error_lines"]][
+                    :10
+                ],
+                "database_is_locked": sum(one["database_is_locked"] for one in logs),
+                "first_traceback": next(
+                    (one["first_traceback"] for one in logs if one["first_traceback"]), None
+                ),
+            }
         stored = stored_updates(database_url)
         site_results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
 
@@ -628,9 +676,11 @@ def main(argv: list[str] | None = None) -> int:
             "site_processes": len(groups),
             "poll_wait_s": args.poll_wait_s,
             "database": "postgresql" if args.postgres_url else "sqlite",
+            "replicas": args.replicas,
+            "blob_backend": blob_backend,
             "model_parameters": int(sum(int(np.prod(s)) for s in SHAPES.values())),
             "config": FEDNCL_FEDAVG_CONFIG,
-            "coordinator": "one uvicorn process (fedaudit serve), default settings",
+            "coordinator": "uvicorn processes (fedaudit serve, one per replica), default settings",
             "quick": args.quick,
         },
         "setup_seconds": setup_s,
