@@ -20,6 +20,7 @@ import logging
 import threading
 import uuid
 from contextlib import AbstractContextManager
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -32,6 +33,17 @@ log = logging.getLogger(__name__)
 CHANNEL = "fedaudit_changes"
 APPLICATION_NAME = "fedaudit-listener"
 CONNECT_TIMEOUT_S = 5
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+"""TCP keepalives and a send time-out (libpq parameters) on both connections: a connection left
+half-open by a failover or an idle-timeout in the network fails within about a minute instead of
+the kernel's default of many minutes, so the listener reconnects and a sender does not block the
+committing request that long."""
 MAX_BACKOFF_S = 5.0
 
 
@@ -114,7 +126,10 @@ class PgNotifier:
                 try:
                     if self._sender is None or self._sender.closed:
                         self._sender = psycopg.connect(
-                            self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                            self._dsn,
+                            autocommit=True,
+                            connect_timeout=CONNECT_TIMEOUT_S,
+                            **KEEPALIVES,
                         )
                     self._sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
                     return
@@ -140,6 +155,7 @@ class PgNotifier:
                     autocommit=True,
                     connect_timeout=CONNECT_TIMEOUT_S,
                     application_name=APPLICATION_NAME,
+                    **KEEPALIVES,
                 ) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     if failures:
@@ -150,7 +166,7 @@ class PgNotifier:
                     # Whatever changed while nobody listened: every waiter re-reads once.
                     self._local.notify_all()
                     self._relay(conn)
-            except psycopg.Error as exc:
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any failure
                 self._listening.clear()
                 self._listener_pid = None
                 if self._stop.is_set():
