@@ -116,10 +116,13 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     privacy = data.get("privacy")
     caption += _privacy_text(privacy)
     for error in (data.get("site_errors") or [])[:SITE_ERRORS_SHOWN]:
-        first_line = (str(error.get("message") or "").splitlines() or [""])[0][:200]
+        # torch puts the cause on the second line ("Error(s) in loading state_dict for ...:"
+        # then "size mismatch for ..."): the first lines, joined, up to 300 characters
+        lines = [line.strip() for line in str(error.get("message") or "").splitlines()]
+        shown = " / ".join(line for line in lines[:3] if line)[:300]
         caption += (
             f"\nSITE ERROR: {error.get('name')} round {error.get('round')} "
-            f"({error.get('stage')}): {error.get('error_type')}: {first_line}"
+            f"({error.get('stage')}): {error.get('error_type')}: {shown}"
         )
     table = Table(title=title, caption=escape(caption.lstrip("\n")))
     table.add_column("client", no_wrap=True)
