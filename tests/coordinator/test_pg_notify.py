@@ -132,10 +132,17 @@ async def test_the_listener_reconnects_after_its_connection_is_terminated(
     assert any("connected again" in m for m in logged), logged
 
 
-def test_unreadable_payloads_are_ignored() -> None:
+@pytest.mark.anyio
+async def test_unreadable_payloads_are_ignored_and_others_delivered() -> None:
+    # No database: what the listener hands over is judged alone (nothing is started).
     notifier = PgNotifier("postgresql://unused")
-    notifier._deliver("not-a-uuid somebody")  # logged, no exception
-    notifier._deliver(f"{uuid.uuid4()}")  # no origin: another process's, delivered
+    fid = uuid.uuid4()
+    with notifier.subscribe(fid) as changes:
+        notifier._deliver("not-a-uuid somebody")  # logged, no exception, nobody woken
+        notifier._deliver(f"{uuid.uuid4()} another-process")  # another federation's
+        assert await changes.wait(0.2) is False
+        notifier._deliver(f"{fid} another-process")  # this federation's, from elsewhere
+        assert await changes.wait(0.2) is True
 
 
 def test_postgresql_urls_get_the_pg_notifier_unless_forced_local(tmp_path: Path) -> None:

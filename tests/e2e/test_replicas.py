@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -111,6 +111,20 @@ def upload(url: str, federation_id: uuid.UUID, token: str, name: str, index: int
         )
 
 
+def woken_on(
+    url: str, federation_id: uuid.UUID, token: str, change: Callable[[], object]
+) -> tuple[CurrentRound, float]:
+    """Park a long-poll on ``url``, check it is still waiting, run ``change`` (on the other
+    replica), and return the poll's answer and how long after ``change`` returned it came."""
+    poll = LongPoll(url, federation_id, token)
+    threading.Event().wait(PARKED_S)
+    assert poll.answered_at is None, "nothing to wake it yet: the poll must still be waiting"
+    change()
+    changed = time.monotonic()
+    answer, answered_at = poll.result()
+    return answer, answered_at - changed
+
+
 def test_a_site_waiting_on_a_wakes_when_b_opens_and_closes_the_round(
     replicas: tuple[CoordinatorProcess, ...],
 ) -> None:
@@ -120,29 +134,22 @@ def test_a_site_waiting_on_a_wakes_when_b_opens_and_closes_the_round(
     join(b.url, fid, tokens["x"])
 
     # x waits on A for round 0; y's join on B starts the federation and opens it.
-    poll = LongPoll(a.url, fid, tokens["x"])
-    threading.Event().wait(PARKED_S)
-    assert poll.answered_at is None, "nothing to do yet: the poll must still be waiting"
-    join(b.url, fid, tokens["y"])
-    opened = time.monotonic()
-    answer, answered_at = poll.result()
+    answer, seconds = woken_on(a.url, fid, tokens["x"], lambda: join(b.url, fid, tokens["y"]))
     assert answer.status == "train"
     assert answer.round is not None
     assert answer.round.index == 0
-    assert answered_at - opened < WAKE_S
+    assert seconds < WAKE_S
 
-    # x uploads and waits on A for round 1; y's upload on B closes round 0 and opens round 1.
+    # x uploads and waits on A for round 1; y's upload on B closes round 0 and opens round 1
+    # (answered once the close committed: rounds close inline).
     upload(b.url, fid, tokens["x"], "x", 0)
-    poll = LongPoll(a.url, fid, tokens["x"])
-    threading.Event().wait(PARKED_S)
-    assert poll.answered_at is None, "round 0 is still open: the poll must still be waiting"
-    upload(b.url, fid, tokens["y"], "y", 0)  # answered once the close committed (inline)
-    closed = time.monotonic()
-    answer, answered_at = poll.result()
+    answer, seconds = woken_on(
+        a.url, fid, tokens["x"], lambda: upload(b.url, fid, tokens["y"], "y", 0)
+    )
     assert answer.status == "train"
     assert answer.round is not None
     assert answer.round.index == 1
-    assert answered_at - closed < WAKE_S
+    assert seconds < WAKE_S
 
 
 def test_killing_a_replica_mid_round_loses_no_acknowledged_update(
