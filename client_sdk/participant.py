@@ -544,8 +544,8 @@ class Participant:
         }
         current = self.client.get_current_round(self.federation_id, wait_s=wait_s)
         preview["round"] = {"status": current.status, "reason": current.reason}
-        preview["privacy"] = preview_privacy(task.privacy)
-        if current.status != "train":
+        if current.status != "train":  # no round: which signals get noise is not known yet
+            preview["privacy"] = preview_privacy(task.privacy)
             preview["update"] = None
             return preview
         instructions = current.instructions
