@@ -26,6 +26,7 @@ from service.audit.config_groups import (
     FedNCLSettings,
     FedNoRoSettings,
     FedRNSettings,
+    GeometrySettings,
     StatusRule,
 )
 from service.audit.detector_registry import DETECTOR_REGISTRY
@@ -93,6 +94,10 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     "status_w": ("status", "w"),
     "aggregation_flags": ("aggregation_settings", "flags"),
     "max_client_weight_factor": ("aggregation_settings", "max_client_weight_factor"),
+    "geometry_check": ("geometry", "check"),
+    "geometry_min_z": ("geometry", "min_z"),
+    "geometry_min_sites": ("geometry", "min_sites"),
+    "geometry_min_homogeneity_p": ("geometry", "min_homogeneity_p"),
 }
 """The flat keys of the grouped parameters (the API's ``audit`` object, the stored configuration,
 the simulator's ``--audit KEY=VALUE``), each to its group of :class:`AuditConfig` and its field
@@ -106,6 +111,7 @@ _GROUPS: dict[str, type[Any]] = {
     "fedrn": FedRNSettings,
     "aggregation_settings": AggregationSettings,
     "status": StatusRule,
+    "geometry": GeometrySettings,
 }
 _METHOD_KEYS = ("detectors", "primary_detector", "aggregation")
 
@@ -148,6 +154,8 @@ class AuditConfig:
         ``max_client_weight_factor``).
     status : StatusRule
         The history rule from flags to status (``status_m``, ``status_w``).
+    geometry : GeometrySettings
+        The update-geometry evidence added to the evidence detector's (``geometry_*``).
     """
 
     detectors: tuple[str, ...] | None = None
@@ -159,6 +167,7 @@ class AuditConfig:
     fedrn: FedRNSettings = FedRNSettings()
     aggregation_settings: AggregationSettings = AggregationSettings()
     status: StatusRule = StatusRule()
+    geometry: GeometrySettings = GeometrySettings()
 
     def __post_init__(self) -> None:
         """Check the choice of methods and that each group is one; detectors become a tuple."""

@@ -45,7 +45,7 @@ from scipy.linalg.blas import daxpy, saxpy
 from threadpoolctl import ThreadpoolController
 
 from service.audit._typing import AnyArray, FloatArray
-from service.audit._validation import InvalidInputError
+from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.state import (
     StateReader,
     check_state_names,
@@ -104,6 +104,9 @@ class StreamResult:
         Squared distances between each noisy and each clean client, per float tensor.
     gram : ndarray of shape (n_float_tensors, K, K) or None
         Per float tensor the Gram matrix of the differences theta_k - theta_G.
+    consensus_dots, consensus_norm2 : ndarray of shape (K,), float, or None
+        ``(theta_k - theta_G) . S`` and ``||S||^2`` over the float tensors, ``S = sum_j c_j
+        (theta_j - theta_G)`` for the ``consensus`` weights c (the update geometry).
     """
 
     state: dict[str, AnyArray] | None
@@ -111,6 +114,8 @@ class StreamResult:
     squared: FloatArray | None
     pair_squared: FloatArray | None
     gram: FloatArray | None = None
+    consensus_dots: FloatArray | None = None
+    consensus_norm2: float | None = None
 
 
 _CONTROLLER: list[ThreadpoolController] = []
@@ -197,6 +202,7 @@ def stream_pass(
     distances: bool = False,
     pairs: tuple[Sequence[int], Sequence[int]] | None = None,
     gram: bool = False,
+    consensus: FloatArray | None = None,
     label: str = "updates",
 ) -> StreamResult:
     """Read every update once, block by block, and compute what is asked for.
@@ -220,6 +226,9 @@ def stream_pass(
     gram : bool, default=False
         Compute ``gram``: per tensor the K x K Gram matrix of the differences to the global
         model, from which any noisy/clean split's distances follow (:class:`RoundPass`).
+    consensus : ndarray of shape (K,), optional
+        Weights c of the consensus difference ``S = sum_j c_j (theta_j - theta_G)``: compute
+        ``consensus_dots`` and ``consensus_norm2`` (implies ``distances``).
     label : str, default="updates"
         How error messages name the updates (``label[k]``).
 
@@ -231,7 +240,16 @@ def stream_pass(
     # for a core made the axpy / GEMV calls 10x slower than the data's read (measured).
     with _blas_controller().limit(limits=1, user_api="blas"):
         return _stream_pass(
-            global_state, updates, weights, layer_weights, chosen, distances, pairs, gram, label
+            global_state,
+            updates,
+            weights,
+            layer_weights,
+            chosen,
+            distances or consensus is not None,
+            pairs,
+            gram,
+            label,
+            consensus,
         )
 
 
@@ -245,6 +263,7 @@ def _stream_pass(
     pairs: tuple[Sequence[int], Sequence[int]] | None,
     gram: bool,
     label: str,
+    consensus: FloatArray | None = None,
 ) -> StreamResult:
     names = check_state_names(global_state, updates)
     mapped = _mapped(updates)
@@ -262,6 +281,7 @@ def _stream_pass(
     state: dict[str, AnyArray] | None = {} if weighted else None
     float_names: list[str] = []
     squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
+    geometry = None if consensus is None else _Consensus(np.asarray(consensus)[order], k)
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     visit = names
     if mapped and mapped[0]:
@@ -285,7 +305,7 @@ def _stream_pass(
                 raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
         if stacked:
             out, sq, cross, full = _stacked_tensor(
-                releasable, tensor, w, order, n_noisy, width, pairs, gram
+                releasable, tensor, w, order, n_noisy, width, pairs, gram, geometry
             )
             squared_rows.append(sq)
             if cross is not None:
@@ -313,7 +333,29 @@ def _stream_pass(
             else None
         ),
         gram=np.array(gram_rows).reshape(len(gram_rows), k, k) if gram else None,
+        consensus_dots=None if geometry is None else geometry.dots_by_client(order),
+        consensus_norm2=None if geometry is None else geometry.norm2,
     )
+
+
+class _Consensus:
+    """Running totals of the consensus geometry (clients in the pass's ``order``)."""
+
+    def __init__(self, weights: FloatArray, k: int) -> None:
+        self.weights = weights
+        self.dots = np.zeros(k)
+        self.norm2 = 0.0
+
+    def add(self, x: AnyArray) -> None:
+        """One block X (K x b): S_b = c @ X, then X @ S_b and ||S_b||^2 (two GEMVs)."""
+        s = self.weights.astype(x.dtype) @ x
+        self.dots += (x @ s).astype(np.float64)
+        self.norm2 += float(np.dot(s, s))
+
+    def dots_by_client(self, order: AnyArray) -> FloatArray:
+        result = np.zeros_like(self.dots)
+        result[order] = self.dots
+        return result
 
 
 def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
@@ -371,10 +413,12 @@ def _stacked_tensor(
     width: int,
     pairs: tuple[Sequence[int], Sequence[int]] | None,
     gram: bool = False,
+    geometry: _Consensus | None = None,
 ) -> tuple[AnyArray | None, FloatArray, FloatArray | None, FloatArray | None]:
     """Per block: X = theta_k - theta_G stacked (K x b, clients in ``order``), then the squared
-    norms (one row dot each), the noisy x clean Gram term and the weighted sum (one GEMV:
-    sum_k w_k theta_k = w @ X + (sum w) theta_G) from that one in-cache copy."""
+    norms (one row dot each), the noisy x clean Gram term, the consensus geometry and the
+    weighted sum (one GEMV: sum_k w_k theta_k = w @ X + (sum w) theta_G) from that one in-cache
+    copy."""
     k = len(tensor.views)
     n_clean = 0 if pairs is None else len(pairs[1])
     dtype = tensor.acc_dtype
@@ -405,6 +449,8 @@ def _stacked_tensor(
             )
         if full is not None and products is not None:
             full += products  # clients in their own order when gram is asked (no pairs)
+        if geometry is not None:
+            geometry.add(x)
         if out is not None and w is not None and w_total is not None:
             acc = out[start:stop]
             np.dot(w, x, out=acc)
@@ -449,6 +495,9 @@ class RoundPass:
         Weights of the weighted state to compute in the first pass.
     chosen : int, default=0
         Client whose non-float tensors the weighted state copies.
+    consensus : ndarray of shape (K,), optional
+        Weights of the consensus difference whose dot products the first pass also computes
+        (:meth:`consensus`, the update geometry).
     """
 
     def __init__(
@@ -459,10 +508,12 @@ class RoundPass:
         gram: bool = False,
         weights: FloatArray | None = None,
         chosen: int = 0,
+        consensus: FloatArray | None = None,
     ) -> None:
         self.global_state = global_state
         self.updates = list(updates)
         self._gram = gram
+        self._consensus = None if consensus is None else np.asarray(consensus, dtype=np.float64)
         self._weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self._chosen = chosen
         self._first: StreamResult | None = None
@@ -477,9 +528,21 @@ class RoundPass:
                 gram=self._gram,
                 weights=self._weights,
                 chosen=self._chosen,
+                consensus=self._consensus,
             )
             self.passes += 1
         return self._first
+
+    def consensus(self) -> tuple[FloatArray, FloatArray, float]:
+        """Per client ``||theta_k - theta_G||^2`` and ``(theta_k - theta_G) . S``, and ``||S||^2``
+        (float tensors; ``S`` the consensus difference). InvalidParameterError without weights."""
+        if self._consensus is None:
+            raise InvalidParameterError("consensus: no consensus weights were declared")
+        first = self._run_first()
+        assert first.squared is not None
+        assert first.consensus_dots is not None
+        assert first.consensus_norm2 is not None
+        return first.squared.sum(axis=0), first.consensus_dots, first.consensus_norm2
 
     def squared(self) -> tuple[list[str], FloatArray]:
         """Float tensor names and ``||theta_k[l] - theta_G[l]||^2`` (tensors x clients)."""

@@ -38,6 +38,7 @@ __all__ = [
     "FedNCLSettings",
     "FedNoRoSettings",
     "FedRNSettings",
+    "GeometrySettings",
     "StatusRule",
 ]
 
@@ -205,6 +206,43 @@ class EvidenceSettings:
     def __post_init__(self) -> None:
         """Build the detector once: it checks its own parameters (the values stay as given)."""
         EvidenceDetector(**asdict(self))
+
+
+@dataclass(frozen=True)
+class GeometrySettings:
+    """The update-geometry evidence added to the evidence detector's verdict (``geometry_*``;
+    :mod:`service.audit.geometry_evidence`).
+
+    Attributes
+    ----------
+    check : bool
+        Compute the leave-one-out cosines of the updates and add the sites far below the others
+        to the evidence detector's flags (consensus mode, comparable class mixes).
+    min_z : float
+        The floor on the cosine's robust z (> 0).
+    min_sites : int
+        Sites a round needs for the test (>= 5).
+    min_homogeneity_p : float
+        The class mixes' chi-square p-value below which the test is not made, in [0, 1).
+    """
+
+    check: bool = True
+    min_z: float = 6.0
+    min_sites: int = 10
+    min_homogeneity_p: float = 0.01
+
+    def __post_init__(self) -> None:
+        """Check the values."""
+        check_bool("geometry_check", self.check)
+        check_float("geometry_min_z", self.min_z, min_value=0.0, min_inclusive=False)
+        check_int("geometry_min_sites", self.min_sites, min_value=5)
+        check_float(
+            "geometry_min_homogeneity_p",
+            self.min_homogeneity_p,
+            min_value=0.0,
+            max_value=1.0,
+            max_inclusive=False,
+        )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,12 @@ from service.audit.detectors.expertise import expertise_detection
 from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.evidence import EvidenceDetector
+from service.audit.geometry_evidence import (
+    add_geometry,
+    class_mix_homogeneity,
+    geometry_evidence,
+    leave_one_out_cosines,
+)
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 
 if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
@@ -163,7 +169,7 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         if all(v is None for v in data.per_class_errors)
         else np.stack([np.full(width, np.nan) if v is None else v for v in data.per_class_errors])
     )
-    return evidence_detector(call.config.evidence).fit(
+    result = evidence_detector(call.config.evidence).fit(
         _losses(data),
         data.class_counts,
         spreads,
@@ -173,6 +179,35 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         num_samples=None if accuracy is None else data.num_samples,
         per_class_errors=wrong,
     )
+    return _with_geometry(call, result)
+
+
+def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResult:
+    """The evidence with the update geometry's flags added (``config.geometry``); the states
+    are read (the round's shared pass) only when the test can apply."""
+    settings, data = call.config.geometry, call.data
+    if not settings.check or result.status != "ok":
+        return result
+    k = len(data.ids)
+    if k < settings.min_sites:
+        cosines = np.full(k, np.nan)  # geometry_evidence says why
+    elif class_mix_homogeneity(data.class_counts) < settings.min_homogeneity_p:
+        cosines = np.zeros(k)  # not read: the class mixes differ (geometry_evidence says so)
+    else:
+        squared, dots, total = call.shared.consensus()
+        cosines = leave_one_out_cosines(squared, dots, total, data.num_samples)
+    anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)
+    geometry = geometry_evidence(
+        cosines,
+        data.class_counts,
+        q=call.config.evidence.q,
+        min_z=settings.min_z,
+        min_sites=settings.min_sites,
+        min_homogeneity_p=settings.min_homogeneity_p,
+        never=anchors,
+    )
+    sizes = np.asarray(data.num_samples, dtype=np.float64)
+    return add_geometry(result, geometry, sizes, call.config.evidence.max_flagged_fraction)
 
 
 def _run_fedncl(call: DetectorCall) -> DetectionResult:

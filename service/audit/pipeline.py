@@ -429,13 +429,21 @@ as much as one more pass, at K = 64 more)."""
 
 def _round_pass(global_state: StateReader, data: CheckedClients, config: AuditConfig) -> RoundPass:
     """The round's shared pass, planned for what the configured aggregation will ask."""
+    # The update geometry's consensus (service.audit.geometry_evidence) rides on the first pass.
+    consensus = np.asarray(data.num_samples, dtype=np.float64) if config.geometry.check else None
     if config.aggregation == "fedavg":
         weights = planned_fedavg_weights(
             data.num_samples, config.aggregation_settings.max_client_weight_factor
         )
-        return RoundPass(global_state, data.states, weights=weights, chosen=int(np.argmax(weights)))
+        return RoundPass(
+            global_state,
+            data.states,
+            weights=weights,
+            chosen=int(np.argmax(weights)),
+            consensus=consensus,
+        )
     gram = config.aggregation == "daagg" and len(data.states) <= GRAM_MAX_CLIENTS
-    return RoundPass(global_state, data.states, gram=gram)
+    return RoundPass(global_state, data.states, gram=gram, consensus=consensus)
 
 
 def _noisy_set(

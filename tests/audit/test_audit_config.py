@@ -63,6 +63,10 @@ STORED_KEYS = [
     "status_w",
     "aggregation_flags",
     "max_client_weight_factor",
+    "geometry_check",
+    "geometry_min_z",
+    "geometry_min_sites",
+    "geometry_min_homogeneity_p",
 ]
 """The flat keys of stored configurations and of the API's ``audit`` object, in their order:
 written out, so that grouping the fields differently cannot change the format."""

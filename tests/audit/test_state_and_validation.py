@@ -162,6 +162,7 @@ def test_public_api_matches_all():
         "evidence",
         "evidence_abstention",
         "evidence_verdicts",
+        "geometry_evidence",
         "pipeline",
         "reliability",
         "round_detectors",

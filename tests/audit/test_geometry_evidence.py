@@ -1,0 +1,181 @@
+"""The update-geometry evidence (service.audit.geometry_evidence): small literal inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.audit._validation import InvalidInputError
+from service.audit.blocks import RoundPass, stream_pass
+from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.geometry_evidence import (
+    add_geometry,
+    class_mix_homogeneity,
+    geometry_evidence,
+    leave_one_out_cosines,
+)
+from service.audit.state import DictStateReader
+
+# Three updates in the plane: d0 = (1, 0), d1 = (0, 1), d2 = (1, 1); weights 1, 1, 2.
+# S = (1,0) + (0,1) + 2 (1,1) = (3, 3).
+# d0: others' sum S - d0 = (2, 3): cos = 2 / sqrt(13).
+# d1: S - d1 = (3, 2): cos = 2 / sqrt(13).
+# d2: S - 2 d2 = (1, 1): cos = 1.
+D = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+W = np.array([1.0, 1.0, 2.0])
+
+
+def test_leave_one_out_cosines_by_hand() -> None:
+    s = (W[:, None] * D).sum(axis=0)
+    cosines = leave_one_out_cosines((D**2).sum(axis=1), D @ s, float(s @ s), W)
+    assert cosines == pytest.approx([2 / math.sqrt(13), 2 / math.sqrt(13), 1.0])
+
+
+def test_a_zero_update_has_no_direction() -> None:
+    d = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    s = d.sum(axis=0)
+    cosines = leave_one_out_cosines((d**2).sum(axis=1), d @ s, float(s @ s), np.ones(3))
+    assert math.isnan(cosines[0])
+    assert cosines[1:] == pytest.approx([1.0, 1.0])
+
+
+def test_cosines_refuse_mismatched_lengths() -> None:
+    with pytest.raises(InvalidInputError, match="entries"):
+        leave_one_out_cosines([1.0, 1.0], [1.0], 1.0, [1.0, 1.0])
+    with pytest.raises(InvalidInputError, match="total_squared"):
+        leave_one_out_cosines([1.0], [1.0], -1.0, [1.0])
+
+
+def test_the_pass_computes_the_consensus_dots_of_the_updates() -> None:
+    g = {"w": np.array([1.0, -1.0], dtype=np.float64)}
+    updates = [DictStateReader({"w": g["w"] + row}) for row in D]
+    result = stream_pass(DictStateReader(g), updates, consensus=W)
+    # S = (3, 3): d0.S = 3, d1.S = 3, d2.S = 6; ||S||^2 = 18.
+    assert result.consensus_dots == pytest.approx([3.0, 3.0, 6.0])
+    assert result.consensus_norm2 == pytest.approx(18.0)
+    # The same through the round's shared pass, together with the squared norms.
+    squared, dots, total = RoundPass(DictStateReader(g), updates, consensus=W).consensus()
+    assert squared == pytest.approx([1.0, 1.0, 2.0])
+    assert dots == pytest.approx([3.0, 3.0, 6.0])
+    assert total == pytest.approx(18.0)
+
+
+def test_the_pass_keeps_the_clients_order_when_pairs_reorder_them() -> None:
+    g = {"w": np.zeros(2)}
+    updates = [DictStateReader({"w": row.copy()}) for row in D]
+    result = stream_pass(DictStateReader(g), updates, consensus=W, pairs=([2], [0]))
+    assert result.consensus_dots == pytest.approx([3.0, 3.0, 6.0])
+
+
+def test_homogeneity_by_hand() -> None:
+    # Identical mixes: chi-square 0, p = 1.
+    assert class_mix_homogeneity([[10, 10], [20, 20]]) == pytest.approx(1.0)
+    # [[10, 0], [0, 10]]: E = 5 everywhere, statistic 4 * 25 / 5 = 20 on 1 df: p = 7.74e-6.
+    assert class_mix_homogeneity([[10, 0], [0, 10]]) == pytest.approx(7.744216e-6, rel=1e-5)
+    # A class nobody holds is left out (same answer); one class held: nothing can differ.
+    assert class_mix_homogeneity([[10, 0, 0], [0, 10, 0]]) == pytest.approx(7.744216e-6, rel=1e-5)
+    assert class_mix_homogeneity([[5, 0], [7, 0]]) == 1.0
+
+
+def _cosines(low: float) -> np.ndarray:
+    # 10 sites: 9 spread evenly around 0.5, one at ``low`` (below 0.46).
+    return np.array([0.46, 0.47, 0.48, 0.49, 0.50, 0.50, 0.51, 0.52, 0.53, low])
+
+
+BALANCED = np.full((10, 3), 30)
+
+
+def test_a_site_far_below_the_others_is_flagged() -> None:
+    cos = _cosines(0.10)
+    # median of the 10 = (0.49 + 0.50) / 2 = 0.495; |deviations| sorted: .005 .005 .005 .015
+    # .015 .025 .025 .035 .035 .395: MAD = 0.02, scale 0.029652; z of the last site =
+    # (0.495 - 0.10) / 0.029652 = 13.32, p = 1 - Phi(13.32), far inside BH's 0.01 / 10.
+    result = geometry_evidence(cos, BALANCED, q=0.01)
+    assert result.applies
+    assert result.z[-1] == pytest.approx(0.395 / (1.4826 * 0.02))
+    assert result.z[0] == pytest.approx((0.495 - 0.46) / (1.4826 * 0.02))
+    assert result.flags.tolist() == [False] * 9 + [True]
+    # At 0.35 (same median and MAD): z = 0.145 / 0.029652 = 4.89, p = 5e-7, significant under
+    # BH but below the floor of 6: not flagged.
+    below = geometry_evidence(_cosines(0.35), BALANCED, q=0.01)
+    assert below.z[-1] == pytest.approx(0.145 / (1.4826 * 0.02))
+    assert not below.flags.any()
+    # An anchor is never flagged.
+    never = np.zeros(10, dtype=bool)
+    never[-1] = True
+    assert not geometry_evidence(cos, BALANCED, q=0.01, never=never).flags.any()
+
+
+def test_the_test_is_not_made_where_it_cannot_hold() -> None:
+    cos = _cosines(0.10)
+    few = geometry_evidence(cos[:6], BALANCED[:6], q=0.01)
+    assert not few.applies
+    assert "needs 10" in str(few.note)
+    assert not few.flags.any()
+    skewed = BALANCED.copy()
+    skewed[:5] = [60, 20, 10]
+    differ = geometry_evidence(cos, skewed, q=0.01)
+    assert not differ.applies
+    assert "class mixes differ" in str(differ.note)
+    same = geometry_evidence(np.full(10, 0.5), BALANCED, q=0.01)
+    assert not same.applies
+    assert "same way" in str(same.note)
+
+
+def test_permuting_the_sites_permutes_the_evidence() -> None:
+    cos = _cosines(0.10)
+    order = np.random.default_rng(0).permutation(10)
+    base = geometry_evidence(cos, BALANCED, q=0.01)
+    permuted = geometry_evidence(cos[order], BALANCED[order], q=0.01)
+    assert permuted.z == pytest.approx(base.z[order])
+    assert permuted.flags.tolist() == base.flags[order].tolist()
+
+
+def _result(flags: list[bool], status: str = "ok", mode: str = "consensus") -> DetectionResult:
+    verdicts: list[ClientVerdict | None] = [
+        ClientVerdict(score=1.0, flag=f if status == "ok" else None, evidence={}) for f in flags
+    ]
+    return DetectionResult(
+        method="evidence",
+        status=status,  # type: ignore[arg-type]
+        reason=None if status == "ok" else "why",
+        verdicts=verdicts,
+        summary={"mode": mode, "flagged": sum(flags)},
+    )
+
+
+def test_add_geometry_adds_its_flags_and_shows_its_facts() -> None:
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    first_flagged = [True] + [False] * 9
+    out = add_geometry(_result(first_flagged), geometry, np.full(10, 90.0), 0.5)
+    assert out.flags == [True] + [False] * 8 + [True]
+    last = out.verdicts[-1]
+    assert last is not None
+    assert last.evidence["flagged_by_geometry"] is True
+    assert last.score == pytest.approx(0.395 / (1.4826 * 0.02))
+    first = out.verdicts[0]
+    assert first is not None
+    assert first.evidence["flagged_by_geometry"] is False
+    assert out.summary["geometry_flagged"] == 1
+    assert out.summary["flagged"] == 2
+
+
+def test_add_geometry_adds_nothing_to_an_abstaining_or_anchored_verdict() -> None:
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    inconclusive = add_geometry(_result([False] * 10, "inconclusive"), geometry, np.ones(10), 0.5)
+    assert inconclusive.flags == [None] * 10
+    assert "loss evidence is inconclusive" in inconclusive.summary["geometry_note"]
+    anchored = add_geometry(_result([False] * 10, mode="anchored"), geometry, np.ones(10), 0.5)
+    assert anchored.flags == [False] * 10
+
+
+def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    # 4 sites flagged already, holding 4 x 100 of 4 x 100 + 6 x 1 samples: adding a fifth
+    # reaches half of the sites.
+    sizes = np.array([100.0] * 4 + [1.0] * 6)
+    out = add_geometry(_result([True] * 4 + [False] * 6), geometry, sizes, 0.5)
+    assert out.flags == [True] * 4 + [False] * 6
+    assert "set aside" in out.summary["geometry_note"]
