@@ -53,6 +53,7 @@ from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
+from service.audit.geometry_evidence import class_mix_homogeneity
 from service.audit.reliability import k_reliable_neighbors
 from service.audit.round_detectors import run_detectors
 from service.audit.round_inputs import (
@@ -429,8 +430,15 @@ as much as one more pass, at K = 64 more)."""
 
 def _round_pass(global_state: StateReader, data: CheckedClients, config: AuditConfig) -> RoundPass:
     """The round's shared pass, planned for what the configured aggregation will ask."""
-    # The update geometry's consensus (service.audit.geometry_evidence) rides on the first pass.
-    consensus = np.asarray(data.num_samples, dtype=np.float64) if config.geometry.check else None
+    # The update geometry's consensus rides on the first pass, where the test can apply.
+    geometry = config.geometry
+    consensus = (
+        np.asarray(data.num_samples, dtype=np.float64)
+        if geometry.check
+        and len(data.states) >= geometry.min_sites
+        and class_mix_homogeneity(data.class_counts) >= geometry.min_homogeneity_p
+        else None
+    )
     if config.aggregation == "fedavg":
         weights = planned_fedavg_weights(
             data.num_samples, config.aggregation_settings.max_client_weight_factor

@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from service.audit import AuditConfig, ClientRoundData, run_audit
 from service.audit._validation import InvalidInputError
 from service.audit.blocks import RoundPass, stream_pass
+from service.audit.config_groups import GeometrySettings
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.geometry_evidence import (
     add_geometry,
@@ -179,3 +181,54 @@ def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
     out = add_geometry(_result([True] * 4 + [False] * 6), geometry, sizes, 0.5)
     assert out.flags == [True] * 4 + [False] * 6
     assert "set aside" in out.summary["geometry_note"]
+
+
+def _liar_round(
+    counts: list[list[int]] | None = None,
+) -> tuple[DictStateReader, list[ClientRoundData]]:
+    """12 sites with the same losses; 11 move along one direction, site 0 against it."""
+    rng = np.random.default_rng(3)
+    direction = rng.normal(size=40)
+    global_state = DictStateReader({"w": np.zeros(40)})
+    clients = []
+    for k in range(12):
+        update = (-direction if k == 0 else direction) + rng.normal(scale=0.3, size=40)
+        clients.append(
+            ClientRoundData(
+                client_id=f"c{k}",
+                num_samples=100,
+                class_counts=counts[k] if counts else [25, 25, 25, 25],
+                per_class_loss=rng.normal(0.5, 0.02, 4),
+                per_class_loss_sd=[0.3] * 4,
+                state=DictStateReader({"w": update}),
+            )
+        )
+    return global_state, clients
+
+
+def test_the_audit_flags_a_site_whose_update_goes_against_the_others() -> None:
+    global_state, clients = _liar_round()
+    on = run_audit(global_state, clients, AuditConfig(detectors=("evidence",)), round_index=3)
+    evidence = on.detections["evidence"]
+    assert evidence.status == "ok"
+    assert evidence.flags == [True] + [False] * 11
+    first = evidence.verdicts[0]
+    assert first is not None
+    assert first.evidence["flagged_by_geometry"] is True
+    assert first.evidence["geometry_cosine"] < 0
+    assert evidence.summary["geometry_flagged"] == 1
+    # Switched off, the losses alone see nobody.
+    off = AuditConfig(detectors=("evidence",), geometry=GeometrySettings(check=False))
+    assert (
+        run_audit(global_state, clients, off, round_index=3).detections["evidence"].flags
+        == [False] * 12
+    )
+
+
+def test_the_audit_does_not_judge_the_geometry_of_different_class_mixes() -> None:
+    counts = [[70, 10, 10, 10] if k % 2 else [10, 10, 10, 70] for k in range(12)]
+    global_state, clients = _liar_round(counts)
+    outcome = run_audit(global_state, clients, AuditConfig(detectors=("evidence",)), round_index=3)
+    evidence = outcome.detections["evidence"]
+    assert evidence.flags == [False] * 12
+    assert "class mixes differ" in evidence.summary["geometry_note"]
