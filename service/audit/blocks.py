@@ -271,13 +271,7 @@ def _stream_pass(
     k = len(updates)
     weighted = weights is not None or layer_weights is not None
     stacked = distances or gram or pairs is not None
-    order = np.arange(k)
-    n_noisy = 0
-    if pairs is not None:
-        noisy = [int(i) for i in pairs[0]]
-        clean = [int(i) for i in pairs[1]]
-        n_noisy = len(noisy)
-        order = np.array(noisy + clean + [i for i in range(k) if i not in set(noisy + clean)])
+    order, n_noisy = _pass_order(pairs, k)
     state: dict[str, AnyArray] | None = {} if weighted else None
     float_names: list[str] = []
     squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
@@ -356,6 +350,16 @@ class _Consensus:
         result = np.zeros_like(self.dots)
         result[order] = self.dots
         return result
+
+
+def _pass_order(pairs: tuple[Sequence[int], Sequence[int]] | None, k: int) -> tuple[AnyArray, int]:
+    """The pass's client order (``pairs``' noisy, its clean, the rest) and the noisy count."""
+    if pairs is None:
+        return np.arange(k), 0
+    noisy = [int(i) for i in pairs[0]]
+    clean = [int(i) for i in pairs[1]]
+    rest = [i for i in range(k) if i not in set(noisy + clean)]
+    return np.array(noisy + clean + rest), len(noisy)
 
 
 def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
