@@ -29,6 +29,7 @@ from client_sdk._exceptions import (
     ConflictError,
     FederationFailedError,
     IntegrityError,
+    ProtocolMismatchError,
     status_error,
 )
 from client_sdk._responses import (
@@ -38,6 +39,7 @@ from client_sdk._responses import (
     SiteTask,
     UpdateReceipt,
 )
+from client_sdk._transport_errors import describe
 
 log = logging.getLogger("client_sdk")
 
@@ -86,6 +88,8 @@ class _Base:
             raise ValueError(f"api_token is required (or set {token_env})")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if base_url and httpx.URL(base_url).scheme not in ("http", "https"):
+            raise ValueError(f"base_url {base_url!r} must start with http:// or https://")
         if http_client is not None and (ca_file is not None or client_cert is not None):
             raise ValueError("ca_file and client_cert configure the SDK's own http client only")
         self._owns_client = http_client is None
@@ -136,13 +140,8 @@ class _Base:
             try:
                 _rewind(kwargs)
                 response = self._http.request(method, path, headers=headers, **kwargs)
-            except httpx.TimeoutException as exc:
-                if attempt >= self.max_retries or not retry_status:
-                    raise APITimeoutError(f"{method} {path}: timed out ({exc})") from exc
             except httpx.TransportError as exc:
-                never_sent = isinstance(exc, httpx.ConnectError)
-                if attempt >= self.max_retries or not (retry_status or never_sent):
-                    raise APIConnectionError(f"{method} {path}: {exc}") from exc
+                self._raise_unless_retried(exc, method, path, attempt, retry_status)
             else:
                 if response.status_code in expected:
                     return response
@@ -156,6 +155,42 @@ class _Base:
             log.info("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt + 1)
             self._sleep(delay)
             attempt += 1
+
+    def _raise_unless_retried(
+        self, exc: httpx.TransportError, method: str, path: str, attempt: int, retry_status: bool
+    ) -> None:
+        """Raise the typed error for a failed send unless it is worth trying again: never for
+        a TLS or protocol mismatch (`ProtocolMismatchError`), after ``max_retries`` for a
+        connection refused or timed out, at once for a request that may have arrived when
+        ``retry_status`` is False."""
+        try:
+            url = exc.request.url
+        except RuntimeError:  # an exception raised without its request
+            url = self._http.base_url.join(path)
+        failure = describe(exc, url)
+        tries = f"{attempt + 1} tr{'y' if attempt == 0 else 'ies'}"
+        if failure.hint is not None:
+            raise ProtocolMismatchError(
+                f"{method} {url}: {failure.cause}. Check: {failure.hint}",
+                request=_request_of(exc),
+                cause=failure.cause,
+                hint=failure.hint,
+            ) from exc
+        never_sent = isinstance(exc, httpx.ConnectError)
+        if attempt >= self.max_retries or not (retry_status or never_sent):
+            cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else APIConnectionError
+            raise cls(
+                f"{method} {url}: {failure.cause} ({tries}; {exc or type(exc).__name__})",
+                request=_request_of(exc),
+                cause=failure.cause,
+            ) from exc
+
+
+def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
+    try:
+        return exc.request
+    except RuntimeError:
+        return None
 
 
 def _rewind(kwargs: Mapping[str, Any]) -> None:

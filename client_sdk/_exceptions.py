@@ -1,8 +1,10 @@
 """Exceptions raised by the SDK.
 
     CoordinatorSDKError
-    ├── APIConnectionError            the coordinator could not be reached
-    │   └── APITimeoutError           ... or did not answer in time
+    ├── APIConnectionError            the coordinator could not be reached (``cause`` says why)
+    │   ├── APITimeoutError           ... or did not answer in time
+    │   └── ProtocolMismatchError     something answers, but not as the URL says (TLS on one side
+    │                                 only, an untrusted certificate, not HTTP): not retried
     ├── APIStatusError                the coordinator answered with an error status
     │   ├── BadRequestError           400
     │   ├── AuthenticationError       401
@@ -35,13 +37,33 @@ class CoordinatorSDKError(Exception):
 
 
 class APIConnectionError(CoordinatorSDKError):
-    def __init__(self, message: str, *, request: httpx.Request | None = None) -> None:
+    """The coordinator could not be reached; ``cause`` says why in a few words ("connection
+    refused", "timed out", ...)."""
+
+    def __init__(
+        self, message: str, *, request: httpx.Request | None = None, cause: str | None = None
+    ) -> None:
         super().__init__(message)
         self.request = request
+        self.cause = cause or message
 
 
 class APITimeoutError(APIConnectionError):
     pass
+
+
+class ProtocolMismatchError(APIConnectionError):
+    """Something answers at the coordinator's address, but not in the protocol its URL names:
+    an ``https://`` URL to a coordinator serving plain http, a certificate the SDK does not
+    trust, a server that does not speak HTTP. Trying again does not help, so the SDK does not
+    retry it and a `Participant` stops; ``cause`` names what went wrong and ``hint`` what to
+    check."""
+
+    def __init__(
+        self, message: str, *, request: httpx.Request | None = None, cause: str, hint: str
+    ) -> None:
+        super().__init__(message, request=request, cause=cause)
+        self.hint = hint
 
 
 class APIStatusError(CoordinatorSDKError):
@@ -52,6 +74,11 @@ class APIStatusError(CoordinatorSDKError):
         self.response = response
         self.status_code = response.status_code
         self.problem = problem
+
+    @property
+    def cause(self) -> str:
+        """The answer in a few words (as `APIConnectionError.cause` says why there was none)."""
+        return f"it answered {self.status_code}"
 
     @property
     def extensions(self) -> dict[str, Any]:

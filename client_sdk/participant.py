@@ -38,6 +38,7 @@ from client_sdk._exceptions import (
     CoordinatorSDKError,
     FederationFailedError,
     InternalServerError,
+    ProtocolMismatchError,
     SiteRoundError,
 )
 from client_sdk._responses import CurrentRound, Diagnostics, Instructions, SiteTask
@@ -122,7 +123,10 @@ class Participant:
         How long :meth:`run` keeps trying while the coordinator cannot be reached (connection
         refused or timed out, 5xx after the client's own retries): None (default) forever, so
         that a coordinator restart does not end a site's training; a number of seconds, after
-        which the last error is raised.
+        which the last error is raised. A connection that cannot work however long one waits
+        (an ``https://`` URL to a coordinator serving plain http, a certificate the SDK does not
+        trust, a server that does not speak HTTP) is not an outage: `ProtocolMismatchError` is
+        raised at once, naming the cause and what to check.
     outage_backoff_max_s : float
         The longest wait between two tries during an outage (the waits double from 1 s).
     sleep : callable
@@ -130,8 +134,11 @@ class Participant:
     progress : bool or callable
         True (default): one line on standard error per step a person waiting at the site wants
         to see (joined, each round trained and uploaded with its loss, waiting and why, the
-        coordinator unreachable, finished with the site's own verdict); False: nothing; a
-        callable: called with each line instead (e.g. a logger's ``info``).
+        coordinator unreachable and why, finished with the site's own verdict); False: nothing
+        printed, the warnings (coordinator unreachable, round closed before the upload) go
+        through logging only (logger ``client_sdk.participant``); a callable: called with each
+        line instead (e.g. a logger's ``info``). A warning is said once: with the default
+        printer and no logging configured, it is not logged as well.
     """
 
     def __init__(
@@ -252,7 +259,7 @@ class Participant:
     def _record(self, summary: RoundSummary) -> None:
         index = summary.round_index
         if not summary.accepted:
-            self._progress(f"round {index}: closed before this site's upload; not counted")
+            self._warn(f"round {index}: closed before this site's upload; not counted")
             return
         self._progress(
             f"round {index}: trained in {summary.train_seconds:.1f} s, loss "
@@ -287,29 +294,39 @@ class Participant:
         return self.client.get_diagnostics(self.federation_id)
 
     def _through_outage(self, step: Callable[[], _T]) -> _T:
-        """``step()``, tried again while the coordinator is unreachable (``outage_s``)."""
+        """``step()``, tried again while the coordinator is unreachable (``outage_s``), timed
+        from the start of the first failed try (the client's own retries included); a
+        `ProtocolMismatchError` is raised at once: waiting does not mend it."""
         started: float | None = None
         wait = 1.0
         while True:
+            tried = time.monotonic()
             try:
                 return step()
+            except ProtocolMismatchError:
+                raise
             except (APIConnectionError, InternalServerError) as exc:
                 now = time.monotonic()
-                started = now if started is None else started
+                started = tried if started is None else started
                 if self.outage_s is not None and now - started >= self.outage_s:
                     raise
-                log.warning(
-                    "coordinator unreachable for %.0f s (%s); trying again in %.0f s",
-                    now - started,
-                    exc,
-                    wait,
-                )
-                self._progress(
-                    f"coordinator unreachable for {now - started:.0f} s; trying again in "
-                    f"{wait:.0f} s"
+                self._warn(
+                    f"coordinator unreachable for {now - started:.0f} s ({exc.cause}); trying "
+                    f"again in {wait:.0f} s",
+                    detail=str(exc),
                 )
                 self._sleep(wait)
                 wait = min(2.0 * wait, self.outage_backoff_max_s)
+
+    def _warn(self, line: str, *, detail: str | None = None) -> None:
+        """A warning said once: as a progress line and a log record, except that with the
+        default progress printer and no logging configured the record is left out (Python's
+        last-resort handler would print it to the same standard error a second time). With
+        ``progress=False`` the warning goes through logging only."""
+        self._progress(line)
+        if self._say is _print_progress and not log.hasHandlers():
+            return
+        log.warning("%s%s", line, f" [{detail}]" if detail and detail not in line else "")
 
     def _fetch(self, model_id: str, sha256: str) -> tuple[bytes, int]:
         """Model bytes by id, downloaded at most once per content (ETag); (bytes, downloaded)."""
@@ -340,7 +357,7 @@ class Participant:
                 message=message,
             )
         except Exception as report_exc:  # the original error matters more
-            log.warning("could not report the error to the coordinator: %s", report_exc)
+            self._warn(f"could not report the error to the coordinator: {report_exc}")
         log.error(
             "round %d failed while %s: %s: %s", round_index, _DOING[stage], error_type, message
         )
@@ -488,7 +505,7 @@ class Participant:
             if (exc.problem is None) or exc.problem.type != "/problems/round-closed":
                 raise
             accepted = False
-            log.warning("round %d closed before the upload: %s", prepared.round_index, exc)
+            log.info("round %d closed before the upload: %s", prepared.round_index, exc)
         self.state.flush()
         report = prepared.report
         return RoundSummary(

@@ -23,7 +23,10 @@ rule at level ``q`` over the sites (as the calibrated evidence).
 flagged are half of the sites or of the samples or more, and when the global model does not beat
 the prior clearly on the *other* sites (the sample-weighted median of ``1 - L_j / H`` over the
 sites not significant is below ``min_other_informativeness``): then "worse than the prior"
-describes the model, not the site.
+describes the model, not the site. The second rule holds when no site would be flagged too (the
+other sites are then all of them): a model that knows little is above the prior nowhere, a site
+with wrong labels included, so "nobody is worse than the prior" says nothing about the sites
+either, and the round says that the model does not beat the prior yet instead of ``ok``.
 
 **What it does not see.** Mild noise: a site with 10-30 % wrong labels usually stays below
 ``H``. The flag means "the global model does worse than guessing on this site's labels"; a site
@@ -149,7 +152,7 @@ def _abstention_reason(
 ) -> str | None:
     """Why the small-federation verdict abstains (None: it does not): one label class only, the
     sites worse than the prior are not a clear minority, or the model does not clearly beat the
-    prior on the other sites either."""
+    prior on the other sites (all of them when none is worse than the prior)."""
     k = significant.size
     n_flag = int(significant.sum())
     share = float(sizes[significant].sum() / sizes.sum())
@@ -161,16 +164,19 @@ def _abstention_reason(
             f"the sites worse than the label prior are not a clear minority ({n_flag} of {k} "
             f"sites, {share:.0%} of the samples)"
         )
-    if (
-        n_flag
-        and (median := _weighted_median(informativeness[others], sizes[others]))
-        < min_other_informativeness
-    ):
+    median = _weighted_median(informativeness[others], sizes[others])
+    if median >= min_other_informativeness:
+        return None
+    if n_flag:
         return (
             f"the global model does not clearly beat the label prior on the other sites either "
             f"(median 1 - loss/H = {median:.3f} < {min_other_informativeness})"
         )
-    return None
+    return (
+        f"the global model does not clearly beat the label prior yet (median 1 - loss/H over the "
+        f"sites = {median:.3f} < {min_other_informativeness}): a site with wrong labels would "
+        "not stand out"
+    )
 
 
 def _verdict(

@@ -11,14 +11,78 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from client_sdk.report_table import output_console
+
+
+class _ReadableArgument(TyperArgument):
+    """An argument whose help row shows its name, not also ``<str>`` beside it."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        shown = self.display_type(ctx)
+        return None if shown == "<str>" else shown
+
+
+def _named(params: list[Any]) -> list[Any]:
+    """``params`` with readable metavars where they have none: ``FEDERATION_ID`` for an
+    argument or an option's value (``--url URL``), nothing for a flag; an option's choices stay
+    as typer prints them (``trusted|suspect|noisy``)."""
+    for param in params:
+        if isinstance(param, TyperArgument):
+            param.__class__ = _ReadableArgument  # a subclass that adds no state: only its help
+        descriptor = getattr(param, "type_descriptor", None)
+        if param.metavar is None and not (descriptor is not None and descriptor.is_choice):
+            flag = bool(getattr(param, "is_flag", False))
+            param.metavar = "" if flag else (param.name or "").upper()
+    return params
+
+
+class _ReadableCommand(TyperCommand):
+    """A command whose help names its parameters plainly (`_named`) and whose usage line reads
+    ``FEDERATION_ID NAME`` (optional ones in brackets) instead of typer's ``{federation_id}``."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _named(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+
+class _ReadableGroup(TyperGroup):
+    """The ``fedaudit`` group: once every command (the plugins' too) is built, each group and
+    command prints its help as `_ReadableCommand` does (typer would print ``<str>``,
+    ``<bool>`` and ``{federation_id}``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _readable(self)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _named(super().get_params(ctx))
+
+
+def _readable(command: Any) -> None:
+    if isinstance(command, TyperGroup):
+        command.__class__ = _ReadableGroup  # subclasses that add no state: only their help
+        for sub in command.commands.values():
+            _readable(sub)
+    elif isinstance(command, TyperCommand):
+        command.__class__ = _ReadableCommand
+
 
 app = typer.Typer(
     name="fedaudit",
     help="Audit label quality in a running federated-learning federation.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=_ReadableGroup,
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 federation_app = typer.Typer(help="Federations (admin, over HTTP).", no_args_is_help=True)

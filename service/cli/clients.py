@@ -32,12 +32,18 @@ from service.cli._app import (
 def client_add(
     federation_id: str,
     name: str,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only the new site's token")
+    ] = False,
     url: UrlOption = "http://127.0.0.1:8000",
     token: TokenOption = "",
 ) -> None:
-    """Add a client and print its token (shown once)."""
+    """Add a client and print its token (shown once; --quiet: only the token)."""
     with admin_client(url, token) as admin:
         created = call(admin.add_client, federation_id, name)
+    if quiet:
+        typer.echo(created.token)
+        return
     stdout().print(escape(f"client {created.name} ({created.id})"))
     stdout().print(f"token: {created.token}")
 

@@ -147,7 +147,8 @@ def _federation_before_first_round(session: Session, federation_id: uuid.UUID) -
         raise FederationStateError(
             f"federation {federation.name!r} has opened its first round (status "
             f"{federation.status}): the sites have the initial model, which can no longer be "
-            "replaced"
+            "replaced; to start over with another model, stop this federation and create a new "
+            "one"
         )
     return federation
 
@@ -163,6 +164,7 @@ def _checked_initial_model(staged: Path, federation: Federation) -> Manifest:
         manifest,
         num_classes=federation.num_classes,
         hyperparameters=(federation.config or {}).get("hyperparameters"),
+        input_shape=federation.input_shape,
     )
     if problems:
         raise InvalidModelError(

@@ -170,3 +170,112 @@ async def test_a_stopped_federation_keeps_its_initial_model(api: httpx.AsyncClie
     )
     assert late.status_code == 409
     assert "has failed; its initial model can no longer be replaced" in late.json()["detail"]
+
+
+async def create_task(api: httpx.AsyncClient, name: str, input_shape: list[int]) -> str:
+    spec = federation_spec(name=name, num_classes=10)
+    spec["task"]["input_shape"] = input_shape
+    response = await api.post("/api/v1/federations", json=spec, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+@pytest.mark.parametrize(
+    ("state", "weight", "says"),
+    [
+        (  # the walkthrough's MLP: Flatten, Linear(784, 128), ReLU, Linear(128, 10)
+            {
+                "1.weight": f32(128, 784),
+                "1.bias": f32(128),
+                "3.weight": f32(10, 128),
+                "3.bias": f32(10),
+            },
+            "1.weight",
+            "the first layer with weights '1' (weight [128, 784]) takes 784 input features, "
+            "more than the 64 values of a sample of shape [1, 8, 8]",
+        ),
+        (  # a Linear first, without the Flatten: it reads the last dimension, 8
+            {"0.weight": f32(10, 64), "0.bias": f32(10)},
+            "0.weight",
+            "the first layer '0' (weight [10, 64]) takes 64 input features, but the task's "
+            "samples of shape [1, 8, 8] end in 8",
+        ),
+        (  # a colour network (3 channels) for grey samples, nested in a Sequential
+            {
+                "0.0.weight": f32(8, 3, 3, 3),
+                "0.0.bias": f32(8),
+                "1.weight": f32(10, 288),
+                "1.bias": f32(10),
+            },
+            "0.0.weight",
+            "the first layer '0.0' (weight [8, 3, 3, 3]) is a convolution over 3 input channels "
+            "(per group), but the task's samples of shape [1, 8, 8] have 1",
+        ),
+    ],
+)
+async def test_a_first_layer_that_cannot_take_the_samples_is_refused(
+    api: httpx.AsyncClient,
+    settings: Settings,
+    state: dict[str, np.ndarray],
+    weight: str,
+    says: str,
+) -> None:
+    fid = await create_task(api, "first-layer", [1, 8, 8])
+    response = await api.put(
+        f"/api/v1/federations/{fid}/model", content=state_bytes(state), headers=OCTET
+    )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["type"] == "/problems/invalid-model"
+    assert says in problem["detail"]
+    assert problem["errors"] == [
+        {"loc": ["model", weight], "msg": problem["errors"][0]["msg"], "type": "input_shape"}
+    ]
+    assert says in problem["errors"][0]["msg"]
+    assert blobs(settings) == []
+
+
+async def test_first_layers_that_fit_or_cannot_be_told_are_accepted(api: httpx.AsyncClient) -> None:
+    """For [1, 8, 8] samples: what fits, and what the names do not tell (accepted)."""
+    head = {"9.weight": f32(10, 16), "9.bias": f32(10)}
+    models: dict[str, dict[str, np.ndarray]] = {
+        "flatten-linear": {"1.weight": f32(16, 64), "1.bias": f32(16), **head},
+        "pooled-then-linear": {"2.weight": f32(16, 16), "2.bias": f32(16), **head},
+        "linear-on-rows": {"0.weight": f32(16, 8), "0.bias": f32(16), **head},
+        "conv": {"0.weight": f32(16, 1, 3, 3), "0.bias": f32(16), **head},
+        "conv-after-padding": {"1.weight": f32(16, 3, 3, 3), **head},  # not the first module
+        "embedding-first": {"0.weight": f32(1000, 128), **head},  # no bias: not a Linear
+        "batchnorm-first": {  # a module with buffers first: not a single layer
+            "0.weight": f32(1),
+            "0.bias": f32(1),
+            "0.running_mean": f32(1),
+            "0.running_var": f32(1),
+            "2.weight": f32(16, 784),
+            "2.bias": f32(16),
+            **head,
+        },
+        "named-attributes": {  # fc1 may not be the first layer: the file keeps no order
+            "fc1.weight": f32(16, 784),
+            "fc1.bias": f32(16),
+            "fc2.weight": f32(10, 16),
+            "fc2.bias": f32(10),
+        },
+    }
+    for name, state in models.items():
+        fid = await create_task(api, name, [1, 8, 8])
+        response = await api.put(
+            f"/api/v1/federations/{fid}/model", content=state_bytes(state), headers=OCTET
+        )
+        assert response.status_code == 201, (name, response.text)
+    # grouped convolutions: 4 channels read by a weight of 2 per group (groups=2), and a
+    # transposed convolution's [in, out, k, k]
+    for name, state in {
+        "grouped": {"0.weight": f32(8, 2, 3, 3), **head},
+        "transposed": {"0.weight": f32(4, 3, 3, 3), **head},
+    }.items():
+        fid = await create_task(api, name, [4, 8, 8])
+        response = await api.put(
+            f"/api/v1/federations/{fid}/model", content=state_bytes(state), headers=OCTET
+        )
+        assert response.status_code == 201, (name, response.text)

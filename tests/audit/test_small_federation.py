@@ -95,3 +95,34 @@ def test_false_alarm_rate_of_clean_small_federations_by_simulation():
         result = EvidenceDetector().fit(loss, counts, sd)
         flagged += any(v is not None and v.flag for v in result.verdicts)
     assert flagged == 0
+
+
+def test_a_model_that_knows_little_is_inconclusive_even_when_nobody_would_be_flagged():
+    # Every site barely under ln 2 = 0.693147: nobody is worse than the prior, but the model
+    # knows little. 1 - L/H per site: a 1 - 0.60/0.693147 = 0.1344, b 1 - 0.62/0.693147 =
+    # 0.1055, c 1 - 0.65/0.693147 = 0.0622; equal sizes, so the weighted median is b's 0.1055.
+    loss = np.array([[0.60, 0.60], [0.62, 0.62], [0.65, 0.65]])
+    counts = np.full((3, 2), 5)
+    sd = np.full((3, 2), 0.3)
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "inconclusive"
+    assert [v.flag for v in result.verdicts] == [None, None, None]
+    assert result.reason == (
+        "the global model does not clearly beat the label prior yet (median 1 - loss/H over "
+        "the sites = 0.106 < 0.5): a site with wrong labels would not stand out"
+    )
+    assert result.summary["verdict"] == "inconclusive"
+    assert result.summary["reason"] == result.reason
+    assert result.summary["informativeness"] == pytest.approx(0.1055, abs=1e-4)
+
+
+def test_a_model_that_beats_the_prior_half_way_gives_a_verdict():
+    # 1 - L/H = 1 - 0.34/0.693147 = 0.5095 on every site: just over the threshold, nobody
+    # flagged, the verdict is ok
+    loss = np.full((3, 2), 0.34)
+    counts = np.full((3, 2), 5)
+    sd = np.full((3, 2), 0.2)
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "ok"
+    assert result.reason is None
+    assert [v.flag for v in result.verdicts] == [False, False, False]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from client_sdk import FederationClient
 from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.cli import app
 
@@ -58,6 +59,13 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         bracketed = runner.invoke(app, ["client", "add", fid, "lab[b]"], env=env)
         assert bracketed.exit_code == 0, bracketed.output
         assert "client lab[b] (" in bracketed.output
+        # --quiet: the token alone, for TOKEN=$(fedaudit client add ... --quiet); it is the
+        # site's token (the coordinator answers the site with it)
+        quiet = runner.invoke(app, ["client", "add", fid, "site-q", "--quiet"], env=env)
+        assert quiet.exit_code == 0, quiet.output
+        assert re.fullmatch(r"fa_c_[A-Za-z0-9_-]+\n", quiet.output), quiet.output
+        with FederationClient(server.url, quiet.output.strip()) as site:
+            assert site.get_task(fid).num_classes == 3
         clients = runner.invoke(app, ["client", "list", fid], env=env)
         assert "hospital-a" in clients.output
         assert "lab[b]" in clients.output

@@ -66,3 +66,17 @@ def test_the_operator_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert sorted(c["name"] for c in clients) == ["hospital-a", "hospital-b", "hospital-c"]
     assert (tmp_path / "initial.safetensors").stat().st_size > 0
     assert "model version 0" in run.stdout
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/site-guide.md"])
+def test_the_site_snippets_use_the_quickstart_coordinators_url(page: str) -> None:
+    """The quickstart's coordinator serves plain http on loopback: a site snippet that says
+    https:// there fails the TLS handshake (issue 21's walkthrough)."""
+    served = re.search(r"export FEDAUDIT_URL=(\S+)", _operator_blocks()[2])
+    assert served is not None
+    assert served.group(1) == "http://127.0.0.1:8000"
+    text = (ROOT / page).read_text(encoding="utf-8")
+    urls = re.findall(r'FederationClient\(\s*"([^"]+)"', text)
+    urls += re.findall(r"FEDAUDIT_URL=(\S+) FEDAUDIT_TOKEN", text)
+    assert urls, page
+    assert set(urls) == {served.group(1)}, urls

@@ -29,3 +29,36 @@ def test_report_refuses_csv_and_json_together():
     )
     assert result.exit_code == 1
     assert "--csv and --json exclude each other" in " ".join(result.output.split())
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and group of `fedaudit` (the plugins' too), as argument lists."""
+    import typer.main
+
+    paths: list[list[str]] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        paths.append(path)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def test_help_names_parameters_readably():
+    """No ``<str>``, ``<bool>`` or ``{federation_id}`` in any --help (issue 21's walkthrough)."""
+    paths = _command_paths()
+    assert ["client", "add"] in paths
+    assert len(paths) > 20
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        assert result.exit_code == 0, (path, result.output)
+        for unreadable in ("<str>", "<bool>", "{"):
+            assert unreadable not in result.output, (path, unreadable, result.output)
+    added = runner.invoke(app, ["client", "add", "--help"], env={"COLUMNS": "200"})
+    assert "Usage: fedaudit client add [OPTIONS] FEDERATION_ID NAME" in added.output
+    assert "--url" in added.output
+    assert " URL " in added.output
+    pinned = runner.invoke(app, ["client", "pin", "--help"], env={"COLUMNS": "200"})
+    assert "<trusted|suspect|noisy>" in pinned.output  # the choices stay
