@@ -1,16 +1,11 @@
-"""The privacy accounting of the Gaussian mechanism, shared by the site and the coordinator.
+"""What taking part costs under the Gaussian mechanism, as a site's preview shows it.
 
-Under a federation's Gaussian mechanism (``config.privacy.dp_noise_multiplier`` sigma > 0) every
-noised signal an update carries (:data:`NOISED_SIGNALS`) is one Gaussian mechanism of noise
-multiplier sigma (:mod:`client_sdk.privacy` adds N(0, (sigma * sensitivity)^2) to it): an update
-with k noised signals is k releases. :func:`epsilon` composes releases with Google's
-``dp-accounting`` package (its Renyi-DP accountant, Mironov 2017, converted to (epsilon, delta));
-nothing here derives a bound by hand.
-
-The coordinator accounts each round's audit with these functions
-(``service/coordinator/privacy_budget.py``); :meth:`client_sdk.Participant.preview` shows a
-site the same numbers before it sends anything (:func:`preview_privacy`). Pure functions: no
-HTTP, no torch, nothing else of the SDK, so the coordinator may import this module.
+:func:`preview_privacy` is what :meth:`client_sdk.Participant.preview` shows of a federation's
+signal privacy policy: its settings and, under the Gaussian mechanism
+(``config.privacy.dp_noise_multiplier`` sigma > 0), the (epsilon, delta) of one round and of the
+federation's plan. The epsilons come from the accounting the coordinator uses for its reports
+(:mod:`fedaudit_privacy.accounting`, Google's ``dp-accounting``; re-exported here), so a site
+sees the coordinator's numbers before it sends anything. No HTTP, no torch.
 
 ``dp-accounting`` is the optional extra ``fedaudit[dp]``; without it :func:`accountant` and
 :func:`epsilon` raise :class:`ImportError` and :func:`preview_privacy` says that epsilon cannot
@@ -19,30 +14,27 @@ be computed.
 
 from __future__ import annotations
 
-import functools
-import importlib
 from collections.abc import Iterable
 from typing import Any, Protocol
+
+from fedaudit_privacy.accounting import (
+    ACCOUNTANT,
+    NOISED_SIGNALS,
+    UNAVAILABLE,
+    accountant,
+    epsilon,
+    releases_per_update,
+)
 
 __all__ = [
     "ACCOUNTANT",
     "NOISED_SIGNALS",
+    "UNAVAILABLE",
     "accountant",
     "epsilon",
     "preview_privacy",
     "releases_per_update",
 ]
-
-ACCOUNTANT = "dp-accounting RDP"
-"""How the epsilons are computed (the reports and the preview say so)."""
-
-NOISED_SIGNALS = ("per_class_loss", "probe_softmax")
-"""The signals the Gaussian mechanism noises; each update carrying one is one release."""
-
-UNAVAILABLE = (
-    "epsilon cannot be computed: the privacy accountant of the 'dp-accounting' package is not "
-    "installed here (install fedaudit[dp]); the coordinator computes it with that package"
-)
 
 
 class _Policy(Protocol):
@@ -55,32 +47,6 @@ class _Policy(Protocol):
     dp_clip_loss: float | None
     dp_clip_probe: float | None
     dp_delta: float | None
-
-
-def accountant() -> Any:
-    """The ``dp_accounting`` module; :class:`ImportError` (saying what to install) without it."""
-    try:
-        return importlib.import_module("dp_accounting")
-    except ImportError as exc:
-        raise ImportError(UNAVAILABLE) from exc
-
-
-@functools.lru_cache(maxsize=4096)
-def epsilon(noise_multiplier: float, delta: float, releases: int) -> float:
-    """The epsilon at ``delta`` of ``releases`` Gaussian mechanisms of noise multiplier
-    ``noise_multiplier`` (noise standard deviation / L2 sensitivity), composed; 0 for none."""
-    if releases <= 0:
-        return 0.0
-    dp_accounting = accountant()
-    rdp = dp_accounting.rdp.RdpAccountant()
-    rdp.compose(dp_accounting.GaussianDpEvent(noise_multiplier), releases)
-    return float(rdp.get_epsilon(delta))
-
-
-def releases_per_update(signals: Iterable[str]) -> int:
-    """How many noised releases an update of a federation requiring ``signals`` carries."""
-    wanted = set(signals)
-    return sum(1 for name in NOISED_SIGNALS if name in wanted)
 
 
 def preview_privacy(

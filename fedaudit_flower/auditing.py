@@ -11,11 +11,15 @@ replies and the global model it sent to an :class:`Auditor`, and applies the
   the round's audit back.
 
 Both run the same audit code on the same inputs, so on the same replies they give the same
-flags, statuses and weights.
+flags, statuses and weights. Under a signal privacy policy both read the replies as the
+coordinator reads a federation's updates (``service/coordinator/audits.py``): the in-process
+auditor is given the policy (:func:`audit_inputs`), the coordinator's federation is created with
+it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from client_sdk._responses import SignalPolicy
 from fedaudit_flower._records import WireSignals
 from service.audit import (
     AuditConfig,
@@ -42,6 +47,8 @@ __all__ = [
     "SiteReply",
     "SiteResult",
     "SiteStatus",
+    "audit_inputs",
+    "mechanism_spread",
 ]
 
 
@@ -173,19 +180,24 @@ class InProcessAuditor:
     ----------
     audit_config : service.audit.AuditConfig
         The detectors, the aggregation rule and the status rule.
+    privacy : client_sdk.SignalPolicy, optional
+        The federation's signal privacy policy: the replies are read as the coordinator reads
+        updates under it (:func:`audit_inputs`: no error counts under a ``count_bucket``, the
+        Gaussian mechanism's noise as the per-class spread). None: no policy.
     """
 
     keeps_wrapped_when_undecided = True
 
-    def __init__(self, audit_config: AuditConfig) -> None:
+    def __init__(self, audit_config: AuditConfig, privacy: SignalPolicy | None = None) -> None:
         self.audit_config = audit_config
+        self.privacy = privacy
         self._history: dict[str, StatusHistory] = {}
 
     def audit_round(
         self, server_round: int, global_arrays: ArrayRecord, sites: Sequence[SiteReply]
     ) -> RoundAudit:
         """Run the audit on the replies; update the statuses (decided rounds only)."""
-        clients = [_client_round_data(site) for site in sites]
+        clients = [audit_inputs(site, self.privacy) for site in sites]
         history = [self._history.get(c.client_id, StatusHistory()) for c in clients]
         outcome = run_audit(
             DictStateReader(numpy_state(global_arrays)),
@@ -251,17 +263,43 @@ class InProcessAuditor:
         return {}
 
 
-def _client_round_data(site: SiteReply) -> ClientRoundData:
+def mechanism_spread(class_counts: Sequence[int], policy: SignalPolicy | None) -> list[float]:
+    """The per-sample spread whose class mean has the Gaussian mechanism's noise, per class:
+    a mean of n_c samples carries noise of sd sigma B / n_c (``client_sdk/privacy.py``), the
+    spread of a mean of n_c samples of per-sample sd s is s / sqrt(n_c), so s = sigma B /
+    sqrt(n_c); NaN for a class the site does not hold (or whose count is suppressed). Empty
+    without the mechanism. The coordinator's ``service/coordinator/audits.py`` gives its audit
+    the same (it is not imported here, by the import contracts)."""
+    if policy is None or not policy.dp_noise_multiplier or policy.dp_clip_loss is None:
+        return []
+    scale = float(policy.dp_noise_multiplier) * float(policy.dp_clip_loss)
+    return [scale / math.sqrt(n) if n > 0 else math.nan for n in class_counts]
+
+
+def audit_inputs(site: SiteReply, policy: SignalPolicy | None = None) -> ClientRoundData:
+    """What the in-process audit reads of one reply, as the privacy policy lets it.
+
+    As the coordinator reads an update (``service/coordinator/audits.py``,
+    ``client_round_data``): a suppressed class count (None) is a class the site does not hold;
+    under a ``count_bucket`` (> 1) the error counts are left out (rounded-up class counts bias
+    their expected values); under the Gaussian mechanism the sites send no spreads, and the audit
+    is given the noise's own (:func:`mechanism_spread`) as ``per_class_loss_sd``, so that the
+    evidence counts the noise as sampling error.
+    """
     signals = site.signals
+    counts = [c or 0 for c in signals.class_counts]
+    exact_counts = policy is None or policy.count_bucket <= 1
+    spread: Sequence[float | None] | None = signals.per_class_loss_sd
+    noise = mechanism_spread(counts, policy)
+    if noise and signals.per_class_loss is not None:
+        spread = noise
     return ClientRoundData(
         client_id=str(site.node_id),
         num_samples=signals.num_samples,
-        # a class count the privacy policy suppresses (None) is a class the site does not hold,
-        # for the audit (as on the coordinator: service/coordinator/audits.py)
-        class_counts=[c or 0 for c in signals.class_counts],
+        class_counts=counts,
         per_class_loss=signals.per_class_loss,
-        per_class_loss_sd=signals.per_class_loss_sd,
-        per_class_errors=signals.per_class_errors,
+        per_class_loss_sd=spread,
+        per_class_errors=signals.per_class_errors if exact_counts else None,
         train_loss=signals.train_loss,
         train_accuracy=signals.train_accuracy,
         probe_softmax=signals.probe_softmax,

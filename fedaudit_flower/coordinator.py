@@ -10,9 +10,10 @@ operator's pins and trust anchors on the coordinator apply.
 At the first training round :class:`CoordinatorAuditor`:
 
 1. creates a federation named ``CoordinatorConnection.federation_name``: as many classes as the
-   replies' ``class_counts``, the strategy's ``AuditConfig`` as its audit, no warm-up (as in
-   process), ``min_clients`` 1 and a deadline of 7 days (the longest a plan takes): the
-   strategy closes each round itself, with the nodes that replied;
+   replies' ``class_counts``, the strategy's ``AuditConfig`` as its audit, the strategy's
+   signal privacy policy (``privacy=``) as its ``config.privacy``, no warm-up (as in process),
+   ``min_clients`` 1 and a deadline of 7 days (the longest a plan takes): the strategy closes
+   each round itself, with the nodes that replied;
 2. uploads the global model sent this round (the ``ArrayRecord`` as the safetensors file
    ``AdminClient.upload_initial_model`` takes);
 3. registers one coordinator client per replying Flower node, named
@@ -82,6 +83,7 @@ from client_sdk import (
     FederationClient,
     RoundInfo,
 )
+from client_sdk._responses import SignalPolicy
 from fedaudit_flower._records import WireSignals
 from fedaudit_flower.auditing import (
     AuditNotRun,
@@ -188,6 +190,10 @@ class CoordinatorAuditor:
     connection : CoordinatorConnection
     audit_config : service.audit.AuditConfig
         The federation's audit (its detectors, aggregation and status rule).
+    privacy : client_sdk.SignalPolicy, optional
+        The signal privacy policy the federation is created with (its ``config.privacy``): the
+        coordinator checks the joins and updates against it and reads them under it in its
+        audit. None: no policy.
 
     Attributes
     ----------
@@ -199,9 +205,15 @@ class CoordinatorAuditor:
 
     keeps_wrapped_when_undecided = False
 
-    def __init__(self, connection: CoordinatorConnection, audit_config: AuditConfig) -> None:
+    def __init__(
+        self,
+        connection: CoordinatorConnection,
+        audit_config: AuditConfig,
+        privacy: SignalPolicy | None = None,
+    ) -> None:
         self.connection = connection
         self.audit_config = audit_config
+        self.privacy = privacy
         self.federation_id: uuid.UUID | None = None
         self.planned_rounds: int | None = None
         self._client_ids: dict[int, uuid.UUID] = {}
@@ -257,7 +269,8 @@ class CoordinatorAuditor:
         return audit
 
     def _federation_spec(self, sites: Sequence[SiteReply]) -> dict[str, Any]:
-        """The federation: the replies' classes, the strategy's audit, no warm-up."""
+        """The federation: the replies' classes, the strategy's audit and privacy policy, no
+        warm-up."""
         config = self.audit_config
         sent = set.intersection(*(set(signals_json(s.signals)) for s in sites))
         detectors = (
@@ -286,6 +299,7 @@ class CoordinatorAuditor:
                 "warmup_rounds": 0,
                 "audit": config.to_json(),
                 **({"probe_size": len(probe)} if probe else {}),
+                **({"privacy": self.privacy.model_dump()} if self.privacy is not None else {}),
             },
         }
 

@@ -110,6 +110,9 @@ class FedAuditStrategy(Strategy):
         config (``fedaudit.privacy.*``, read by :func:`~fedaudit_flower.privacy_policy` for
         :func:`~fedaudit_flower.signals_record`), and every reply's signals are checked against
         it: a reply that breaks it leaves the round not audited, the reason naming the node.
+        The audit reads the replies as the coordinator reads updates under the policy (no error
+        counts under a ``count_bucket``, the Gaussian mechanism's noise as the per-class
+        spread); when forwarding, the coordinator's federation is created with the policy.
 
     Attributes
     ----------
@@ -140,14 +143,16 @@ class FedAuditStrategy(Strategy):
         self.report_path = None if report_path is None else Path(report_path)
         self.signals_key = signals_key
         self.arrayrecord_key = arrayrecord_key
+        if privacy is not None and not isinstance(privacy, SignalPolicy):
+            raise TypeError("privacy: expected a client_sdk.SignalPolicy")
+        self.privacy = privacy
         self.rounds: list[dict[str, Any]] = []
         self.auditor: Auditor = (
-            InProcessAuditor(self.audit_config)
+            InProcessAuditor(self.audit_config, privacy)
             if coordinator is None
-            else CoordinatorAuditor(coordinator, self.audit_config)
+            else CoordinatorAuditor(coordinator, self.audit_config, privacy)
         )
         self._global: ArrayRecord | None = None
-        self.privacy = privacy
 
     # -- the wrapped strategy's work -----------------------------------------------------------
 

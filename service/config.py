@@ -92,13 +92,15 @@ class Settings(BaseSettings):
             "Retry-After."
         ),
     )
-    change_notifier: Literal["auto", "local"] = Field(
+    change_notifier: Literal["auto", "local", "postgres"] = Field(
         default="auto",
         description=(
             "What wakes long-polls when a round opens or closes. auto: PostgreSQL LISTEN/NOTIFY "
-            "on a PostgreSQL database (replicas wake each other's waiting sites), in-process "
-            "signals on SQLite; local: in-process signals only (a site waiting on another "
-            "replica learns of a change at its 15-second re-check)."
+            "on a PostgreSQL database when psycopg 3 (the postgres extra) is installed "
+            "(replicas wake each other's waiting sites), otherwise in-process signals, with a "
+            "warning on PostgreSQL; local: in-process signals only (a site waiting on another "
+            "replica learns of a change at its 15-second re-check); postgres: LISTEN/NOTIFY or "
+            "refuse to start (no psycopg 3, or not a PostgreSQL database)."
         ),
     )
     admin_token: SecretStr | None = None

@@ -121,6 +121,20 @@ def _services(settings: Settings) -> Services:
         raise
 
 
+def _install_metrics(app: FastAPI, services: Services, metrics_files: str | None) -> None:
+    """``/metrics``'s registry (``app.state.metrics_registry``, called at each scrape), the HTTP
+    histogram's middleware and, on PostgreSQL, the change listener's gauge."""
+    scrape, request_seconds = prometheus.make_registry(
+        functools.partial(health.database_families, services), multiprocess_path=metrics_files
+    )
+    app.state.metrics_registry = scrape
+    if services.notifier.state()["kind"] == "postgres":
+        # the listener's thread sets it as it connects and loses its connection
+        listening = prometheus.listener_gauge(None if metrics_files else scrape())
+        services.notifier.watch(listening.set)
+    app.add_middleware(prometheus.RequestTimer, histogram=request_seconds)
+
+
 def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
     """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
     settings = settings or get_settings()
@@ -159,11 +173,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         redoc_url="/redoc" if settings.api_docs_enabled else None,
     )
     app.state.services = services
-    scrape, request_seconds = prometheus.make_registry(
-        functools.partial(health.database_families, services), multiprocess_path=metrics_files
-    )
-    app.state.metrics_registry = scrape  # called at each scrape
-    app.add_middleware(prometheus.RequestTimer, histogram=request_seconds)
+    _install_metrics(app, services, metrics_files)
     problems.install(app)
     if settings.cors_origins:
         app.add_middleware(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("service", "client_sdk", "fedaudit_flower", "fedaudit_sim")
+PACKAGES = ("service", "client_sdk", "fedaudit_privacy", "fedaudit_flower", "fedaudit_sim")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 REASON = "# Long function:"

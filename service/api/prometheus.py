@@ -18,9 +18,9 @@ sums every worker's with a ``MultiProcessCollector`` on a fresh registry: the hi
 the requests of all workers, whichever answers the scrape. The database's families are not
 metrics of a process: they go into that registry directly, read once per scrape. prometheus_client
 has no process metrics in that mode (they would describe the worker that answered), so
-``process_*`` are left out. Process-side gauges, should one be added, need an explicit
-``multiprocess_mode`` (``livesum`` for an in-flight count), and :func:`process_exited` removes a
-stopping worker's live gauges.
+``process_*`` are left out. Process-side gauges need an explicit ``multiprocess_mode``
+(:func:`listener_gauge`, the change listener's state: ``livemin``), and :func:`process_exited`
+removes a stopping worker's live gauges.
 
 The exposition is the text format 0.0.4 (``CONTENT_TYPE``), which every Prometheus reads.
 """
@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from prometheus_client import (
     CollectorRegistry,
+    Gauge,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -51,6 +52,7 @@ __all__ = [
     "MetricFamily",
     "RequestTimer",
     "by_label",
+    "listener_gauge",
     "make_registry",
     "multiprocess_dir",
     "process_exited",
@@ -154,6 +156,21 @@ def _request_histogram(whose: str, registry: CollectorRegistry | None) -> Histog
         ["method", "route", "status"],
         registry=registry,
         buckets=HTTP_BUCKETS,
+    )
+
+
+def listener_gauge(registry: CollectorRegistry | None) -> Gauge:
+    """``fedaudit_change_listener_up``: 1 while the process's PostgreSQL change listener
+    listens, 0 while it reconnects. In ``registry`` in one process; in multiprocess mode
+    (``registry`` None) in the workers' files, where a scrape shows the minimum over the live
+    workers (``livemin``: 0 when any of them does not listen)."""
+    return Gauge(
+        "fedaudit_change_listener_up",
+        "1 while this coordinator's PostgreSQL LISTEN connection is up (other replicas' round "
+        "changes wake its waiting sites at once), 0 while it reconnects; with several worker "
+        "processes, the minimum over them.",
+        registry=registry,
+        multiprocess_mode="livemin",
     )
 
 

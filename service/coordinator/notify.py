@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
@@ -65,6 +65,18 @@ class ChangeNotifier(Protocol):
 
     def close(self) -> None:
         """Stop relaying and release what `start` opened (app shut-down)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What ``/healthz`` shows of it: ``kind`` (``local`` or ``postgres``), ``listening``
+        (whether other processes' signals reach this one now; None when there is nothing to
+        listen to), ``last_error`` (the type of the listener's last failure, its message is
+        logged) and ``last_error_at`` (ISO 8601), None when none."""
+        ...
+
+    def watch(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(listening)`` now and whenever the listener connects or loses its
+        connection (from its thread); never for a notifier that listens to nothing."""
         ...
 
 
@@ -134,6 +146,13 @@ class LocalNotifier:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def state(self) -> dict[str, Any]:
+        """In-process signals: nothing to listen to."""
+        return {"kind": "local", "listening": None, "last_error": None, "last_error_at": None}
+
+    def watch(self, callback: Callable[[bool], None]) -> None:
+        """Nothing to watch: the callback is never called."""
 
 
 def mark_changed(session: Session, federation_id: uuid.UUID) -> None:

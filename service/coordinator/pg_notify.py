@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -67,6 +69,8 @@ class PgNotifier:
         self._thread: threading.Thread | None = None
         self._send_lock = threading.Lock()
         self._sender: psycopg.Connection | None = None
+        self._last_error: tuple[str, datetime] | None = None
+        self._watchers: list[Callable[[bool], None]] = []
 
     @classmethod
     def for_url(
@@ -111,6 +115,33 @@ class PgNotifier:
     @property
     def listening(self) -> bool:
         return self._listening.is_set()
+
+    def state(self) -> dict[str, Any]:
+        """``kind`` postgres, ``listening``, and the listener's last failure: its exception's
+        type (the message, which may name the database's host, is in the log) and when."""
+        error = self._last_error
+        return {
+            "kind": "postgres",
+            "listening": self.listening,
+            "last_error": None if error is None else error[0],
+            "last_error_at": None if error is None else error[1].isoformat(),
+        }
+
+    def watch(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(listening)`` now and at each change (from the listener's thread)."""
+        self._watchers.append(callback)
+        callback(self.listening)
+
+    def _set_listening(self, listening: bool) -> None:
+        if listening:
+            self._listening.set()
+        else:
+            self._listening.clear()
+        for callback in self._watchers:
+            try:
+                callback(listening)
+            except Exception:  # a watcher (a metric) must not stop the listener
+                log.exception("change listener: a state watcher failed")
 
     @property
     def listener_pid(self) -> int | None:
@@ -162,15 +193,16 @@ class PgNotifier:
                         log.warning("change listener connected again after %d attempt(s)", failures)
                     failures = 0
                     self._listener_pid = conn.info.backend_pid
-                    self._listening.set()
+                    self._set_listening(True)
                     # Whatever changed while nobody listened: every waiter re-reads once.
                     self._local.notify_all()
                     self._relay(conn)
             except Exception as exc:  # noqa: BLE001 - the thread must outlive any failure
-                self._listening.clear()
                 self._listener_pid = None
                 if self._stop.is_set():
                     break
+                self._last_error = (type(exc).__name__, datetime.now(UTC))
+                self._set_listening(False)
                 failures += 1
                 delay = min(MAX_BACKOFF_S, 0.1 * 2 ** min(failures - 1, 10))
                 log.warning(
@@ -181,8 +213,8 @@ class PgNotifier:
                     delay,
                 )
                 self._stop.wait(delay)
-        self._listening.clear()
         self._listener_pid = None
+        self._set_listening(False)
 
     def _relay(self, conn: psycopg.Connection) -> None:
         while not self._stop.is_set():

@@ -8,8 +8,9 @@ releases; a site's updates up to round r are k times the number of its stored up
 epsilon at the federation's ``dp_delta`` is computed by Google's ``dp-accounting`` package
 (its Renyi-DP accountant, Mironov 2017, composed over the releases and converted to
 (epsilon, delta)); nothing here derives a bound by hand. The accounting functions live in
-:mod:`client_sdk.privacy_budget` (pure: no HTTP, no torch), so that a site's
-``Participant.preview()`` shows the epsilon computed by the same code.
+:mod:`fedaudit_privacy.accounting` (a package of its own that both sides import: the
+coordinator does not import the SDK), so that a site's ``Participant.preview()`` shows the
+epsilon computed by the same code.
 
 What the epsilon covers, and what it does not (the model weights, the counts, the training loss
 and accuracy), is in docs/what-leaves-the-site.md. The accounting runs at each round's audit and
@@ -25,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from client_sdk.privacy_budget import ACCOUNTANT, accountant, releases_per_update
-from client_sdk.privacy_budget import epsilon as shared_epsilon
+from fedaudit_privacy.accounting import ACCOUNTANT, accountant, releases_per_update
+from fedaudit_privacy.accounting import epsilon as shared_epsilon
 from service.coordinator.signal_policy import SignalPolicy, policy_of
 from service.errors import DpAccountingUnavailableError
 
@@ -54,7 +55,7 @@ def require_accountant() -> Any:
 
 def epsilon(noise_multiplier: float, delta: float, releases: int) -> float:
     """The epsilon at ``delta`` of ``releases`` Gaussian mechanisms of noise multiplier
-    ``noise_multiplier`` composed, 0 for none (:func:`client_sdk.privacy_budget.epsilon`, the
+    ``noise_multiplier`` composed, 0 for none (:func:`fedaudit_privacy.accounting.epsilon`, the
     function the SDK's preview uses); :class:`DpAccountingUnavailableError` without the
     accountant."""
     if releases > 0:

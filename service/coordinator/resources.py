@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
 from service.coordinator.ratelimit import EventBudget, FailureThrottle
-from service.errors import MissingExtraError
+from service.errors import MissingExtraError, StartupError
 from service.store.base import utcnow
 from service.store.blobs import BlobStore, DatabaseBlobStore, DirectoryBlobStore
 from service.store.s3blobs import S3BlobStore, S3Location
@@ -68,19 +68,48 @@ class Services:
 
 
 def change_notifier(settings: Settings) -> ChangeNotifier:
-    """PostgreSQL LISTEN/NOTIFY on a PostgreSQL database (replicas wake each other's waiters),
-    unless the settings force in-process signals; in-process signals on SQLite. Not started:
-    the app's lifespan starts it (`ChangeNotifier.start`) and `Services.close` stops it."""
+    """What wakes long-polls, from ``FEDAUDIT_CHANGE_NOTIFIER``. Not started: the app's lifespan
+    starts it (`ChangeNotifier.start`) and `Services.close` stops it.
+
+    - ``local``: in-process signals;
+    - ``auto`` (the default): PostgreSQL LISTEN/NOTIFY on a PostgreSQL database (replicas wake
+      each other's waiters) when psycopg 3 (the ``postgres`` extra) is installed; in-process
+      signals on SQLite, and on PostgreSQL without psycopg 3 (a database URL of another driver,
+      ``postgresql+psycopg2://``), with a warning naming the setting and the extra;
+    - ``postgres``: LISTEN/NOTIFY, or :class:`StartupError` (:class:`MissingExtraError`
+      without psycopg 3) naming what to install or set.
+    """
     url = settings.resolved_database_url
-    if settings.change_notifier == "local" or make_url(url).get_backend_name() != "postgresql":
+    mode = settings.change_notifier
+    if mode == "local":
+        return LocalNotifier()
+    backend = make_url(url).get_backend_name()
+    if backend != "postgresql":
+        if mode == "postgres":
+            raise StartupError(
+                f"FEDAUDIT_CHANGE_NOTIFIER=postgres needs a PostgreSQL database, and the database "
+                f"is {backend}: set FEDAUDIT_DATABASE_URL to a PostgreSQL URL, or "
+                "FEDAUDIT_CHANGE_NOTIFIER=auto"
+            )
         return LocalNotifier()
     try:
         from service.coordinator.pg_notify import PgNotifier
     except ImportError as exc:
-        raise MissingExtraError(
-            "replicas on PostgreSQL wake each other's long-polls through psycopg, which is not "
-            "installed: pip install 'fedaudit[postgres]' (or set FEDAUDIT_CHANGE_NOTIFIER=local)"
-        ) from exc
+        if mode == "postgres":
+            raise MissingExtraError(
+                "FEDAUDIT_CHANGE_NOTIFIER=postgres: replicas wake each other's long-polls "
+                "through psycopg 3, which is not installed: pip install 'fedaudit[postgres]' "
+                "(or set FEDAUDIT_CHANGE_NOTIFIER=local)"
+            ) from exc
+        log.warning(
+            "FEDAUDIT_CHANGE_NOTIFIER=auto: the database is PostgreSQL, but psycopg 3 (the "
+            "postgres extra) is not installed, so this process uses in-process change signals: "
+            "a site waiting on another replica learns of a round's change at its 15-second "
+            "re-check. Install it (pip install 'fedaudit[postgres]') for LISTEN/NOTIFY between "
+            "replicas, or set FEDAUDIT_CHANGE_NOTIFIER=local to keep in-process signals "
+            "without this warning."
+        )
+        return LocalNotifier()
     return PgNotifier.for_url(url)
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from client_sdk.privacy_budget import NOISED_SIGNALS
+from fedaudit_privacy.accounting import NOISED_SIGNALS
 from service.inputs import INT32_MAX
 
 __all__ = ["NOISED_SIGNALS", "SignalPolicy", "count_problems", "dp_problems", "policy_of"]

@@ -144,8 +144,13 @@ async def test_client_token_is_returned_once_and_only_hashed(api: httpx.AsyncCli
     assert admin_only.status_code == 401
 
 
-async def test_health_and_readiness(api: httpx.AsyncClient) -> None:
-    assert (await api.get("/healthz")).json() == {"status": "ok"}
+async def test_health_and_readiness(api: httpx.AsyncClient, app: FastAPI) -> None:
+    health = (await api.get("/healthz")).json()
+    assert health["status"] == "ok"
+    # the notifier the database calls for (not started here: this client runs no lifespan)
+    url = str(app.state.services.settings.resolved_database_url)
+    expected = "postgres" if url.startswith("postgresql") else "local"
+    assert health["change_notifier"]["kind"] == expected
     assert (await api.get("/readyz")).json() == {"status": "ready"}
     metrics = await api.get("/metrics")
     assert "fedaudit_updates_accepted_total 0" in metrics.text

@@ -33,7 +33,12 @@ from flwr.app import (  # noqa: E402
 )
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
-from client_sdk import AdminClient, AuthenticationError, UnprocessableEntityError  # noqa: E402
+from client_sdk import (  # noqa: E402
+    AdminClient,
+    AuthenticationError,
+    SignalPolicy,
+    UnprocessableEntityError,
+)
 from fedaudit_flower import (  # noqa: E402
     SIGNALS_KEY,
     CoordinatorConnection,
@@ -179,6 +184,104 @@ def test_forwarding_gives_the_in_process_audit(
     assert status == {
         f"flower-node-{node:020d}": "noisy" if node == NOISY_NODE else "trusted" for node in NODES
     }
+
+
+POLICY = SignalPolicy(min_class_count=5, count_bucket=10)
+
+
+def private_reply(node_id: int, server_round: int) -> Message:
+    """A reply under :data:`POLICY`: counts rounded up to 10, the third class (3 samples)
+    suppressed. Node 105 loses 2.0 on its classes; node 104 loses what the others lose but makes
+    30 errors in each class, which only its error counts show (and a bucket leaves them out)."""
+    message = reply(node_id, server_round)
+    # a model with one output per class (the coordinator checks that the model fits the task)
+    value = 7.0 if node_id == NOISY_NODE else 1.0 + 0.01 * server_round
+    message.content["arrays"] = ArrayRecord({"w": Array(np.full(3, value, dtype=np.float32))})
+    loss = 2.0 if node_id == NOISY_NODE else CLEAN_LOSS[node_id]
+    message.content[SIGNALS_KEY] = encode_signals(
+        WireSignals(
+            num_samples=100,
+            class_counts=[50, 40, None],
+            per_class_loss=[loss, loss, None],
+            per_class_loss_sd=[0.5, 0.5, None],
+            per_class_errors=[30, 30, None] if node_id == 104 else [5, 4, None],
+            train_loss=0.5,
+        )
+    )
+    return message
+
+
+def test_forwarding_carries_the_privacy_policy(
+    coordinator: CoordinatorProcess, tmp_path: Path, closing: ExitStack
+):
+    in_process = FedAuditStrategy(FedAvg(), privacy=POLICY)
+    forwarding = FedAuditStrategy(
+        FedAvg(), privacy=POLICY, coordinator=connection(coordinator, "private", rounds=2)
+    )
+    closing.callback(forwarding.close)
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    models = {"in_process": initial, "forwarding": initial}
+    for server_round in (1, 2):
+        replies = [private_reply(node, server_round) for node in NODES]
+        results = {}
+        for name, strategy in (("in_process", in_process), ("forwarding", forwarding)):
+            strategy.set_global_arrays(models[name])
+            results[name] = strategy.aggregate_train(server_round, replies)
+            models[name] = model(results[name][0])
+        (_, m_in), (_, m_fw) = results["in_process"], results["forwarding"]
+        for key in COMPARED:
+            assert m_fw[f"fedaudit.{key}"] == m_in[f"fedaudit.{key}"], (server_round, key)
+        assert m_fw["fedaudit.scores"] == pytest.approx(m_in["fedaudit.scores"], rel=1e-12)
+        # the losses flag node 105; node 104's error counts are left out on both sides
+        assert m_fw["fedaudit.flags"] == [0, 0, 0, 0, 0, 1]
+    # the coordinator's federation has the policy: it accepted the suppressed counts
+    federation_id = forwarding.report()["coordinator"]["federation_id"]
+    with AdminClient(coordinator.url, coordinator.admin_token) as admin:
+        privacy = admin.get_federation(federation_id).config["privacy"]
+    assert SignalPolicy.model_validate(privacy) == POLICY
+
+
+GAUSSIAN = SignalPolicy(dp_noise_multiplier=1.0, dp_clip_loss=5.0, dp_delta=1e-5)
+
+
+def gaussian_reply(node_id: int, server_round: int) -> Message:
+    """A reply under :data:`GAUSSIAN` (no spreads, no error counts): the clean nodes hold
+    500 + 500 samples (noise sd 5 / 500 on a class mean), node 104 10 + 10 (noise sd 0.5) and
+    means 0.7 and 0.6 above the others' (what the noise explains), node 105 losses 2.0."""
+    message = reply(node_id, server_round)
+    small = node_id == 104
+    n = 10 if small else 500
+    loss: list[float | None] = (
+        [1.0, 0.9] if small else [2.0, 2.0] if node_id == NOISY_NODE else [0.30, 0.31]
+    )
+    message.content[SIGNALS_KEY] = encode_signals(
+        WireSignals(num_samples=2 * n, class_counts=[n, n], per_class_loss=loss, train_loss=0.5)
+    )
+    return message
+
+
+def test_forwarding_carries_the_gaussian_mechanism(
+    coordinator: CoordinatorProcess, closing: ExitStack
+):
+    # the coordinator's process runs in this environment: it accounts with dp-accounting
+    pytest.importorskip("dp_accounting", reason="the dp extra (fedaudit[dp]) is not installed")
+    in_process = FedAuditStrategy(FedAvg(), privacy=GAUSSIAN)
+    forwarding = FedAuditStrategy(
+        FedAvg(), privacy=GAUSSIAN, coordinator=connection(coordinator, "gaussian", rounds=1)
+    )
+    closing.callback(forwarding.close)
+    replies = [gaussian_reply(node, 1) for node in NODES]
+    results = {}
+    for name, strategy in (("in_process", in_process), ("forwarding", forwarding)):
+        strategy.set_global_arrays(INITIAL)
+        results[name] = strategy.aggregate_train(1, replies)[1]
+    m_in, m_fw = results["in_process"], results["forwarding"]
+    for key in COMPARED:
+        assert m_fw[f"fedaudit.{key}"] == m_in[f"fedaudit.{key}"], key
+    assert m_fw["fedaudit.scores"] == pytest.approx(m_in["fedaudit.scores"], rel=1e-9)
+    # both count the noise as sampling error: the small clean node 104 is not flagged
+    assert m_fw["fedaudit.flags"] == [0, 0, 0, 0, 0, 1]
+    assert forwarding.rounds[-1]["audit"] is not None
 
 
 def test_late_and_missing_nodes_and_an_undecided_round(

@@ -13,14 +13,19 @@ from service.api import prometheus
 from service.api.deps import Credentials, ServicesDep, require_admin
 from service.api.problems import PROBLEM_401, problem
 from service.api.prometheus import MetricFamily, by_label
+from service.api.schemas.health import ChangeNotifierState, Health
 from service.coordinator import monitoring
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="The process is alive")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/healthz", summary="The process is alive; the state of its change listener")
+def healthz(services: ServicesDep) -> Health:
+    """Always 200 while the process answers. ``change_notifier``: what wakes its long-polls
+    (``kind`` local or postgres), whether its PostgreSQL listener listens now, and the type and
+    time of the listener's last failure (its message is in the log). A listener that does not
+    listen leaves the process alive and ready: its waiting sites re-check every 15 s."""
+    return Health(change_notifier=ChangeNotifierState(**services.notifier.state()))
 
 
 @router.get(
