@@ -32,6 +32,7 @@ from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.evidence import EvidenceDetector
 from service.audit.geometry_evidence import (
     add_geometry,
+    carry_flags,
     class_mix_homogeneity,
     geometry_evidence,
     leave_one_out_cosines,
@@ -207,7 +208,13 @@ def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResu
         never=anchors,
     )
     sizes = np.asarray(data.num_samples, dtype=np.float64)
-    return add_geometry(result, geometry, sizes, call.config.evidence.max_flagged_fraction)
+    result = add_geometry(result, geometry, sizes, call.config.evidence.max_flagged_fraction)
+    if call.history is None:
+        return result
+    carried = np.array([h.status == "noisy" and h.by_geometry for h in call.history], dtype=bool)
+    if anchors is not None:
+        carried &= ~anchors
+    return carry_flags(result, carried)
 
 
 def _run_fedncl(call: DetectorCall) -> DetectionResult:

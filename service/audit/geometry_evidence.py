@@ -36,6 +36,14 @@ scenarios of 10 sites and more was 4.1). Added to the loss evidence's flags unle
 would flag ``max_flagged_fraction`` of the sites or samples (then set aside, as the accuracy
 evidence's). Anchors are never flagged.
 
+**Carried flags.** Once flagged, a site trains in the noisy role (FedNoRo's distillation pulls its
+model towards the global model's predictions), so its update moves with the others' whatever its
+labels, and after ``status_w`` such rounds the status rule would trust it again; the liars of the
+evaluation were caught, released and caught again. A site that is noisy, whose latest flag was the
+geometry's alone, keeps its flag while the loss evidence reaches a verdict (``geometry_carried``
+in its verdict; :func:`carry_flags`): its update in the noisy role cannot clear it. An admin pin
+("trusted") ends it; so does a flag of the loss evidence (the status then rests on the losses).
+
 **Limits.** A site can shape its update too (train on its true labels' direction, or scale a
 chosen update): what this test sees is a site that trains on what it holds. Under label skew it
 does not apply, and says so. A site whose data are unlike the others' for another reason (a
@@ -59,6 +67,7 @@ from service.audit.detection import ClientVerdict, DetectionResult
 __all__ = [
     "GeometryEvidence",
     "add_geometry",
+    "carry_flags",
     "class_mix_homogeneity",
     "geometry_evidence",
     "leave_one_out_cosines",
@@ -285,3 +294,27 @@ def add_geometry(
 
 def _number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
+
+
+def carry_flags(result: DetectionResult, carried: BoolArray) -> DetectionResult:
+    """The result with the ``carried`` sites flagged (module docstring, "Carried flags").
+
+    Only an ``"ok"`` result in consensus mode changes; a carried site that is flagged anyway
+    keeps its verdict. Each carried verdict gains ``geometry_carried`` (True) and the summary
+    ``geometry_carried`` (their number).
+    """
+    carried = np.asarray(carried, dtype=bool)
+    if result.status != "ok" or result.summary.get("mode") != "consensus" or not carried.any():
+        return result
+    verdicts: list[ClientVerdict | None] = []
+    count = 0
+    for i, verdict in enumerate(result.verdicts):
+        if verdict is None or verdict.flag or not carried[i]:
+            verdicts.append(verdict)
+            continue
+        count += 1
+        evidence = {**verdict.evidence, "geometry_carried": True}
+        verdicts.append(replace(verdict, flag=True, evidence=evidence))
+    flagged = sum(1 for v in verdicts if v is not None and v.flag)
+    summary = {**result.summary, "geometry_carried": count, "flagged": flagged}
+    return replace(result, verdicts=verdicts, summary=summary)

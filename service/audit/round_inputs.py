@@ -80,10 +80,14 @@ class StatusHistory:
     flags : sequence of bool or None
         The primary detector's flags for the client in earlier rounds after the warm-up, oldest
         first (None = undetermined); only the last ``status_w`` determined ones matter.
+    by_geometry : bool
+        The client's latest counted flag came from the update geometry alone
+        (``flagged_by_geometry``; :mod:`service.audit.geometry_evidence`, "Carried flags").
     """
 
     status: str = "trusted"
     flags: Sequence[bool | None] = ()
+    by_geometry: bool = False
 
 
 @dataclass(frozen=True)

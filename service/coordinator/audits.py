@@ -160,14 +160,26 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
     """
     flags = counted_flags(client, round_index)
     window: deque[bool] = deque(maxlen=config.status.w)
+    by_geometry = _latest_flag_by_geometry(client, round_index)
     if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
         window.extend(flags)
-        return StatusHistory(status=client.status, flags=tuple(window))
+        return StatusHistory(status=client.status, flags=tuple(window), by_geometry=by_geometry)
     status: ClientStatus = "trusted"
     for flag in flags:
         window.append(flag)
         status = next_status(status, list(window), m=config.status.m, w=config.status.w)
-    return StatusHistory(status=status, flags=tuple(window))
+    return StatusHistory(status=status, flags=tuple(window), by_geometry=by_geometry)
+
+
+def _latest_flag_by_geometry(client: Client, before_round: int) -> bool:
+    """Whether the latest flag raised on the client after the warm-up, before ``before_round``,
+    was the update geometry's alone."""
+    for entry in reversed(client.flag_history or []):
+        if entry.get("in_warmup") or int(entry["round"]) >= before_round:
+            continue
+        if entry.get("primary") is True:
+            return bool(entry.get("geometry"))
+    return False
 
 
 def _round_data(
@@ -290,6 +302,10 @@ def _flags_of(outcome: AuditOutcome, position: int) -> dict[str, bool | None]:
     for name, detection in outcome.detections.items():
         verdict = detection.verdicts[position] if detection.status == "ok" else None
         entry[name] = None if verdict is None else verdict.flag
+        if verdict is not None and (
+            verdict.evidence.get("flagged_by_geometry") or verdict.evidence.get("geometry_carried")
+        ):
+            entry["geometry"] = True  # its status rests on its update's direction alone
     return entry
 
 

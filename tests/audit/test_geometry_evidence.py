@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from service.audit import AuditConfig, ClientRoundData, run_audit
+from service.audit import AuditConfig, ClientRoundData, StatusHistory, run_audit
 from service.audit._validation import InvalidInputError
 from service.audit.blocks import RoundPass, stream_pass
 from service.audit.config_groups import GeometrySettings
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.geometry_evidence import (
     add_geometry,
+    carry_flags,
     class_mix_homogeneity,
     geometry_evidence,
     leave_one_out_cosines,
@@ -232,3 +234,44 @@ def test_the_audit_does_not_judge_the_geometry_of_different_class_mixes() -> Non
     evidence = outcome.detections["evidence"]
     assert evidence.flags == [False] * 12
     assert "class mixes differ" in evidence.summary["geometry_note"]
+
+
+def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdict() -> None:
+    carried = np.array([True, True, False])
+    out = carry_flags(_result([False, True, False]), carried)
+    assert out.flags == [True, True, False]
+    first, second = out.verdicts[0], out.verdicts[1]
+    assert first is not None
+    assert first.evidence["geometry_carried"] is True
+    assert second is not None
+    assert "geometry_carried" not in second.evidence  # flagged anyway: its verdict as it was
+    assert out.summary["geometry_carried"] == 1
+    assert out.summary["flagged"] == 2
+    # nothing is carried into an abstaining or anchored verdict
+    assert carry_flags(_result([False] * 3, "inconclusive"), carried).flags == [None] * 3
+    anchored = carry_flags(_result([False] * 3, mode="anchored"), carried)
+    assert anchored.flags == [False] * 3
+
+
+def test_the_audit_carries_a_geometry_flag_of_a_noisy_site() -> None:
+    # The same round with site 0 moving with the others (it trained in the noisy role): the
+    # geometry does not flag it, its history (noisy, last flagged by the geometry) keeps it.
+    global_state, clients = _liar_round()
+    turned = [
+        dataclasses.replace(c, state=clients[1].state) if i == 0 else c
+        for i, c in enumerate(clients)
+    ]
+    config = AuditConfig(detectors=("evidence",))
+    history = [StatusHistory(status="noisy", flags=(True, True), by_geometry=True)] + [
+        StatusHistory() for _ in range(11)
+    ]
+    carried = run_audit(global_state, turned, config, round_index=5, status_history=history)
+    first = carried.detections["evidence"].verdicts[0]
+    assert first is not None
+    assert first.flag is True
+    assert first.evidence["geometry_carried"] is True
+    assert first.evidence["flagged_by_geometry"] is False
+    # A noisy site whose status rests on its losses is not carried: they speak every round.
+    by_losses = [StatusHistory(status="noisy", flags=(True, True))] + history[1:]
+    plain = run_audit(global_state, turned, config, round_index=5, status_history=by_losses)
+    assert plain.detections["evidence"].flags[0] is False

@@ -79,3 +79,17 @@ def test_the_replay_uses_the_configs_m_and_w() -> None:
 
 def test_a_client_without_history() -> None:
     assert status_history(client("trusted", []), 3, CONFIG) == StatusHistory()
+
+
+def test_whether_the_latest_flag_was_the_geometrys() -> None:
+    # r2 flagged by the losses, r4 by the update geometry alone, r5-7 clean: the latest flag
+    # raised (r4's) was the geometry's, before any round after it
+    history = [dict(e) for e in HISTORY]
+    history[4]["geometry"] = True
+    assert status_history(client("noisy", history), 8, CONFIG).by_geometry is True
+    assert status_history(client("noisy", history), 5, CONFIG).by_geometry is True
+    # before round 4 the latest flag is r2's, the losses'; warm-up flags never count
+    assert status_history(client("noisy", history), 4, CONFIG).by_geometry is False
+    history[1]["geometry"] = True
+    assert status_history(client("noisy", history), 2, CONFIG).by_geometry is False
+    assert status_history(client("noisy", HISTORY), 8, CONFIG).by_geometry is False

@@ -68,10 +68,10 @@ def test_lying_needs_a_positive_count_and_noise() -> None:
 
 
 def _liar_federation(
-    name: str, method: dict[str, Any], clients: int = 8, lying: Any = 1
+    name: str, method: dict[str, Any], clients: int = 8, lying: Any = 1, rounds: int = 5
 ) -> Scenario:
-    """Digits, 8 IID sites, 3 with 80% of their labels flipped; the first of them (by index)
-    reports its true labels' losses. 5 rounds, seed 1."""
+    """Digits, 8 IID sites (or ``clients``), 3 with 80% of their labels flipped; the first of
+    them (by index) reports its true labels' losses (or ``lying``). 5 rounds, seed 1."""
     return validate_scenario(
         {
             "name": name,
@@ -83,7 +83,7 @@ def _liar_federation(
                 "params": {"noisy_clients": 3, "lo": 0.8, "hi": 0.8},
             },
             "lying": {"sites": lying},
-            "training": {"rounds": 5, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
+            "training": {"rounds": rounds, "local_epochs": 5, "lr": 0.05, "batch_size": 32},
             "methods": [method],
             "seeds": [1],
         }
@@ -135,7 +135,7 @@ def test_the_update_geometry_catches_sites_that_lie_about_everything_they_report
 ) -> None:
     # 10 IID sites, the 3 noisy ones all lying about their losses and error counts, default
     # audit: the loss evidence sees nobody, the update's direction gives the liars away.
-    scenario = _liar_federation("liars", {"method": "fednoro"}, clients=10, lying="noisy")
+    scenario = _liar_federation("liars", {"method": "fednoro"}, clients=10, lying="noisy", rounds=8)
     (run,) = simulate(scenario, tmp_path / "out", plots=False).runs
     noisy = {c.name for c in run.clients if c.true_noisy}
     assert {c.name for c in run.clients if c.lies_about_losses} == noisy
@@ -150,3 +150,6 @@ def test_the_update_geometry_catches_sites_that_lie_about_everything_they_report
             flagged_rounds.append(record.index)
     assert flagged_rounds, "the liars were never flagged together"
     assert flagged_rounds[0] <= 3
+    # and they stay flagged: in the noisy role their updates move with the others', the flag
+    # their update raised is carried (service.audit.geometry_evidence, "Carried flags")
+    assert flagged_rounds == list(range(flagged_rounds[0], len(run.rounds)))
