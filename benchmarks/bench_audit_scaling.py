@@ -6,6 +6,11 @@ P = 8 inputs):
 * ``FedNoRoDetector.fit`` (per-class losses, 9 two-component GMM fits; 20% of the clients have a
   higher loss), the cache of its separation guard's null threshold cleared before each fit,
 * ``FedNCLDetector.fit`` (divergence, train loss, sample counts),
+* ``EvidenceDetector.fit``, the primary detector (per-class losses, their spreads and the error
+  counts, with FedNoRo's fit of the same round as its mixture cross-check, as the pipeline passes
+  it), followed by the update-geometry test on given cosines
+  (:func:`service.audit.geometry_evidence.geometry_evidence`; the cosines themselves come from
+  the round's pass over the updates, timed by ``bench_aggregation.py``),
 * ``k_reliable_neighbors`` (FedRN, k = 2) exact (``chunk_size=None``: every K x K block at once),
   chunked (``--chunk-size`` targets at a time), and "auto": the chunk size the coordinator's
   audit pipeline picks when none is configured (exact up to
@@ -48,14 +53,22 @@ from _common import (
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from service.audit import FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
+from service.audit import EvidenceDetector, FedNCLDetector, FedNoRoDetector, k_reliable_neighbors
 from service.audit.detectors import separation
+from service.audit.geometry_evidence import geometry_evidence
 from service.audit.pipeline import AUTO_NEIGHBOR_CHUNK_ENTRIES, EXACT_NEIGHBOR_LIMIT
 
 NUM_CLASSES = 10
 PROBE_SIZE = 8
 REF_CALLS = 5
-SUBJECTS = ("fednoro_fit", "fedncl_fit", "neighbors_exact", "neighbors_chunked", "neighbors_auto")
+SUBJECTS = (
+    "fednoro_fit",
+    "fedncl_fit",
+    "evidence_fit",
+    "neighbors_exact",
+    "neighbors_chunked",
+    "neighbors_auto",
+)
 
 
 def auto_chunk_size(k: int) -> int | None:
@@ -73,6 +86,7 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
     counts = rng.integers(5, 200, size=(k, NUM_CLASSES))
     loss = rng.uniform(0.2, 0.6, size=(k, NUM_CLASSES))
     loss[noisy] += rng.uniform(0.5, 1.5, size=(int(noisy.sum()), NUM_CLASSES))
+    error_rate = np.clip(loss / 4.0, 0.0, 1.0)
     logits = rng.standard_normal((k, PROBE_SIZE, NUM_CLASSES)) * 2.0
     probes = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probes /= probes.sum(axis=-1, keepdims=True)
@@ -84,6 +98,9 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
         "divergence": rng.uniform(0.5, 1.5, size=k) * np.where(noisy, 2.0, 1.0),
         "train_accuracy": np.where(noisy, 0.6, 0.9) + rng.uniform(-0.05, 0.05, size=k),
         "probes": probes,
+        "per_class_loss_sd": rng.uniform(0.3, 0.8, size=(k, NUM_CLASSES)),
+        "per_class_errors": rng.binomial(counts, error_rate),
+        "cosines": rng.normal(0.5, 0.05, size=k) - np.where(noisy, 0.3, 0.0),
     }
 
 
@@ -104,12 +121,28 @@ def subjects_for(
     def fedncl() -> object:
         return FedNCLDetector().fit(data["divergence"], data["train_loss"], data["num_samples"])
 
+    mixture = FedNoRoDetector().fit(data["per_class_loss"], data["class_counts"]).result_
+
+    def evidence() -> object:
+        result = EvidenceDetector().fit(
+            data["per_class_loss"],
+            data["class_counts"],
+            data["per_class_loss_sd"],
+            mixture=mixture,
+            per_class_errors=data["per_class_errors"],
+        )
+        return result, geometry_evidence(data["cosines"], data["class_counts"], q=0.01)
+
     def neighbors(chunk: int | None) -> Callable[[], object]:
         return lambda: k_reliable_neighbors(
             data["probes"], data["train_accuracy"], chunk_size=chunk
         )
 
-    subjects: dict[str, Callable[[], object]] = {"fednoro_fit": fednoro, "fedncl_fit": fedncl}
+    subjects: dict[str, Callable[[], object]] = {
+        "fednoro_fit": fednoro,
+        "fedncl_fit": fedncl,
+        "evidence_fit": evidence,
+    }
     if exact:
         subjects["neighbors_exact"] = neighbors(None)
     subjects["neighbors_chunked"] = neighbors(chunk_size)

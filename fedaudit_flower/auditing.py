@@ -36,6 +36,7 @@ from service.audit import (
     DictStateReader,
     StatusHistory,
     next_status,
+    raised_by_geometry,
     run_audit,
 )
 
@@ -230,12 +231,18 @@ class InProcessAuditor:
         for i, (client, before) in enumerate(zip(clients, history, strict=True)):
             flag = outcome.primary_flags[i]
             after = before
+            verdict = primary.verdicts[i]
             if flag is not None:
                 window = (*before.flags, flag)[-rule.w :]
                 status = next_status(before.status, list(window), m=rule.m, w=rule.w)
-                after = StatusHistory(status=status, flags=window)
+                # whose the latest flag is, as the coordinator's status history tells it
+                by_geometry = (
+                    before.by_geometry
+                    if not flag
+                    else verdict is not None and raised_by_geometry(verdict)
+                )
+                after = StatusHistory(status=status, flags=window, by_geometry=by_geometry)
             self._history[client.client_id] = after
-            verdict = primary.verdicts[i]
             score = primary.scores[i]
             rows.append(
                 SiteResult(

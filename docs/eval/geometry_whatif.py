@@ -6,7 +6,8 @@ whose updates all arrived, computes each site's leave-one-out cosine from the st
 (:func:`service.audit.geometry_evidence.leave_one_out_cosines`) and judges the round with
 :func:`service.audit.geometry_evidence.geometry_evidence` at the default settings.
 
-Per run: in how many rounds the test applied (enough sites, homogeneous class mixes), the rounds
+Per run: in how many rounds the test applied (some site had enough peers of its class mix and
+size), the rounds
 where it would flag a clean site (and of those, how many the loss evidence judged ``ok``, the only
 rounds where the product adds geometry flags), the mean share of noisy sites it flags, the first
 round each noisy site was flagged, and the largest z of a clean site.
@@ -96,10 +97,10 @@ def replay(run_dir: Path) -> None:
             cosines = leave_one_out_cosines(
                 (updates**2).sum(axis=1), updates @ total, float(total @ total), sizes
             )
-            result = geometry_evidence(cosines, counts, q=0.01)
+            result = geometry_evidence(cosines, counts, sizes, q=0.01)
             applied += result.applies
-            if result.applies and (~truth).any():
-                clean_max = max(clean_max, float(np.nanmax(result.z[~truth])))
+            if (result.judged & ~truth).any():
+                clean_max = max(clean_max, float(np.nanmax(result.z[result.judged & ~truth])))
             if (result.flags & ~truth).any():
                 false_rounds += 1
                 false_ok += status.get(index) == "ok"

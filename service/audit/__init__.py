@@ -29,6 +29,7 @@ from service.audit.config_groups import (
     FedNCLSettings,
     FedNoRoSettings,
     FedRNSettings,
+    GeometrySettings,
     StatusRule,
 )
 from service.audit.detection import ClientStatus, ClientVerdict, DetectionResult, next_status
@@ -52,6 +53,7 @@ from service.audit.detectors.separation import (
     null_separation_threshold,
 )
 from service.audit.evidence import EvidenceDetector
+from service.audit.geometry_evidence import raised_by_geometry
 from service.audit.pipeline import AuditOutcome, run_audit
 from service.audit.reliability import (
     NeighborSets,
@@ -91,6 +93,7 @@ __all__ = [
     "FedNoRoSettings",
     "FedRNSettings",
     "FloatArray",
+    "GeometrySettings",
     "IntArray",
     "InvalidInputError",
     "InvalidParameterError",
@@ -121,6 +124,7 @@ __all__ = [
     "next_status",
     "null_separation_threshold",
     "probe_similarity",
+    "raised_by_geometry",
     "reliability_scores",
     "required_signals",
     "run_audit",

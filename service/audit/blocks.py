@@ -45,7 +45,7 @@ from scipy.linalg.blas import daxpy, saxpy
 from threadpoolctl import ThreadpoolController
 
 from service.audit._typing import AnyArray, FloatArray
-from service.audit._validation import InvalidInputError, InvalidParameterError
+from service.audit._validation import InvalidInputError
 from service.audit.state import (
     StateReader,
     check_state_names,
@@ -537,16 +537,13 @@ class RoundPass:
             self.passes += 1
         return self._first
 
-    def consensus(self) -> tuple[FloatArray, FloatArray, float]:
+    def consensus(self) -> tuple[FloatArray, FloatArray, float] | None:
         """Per client ``||theta_k - theta_G||^2`` and ``(theta_k - theta_G) . S``, and ``||S||^2``
-        (float tensors; ``S`` the consensus difference). InvalidParameterError without weights."""
-        if self._consensus is None:
-            raise InvalidParameterError("consensus: no consensus weights were declared")
-        first = self._run_first()
-        assert first.squared is not None
-        assert first.consensus_dots is not None
-        assert first.consensus_norm2 is not None
-        return first.squared.sum(axis=0), first.consensus_dots, first.consensus_norm2
+        (float tensors; ``S`` the consensus difference); None when no weights were declared."""
+        first = self._run_first() if self._consensus is not None else None
+        if first is None or first.squared is None or first.consensus_dots is None:
+            return None
+        return first.squared.sum(axis=0), first.consensus_dots, float(first.consensus_norm2 or 0)
 
     def squared(self) -> tuple[list[str], FloatArray]:
         """Float tensor names and ``||theta_k[l] - theta_G[l]||^2`` (tensors x clients)."""

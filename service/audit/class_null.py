@@ -76,7 +76,11 @@ def weighted_median(values: FloatArray, weights: FloatArray) -> float:
     keep = weights > 0
     values, weights = values[keep], weights[keep]
     order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
+    return _sorted_weighted_median(values[order], weights[order])
+
+
+def _sorted_weighted_median(v: FloatArray, w: FloatArray) -> float:
+    """:func:`weighted_median` of values already in stable ascending order, weights positive."""
     cum = np.cumsum(w)
     half = 0.5 * cum[-1]
     i = int(np.searchsorted(cum, half, side="left"))
@@ -114,9 +118,13 @@ def fit_class_null(values: FloatArray, within: FloatArray) -> ClassNull:
         standardised residual <= 0.6745).
     """
 
+    # Sorted once: the bisection below changes the weights (all positive), not the values.
+    order = np.argsort(values, kind="stable")
+    values, within = values[order], within[order]
+
     def residual_median(tau2: float) -> tuple[float, float, FloatArray]:
         w = 1.0 / (within + tau2)
-        mu = weighted_median(values, w)
+        mu = _sorted_weighted_median(values, w)
         return float(np.median(np.abs(values - mu) * np.sqrt(w))), mu, w
 
     med, mu, w = residual_median(0.0)

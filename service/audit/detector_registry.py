@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from service.audit._typing import FloatArray
+from service.audit._typing import BoolArray, FloatArray
 from service.audit.blocks import RoundPass
 from service.audit.detection import DetectionResult
 from service.audit.detectors.expertise import expertise_detection
@@ -31,11 +31,12 @@ from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.evidence import EvidenceDetector
 from service.audit.geometry_evidence import (
+    GeometryEvidence,
     add_geometry,
     carry_flags,
-    class_mix_homogeneity,
     geometry_evidence,
     leave_one_out_cosines,
+    peer_groups,
 )
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 
@@ -184,37 +185,58 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
 
 
 def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResult:
-    """The evidence with the update geometry's flags added (``config.geometry``); the states
-    are read (the round's shared pass) only when the test can apply."""
+    """The evidence with the update geometry's flags added and carried (``config.geometry``);
+    the states are read (the round's shared pass) only when some site can be judged."""
     settings, data = call.config.geometry, call.data
     if not settings.check or result.status != "ok":
         return result
     k = len(data.ids)
-    if k < settings.min_sites:
-        cosines = np.full(k, np.nan)  # geometry_evidence says why
-    elif class_mix_homogeneity(data.class_counts) < settings.min_homogeneity_p:
-        cosines = np.zeros(k)  # not read: the class mixes differ (geometry_evidence says so)
-    else:
-        squared, dots, total = call.shared.consensus()
-        cosines = leave_one_out_cosines(squared, dots, total, data.num_samples)
-    anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)
-    geometry = geometry_evidence(
-        cosines,
+    mode = result.summary.get("mode")
+    in_noisy_role = noisy_role(call.history, k)
+    groups = peer_groups(
         data.class_counts,
-        q=call.config.evidence.q,
-        min_z=settings.min_z,
+        data.num_samples,
         min_sites=settings.min_sites,
         min_homogeneity_p=settings.min_homogeneity_p,
-        never=anchors,
+        exclude=in_noisy_role,
     )
+    anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)
+    totals = call.shared.consensus() if (groups >= 0).any() and mode == "consensus" else None
+    if mode != "consensus":
+        geometry = GeometryEvidence.not_made(k, f"the loss evidence is in {mode} mode")
+    elif (groups >= 0).any() and totals is None:
+        geometry = GeometryEvidence.not_made(k, "the round's pass computed no consensus")
+    else:
+        cosines = np.full(k, np.nan)  # nobody can be judged: geometry_evidence says why
+        if totals is not None:
+            cosines = leave_one_out_cosines(*totals, data.num_samples)
+        geometry = geometry_evidence(
+            cosines,
+            data.class_counts,
+            data.num_samples,
+            q=call.config.evidence.q,
+            min_z=settings.min_z,
+            min_sites=settings.min_sites,
+            min_homogeneity_p=settings.min_homogeneity_p,
+            never=anchors,
+            exclude=in_noisy_role,
+        )
     sizes = np.asarray(data.num_samples, dtype=np.float64)
-    result = add_geometry(result, geometry, sizes, call.config.evidence.max_flagged_fraction)
+    cap = call.config.evidence.max_flagged_fraction
+    result = add_geometry(result, geometry, sizes, cap)
     if call.history is None:
         return result
-    carried = np.array([h.status == "noisy" and h.by_geometry for h in call.history], dtype=bool)
+    carried = in_noisy_role & np.array([h.by_geometry for h in call.history], dtype=bool)
     if anchors is not None:
         carried &= ~anchors
-    return carry_flags(result, carried)
+    return carry_flags(result, carried, sizes, cap)
+
+
+def noisy_role(history: Sequence[StatusHistory] | None, k: int) -> BoolArray:
+    """The sites that trained in the noisy role this round (noisy before it)."""
+    if history is None:
+        return np.zeros(k, dtype=bool)
+    return np.array([entry.status == "noisy" for entry in history], dtype=bool)
 
 
 def _run_fedncl(call: DetectorCall) -> DetectionResult:

@@ -121,6 +121,18 @@ _MAX_PHI = 1.0
 sites' error rates spread with a coefficient of variation of 1. Few sites with few errors each
 give the lower tail little to count, and the fit stops here."""
 
+_PHI_TOLERANCE = 1e-4
+"""phi's bisection stops at this width (14 steps from [0, ``_MAX_PHI``])."""
+
+DISPERSION_FIT_COUNTS = 2048
+"""At most this many counts enter :func:`fit_dispersion` (10,000 sites of 10 classes give
+100,000): beyond it, evenly spaced ones in the order of (mean, count, extra), a sample
+stratified by the mean and the same whatever the order of the sites. phi is one number; the
+share of counts in the lower tail it matches is then known to about +-1 percentage point
+(binomial standard error at 0.25 over 2,048), where a K = 10,000 round took 18 s with all of
+them (a negative binomial quantile per count and bisection step). No federation of the stress
+matrix reaches it (100 sites of 10 classes: 1,000 counts)."""
+
 
 @dataclass(frozen=True)
 class ErrorEvidence:
@@ -213,6 +225,10 @@ def fit_dispersion(observed: FloatArray, mean: FloatArray, extra: FloatArray) ->
     x, mu, ex = x[keep], mu[keep], ex[keep]
     if x.size < 2:
         return 0.0
+    if x.size > DISPERSION_FIT_COUNTS:  # a stratified sample, whatever the sites' order
+        ranked = np.lexsort((ex, x, mu))
+        spaced = np.linspace(0, x.size - 1, DISPERSION_FIT_COUNTS).round().astype(np.int64)
+        x, mu, ex = x[ranked[spaced]], mu[ranked[spaced]], ex[ranked[spaced]]
 
     def surplus(phi: float) -> float:
         seen, expected = _lower_tail(x, mu, phi + ex)
@@ -223,7 +239,7 @@ def fit_dispersion(observed: FloatArray, mean: FloatArray, extra: FloatArray) ->
     if surplus(_MAX_PHI) > 0.0:
         return _MAX_PHI
     lo, hi = 0.0, _MAX_PHI
-    for _ in range(30):
+    while hi - lo > _PHI_TOLERANCE:
         mid = 0.5 * (lo + hi)
         if surplus(mid) > 0.0:
             lo = mid

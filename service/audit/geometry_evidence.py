@@ -15,39 +15,51 @@ eq. 7, is the length of ``d_k``, this is its direction) is low for it. Under Fed
 digit sites with 40-50 % symmetric noise, the noisy sites' cosines stood 3.6-4.3 robust standard
 deviations below the clean sites' median, and a liar's 7.5-14 (docs/evaluation.md).
 
-**Null model.** Clean sites' cosines scatter around a common centre. The centre is the median
-and the scale ``1.4826 MAD`` (the normal-consistent median absolute deviation, Hampel 1974), so
-a minority of low sites moves neither; ``z_k = (median - c_k) / (1.4826 MAD)``, one-sided
-``p_k = 1 - Phi(z_k)``. The normal tail is an approximation (the cosines are bounded and their
-spread is estimated from the sites themselves); what keeps clean sites unflagged is the floor
-below, set from measurement, not the tail.
+**Who is judged, against whom.** A site's update depends on more than its labels: on its class
+mix (under label skew clean sites move in different directions because their data differ; on
+Dirichlet federations a clean site stood up to 6.5 robust deviations out) and on its size (a
+site of 27 samples among sites of 100-400 takes fewer, noisier steps: a clean one stood 8.8
+out). So a site is judged only against its **peers**: sites whose class mix is the
+federation's up to sampling (per site, Pearson's chi-square test of its declared counts
+against the pooled mix, p >= ``min_homogeneity_p``; classes nobody holds left out) and whose size
+is within the same power of two (``floor(log2 n_k)``). A group of fewer than ``min_sites``
+peers is not judged (the MAD of 5 or 6 cosines is too unstable: a clean site of 6 stood 10.7
+out). A site that trained in the noisy role this round (its status before the round was
+noisy: FedNoRo's distillation, another objective) is neither judged nor part of its peers' null:
+distilled updates lie close together and shrank the MAD until a clean site stood 6.0 out. The
+consensus ``S`` itself is every site's. The test runs only in consensus mode, when the
+loss evidence reached a verdict.
 
-**When it applies.** Only where the sites' updates are comparable, i.e. where they hold the same
-class mix up to sampling: Pearson's chi-square test of homogeneity of the K x C table of declared
-class counts (classes nobody holds left out) must not reject at ``min_homogeneity_p``. Under
-label skew clean sites move in different directions because their data differ (on Dirichlet
-federations a clean site stood up to 6.5 robust deviations out), and the test is not made.
-It also needs ``min_sites`` sites (the MAD of 5 or 6 cosines is too unstable: a clean site of 6
-stood 10.7 out), and it runs only in consensus mode when the loss evidence reached a verdict.
+**Null model.** Clean peers' cosines scatter around a common centre. The centre is the group's
+median and the scale ``1.4826 MAD`` (the normal-consistent median absolute deviation, Hampel
+1974), so a minority of low sites moves neither; ``z_k = (median - c_k) / (1.4826 MAD)``,
+one-sided ``p_k = 1 - Phi(z_k)``. The normal tail is an approximation (the cosines are bounded
+and their spread is estimated from the sites themselves); what keeps clean sites unflagged is
+the floor below, set from measurement, not the tail.
 
-**Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the sites, and ``z_k >= min_z``
-(default 6: the largest z of a clean site over the stored rounds of the homogeneous matrix
-scenarios of 10 sites and more was 4.1). Added to the loss evidence's flags unless together they
-would flag ``max_flagged_fraction`` of the sites or samples (then set aside, as the accuracy
-evidence's). Anchors are never flagged.
+**Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the judged sites, and
+``z_k >= min_z`` (default 6: the largest z of a clean site over the stored rounds of the
+homogeneous matrix scenarios of 10 sites and more was 4.1; at that floor BH changes nothing
+in practice, it is there for a lower floor). Added to the loss evidence's flags unless together
+they would flag ``max_flagged_fraction`` of the sites or samples (then set aside, as the
+accuracy evidence's). Anchors are never flagged.
 
 **Carried flags.** Once flagged, a site trains in the noisy role (FedNoRo's distillation pulls its
 model towards the global model's predictions), so its update moves with the others' whatever its
 labels, and after ``status_w`` such rounds the status rule would trust it again; the liars of the
 evaluation were caught, released and caught again. A site that is noisy, whose latest flag was the
-geometry's alone, keeps its flag while the loss evidence reaches a verdict (``geometry_carried``
-in its verdict; :func:`carry_flags`): its update in the noisy role cannot clear it. An admin pin
-("trusted") ends it; so does a flag of the loss evidence (the status then rests on the losses).
+geometry's alone, keeps its flag while the loss evidence reaches a verdict in consensus mode
+(``geometry_carried`` in its verdict; :func:`carry_flags`; never to ``max_flagged_fraction``):
+its update in the noisy role cannot clear it. A flag of the loss evidence ends it (the status
+then rests on the losses); so does an admin's pin to ``trusted`` (the coordinator's status
+history: a pinned site is not carried, and a flag a pin overrode is not the geometry's).
 
 **Limits.** A site can shape its update too (train on its true labels' direction, or scale a
-chosen update): what this test sees is a site that trains on what it holds. Under label skew it
-does not apply, and says so. A site whose data are unlike the others' for another reason (a
-scanner) is what the homogeneity gate and the floor are for; they are measured, not proved.
+chosen update): what this test sees is a site that trains on what it holds. A site whose mix is
+not the federation's (label skew, or an asymmetric noise that moves its declared counts) or
+whose size has fewer than ``min_sites - 1`` peers is not judged, and the summary counts who was
+(``geometry_judged``). A site whose data are unlike the others' for another reason (a scanner)
+is what the peer groups and the floor are for; they are measured, not proved.
 """
 
 from __future__ import annotations
@@ -59,7 +71,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2, norm
 
-from service.audit._typing import BoolArray, FloatArray
+from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, as_float_array
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientVerdict, DetectionResult
@@ -68,9 +80,11 @@ __all__ = [
     "GeometryEvidence",
     "add_geometry",
     "carry_flags",
-    "class_mix_homogeneity",
     "geometry_evidence",
     "leave_one_out_cosines",
+    "peer_groups",
+    "raised_by_geometry",
+    "site_mix_p_values",
 ]
 
 MAD_TO_SD = 1.4826
@@ -89,8 +103,8 @@ class GeometryEvidence:
     cosine, z, p_value : ndarray of shape (K,)
         The leave-one-out cosines, their robust z (high = far from the others) and p-values.
     flags : ndarray of bool of shape (K,)
-    homogeneity_p : float or None
-        The chi-square test's p-value of the class mixes (None when not computed).
+    judged : ndarray of bool of shape (K,)
+        The sites whose update was judged (in a group of peers; z and p are NaN elsewhere).
     note : str or None
     """
 
@@ -99,8 +113,15 @@ class GeometryEvidence:
     z: FloatArray
     p_value: FloatArray
     flags: BoolArray
-    homogeneity_p: float | None
+    judged: BoolArray
     note: str | None
+
+    @classmethod
+    def not_made(cls, k: int, note: str) -> GeometryEvidence:
+        """The evidence of a round whose updates were not judged, and why."""
+        empty = np.full(k, np.nan)
+        nobody = np.zeros(k, dtype=bool)
+        return cls(False, empty, empty.copy(), empty.copy(), nobody, nobody.copy(), note)
 
 
 def leave_one_out_cosines(
@@ -142,64 +163,98 @@ def leave_one_out_cosines(
     return result
 
 
-def class_mix_homogeneity(class_counts: Any) -> float:
-    """Pearson's chi-square test that every site holds the same class mix; its p-value.
+def site_mix_p_values(class_counts: Any) -> FloatArray:
+    """Per site, Pearson's chi-square test that its class mix is the federation's; p-values.
 
     Parameters
     ----------
     class_counts : array-like of shape (K, C)
-        Declared counts; classes nobody holds are left out.
+        Declared counts; classes nobody holds are left out (C' classes remain).
 
     Returns
     -------
-    float
-        The upper tail of chi-square with (K - 1)(C' - 1) degrees of freedom at
-        ``sum (O - E)^2 / E`` (``E`` from the row and column totals; C' classes held). 1.0 when
-        fewer than two classes are held (nothing can differ).
+    ndarray of shape (K,)
+        The upper tail of chi-square with C' - 1 degrees of freedom at ``sum_c (O - E)^2 / E``,
+        ``E = n_k p_c`` with ``p`` the pooled mix of every site. 1.0 where fewer than two
+        classes are held (nothing can differ); NaN for a site without samples.
     """
     table = as_float_array("class_counts", class_counts, ndim=2, min_value=0.0)
     table = table[:, table.sum(axis=0) > 0]
-    table = table[table.sum(axis=1) > 0]
     k, c = table.shape
-    if k < 2 or c < 2:
-        return 1.0
-    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    return float(chi2.sf(statistic, (k - 1) * (c - 1)))
+    if c < 2:
+        return np.ones(k)
+    sizes = table.sum(axis=1)
+    expected = sizes[:, None] * (table.sum(axis=0) / table.sum())[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        statistic = ((table - expected) ** 2 / expected).sum(axis=1)
+    result: FloatArray = np.where(sizes > 0, chi2.sf(statistic, c - 1), np.nan)
+    return result
 
 
-def _not_applied(k: int, note: str, homogeneity_p: float | None) -> GeometryEvidence:
-    empty = np.full(k, np.nan)
-    return GeometryEvidence(
-        False, empty, empty.copy(), empty.copy(), np.zeros(k, dtype=bool), homogeneity_p, note
-    )
+def peer_groups(
+    class_counts: Any,
+    num_samples: Any,
+    *,
+    min_sites: int = 10,
+    min_homogeneity_p: float = 0.01,
+    exclude: BoolArray | None = None,
+) -> IntArray:
+    """The group each site's update is judged in, or -1 (module docstring, "Who is judged").
+
+    A site enters when its class mix is the federation's up to sampling
+    (:func:`site_mix_p_values` >= ``min_homogeneity_p``); the entered sites are grouped by size,
+    ``floor(log2 n_k)`` (sites within a factor of two of each other), and a group of fewer than
+    ``min_sites`` sites is not judged. ``exclude``: sites that enter no group (those that
+    trained in the noisy role this round: their update follows another objective).
+    """
+    counts = as_float_array("class_counts", class_counts, ndim=2, min_value=0.0)
+    sizes = as_float_array("num_samples", num_samples, ndim=1, min_value=0.0)
+    if sizes.size != counts.shape[0]:
+        raise InvalidInputError(f"num_samples: {sizes.size} entries for {counts.shape[0]} sites")
+    mix_p = site_mix_p_values(counts)
+    entered = (mix_p >= min_homogeneity_p) & (sizes >= 1.0)
+    if exclude is not None:
+        entered &= ~np.asarray(exclude, dtype=bool)
+    bins = np.where(entered, np.floor(np.log2(np.maximum(sizes, 1.0))), -1.0).astype(np.int64)
+    groups = np.full(sizes.size, -1, dtype=np.int64)
+    for value in np.unique(bins[entered]):
+        members = entered & (bins == value)
+        if int(members.sum()) >= min_sites:
+            groups[members] = value
+    return groups
 
 
 def geometry_evidence(
     cosines: Any,
     class_counts: Any,
+    num_samples: Any,
     *,
     q: float,
     min_z: float = 6.0,
     min_sites: int = 10,
     min_homogeneity_p: float = 0.01,
     never: BoolArray | None = None,
+    exclude: BoolArray | None = None,
 ) -> GeometryEvidence:
-    """Judge each site's update direction against the others' (module docstring).
+    """Judge each site's update direction against its peers' (module docstring).
 
     Parameters
     ----------
     cosines : array-like of shape (K,)
         :func:`leave_one_out_cosines`; NaN for a site without a direction (never flagged).
     class_counts : array-like of shape (K, C)
+    num_samples : array-like of shape (K,)
     q : float
         Benjamini-Hochberg level.
     min_z : float, default=6.0
         The floor on the robust z.
     min_sites : int, default=10
+        The smallest group of peers (:func:`peer_groups`).
     min_homogeneity_p : float, default=0.01
     never : ndarray of bool of shape (K,), optional
         Sites never flagged (anchors).
+    exclude : ndarray of bool of shape (K,), optional
+        Sites neither judged nor part of their peers' null (:func:`peer_groups`).
 
     Returns
     -------
@@ -210,25 +265,51 @@ def geometry_evidence(
     counts = as_float_array("class_counts", class_counts, ndim=2, min_value=0.0)
     if counts.shape[0] != k:
         raise InvalidInputError(f"class_counts: {counts.shape[0]} rows for {k} cosines")
-    finite = np.isfinite(cos)
-    if int(finite.sum()) < min_sites:
-        note = f"{int(finite.sum())} sites with an update (needs {min_sites})"
-        return _not_applied(k, note, None)
-    homogeneity = class_mix_homogeneity(counts)
-    if homogeneity < min_homogeneity_p:
-        note = f"class mixes differ (chi-square p = {homogeneity:.2g}): updates not comparable"
-        return _not_applied(k, note, homogeneity)
-    centre = float(np.median(cos[finite]))
-    scale = MAD_TO_SD * float(np.median(np.abs(cos[finite] - centre)))
-    if scale <= 0.0:
-        return _not_applied(k, "every update points the same way (no spread)", homogeneity)
-    z = np.where(finite, (centre - cos) / scale, np.nan)
-    p = np.where(finite, norm.sf(z), 1.0)
-    significant, _ = benjamini_hochberg(p, q)
-    flags = significant & finite & (z >= min_z)
+    groups = peer_groups(
+        counts,
+        num_samples,
+        min_sites=min_sites,
+        min_homogeneity_p=min_homogeneity_p,
+        exclude=exclude,
+    )
+    groups = np.where(np.isfinite(cos), groups, -1)
+    z = np.full(k, np.nan)
+    for value in np.unique(groups[groups >= 0]):
+        members = groups == value
+        if int(members.sum()) < min_sites:
+            groups[members] = -1
+            continue
+        centre = float(np.median(cos[members]))
+        scale = MAD_TO_SD * float(np.median(np.abs(cos[members] - centre)))
+        if scale > 0.0:
+            z[members] = (centre - cos[members]) / scale
+    judged = np.isfinite(z)
+    if not judged.any():
+        return GeometryEvidence.not_made(
+            k, _why_nobody(counts, num_samples, min_sites, min_homogeneity_p)
+        )
+    p = np.where(judged, norm.sf(np.where(judged, z, 0.0)), 1.0)
+    significant, _ = benjamini_hochberg(p[judged], q)
+    flags = np.zeros(k, dtype=bool)
+    flags[judged] = significant & (z[judged] >= min_z)
     if never is not None:
         flags &= ~np.asarray(never, dtype=bool)
-    return GeometryEvidence(True, cos, z, p, flags, homogeneity, None)
+    return GeometryEvidence(True, cos, z, np.where(judged, p, np.nan), flags, judged, None)
+
+
+def _why_nobody(counts: FloatArray, num_samples: Any, min_sites: int, min_p: float) -> str:
+    """Why no site's update was judged (the summary's ``geometry_note``)."""
+    mix_p = site_mix_p_values(counts)
+    same_mix = int((mix_p >= min_p).sum())
+    if same_mix < min_sites:
+        return (
+            f"class mixes differ: {same_mix} of {mix_p.size} sites hold the federation's mix "
+            f"(needs {min_sites} of similar size): updates not comparable"
+        )
+    return (
+        f"no {min_sites} sites of the federation's class mix within a factor of two in size, "
+        "or their updates point the same way"
+    )
 
 
 def add_geometry(
@@ -242,27 +323,24 @@ def add_geometry(
     Each verdict gains ``geometry_cosine``, ``geometry_z``, ``geometry_p_value`` and
     ``flagged_by_geometry`` (its score becomes ``max(score, geometry_z)`` where the geometry
     alone flagged it); the summary gains ``geometry_flagged``, ``geometry_note`` and
-    ``geometry_homogeneity_p``. Nothing is added unless the result is ``"ok"`` in consensus
-    mode, and the added flags are set aside (the note says so) when the union would reach
-    ``max_flagged_fraction`` of the sites or of the samples.
+    ``geometry_judged`` (how many sites were judged). Nothing is added unless the result is
+    ``"ok"`` in consensus mode, and the added flags are set aside (the note says so) when the
+    union would reach ``max_flagged_fraction`` of the sites or of the samples.
     """
-    summary = {**result.summary, "geometry_homogeneity_p": geometry.homogeneity_p}
+    summary = {**result.summary, "geometry_judged": int(geometry.judged.sum())}
     usable = result.status == "ok" and result.summary.get("mode") == "consensus"
     flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
     added = geometry.flags & ~flags if usable and geometry.applies else np.zeros_like(flags)
     note = geometry.note
     if not usable and geometry.applies:
         note = f"geometry not used: the loss evidence is {result.status}"
-    union = flags | added
-    share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
-    if added.any() and (
-        union.sum() >= max_flagged_fraction * flags.size or share >= max_flagged_fraction
-    ):
-        note = (
-            f"geometry evidence set aside: with it {int(union.sum())} of {flags.size} sites "
-            f"holding {share:.0%} of the samples would be flagged"
-        )
-        added = np.zeros_like(flags)
+        if result.status == "ok":
+            note += f" in {result.summary.get('mode')} mode"
+    if added.any():
+        cap = _over_cap(flags | added, sizes, max_flagged_fraction)
+        if cap is not None:
+            note = f"geometry evidence set aside: with it {cap}"
+            added = np.zeros_like(flags)
     verdicts: list[ClientVerdict | None] = []
     for i, verdict in enumerate(result.verdicts):
         if verdict is None:
@@ -292,20 +370,49 @@ def add_geometry(
     return replace(result, verdicts=verdicts, summary=summary)
 
 
+def _over_cap(union: BoolArray, sizes: FloatArray, fraction: float) -> str | None:
+    """Why flagging ``union`` reaches ``fraction`` of the sites or the samples, or None."""
+    share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
+    if union.sum() >= fraction * union.size or share >= fraction:
+        sites = f"{int(union.sum())} of {union.size} sites"
+        return f"{sites} holding {share:.0%} of the samples would be flagged"
+    return None
+
+
+def raised_by_geometry(verdict: ClientVerdict) -> bool:
+    """Whether the evidence detector's flag on this verdict is the update geometry's alone
+    (added by :func:`add_geometry` or carried by :func:`carry_flags`)."""
+    return bool(
+        verdict.flag
+        and (
+            verdict.evidence.get("flagged_by_geometry") or verdict.evidence.get("geometry_carried")
+        )
+    )
+
+
 def _number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def carry_flags(result: DetectionResult, carried: BoolArray) -> DetectionResult:
+def carry_flags(
+    result: DetectionResult, carried: BoolArray, sizes: FloatArray, max_flagged_fraction: float
+) -> DetectionResult:
     """The result with the ``carried`` sites flagged (module docstring, "Carried flags").
 
     Only an ``"ok"`` result in consensus mode changes; a carried site that is flagged anyway
     keeps its verdict. Each carried verdict gains ``geometry_carried`` (True) and the summary
-    ``geometry_carried`` (their number).
+    ``geometry_carried`` (their number). Nothing is carried when the flags with the carried ones
+    would reach ``max_flagged_fraction`` of the sites or samples (``geometry_carry_note`` says so).
     """
     carried = np.asarray(carried, dtype=bool)
     if result.status != "ok" or result.summary.get("mode") != "consensus" or not carried.any():
         return result
+    flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
+    cap = _over_cap(flags | carried, sizes, max_flagged_fraction)
+    if cap is not None:
+        return replace(
+            result, summary={**result.summary, "geometry_carry_note": f"not carried: {cap}"}
+        )
     verdicts: list[ClientVerdict | None] = []
     count = 0
     for i, verdict in enumerate(result.verdicts):

@@ -53,7 +53,8 @@ from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
-from service.audit.geometry_evidence import class_mix_homogeneity
+from service.audit.detector_registry import noisy_role
+from service.audit.geometry_evidence import peer_groups
 from service.audit.reliability import k_reliable_neighbors
 from service.audit.round_detectors import run_detectors
 from service.audit.round_inputs import (
@@ -297,7 +298,7 @@ def run_audit(
     """
     rnd, data = _checked_round(config, round_index, clients, status_history, anchors)
 
-    shared = _round_pass(global_state, data, config)
+    shared = _round_pass(global_state, data, config, status_history)
     detections = run_detectors(data, config, shared, status_history, anchors)
     primary = detections[config.primary_detector]
     primary_flags = primary.flags
@@ -428,17 +429,33 @@ products) costs less than the full Gram matrix (measured: at K = 20 the Gram mat
 as much as one more pass, at K = 64 more)."""
 
 
-def _round_pass(global_state: StateReader, data: CheckedClients, config: AuditConfig) -> RoundPass:
+def _round_pass(
+    global_state: StateReader,
+    data: CheckedClients,
+    config: AuditConfig,
+    history: Sequence[StatusHistory] | None,
+) -> RoundPass:
     """The round's shared pass, planned for what the configured aggregation will ask."""
-    # The update geometry's consensus rides on the first pass, where the test can apply.
+    # The update geometry's consensus rides on the first pass, where some site can be judged.
     geometry = config.geometry
-    consensus = (
-        np.asarray(data.num_samples, dtype=np.float64)
-        if geometry.check
+    judged = (
+        geometry.check
+        and (config.detectors is None or "evidence" in config.detectors)
         and len(data.states) >= geometry.min_sites
-        and class_mix_homogeneity(data.class_counts) >= geometry.min_homogeneity_p
-        else None
+        and bool(
+            (
+                peer_groups(
+                    data.class_counts,
+                    data.num_samples,
+                    min_sites=geometry.min_sites,
+                    min_homogeneity_p=geometry.min_homogeneity_p,
+                    exclude=noisy_role(history, len(data.states)),
+                )
+                >= 0
+            ).any()
+        )
     )
+    consensus = np.asarray(data.num_samples, dtype=np.float64) if judged else None
     if config.aggregation == "fedavg":
         weights = planned_fedavg_weights(
             data.num_samples, config.aggregation_settings.max_client_weight_factor

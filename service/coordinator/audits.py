@@ -25,6 +25,7 @@ from service.audit import (
     StatusHistory,
     correction_candidates,
     next_status,
+    raised_by_geometry,
     run_audit,
 )
 from service.coordinator.privacy_budget import round_privacy
@@ -160,7 +161,10 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
     """
     flags = counted_flags(client, round_index)
     window: deque[bool] = deque(maxlen=config.status.w)
-    by_geometry = _latest_flag_by_geometry(client, round_index)
+    # A site pinned trusted is not carried (service.audit.geometry_evidence, "Carried flags").
+    by_geometry = client.pinned_status != "trusted" and _latest_flag_by_geometry(
+        client, round_index
+    )
     if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
         window.extend(flags)
         return StatusHistory(status=client.status, flags=tuple(window), by_geometry=by_geometry)
@@ -173,12 +177,12 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
 
 def _latest_flag_by_geometry(client: Client, before_round: int) -> bool:
     """Whether the latest flag raised on the client after the warm-up, before ``before_round``,
-    was the update geometry's alone."""
+    was the update geometry's alone (a flag an admin's pin overrode is nobody's)."""
     for entry in reversed(client.flag_history or []):
         if entry.get("in_warmup") or int(entry["round"]) >= before_round:
             continue
         if entry.get("primary") is True:
-            return bool(entry.get("geometry"))
+            return bool(entry.get("geometry")) and entry.get("effective") is not False
     return False
 
 
@@ -302,10 +306,8 @@ def _flags_of(outcome: AuditOutcome, position: int) -> dict[str, bool | None]:
     for name, detection in outcome.detections.items():
         verdict = detection.verdicts[position] if detection.status == "ok" else None
         entry[name] = None if verdict is None else verdict.flag
-        if verdict is not None and (
-            verdict.evidence.get("flagged_by_geometry") or verdict.evidence.get("geometry_carried")
-        ):
-            entry["geometry"] = True  # its status rests on its update's direction alone
+        if name == outcome.primary and verdict is not None and raised_by_geometry(verdict):
+            entry["geometry"] = True  # the primary flag rests on the update's direction alone
     return entry
 
 

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from service.audit import AuditConfig, ClientRoundData, StatusHistory, run_audit
-from service.audit._validation import InvalidInputError
+from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.blocks import RoundPass, stream_pass
 from service.audit.config_groups import GeometrySettings
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.geometry_evidence import (
     add_geometry,
     carry_flags,
-    class_mix_homogeneity,
     geometry_evidence,
     leave_one_out_cosines,
+    peer_groups,
+    site_mix_p_values,
 )
 from service.audit.state import DictStateReader
 
@@ -73,14 +74,17 @@ def test_the_pass_keeps_the_clients_order_when_pairs_reorder_them() -> None:
     assert result.consensus_dots == pytest.approx([3.0, 3.0, 6.0])
 
 
-def test_homogeneity_by_hand() -> None:
+def test_site_mix_p_values_by_hand() -> None:
     # Identical mixes: chi-square 0, p = 1.
-    assert class_mix_homogeneity([[10, 10], [20, 20]]) == pytest.approx(1.0)
-    # [[10, 0], [0, 10]]: E = 5 everywhere, statistic 4 * 25 / 5 = 20 on 1 df: p = 7.74e-6.
-    assert class_mix_homogeneity([[10, 0], [0, 10]]) == pytest.approx(7.744216e-6, rel=1e-5)
-    # A class nobody holds is left out (same answer); one class held: nothing can differ.
-    assert class_mix_homogeneity([[10, 0, 0], [0, 10, 0]]) == pytest.approx(7.744216e-6, rel=1e-5)
-    assert class_mix_homogeneity([[5, 0], [7, 0]]) == 1.0
+    assert site_mix_p_values([[10, 10], [20, 20]]) == pytest.approx([1.0, 1.0])
+    # [[10, 0], [0, 10]]: pooled mix (1/2, 1/2), each site E = 5, 5: statistic 25/5 + 25/5 = 10
+    # on 1 df, p = 0.0015654.
+    assert site_mix_p_values([[10, 0], [0, 10]]) == pytest.approx([0.0015654] * 2, rel=1e-4)
+    # A class nobody holds is left out (same answer); one class held: nothing can differ; a
+    # site without samples has no p-value.
+    assert site_mix_p_values([[10, 0, 0], [0, 10, 0]]) == pytest.approx([0.0015654] * 2, rel=1e-4)
+    assert site_mix_p_values([[5, 0], [7, 0]]).tolist() == [1.0, 1.0]
+    assert np.isnan(site_mix_p_values([[5, 5], [0, 0], [6, 6]])[1])
 
 
 def _cosines(low: float) -> np.ndarray:
@@ -89,6 +93,7 @@ def _cosines(low: float) -> np.ndarray:
 
 
 BALANCED = np.full((10, 3), 30)
+SIZES = np.full(10, 90)
 
 
 def test_a_site_far_below_the_others_is_flagged() -> None:
@@ -96,43 +101,61 @@ def test_a_site_far_below_the_others_is_flagged() -> None:
     # median of the 10 = (0.49 + 0.50) / 2 = 0.495; |deviations| sorted: .005 .005 .005 .015
     # .015 .025 .025 .035 .035 .395: MAD = 0.02, scale 0.029652; z of the last site =
     # (0.495 - 0.10) / 0.029652 = 13.32, p = 1 - Phi(13.32), far inside BH's 0.01 / 10.
-    result = geometry_evidence(cos, BALANCED, q=0.01)
+    result = geometry_evidence(cos, BALANCED, SIZES, q=0.01)
     assert result.applies
+    assert result.judged.all()
     assert result.z[-1] == pytest.approx(0.395 / (1.4826 * 0.02))
     assert result.z[0] == pytest.approx((0.495 - 0.46) / (1.4826 * 0.02))
     assert result.flags.tolist() == [False] * 9 + [True]
     # At 0.35 (same median and MAD): z = 0.145 / 0.029652 = 4.89, p = 5e-7, significant under
     # BH but below the floor of 6: not flagged.
-    below = geometry_evidence(_cosines(0.35), BALANCED, q=0.01)
+    below = geometry_evidence(_cosines(0.35), BALANCED, SIZES, q=0.01)
     assert below.z[-1] == pytest.approx(0.145 / (1.4826 * 0.02))
     assert not below.flags.any()
     # An anchor is never flagged.
     never = np.zeros(10, dtype=bool)
     never[-1] = True
-    assert not geometry_evidence(cos, BALANCED, q=0.01, never=never).flags.any()
+    assert not geometry_evidence(cos, BALANCED, SIZES, q=0.01, never=never).flags.any()
 
 
 def test_the_test_is_not_made_where_it_cannot_hold() -> None:
     cos = _cosines(0.10)
-    few = geometry_evidence(cos[:6], BALANCED[:6], q=0.01)
+    few = geometry_evidence(cos[:6], BALANCED[:6], SIZES[:6], q=0.01)
     assert not few.applies
     assert "needs 10" in str(few.note)
     assert not few.flags.any()
     skewed = BALANCED.copy()
     skewed[:5] = [60, 20, 10]
-    differ = geometry_evidence(cos, skewed, q=0.01)
+    differ = geometry_evidence(cos, skewed, SIZES, q=0.01)
     assert not differ.applies
     assert "class mixes differ" in str(differ.note)
-    same = geometry_evidence(np.full(10, 0.5), BALANCED, q=0.01)
+    same = geometry_evidence(np.full(10, 0.5), BALANCED, SIZES, q=0.01)
     assert not same.applies
     assert "same way" in str(same.note)
+
+
+def test_sites_are_judged_among_peers_of_their_mix_and_size() -> None:
+    # 12 sites: 10 of 90 samples and the federation's mix; site 10 holds 27 samples (another
+    # power of two: 2^4 <= 27 < 2^5 against 2^6 <= 90 < 2^7); site 11 a skewed mix
+    # ([80, 5, 5]: chi-square far beyond sampling against the pooled mix).
+    counts = np.vstack([BALANCED, [[9, 9, 9]], [[80, 5, 5]]])
+    sizes = counts.sum(axis=1)
+    assert peer_groups(counts, sizes).tolist() == [6] * 10 + [-1, -1]
+    # Both outsiders point far away (cosine 0.0): neither is judged, so neither is flagged;
+    # the ten peers are judged as before (their own median and MAD).
+    cos = np.concatenate([_cosines(0.10), [0.0, 0.0]])
+    result = geometry_evidence(cos, counts, sizes, q=0.01)
+    assert result.judged.tolist() == [True] * 10 + [False, False]
+    assert result.flags.tolist() == [False] * 9 + [True, False, False]
+    assert result.z[9] == pytest.approx(0.395 / (1.4826 * 0.02))
+    assert np.isnan(result.z[10:]).all()
 
 
 def test_permuting_the_sites_permutes_the_evidence() -> None:
     cos = _cosines(0.10)
     order = np.random.default_rng(0).permutation(10)
-    base = geometry_evidence(cos, BALANCED, q=0.01)
-    permuted = geometry_evidence(cos[order], BALANCED[order], q=0.01)
+    base = geometry_evidence(cos, BALANCED, SIZES, q=0.01)
+    permuted = geometry_evidence(cos[order], BALANCED[order], SIZES[order], q=0.01)
     assert permuted.z == pytest.approx(base.z[order])
     assert permuted.flags.tolist() == base.flags[order].tolist()
 
@@ -151,7 +174,7 @@ def _result(flags: list[bool], status: str = "ok", mode: str = "consensus") -> D
 
 
 def test_add_geometry_adds_its_flags_and_shows_its_facts() -> None:
-    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, SIZES, q=0.01)
     first_flagged = [True] + [False] * 9
     out = add_geometry(_result(first_flagged), geometry, np.full(10, 90.0), 0.5)
     assert out.flags == [True] + [False] * 8 + [True]
@@ -167,16 +190,17 @@ def test_add_geometry_adds_its_flags_and_shows_its_facts() -> None:
 
 
 def test_add_geometry_adds_nothing_to_an_abstaining_or_anchored_verdict() -> None:
-    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, SIZES, q=0.01)
     inconclusive = add_geometry(_result([False] * 10, "inconclusive"), geometry, np.ones(10), 0.5)
     assert inconclusive.flags == [None] * 10
     assert "loss evidence is inconclusive" in inconclusive.summary["geometry_note"]
     anchored = add_geometry(_result([False] * 10, mode="anchored"), geometry, np.ones(10), 0.5)
     assert anchored.flags == [False] * 10
+    assert "in anchored mode" in anchored.summary["geometry_note"]
 
 
 def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
-    geometry = geometry_evidence(_cosines(0.10), BALANCED, q=0.01)
+    geometry = geometry_evidence(_cosines(0.10), BALANCED, SIZES, q=0.01)
     # 4 sites flagged already, holding 4 x 100 of 4 x 100 + 6 x 1 samples: adding a fifth
     # reaches half of the sites.
     sizes = np.array([100.0] * 4 + [1.0] * 6)
@@ -186,20 +210,25 @@ def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
 
 
 def _liar_round(
-    counts: list[list[int]] | None = None,
+    counts: list[list[int]] | None = None, liar: bool = True
 ) -> tuple[DictStateReader, list[ClientRoundData]]:
-    """12 sites with the same losses; 11 move along one direction, site 0 against it."""
+    """12 sites with the same losses; 11 move along one direction, site 0 against it (or with
+    the others when not ``liar``)."""
     rng = np.random.default_rng(3)
     direction = rng.normal(size=40)
     global_state = DictStateReader({"w": np.zeros(40)})
     clients = []
     for k in range(12):
-        update = (-direction if k == 0 else direction) + rng.normal(scale=0.3, size=40)
+        sign = -1.0 if k == 0 and liar else 1.0
+        mix = counts[k] if counts else [25, 25, 25, 25]
+        # a site of fewer samples takes fewer, noisier steps: its direction scatters more
+        scale = 0.3 * math.sqrt(100 / sum(mix))
+        update = sign * direction + rng.normal(scale=scale, size=40)
         clients.append(
             ClientRoundData(
                 client_id=f"c{k}",
-                num_samples=100,
-                class_counts=counts[k] if counts else [25, 25, 25, 25],
+                num_samples=sum(mix),
+                class_counts=mix,
                 per_class_loss=rng.normal(0.5, 0.02, 4),
                 per_class_loss_sd=[0.3] * 4,
                 state=DictStateReader({"w": update}),
@@ -237,9 +266,10 @@ def test_the_audit_does_not_judge_the_geometry_of_different_class_mixes() -> Non
 
 
 def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdict() -> None:
-    carried = np.array([True, True, False])
-    out = carry_flags(_result([False, True, False]), carried)
-    assert out.flags == [True, True, False]
+    carried = np.array([True, True, False, False, False])
+    sizes = np.ones(5)
+    out = carry_flags(_result([False, True, False, False, False]), carried, sizes, 0.5)
+    assert out.flags == [True, True, False, False, False]
     first, second = out.verdicts[0], out.verdicts[1]
     assert first is not None
     assert first.evidence["geometry_carried"] is True
@@ -248,9 +278,15 @@ def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdic
     assert out.summary["geometry_carried"] == 1
     assert out.summary["flagged"] == 2
     # nothing is carried into an abstaining or anchored verdict
-    assert carry_flags(_result([False] * 3, "inconclusive"), carried).flags == [None] * 3
-    anchored = carry_flags(_result([False] * 3, mode="anchored"), carried)
-    assert anchored.flags == [False] * 3
+    assert (
+        carry_flags(_result([False] * 5, "inconclusive"), carried, sizes, 0.5).flags == [None] * 5
+    )
+    anchored = carry_flags(_result([False] * 5, mode="anchored"), carried, sizes, 0.5)
+    assert anchored.flags == [False] * 5
+    # Never to max_flagged_fraction: with site 2 flagged too, 3 of 5 would be.
+    capped = carry_flags(_result([False, True, True, False, False]), carried, sizes, 0.5)
+    assert capped.flags == [False, True, True, False, False]
+    assert "not carried" in capped.summary["geometry_carry_note"]
 
 
 def test_the_audit_carries_a_geometry_flag_of_a_noisy_site() -> None:
@@ -275,3 +311,57 @@ def test_the_audit_carries_a_geometry_flag_of_a_noisy_site() -> None:
     by_losses = [StatusHistory(status="noisy", flags=(True, True))] + history[1:]
     plain = run_audit(global_state, turned, config, round_index=5, status_history=by_losses)
     assert plain.detections["evidence"].flags[0] is False
+
+
+def test_small_clean_sites_are_not_judged_against_large_ones() -> None:
+    # Sites 10 and 11 hold 20 samples (the others 100): their updates scatter sqrt(5) times
+    # more, so their cosines fall far below the large sites' (z well above the floor against
+    # them); they have no 9 peers of their size, so their updates are not judged.
+    counts = [[25, 25, 25, 25]] * 10 + [[5, 5, 5, 5]] * 2
+    global_state, clients = _liar_round(counts, liar=False)
+    config = AuditConfig(detectors=("evidence",))
+    evidence = run_audit(global_state, clients, config, round_index=3).detections["evidence"]
+    assert evidence.flags == [False] * 12
+    assert evidence.summary["geometry_judged"] == 10
+    small = evidence.verdicts[10]
+    assert small is not None
+    assert small.evidence["geometry_z"] is None
+    # Judged against the large sites instead (every site one group), they would be flagged:
+    # what the peer groups are for.
+    squared = np.array([float(np.sum(c.state.get("w") ** 2)) for c in clients])
+    updates = np.stack([c.state.get("w") for c in clients])
+    sizes = np.array([c.num_samples for c in clients], dtype=float)
+    total = (sizes[:, None] * updates).sum(axis=0)
+    cos = leave_one_out_cosines(squared, updates @ total, float(total @ total), sizes)
+    one_group = geometry_evidence(cos, np.array(counts), np.full(12, 100), q=0.01)
+    assert one_group.flags[10:].all()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("geometry_min_sites", 4),
+        ("geometry_min_z", 0.0),
+        ("geometry_min_homogeneity_p", 1.0),
+        ("geometry_check", "yes"),
+    ],
+)
+def test_geometry_settings_are_checked(key: str, value: object) -> None:
+    with pytest.raises(InvalidParameterError, match=key):
+        AuditConfig.from_flat(**{key: value})
+
+
+def test_sites_in_the_noisy_role_are_neither_judged_nor_part_of_the_null() -> None:
+    # 11 sites: the ten of _cosines(0.10) and an eleventh at 0.495 in the noisy role. Excluded,
+    # it is not judged and the ten are judged exactly as without it (same median and MAD).
+    cos = np.append(_cosines(0.10), 0.495)
+    counts = np.vstack([BALANCED, [[30, 30, 30]]])
+    exclude = np.array([False] * 10 + [True])
+    result = geometry_evidence(cos, counts, np.full(11, 90), q=0.01, exclude=exclude)
+    assert result.judged.tolist() == [True] * 10 + [False]
+    assert result.z[9] == pytest.approx(0.395 / (1.4826 * 0.02))
+    # Included, it sits at the median (0.495) and shrinks the MAD to 0.015 (deviations sorted:
+    # 0 .005 .005 .005 .015 .015 .025 .025 .035 .035 .395): every z grows by a third, site 9's
+    # to 0.395 / 0.022239 = 17.76, what a group of distilled updates does to a clean site's z.
+    included = geometry_evidence(cos, counts, np.full(11, 90), q=0.01)
+    assert included.z[9] == pytest.approx(0.395 / (1.4826 * 0.015))

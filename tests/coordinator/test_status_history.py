@@ -93,3 +93,18 @@ def test_whether_the_latest_flag_was_the_geometrys() -> None:
     history[1]["geometry"] = True
     assert status_history(client("noisy", history), 2, CONFIG).by_geometry is False
     assert status_history(client("noisy", HISTORY), 8, CONFIG).by_geometry is False
+
+
+def test_a_pin_to_trusted_ends_the_geometrys_claim() -> None:
+    history = [dict(e) for e in HISTORY]
+    history[4]["geometry"] = True
+    # pinned trusted now: not carried
+    pinned = Client(name="site", status="noisy", flag_history=history, pinned_status="trusted")
+    assert status_history(pinned, 8, CONFIG).by_geometry is False
+    # a geometry flag the pin overrode (effective False) is nobody's, also after the unpin
+    history.append({"round": 8, "in_warmup": False, "primary": True, "geometry": True})
+    history[-1]["effective"] = False
+    assert status_history(client("noisy", history), 9, CONFIG).by_geometry is False
+    # a pin to noisy keeps the geometry's claim
+    noisy_pin = Client(name="site", status="noisy", flag_history=history[:8], pinned_status="noisy")
+    assert status_history(noisy_pin, 8, CONFIG).by_geometry is True

@@ -169,6 +169,14 @@ def test_sites_wait_out_a_coordinator_outage(tmp_path: Path) -> None:
     outcomes: dict[str, list] = {}
     errors: list[BaseException] = []
     waits: list[float] = []
+    # The sites hold after round 0 until the coordinator is down: on a loaded machine they
+    # could otherwise finish all three rounds before the kill and never see the outage.
+    down = threading.Event()
+
+    def hold_after_round_0(summary: object) -> None:
+        if getattr(summary, "round_index", None) == 0:
+            down.wait(60)
+
     try:
         with AdminClient(server.url, server.admin_token) as admin:
             federation, tokens = create_federation(admin, names, rounds=3)
@@ -189,6 +197,7 @@ def test_sites_wait_out_a_coordinator_outage(tmp_path: Path) -> None:
                         poll_wait_s=1.0,
                         outage_backoff_max_s=2.0,
                         sleep=sleep,
+                        on_round=hold_after_round_0,
                     )
                     outcomes[name] = participant.run()
             except BaseException as exc:  # reported by the main thread
@@ -206,6 +215,7 @@ def test_sites_wait_out_a_coordinator_outage(tmp_path: Path) -> None:
             else:
                 raise AssertionError("round 0 did not close")
         server.kill()
+        down.set()
         threading.Event().wait(6.0)  # down for 6 s: the sites' own retries give up earlier
         server.start()
         for thread in threads:
