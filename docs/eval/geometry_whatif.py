@@ -87,6 +87,14 @@ def replay(run_dir: Path) -> None:
         data["clients"] = sorted(data["clients"], key=lambda c: c["index"])
         truth = np.array([bool(c["true_noisy"]) for c in data["clients"]])
         status = {r["index"]: r["detector_status"].get("evidence") for r in data["rounds"]}
+        names = [c["name"] for c in data["clients"]]
+        # the sites in the noisy role in round r: noisy at the end of round r - 1
+        noisy_after = {
+            r["index"]: np.array(
+                [{c["name"]: c["status"] for c in r["clients"]}.get(n) == "noisy" for n in names]
+            )
+            for r in data["rounds"]
+        }
         applied = false_rounds = false_ok = rounds = 0
         recall: list[float] = []
         first: dict[int, int] = {}
@@ -97,7 +105,8 @@ def replay(run_dir: Path) -> None:
             cosines = leave_one_out_cosines(
                 (updates**2).sum(axis=1), updates @ total, float(total @ total), sizes
             )
-            result = geometry_evidence(cosines, counts, sizes, q=0.01)
+            role = noisy_after.get(index - 1, np.zeros(len(names), dtype=bool))
+            result = geometry_evidence(cosines, counts, sizes, q=0.01, exclude=role)
             applied += result.applies
             if (result.judged & ~truth).any():
                 clean_max = max(clean_max, float(np.nanmax(result.z[result.judged & ~truth])))

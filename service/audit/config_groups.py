@@ -227,7 +227,7 @@ class GeometrySettings:
     """
 
     check: bool = True
-    min_z: float = 6.0
+    min_z: float = 10.0
     min_sites: int = 10
     min_homogeneity_p: float = 0.01
 

@@ -108,7 +108,7 @@ def test_a_site_far_below_the_others_is_flagged() -> None:
     assert result.z[0] == pytest.approx((0.495 - 0.46) / (1.4826 * 0.02))
     assert result.flags.tolist() == [False] * 9 + [True]
     # At 0.35 (same median and MAD): z = 0.145 / 0.029652 = 4.89, p = 5e-7, significant under
-    # BH but below the floor of 6: not flagged.
+    # BH but below the floor of 10: not flagged.
     below = geometry_evidence(_cosines(0.35), BALANCED, SIZES, q=0.01)
     assert below.z[-1] == pytest.approx(0.145 / (1.4826 * 0.02))
     assert not below.flags.any()
