@@ -37,14 +37,14 @@ one-sided ``p_k = 1 - Phi(z_k)``. The normal tail is an approximation (the cosin
 and their spread is estimated from the sites themselves); what keeps clean sites unflagged is
 the floor below, set from measurement, not the tail.
 
-**Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the judged sites, and
-``z_k >= min_z`` (default 10). The floor is measured, not derived: over the stored rounds of
-the matrix and the liar federations, clean sites judged among their peers reached z 7.8 (20 IID
-digit sites, the 6 noisy ones out of the null) and 7.9 (a clean minority under a noisy majority,
-where the loss evidence abstained), while the liars stood at 10-70 from round 3
-(docs/evaluation.md). At that floor BH changes nothing in practice; it is there for a lower floor. Added to the loss evidence's flags unless together
-they would flag ``max_flagged_fraction`` of the sites or samples (then set aside, as the
-accuracy evidence's). Anchors are never flagged.
+**Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the judged sites, and ``z_k >=
+min_z`` (default 10). The floor is measured, not derived: over the stored rounds of the matrix and
+the liar federations, clean sites judged among their peers reached z 7.8 (20 IID digit sites, the 6
+noisy ones out of the null) and 7.9 (a clean minority under a noisy majority, where the loss
+evidence abstained), while the liars stood at 10-70 from round 3 (docs/evaluation.md). At that
+floor BH changes nothing in practice; it is there for a lower floor. Added to the loss evidence's
+flags unless together they would flag ``max_flagged_fraction`` of the sites or samples (then set
+aside, as the accuracy evidence's). Anchors are never flagged.
 
 **Carried flags.** Once flagged, a site trains in the noisy role (FedNoRo's distillation pulls its
 model towards the global model's predictions), so its update moves with the others' whatever its
