@@ -216,19 +216,19 @@ class GeometrySettings:
     Attributes
     ----------
     check : bool
-        Compute the leave-one-out cosines of the updates and add the sites far below the others
-        to the evidence detector's flags (consensus mode, comparable class mixes).
+        Compute the leave-one-out cosines of the updates and add the sites far below their
+        peers' to the evidence detector's flags (consensus mode), and carry those flags.
     min_z : float
         The floor on the cosine's robust z (> 0).
     min_sites : int
-        Sites a round needs for the test (>= 5).
+        Peers a site needs to be judged (>= 5; ``geometry_evidence.peer_groups``).
     min_homogeneity_p : float
-        The class mixes' chi-square p-value below which the test is not made, in [0, 1).
+        A site's class-mix chi-square p-value below which it is not judged, in [0, 1).
     """
 
     check: bool = True
     min_z: float = 10.0
-    min_sites: int = 10
+    min_sites: int = 8
     min_homogeneity_p: float = 0.01
 
     def __post_init__(self) -> None:

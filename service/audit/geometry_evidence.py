@@ -56,12 +56,13 @@ its update in the noisy role cannot clear it. A flag of the loss evidence ends i
 then rests on the losses); so does an admin's pin to ``trusted`` (the coordinator's status
 history: a pinned site is not carried, and a flag a pin overrode is not the geometry's).
 
-**Limits.** A site can shape its update too (train on its true labels' direction, or scale a
-chosen update): what this test sees is a site that trains on what it holds. A site whose mix is
-not the federation's (label skew, or an asymmetric noise that moves its declared counts) or
-whose size has fewer than ``min_sites - 1`` peers is not judged, and the summary counts who was
-(``geometry_judged``). A site whose data are unlike the others' for another reason (a scanner)
-is what the peer groups and the floor are for; they are measured, not proved.
+**Limits.** A site can shape its update too (train on its true labels' direction, or scale a chosen
+update): what this test sees is a site that trains on what it holds. A site whose mix is not the
+federation's (label skew, or an asymmetric noise that moves its declared counts) or whose size has
+fewer than ``min_sites - 1`` peers is not judged (8 by default: with 10 sites and one liar in the
+noisy role, 9 remain), and the summary counts who was (``geometry_judged``). A site whose data are
+unlike the others' for another reason (a scanner) is what the peer groups and the floor are for;
+they are measured, not proved.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def peer_groups(
     class_counts: Any,
     num_samples: Any,
     *,
-    min_sites: int = 10,
+    min_sites: int = 8,
     min_homogeneity_p: float = 0.01,
     exclude: BoolArray | None = None,
 ) -> IntArray:
@@ -242,7 +243,7 @@ def geometry_evidence(
     *,
     q: float,
     min_z: float = 10.0,
-    min_sites: int = 10,
+    min_sites: int = 8,
     min_homogeneity_p: float = 0.01,
     never: BoolArray | None = None,
     exclude: BoolArray | None = None,
@@ -259,7 +260,7 @@ def geometry_evidence(
         Benjamini-Hochberg level.
     min_z : float, default=10.0
         The floor on the robust z.
-    min_sites : int, default=10
+    min_sites : int, default=8
         The smallest group of peers (:func:`peer_groups`).
     min_homogeneity_p : float, default=0.01
     never : ndarray of bool of shape (K,), optional
