@@ -131,7 +131,8 @@ def subjects_for(
             mixture=mixture,
             per_class_errors=data["per_class_errors"],
         )
-        return result, geometry_evidence(data["cosines"], data["class_counts"], q=0.01)
+        counts, sizes = data["class_counts"], data["num_samples"]
+        return result, geometry_evidence(data["cosines"], counts, sizes, q=0.01)
 
     def neighbors(chunk: int | None) -> Callable[[], object]:
         return lambda: k_reliable_neighbors(
