@@ -69,6 +69,7 @@ def test_audit_scaling_quick_run_writes_its_json(
         assert set(size["subjects"]) == {
             "fednoro_fit",
             "fedncl_fit",
+            "evidence_fit",
             "neighbors_exact",
             "neighbors_chunked",
             "neighbors_auto",
