@@ -124,8 +124,10 @@ class CoordinatorConnection:
     rounds : int, optional
         The federation's planned rounds; None: ``num_rounds`` of ``FedAuditStrategy.start``,
         or 100 000 (the most a plan takes) when ``aggregate_train`` is called without it.
-    input_shape : tuple of int
-        The task's input shape as the coordinator shows it (Flower sites do not use it).
+    input_shape : tuple of int, optional
+        The task's input shape as the coordinator shows it and checks the initial model against
+        (Flower sites do not use it); None (default): the one the model's first weight takes
+        (:func:`implied_input_shape`).
     client_name_prefix : str
         Each node's coordinator client is this prefix and its node id (20 digits).
     close_timeout_s : float
@@ -141,7 +143,7 @@ class CoordinatorConnection:
     admin_token: str = field(repr=False)
     federation_name: str = "flower"
     rounds: int | None = None
-    input_shape: tuple[int, ...] = (1,)
+    input_shape: tuple[int, ...] | None = None
     client_name_prefix: str = "flower-node-"
     close_timeout_s: float = 600.0
     poll_interval_s: float = 0.1
@@ -167,6 +169,20 @@ def safetensors_bytes(arrays: ArrayRecord) -> bytes:
     """An ``ArrayRecord`` as the safetensors file the coordinator takes (names, dtypes kept)."""
     state = numpy_state(arrays)
     return save_safetensors({name: np.require(a, requirements="C") for name, a in state.items()})
+
+
+def implied_input_shape(arrays: ArrayRecord) -> tuple[int, ...]:
+    """The input shape the model's first weight takes, for a federation's task: a first matrix
+    (a linear layer, ``[out, in]``) takes ``(in,)``; a first convolution (``[out, in, k...]``)
+    ``(in, k...)`` (the spatial size is not in the weights: the kernel's is the smallest that
+    fits); vectors before it are skipped; ``(1,)`` without a float array of 2 or more axes."""
+    for array in numpy_state(arrays).values():
+        if array.dtype.kind != "f" or array.ndim < 2:
+            continue  # counters, biases, normalisation vectors
+        if array.ndim == 2:
+            return (int(array.shape[1]),)
+        return tuple(int(d) for d in array.shape[1:])
+    return (1,)
 
 
 def arrays_from_safetensors(data: bytes, order: Iterable[str] = ()) -> ArrayRecord:
@@ -268,7 +284,9 @@ class CoordinatorAuditor:
         )
         return audit
 
-    def _federation_spec(self, sites: Sequence[SiteReply]) -> dict[str, Any]:
+    def _federation_spec(
+        self, sites: Sequence[SiteReply], global_arrays: ArrayRecord
+    ) -> dict[str, Any]:
         """The federation: the replies' classes, the strategy's audit and privacy policy, no
         warm-up."""
         config = self.audit_config
@@ -288,7 +306,9 @@ class CoordinatorAuditor:
             "name": self.connection.federation_name,
             "task": {
                 "num_classes": len(sites[0].signals.class_counts),
-                "input_shape": list(self.connection.input_shape),
+                "input_shape": list(
+                    self.connection.input_shape or implied_input_shape(global_arrays)
+                ),
             },
             "plan": {"rounds": rounds, "min_clients": 1, "round_deadline_s": MAX_DEADLINE_S},
             "config": {
@@ -307,7 +327,7 @@ class CoordinatorAuditor:
         """Create the federation, upload the model, register and join the sites; on a refusal
         nothing is kept here (the next round starts a new federation)."""
         admin = self.admin()
-        federation = admin.create_federation(self._federation_spec(sites))
+        federation = admin.create_federation(self._federation_spec(sites, global_arrays))
         self.federation_id = federation.id
         try:
             admin.upload_initial_model(federation.id, safetensors_bytes(global_arrays))

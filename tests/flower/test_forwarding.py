@@ -46,6 +46,7 @@ from fedaudit_flower import (  # noqa: E402
     WireSignals,
     encode_signals,
 )
+from fedaudit_flower.coordinator import array_record, implied_input_shape  # noqa: E402
 from fedaudit_sim.coordinator_process import CoordinatorProcess  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -382,3 +383,20 @@ def test_the_connection_checks_its_values():
     assert "token" not in repr(CoordinatorConnection("http://127.0.0.1:1", "secret-token"))
     with pytest.raises(TypeError, match="coordinator"):
         FedAuditStrategy(coordinator="http://127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_the_implied_input_shape_is_the_first_weights() -> None:
+    # a linear layer first ([out, in]; its bias and a counter skipped): (in,)
+    linear = array_record(
+        {
+            "counter": np.array([3], dtype=np.int64),
+            "0.weight": np.zeros((32, 64), dtype=np.float32),
+            "0.bias": np.zeros(32, dtype=np.float32),
+        }
+    )
+    assert implied_input_shape(linear) == (64,)
+    # a convolution first ([out, in, kh, kw]): (in, kh, kw)
+    conv = array_record({"conv.weight": np.zeros((16, 3, 5, 5), dtype=np.float32)})
+    assert implied_input_shape(conv) == (3, 5, 5)
+    # only vectors: (1,)
+    assert implied_input_shape(array_record({"b": np.zeros(4, dtype=np.float32)})) == (1,)
