@@ -100,6 +100,7 @@ __all__ = [
     "CoordinatorAuditor",
     "CoordinatorConnection",
     "arrays_from_safetensors",
+    "implied_input_shape",
     "safetensors_bytes",
 ]
 

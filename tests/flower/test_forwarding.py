@@ -46,7 +46,8 @@ from fedaudit_flower import (  # noqa: E402
     WireSignals,
     encode_signals,
 )
-from fedaudit_flower.coordinator import array_record, implied_input_shape  # noqa: E402
+from fedaudit_flower.auditing import array_record  # noqa: E402
+from fedaudit_flower.coordinator import implied_input_shape  # noqa: E402
 from fedaudit_sim.coordinator_process import CoordinatorProcess  # noqa: E402
 
 pytestmark = pytest.mark.slow
