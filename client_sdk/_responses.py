@@ -128,6 +128,9 @@ class Diagnostics(_Model):
     flagged_rounds: list[int]
     rounds_audited: int
     noisy_classes: list[str]
+    flag_basis: str | None = None
+    """What the latest flag rests on: ``losses``, ``update_direction`` (the site's model updates
+    move away from the others' while its reported losses look clean), ``accuracy``; None."""
     scores: dict[str, float | None] | None = None
     advice: str
 

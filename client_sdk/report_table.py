@@ -159,7 +159,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             number(scores.get("fednoro")),
             number(scores.get("fedncl"), ".3g"),
             number(row.get("reliability")),
-            escape(", ".join(row.get("noisy_classes") or []) or "-"),
+            escape(_classes_text(row)),
             number(row.get("last_weight"), ".3f"),
         ]
         if refused:
@@ -168,3 +168,15 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             cells += [number(row.get(key), ".3g") for key in ("epsilon_round", "epsilon_total")]
         table.add_row(*cells)
     return table
+
+
+def _classes_text(row: dict[str, Any]) -> str:
+    """The noisy classes, or what a flag without classes rests on (the update's direction, the
+    model's accuracy on its own labels)."""
+    classes = ", ".join(row.get("noisy_classes") or [])
+    basis = {"update_direction": "update direction", "accuracy": "own-label accuracy"}.get(
+        row.get("flag_basis") or ""
+    )
+    if basis is None:
+        return classes or "-"
+    return f"{classes} ({basis})" if classes else f"({basis})"

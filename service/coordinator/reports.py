@@ -60,7 +60,28 @@ def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
         paths[f"{name}.noisy_classes"] = repo.JsonPath(
             ("detections", name, *verdict, "evidence", "noisy_classes")
         )
+    for key in _BASIS_KEYS:  # what the evidence detector's flag rests on
+        paths[f"evidence.{key}"] = repo.JsonPath(
+            ("detections", "evidence", *verdict, "evidence", key), "bool"
+        )
     return paths
+
+
+_BASIS_KEYS = ("flagged_by_geometry", "geometry_carried", "flagged_by_accuracy")
+
+
+def _flag_basis(fields: Mapping[str, Any]) -> str | None:
+    """What the primary flag rests on: ``update_direction`` (the update geometry, added or
+    carried: service.audit.geometry_evidence), ``accuracy`` (the accuracy evidence), ``losses``
+    (the reported losses and error counts); None when the site was not flagged."""
+    if fields["primary_flag"] is not True:
+        return None
+    if fields["primary"] == "evidence":
+        if fields["evidence.flagged_by_geometry"] or fields["evidence.geometry_carried"]:
+            return "update_direction"
+        if fields["evidence.flagged_by_accuracy"]:
+            return "accuracy"
+    return "losses"
 
 
 def _walk(value: Any, path: repo.JsonPath) -> Any:
@@ -104,6 +125,7 @@ def _client_entry(
     return {
         "round": round_index,
         "primary_flag": fields["primary_flag"],
+        "flag_basis": _flag_basis(fields),
         "flags": flags,
         "scores": scores,
         "noisy_classes": classes.get(chosen, []),
@@ -163,6 +185,7 @@ def _report_row(
         "flag_history": history,
         "latest_round": None if latest is None else latest["round"],
         "latest_flags": None if latest is None else latest["flags"],
+        "flag_basis": None if latest is None else latest["flag_basis"],
         "latest_scores": None if latest is None else latest["scores"],
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "classes_by_detector": {} if latest is None else latest["classes_by_detector"],
@@ -545,15 +568,25 @@ def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:
         "flagged_rounds": [r["round"] for r in history["rounds"] if r["primary_flag"] is True],
         "rounds_audited": len(history["rounds"]),
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
+        "flag_basis": None if latest is None else latest["flag_basis"],
         "scores": None if latest is None else latest["scores"],
-        "advice": _advice(history["status"], [] if latest is None else latest["noisy_classes"]),
+        "advice": _advice(
+            history["status"],
+            [] if latest is None else latest["noisy_classes"],
+            None if latest is None else latest["flag_basis"],
+        ),
     }
 
 
-def _advice(status: str, classes: list[str]) -> str:
+def _advice(status: str, classes: list[str], basis: str | None = None) -> str:
     if status == "trusted":
         return "No label problem detected in your recent updates."
     where = f" Look first at the labels of class(es) {', '.join(classes)}." if classes else ""
+    if basis == "update_direction":
+        where = (
+            " Your model updates move away from the other sites' while your reported losses "
+            "look clean: check the labels your training actually uses."
+        )
     if status == "suspect":
         return "Your last update looked noisier than the federation's." + where
     return "Your updates were repeatedly flagged as noisy; they count less in aggregation." + where

@@ -203,9 +203,12 @@ async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> N
         "flagged_rounds",
         "rounds_audited",
         "noisy_classes",
+        "flag_basis",
         "scores",
         "advice",
     }
+    # flagged in round 0 by its reported losses (the geometry needs 8 peers)
+    assert mine["flag_basis"] == "losses"
     # the admin report and another client's history are closed to clients
     assert (
         await api.get(f"/api/v1/federations/{fed.id}/report", headers=fed.headers("d"))

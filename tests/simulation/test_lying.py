@@ -155,3 +155,7 @@ def test_the_update_geometry_catches_sites_that_lie_about_everything_they_report
     # and they stay flagged: in the noisy role their updates move with the others', the flag
     # their update raised is carried (service.audit.geometry_evidence, "Carried flags")
     assert flagged_rounds == list(range(flagged_rounds[0], len(run.rounds)))
+    # the coordinator's report says what the liars' flags rest on
+    assert run.report is not None
+    basis = {row["name"]: row["flag_basis"] for row in run.report["clients"]}
+    assert {name for name, b in basis.items() if b == "update_direction"} == noisy

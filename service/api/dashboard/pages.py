@@ -235,7 +235,8 @@ def client_table(
             if c["pinned_status"]
             else ""
         )
-        classes = ", ".join(esc(x) for x in c["noisy_classes"]) or '<span class="muted">-</span>'
+        classes = esc(_classes_text(c))
+        classes = '<span class="muted">-</span>' if classes == "-" else classes
         rows.append(
             "<tr>"
             f'<td><a href="{esc(client_url(federation_id, c["client_id"]))}">{esc(c["name"])}</a>'
@@ -466,7 +467,7 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
         f'<td class="num">{esc(r["round"])}</td>'
         f"<td>{_primary_text(r)}</td>"
         + "".join(_detector_cell(d, r, primary) for d in detectors)
-        + f"<td>{', '.join(esc(c) for c in r.get('noisy_classes') or []) or '-'}</td>"
+        + f"<td>{esc(_classes_text(r))}</td>"
         f'<td class="num">{number(r.get("reliability"))}</td>'
         f'<td class="num">{number(r.get("weight"))}</td>'
         f"<td>{_neighbors(r.get('neighbors'))}</td>"
@@ -526,3 +527,15 @@ def _loss_over_rounds(view: Mapping[str, Any]) -> str:
             values, list(classes), [str(r) for r in rounds], label="per-class loss over rounds"
         )
     )
+
+
+_BASIS_WORDS = {"update_direction": "update direction", "accuracy": "own-label accuracy"}
+
+
+def _classes_text(row: Mapping[str, Any]) -> str:
+    """The noisy classes, and what a flag rests on when not the losses (service's report)."""
+    classes = ", ".join(str(c) for c in row.get("noisy_classes") or [])
+    basis = _BASIS_WORDS.get(row.get("flag_basis") or "")
+    if basis is None:
+        return classes or "-"
+    return f"{classes} ({basis})".strip()

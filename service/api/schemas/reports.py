@@ -102,6 +102,15 @@ class ReportClient(BaseModel):
             "expertise is higher = more reliable"
         )
     )
+    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
+        default=None,
+        description=(
+            "What the latest primary flag rests on: losses (the reported per-class losses and "
+            "error counts), update_direction (the update geometry: the site's update against "
+            "its peers', computed by the coordinator), accuracy (its model's accuracy on its "
+            "own labels); null when not flagged"
+        ),
+    )
     noisy_classes: list[str] = Field(
         description=(
             "The primary detector's noisy classes, worst first (the evidence detector: classes "
@@ -222,6 +231,15 @@ class ClientRoundView(BaseModel):
     scores: dict[str, float | None] = Field(
         description="Each detector's graded score (see NoisyClientReport's latest_scores)"
     )
+    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
+        default=None,
+        description=(
+            "What the primary flag rests on: losses (the reported per-class losses and "
+            "error counts), update_direction (the update geometry: the site's update against "
+            "its peers', computed by the coordinator), accuracy (its model's accuracy on its "
+            "own labels); null when not flagged"
+        ),
+    )
     noisy_classes: list[str] = Field(description="As in the report: the primary's classes")
     classes_by_detector: dict[str, list[str]] = Field(
         default_factory=dict, description="Each per-class detector's noisy classes"
@@ -264,6 +282,9 @@ class ClientDiagnostics(BaseModel):
     flagged_rounds: list[int]
     rounds_audited: int
     noisy_classes: list[str]
+    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
+        default=None, description="What the latest flag rests on (as in the report); null: none"
+    )
     scores: dict[str, float | None] | None
     advice: str
 
