@@ -29,6 +29,13 @@ from flwr.app import Array, ArrayRecord
 
 from client_sdk._responses import SignalPolicy
 from fedaudit_flower._records import WireSignals
+from fedaudit_privacy.accounting import (
+    ACCOUNTANT,
+    NOISED_SIGNALS,
+    accountant,
+    epsilon,
+    releases_per_update,
+)
 from service.audit import (
     AuditConfig,
     AuditOutcome,
@@ -164,6 +171,11 @@ class Auditor(Protocol):
         ...
 
 
+def _sent_signals(signals: WireSignals) -> list[str]:
+    """The noised signals a reply carries (the names of :data:`NOISED_SIGNALS` it holds)."""
+    return [name for name in NOISED_SIGNALS if getattr(signals, name, None) is not None]
+
+
 def numpy_state(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     """An ``ArrayRecord`` as ``{name: numpy array}``, in its order."""
     return {name: array.numpy() for name, array in arrays.items()}
@@ -193,6 +205,9 @@ class InProcessAuditor:
         self.audit_config = audit_config
         self.privacy = privacy
         self._history: dict[str, StatusHistory] = {}
+        self._updates: dict[str, int] = {}  # audited updates per site (the privacy account)
+        if privacy is not None and privacy.dp_active:
+            accountant()  # ImportError (what to install) before any round, as the coordinator
 
     def audit_round(
         self, server_round: int, global_arrays: ArrayRecord, sites: Sequence[SiteReply]
@@ -208,6 +223,9 @@ class InProcessAuditor:
             status_history=history,
         )
         primary = outcome.detections[outcome.primary]
+        for client in clients:
+            self._updates[client.client_id] = self._updates.get(client.client_id, 0) + 1
+        privacy = self._round_privacy(sites)
         return RoundAudit(
             sites=self._update_history(clients, history, outcome),
             detector=primary.method,
@@ -216,7 +234,34 @@ class InProcessAuditor:
             rule=outcome.aggregation.rule,
             aggregate=array_record(dict(outcome.aggregation.state)),
             audit=outcome.to_json(),
+            details={} if privacy is None else {"privacy": privacy},
         )
+
+    def _round_privacy(self, sites: Sequence[SiteReply]) -> dict[str, Any] | None:
+        """The round's privacy account under the Gaussian mechanism, as the coordinator's audit
+        stores it (``service/coordinator/privacy_budget.py``): each noised signal a reply
+        carries is one release; per site its releases and epsilon over every reply audited so
+        far (this round's included). None without the mechanism."""
+        policy = self.privacy
+        if policy is None or not policy.dp_active:
+            return None
+        sigma, delta = float(policy.dp_noise_multiplier or 0.0), float(policy.dp_delta or 0.0)
+        per_site = [releases_per_update(_sent_signals(site.signals)) for site in sites]
+        totals = [
+            k * self._updates[str(site.node_id)] for k, site in zip(per_site, sites, strict=True)
+        ]
+        k = max(per_site, default=0)
+        return {
+            "mechanism": "gaussian",
+            "accountant": ACCOUNTANT,
+            "noise_multiplier": sigma,
+            "delta": delta,
+            "releases_per_update": k,
+            "epsilon_round": epsilon(sigma, delta, k),
+            "node_ids": [site.node_id for site in sites],
+            "releases_total": totals,
+            "epsilon_total": [epsilon(sigma, delta, n) for n in totals],
+        }
 
     def _update_history(
         self,

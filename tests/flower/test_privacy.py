@@ -278,3 +278,30 @@ def test_under_the_gaussian_mechanism_the_audit_counts_the_noise_as_sampling_err
 def test_the_privacy_argument_must_be_a_policy() -> None:
     with pytest.raises(TypeError, match="privacy"):
         FedAuditStrategy(FedAvg(), privacy={"count_bucket": 10})  # type: ignore[arg-type]
+
+
+def test_the_in_process_audit_accounts_epsilon_as_the_coordinator() -> None:
+    dp_accounting = pytest.importorskip("dp_accounting")
+
+    def expected(releases: int) -> float:  # the accountant itself, not fedaudit's wrapper
+        rdp = dp_accounting.rdp.RdpAccountant()
+        rdp.compose(dp_accounting.GaussianDpEvent(1.0), releases)
+        return float(rdp.get_epsilon(1e-5))
+
+    s = FedAuditStrategy(FedAvg(), privacy=GAUSSIAN)
+    s.set_global_arrays(ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))}))
+    replies = gaussian_federation([1.0, 0.9])
+    s.aggregate_train(1, replies)
+    s.aggregate_train(2, replies)
+    first, second = s.rounds[-2]["privacy"], s.rounds[-1]["privacy"]
+    # each reply carries one noised signal (per_class_loss, no probe): one release per update
+    assert first["releases_per_update"] == 1
+    assert first["epsilon_round"] == pytest.approx(expected(1))
+    assert first["releases_total"] == [1] * 8
+    # the second round: two releases per site so far
+    assert second["node_ids"] == [100, 101, 102, 103, 104, 105, 106, 107]
+    assert second["releases_total"] == [2] * 8
+    assert second["epsilon_total"] == pytest.approx([expected(2)] * 8)
+    # without the mechanism, no account
+    plain = audited(SignalPolicy(min_class_count=5), replies)
+    assert "privacy" not in plain
