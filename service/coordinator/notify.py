@@ -1,21 +1,24 @@
 """Change notifications: what wakes a long-poll when a federation's rounds or status change.
 
 A use case that opens or closes a round, or starts, stops or finishes a federation, calls
-`mark_changed(session, federation_id)`; the notification goes out only when that session commits
-(a listener that `Services` installs on its session factory), so a woken waiter that re-reads
-the database sees the change. A rolled-back transaction notifies nobody.
+`mark_changed(session, federation_id)`. A hook that `Services` installs on its session factory
+(`CommitHook`) sends what was marked in two steps: to other processes inside the committing
+transaction, just before its ``COMMIT`` (`ChangeNotifier.publish`), and to this process's own
+waiters once the commit has landed (`ChangeNotifier.notify`). So a woken waiter that re-reads
+the database sees the change, and a rolled-back transaction notifies nobody, here or elsewhere.
 
 `ChangeNotifier` is the interface the rest of the service sees. `LocalNotifier` fans signals out
-inside one process, which is all a single coordinator on SQLite needs. On PostgreSQL the
-coordinator uses `PgNotifier` (`service.coordinator.pg_notify`) so that replicas behind a load
-balancer wake each other's waiters: its `notify` wakes this process's waiters and sends
-``pg_notify`` to the others, and a listener thread (``LISTEN`` on one dedicated connection) hands
-what it receives to a `LocalNotifier`. `Services` picks it from the database URL (the setting
-``change_notifier`` can force the local one).
+inside one process, which is all a single coordinator on SQLite needs (its `publish` does
+nothing). On PostgreSQL the coordinator uses `PgNotifier` (`service.coordinator.pg_notify`) so
+that replicas behind a load balancer wake each other's waiters: its `publish` runs
+``pg_notify`` in the committing transaction (PostgreSQL delivers it when, and only if, that
+transaction commits), and a listener thread (``LISTEN`` on one dedicated connection) hands what
+it receives from other processes to a `LocalNotifier`. `Services` picks it from the database URL
+(the setting ``change_notifier`` can force the local one).
 
 Signals carry no state: a waiter re-reads the database after each one, so a spurious signal
 costs one short query, and waiters also re-check on a slow timer in case a signal was missed
-(a replica whose listener is reconnecting, a process killed between a commit and its signal).
+(a replica whose listener is reconnecting).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 _PENDING = "fedaudit.changed_federations"
+_PUBLISHED = "fedaudit.published_federations"
 
 
 class Subscription(Protocol):
@@ -43,8 +47,15 @@ class Subscription(Protocol):
 
 
 class ChangeNotifier(Protocol):
+    def publish(self, session: Session, federation_id: uuid.UUID) -> None:
+        """Tell other processes, in the session's transaction just before it commits: what is
+        sent this way must reach them only if that transaction commits. Raising fails the
+        commit."""
+        ...
+
     def notify(self, federation_id: uuid.UUID) -> None:
-        """Signal every subscriber of the federation; callable from any thread."""
+        """Signal every subscriber of the federation in this process (after the commit);
+        callable from any thread."""
         ...
 
     def subscribe(self, federation_id: uuid.UUID) -> AbstractContextManager[Subscription]:
@@ -109,6 +120,9 @@ class LocalNotifier:
         self._lock = threading.Lock()
         self._subscriptions: dict[uuid.UUID, set[_LocalSubscription]] = {}
 
+    def publish(self, session: Session, federation_id: uuid.UUID) -> None:
+        """Nothing to send: no other process listens."""
+
     def notify(self, federation_id: uuid.UUID) -> None:
         with self._lock:
             subscriptions = list(self._subscriptions.get(federation_id, ()))
@@ -156,7 +170,8 @@ class LocalNotifier:
 
 
 def mark_changed(session: Session, federation_id: uuid.UUID) -> None:
-    """Notify the federation's waiters once this session's transaction commits.
+    """Notify the federation's waiters, in this process and others, once this session's
+    transaction commits.
 
     The mark belongs to the current transaction (begun here if need be, as the change it
     announces would): its rollback drops it.
@@ -166,23 +181,46 @@ def mark_changed(session: Session, federation_id: uuid.UUID) -> None:
 
 
 class CommitHook:
-    """Sends the notifications marked in a session when it commits (see `mark_changed`)."""
+    """Sends the notifications marked in a session (see `mark_changed`): `publish` in the
+    committing transaction before its ``COMMIT``, `notify` after it.
+
+    A savepoint's release runs the session's commit events too: what is marked by then is
+    published inside the enclosing transaction (delivered only if that one commits), and this
+    process's waiters are woken only when the outermost transaction commits. A savepoint's
+    rollback keeps the marks (a spurious signal is harmless) and has them published again, since
+    PostgreSQL dropped what was published inside it.
+    """
 
     def __init__(self, sessions: sessionmaker[Session], notifier: ChangeNotifier) -> None:
         self._sessions = sessions
         self._notifier = notifier
+        event.listen(sessions, "before_commit", self._before_commit)
         event.listen(sessions, "after_commit", self._after_commit)
         event.listen(sessions, "after_soft_rollback", self._after_soft_rollback)
 
+    def _before_commit(self, session: Session) -> None:
+        pending = session.info.get(_PENDING)
+        if not pending:
+            return
+        published = session.info.setdefault(_PUBLISHED, set())
+        for federation_id in sorted(pending - published):
+            self._notifier.publish(session, federation_id)
+            published.add(federation_id)
+
     def _after_commit(self, session: Session) -> None:
+        if session.in_nested_transaction():
+            return  # a savepoint's release: the enclosing transaction may still roll back
+        session.info.pop(_PUBLISHED, None)
         for federation_id in session.info.pop(_PENDING, ()):
             self._notifier.notify(federation_id)
 
     def _after_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
         # Every rollback, with or without a connection; a savepoint's leaves the outer marks.
+        session.info.pop(_PUBLISHED, None)
         if previous.parent is None:
             session.info.pop(_PENDING, None)
 
     def remove(self) -> None:
+        event.remove(self._sessions, "before_commit", self._before_commit)
         event.remove(self._sessions, "after_commit", self._after_commit)
         event.remove(self._sessions, "after_soft_rollback", self._after_soft_rollback)

@@ -1,17 +1,24 @@
 """Change notifications between replicas over PostgreSQL ``LISTEN``/``NOTIFY``.
 
-`PgNotifier` is the `ChangeNotifier` of coordinators on PostgreSQL. `notify(federation_id)` wakes
-this process's waiters at once and sends ``pg_notify(channel, payload)`` on a dedicated sender
-connection, so that every other replica on the same database wakes its own. A listener thread
-holds one more dedicated connection (neither comes from the request pool), ``LISTEN``s on the
-channel and hands each payload's federation id to a `LocalNotifier`.
+`PgNotifier` is the `ChangeNotifier` of coordinators on PostgreSQL. `publish(session,
+federation_id)` sends ``pg_notify(channel, payload)`` in the committing transaction itself
+(`service.store.change_channel`): PostgreSQL delivers it to every replica listening on the same
+database when, and only if, that transaction commits, so there is no gap between the commit and
+the signal, and no connection of its own to lose. `notify(federation_id)`, after the
+commit, wakes this process's waiters at once. A listener thread holds one dedicated connection
+(not from the request pool), ``LISTEN``s on the channel and hands each payload's federation id
+to a `LocalNotifier`.
 
 The payload is ``"<federation id> <origin>"``: a process skips the echo of its own signals, whose
 waiters it has already woken. If the listener's connection drops, the thread logs it and
 reconnects with back-off (0.1 s doubling to 5 s); meanwhile this replica's waiters learn of other
 replicas' changes at their slow re-check only, and once listening again the thread wakes every
-waiter once, since signals may have been missed. A signal that cannot be sent is logged, not
-raised: it is sent after the change committed, and the waiters' re-check is the fallback.
+waiter once, since signals may have been missed.
+
+The ``LISTEN`` stays here rather than in `service.store`, beside ``pg_notify``: it is no
+statement of a unit of work but the set-up of a long-lived connection outside SQLAlchemy's pool,
+read through psycopg's own notification API (``Connection.notifies``), and the import rules keep
+psycopg, an optional extra, to this one module.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from service.coordinator.notify import LocalNotifier, Subscription
+from service.store import change_channel
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "fedaudit_changes"
+CHANNEL = change_channel.CHANNEL
 APPLICATION_NAME = "fedaudit-listener"
 CONNECT_TIMEOUT_S = 5
 KEEPALIVES: dict[str, Any] = {
@@ -42,10 +51,9 @@ KEEPALIVES: dict[str, Any] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 60_000,
 }
-"""TCP keepalives and a send time-out (libpq parameters) on both connections: a connection left
-half-open by a failover or an idle-timeout in the network fails within about a minute instead of
-the kernel's default of many minutes, so the listener reconnects and a sender does not block the
-committing request that long."""
+"""TCP keepalives and a send time-out (libpq parameters) on the listener's connection: a
+connection left half-open by a failover or an idle-timeout in the network fails within about a
+minute instead of the kernel's default of many minutes, so the listener reconnects that soon."""
 MAX_BACKOFF_S = 5.0
 
 
@@ -67,8 +75,6 @@ class PgNotifier:
         self._listening = threading.Event()
         self._listener_pid: int | None = None
         self._thread: threading.Thread | None = None
-        self._send_lock = threading.Lock()
-        self._sender: psycopg.Connection | None = None
         self._last_error: tuple[str, datetime] | None = None
         self._watchers: list[Callable[[bool], None]] = []
 
@@ -80,9 +86,17 @@ class PgNotifier:
 
     # --- ChangeNotifier ---------------------------------------------------------------------
 
+    def publish(self, session: Session, federation_id: uuid.UUID) -> None:
+        """``pg_notify`` in the session's transaction: other replicas hear of the change when it
+        commits. Raises what the database raises (the commit then fails, and so does the use
+        case, whose retry is the caller's, as for any failed commit)."""
+        change_channel.send_in_transaction(
+            session, f"{federation_id} {self._origin}", channel=self._channel
+        )
+
     def notify(self, federation_id: uuid.UUID) -> None:
+        """This process's waiters, after the commit (others' hear of it from `publish`)."""
         self._local.notify(federation_id)
-        self._send(f"{federation_id} {self._origin}")
 
     def subscribe(self, federation_id: uuid.UUID) -> AbstractContextManager[Subscription]:
         return self._local.subscribe(federation_id)
@@ -105,10 +119,6 @@ class PgNotifier:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        with self._send_lock:
-            if self._sender is not None:
-                self._sender.close()
-                self._sender = None
 
     # --- state, for health checks and tests -------------------------------------------------
 
@@ -147,33 +157,6 @@ class PgNotifier:
     def listener_pid(self) -> int | None:
         """The server process id of the listener's connection (None while disconnected)."""
         return self._listener_pid
-
-    # --- sending ----------------------------------------------------------------------------
-
-    def _send(self, payload: str) -> None:
-        """``pg_notify`` on the sender connection, reopened once if it was lost."""
-        with self._send_lock:
-            for attempt in (1, 2):
-                try:
-                    if self._sender is None or self._sender.closed:
-                        self._sender = psycopg.connect(
-                            self._dsn,
-                            autocommit=True,
-                            connect_timeout=CONNECT_TIMEOUT_S,
-                            **KEEPALIVES,
-                        )
-                    self._sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
-                    return
-                except psycopg.Error as exc:
-                    if self._sender is not None:
-                        self._sender.close()
-                    self._sender = None
-                    if attempt == 2:
-                        log.warning(
-                            "could not send a change signal to other replicas (%s); their "
-                            "waiting sites learn of it at their next re-check",
-                            exc,
-                        )
 
     # --- listening --------------------------------------------------------------------------
 

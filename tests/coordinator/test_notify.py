@@ -1,4 +1,5 @@
-"""The change notifier: thread-safe signals to asyncio waiters, sent only when a commit lands."""
+"""The change notifier: thread-safe signals to asyncio waiters, sent only when a commit lands;
+what goes to other processes is published inside the committing transaction."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.coordinator.notify import LocalNotifier, mark_changed
@@ -17,9 +19,20 @@ from service.store.session import make_engine, make_sessionmaker
 
 
 class Recorder(LocalNotifier):
+    """Records `publish` (to other processes, in the transaction) and `notify` (this process)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.sent: list[uuid.UUID] = []
+        self.published: list[uuid.UUID] = []
+        self.fail_publish = False
+
+    def publish(self, session: Session, federation_id: uuid.UUID) -> None:
+        assert session.in_transaction(), "published outside the committing transaction"
+        assert federation_id not in self.sent, "published after this process was woken"
+        if self.fail_publish:
+            raise RuntimeError("the database refused the notification")
+        self.published.append(federation_id)
 
     def notify(self, federation_id: uuid.UUID) -> None:
         self.sent.append(federation_id)
@@ -100,7 +113,57 @@ def test_signals_go_out_on_commit_only(services: Services) -> None:
         mark_changed(session, committed)
         mark_changed(session, committed)
         assert recorder.sent == []
+        assert recorder.published == []  # published by the commit, before its COMMIT
     assert recorder.sent == [committed]
+    assert recorder.published == [committed]  # once, for both marks; not the rolled-back ones
+
+
+@pytest.mark.db
+def test_a_savepoint_publishes_in_the_enclosing_transaction_and_wakes_nobody_yet(
+    services: Services,
+) -> None:
+    """A savepoint's release runs the commit events: its marks are published inside the
+    enclosing transaction (PostgreSQL delivers them only with it), and this process's waiters
+    wait for the outermost commit; the enclosing rollback drops them."""
+    recorder = services.notifier
+    assert isinstance(recorder, Recorder)
+    dropped, kept = uuid.uuid4(), uuid.uuid4()
+
+    with services.sessions() as session:
+        with session.begin_nested():
+            mark_changed(session, dropped)
+        assert recorder.published == [dropped]
+        assert recorder.sent == []
+        session.rollback()
+    assert recorder.sent == []
+
+    with services.sessions.begin() as session:
+        mark_changed(session, kept)
+        with session.begin_nested():
+            pass  # released: publishes what is marked so far
+        assert recorder.published == [dropped, kept]
+        savepoint = session.begin_nested()
+        savepoint.rollback()  # what it held is gone: the commit publishes again (deduplicated)
+        assert recorder.sent == []
+    assert recorder.published == [dropped, kept, kept]
+    assert recorder.sent == [kept]
+
+
+@pytest.mark.db
+def test_a_notification_that_cannot_be_published_fails_the_commit(services: Services) -> None:
+    recorder = services.notifier
+    assert isinstance(recorder, Recorder)
+    recorder.fail_publish = True
+    fid = uuid.uuid4()
+    with pytest.raises(RuntimeError, match="refused the notification"):
+        with services.sessions.begin() as session:
+            mark_changed(session, fid)
+    assert recorder.sent == []  # nothing committed: nobody woken
+    recorder.fail_publish = False
+    with services.sessions.begin() as session:
+        session.connection()  # a transaction with nothing marked: nothing left over to send
+    assert recorder.published == []
+    assert recorder.sent == []
 
 
 @pytest.mark.db
@@ -116,3 +179,4 @@ def test_closing_the_services_removes_the_commit_hook(settings: Settings) -> Non
     finally:
         engine.dispose()
     assert recorder.sent == []
+    assert recorder.published == []

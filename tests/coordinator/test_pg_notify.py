@@ -2,6 +2,8 @@
 
 Each test gets a fresh database from the `database_url` fixture, PostgreSQL only (skipped when
 FEDAUDIT_TEST_POSTGRES_URL is unset). The wake-up bound is the issue's: 1 s from the commit.
+Replica b's changes go through its `Services` (a session that marks a change and commits), as a
+use case's do: the notification travels in the committing transaction.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Literal
 import psycopg
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import make_url
+from sqlalchemy import make_url, text
 
 from service.config import Settings
 from service.coordinator.notify import LocalNotifier, mark_changed
@@ -63,55 +65,107 @@ def replica_services(url: str, tmp_path: Path, notifier: PgNotifier) -> Services
     )
 
 
+@pytest.fixture
+def on_b(
+    replicas: tuple[PgNotifier, PgNotifier], pg_url: str, tmp_path: Path
+) -> Iterator[Services]:
+    """Replica b's services: its commits publish through b (a's commit hook is not installed)."""
+    services = replica_services(pg_url, tmp_path, replicas[1])
+    yield services
+    services.close()
+
+
+def commit_change(services: Services, federation_id: uuid.UUID) -> None:
+    with services.sessions.begin() as session:
+        mark_changed(session, federation_id)
+
+
 @pytest.mark.db
 @pytest.mark.anyio
 async def test_a_commit_on_b_wakes_a_waiter_on_a_and_a_rollback_wakes_nobody(
-    replicas: tuple[PgNotifier, PgNotifier], pg_url: str, tmp_path: Path
+    replicas: tuple[PgNotifier, PgNotifier], on_b: Services
 ) -> None:
-    a, b = replicas
-    on_b = replica_services(pg_url, tmp_path, b)
+    a, _ = replicas
     fid, other = uuid.uuid4(), uuid.uuid4()
-    try:
-        with a.subscribe(fid) as changes:
-            with on_b.sessions() as session:
-                mark_changed(session, fid)
-                session.rollback()  # the use case failed
-            with on_b.sessions.begin() as session:
-                mark_changed(session, other)  # another federation's change
-            assert await changes.wait(WAKE_S) is False
+    with a.subscribe(fid) as changes:
+        with on_b.sessions() as session:
+            mark_changed(session, fid)
+            session.rollback()  # the use case failed
+        commit_change(on_b, other)  # another federation's change
+        assert await changes.wait(WAKE_S) is False
 
-            with on_b.sessions.begin() as session:
-                mark_changed(session, fid)
-            committed = time.monotonic()
-            assert await changes.wait(WAKE_S) is True
-            assert time.monotonic() - committed < WAKE_S
-            assert await changes.wait(0.2) is False  # one signal, consumed
-    finally:
-        on_b.close()
+        commit_change(on_b, fid)
+        committed = time.monotonic()
+        assert await changes.wait(WAKE_S) is True
+        assert time.monotonic() - committed < WAKE_S
+        assert await changes.wait(0.2) is False  # one signal, consumed
 
 
 @pytest.mark.db
 @pytest.mark.anyio
-async def test_notify_wakes_its_own_process_once_and_other_replicas(
-    replicas: tuple[PgNotifier, PgNotifier],
+async def test_the_notification_is_sent_in_the_transaction_and_only_its_commit_delivers_it(
+    replicas: tuple[PgNotifier, PgNotifier], on_b: Services, pg_url: str
+) -> None:
+    """``pg_notify`` runs on the committing session's own connection, before its COMMIT: nothing
+    reaches another replica while the transaction is open, nothing at all if it rolls back (here
+    after the ``pg_notify`` was sent, flushed by a savepoint's release), and the commit
+    delivers it within the bound. No connection but the pool's and the listeners' is opened."""
+    a, b = replicas
+    fid = uuid.uuid4()
+    with psycopg.connect(libpq_dsn(pg_url), autocommit=True) as admin:
+
+        def backends() -> set[int]:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchall()
+            return {row[0] for row in rows}
+
+        with a.subscribe(fid) as on_a, b.subscribe(fid) as here:
+            with on_b.sessions() as session:
+                own_pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+                with session.begin_nested():
+                    mark_changed(session, fid)  # published when the savepoint is released
+                assert await on_a.wait(0.5) is False  # sent, not delivered: still open
+                session.rollback()
+            assert await on_a.wait(WAKE_S) is False
+            assert await here.wait(0.0) is False
+
+            commit_change(on_b, fid)
+            committed = time.monotonic()
+            assert await on_a.wait(WAKE_S) is True
+            assert time.monotonic() - committed < WAKE_S
+            await asyncio.sleep(0)  # b's own waiter: set on this loop's next turn
+            assert await here.wait(0.0) is True
+            # b sent it on its pooled connection: no sender connection beside the listeners'
+            assert backends() == {own_pid, a.listener_pid, b.listener_pid}
+
+
+@pytest.mark.db
+@pytest.mark.anyio
+async def test_a_commit_wakes_its_own_process_once_and_other_replicas(
+    replicas: tuple[PgNotifier, PgNotifier], on_b: Services
 ) -> None:
     a, b = replicas
     fid = uuid.uuid4()
-    with a.subscribe(fid) as on_a, b.subscribe(fid) as on_b:
-        b.notify(fid)
+    with a.subscribe(fid) as on_a, b.subscribe(fid) as here:
+        commit_change(on_b, fid)
         await asyncio.sleep(0)  # the signal is set on this loop's next turn
-        assert await on_b.wait(0.0) is True  # at once, without the round trip
+        assert await here.wait(0.0) is True  # at once, without the round trip
         assert await on_a.wait(WAKE_S) is True
         # b's listener gets its own signal back too, and skips it: no second wake-up.
-        assert await on_b.wait(0.5) is False
+        assert await here.wait(0.5) is False
 
 
 @pytest.mark.db
 @pytest.mark.anyio
 async def test_the_listener_reconnects_after_its_connection_is_terminated(
-    replicas: tuple[PgNotifier, PgNotifier], pg_url: str, caplog: pytest.LogCaptureFixture
+    replicas: tuple[PgNotifier, PgNotifier],
+    on_b: Services,
+    pg_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    a, b = replicas
+    a, _ = replicas
     fid = uuid.uuid4()
     old_pid = a.listener_pid
     assert old_pid is not None
@@ -125,7 +179,7 @@ async def test_the_listener_reconnects_after_its_connection_is_terminated(
         assert a.listener_pid not in (None, old_pid), "the listener did not reconnect"
         # Listening again, it wakes every waiter once: signals may have been missed meanwhile.
         assert await changes.wait(WAKE_S) is True
-        b.notify(fid)
+        commit_change(on_b, fid)
         assert await changes.wait(WAKE_S) is True
     logged = [r.getMessage() for r in caplog.records if r.name == "service.coordinator.pg_notify"]
     assert any("lost its database connection" in m for m in logged), logged
