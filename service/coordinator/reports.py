@@ -1,14 +1,13 @@
-"""Noisy-client reports, client histories and diagnostics, a round's view, the report as CSV.
+"""Noisy-client reports, client histories and diagnostics, a round's view.
 
 Everything here reads the stored audit results and updates and changes nothing; each function
 takes the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
-are in :mod:`service.coordinator.overrides`.
+are in :mod:`service.coordinator.overrides`; the report as CSV in
+:mod:`service.coordinator.report_csv`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -421,77 +420,6 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
         "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
         "clients": rows,
     }
-
-
-CSV_COLUMNS = (
-    "client_id",
-    "name",
-    "status",
-    "pinned_status",
-    "num_samples",
-    "times_flagged",
-    "rounds_audited",
-    "latest_round",
-    "fednoro_score",
-    "fedncl_score",
-    "expertise",
-    "noisy_classes",
-    "last_weight",
-    "neighbors",
-    "inconsistent_updates",
-    "last_inconsistent_at",
-    "epsilon_round",
-    "epsilon_total",
-)
-
-
-def report_csv(report: dict[str, Any]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in report["clients"]:
-        scores = row["latest_scores"] or {}
-        writer.writerow(
-            [
-                row["client_id"],
-                csv_text(row["name"]),
-                row["status"],
-                row["pinned_status"] or "",
-                row["num_samples"] if row["num_samples"] is not None else "",
-                row["times_flagged"],
-                row["rounds_audited"],
-                "" if row["latest_round"] is None else row["latest_round"],
-                _csv_number(scores.get("fednoro")),
-                _csv_number(scores.get("fedncl")),
-                _csv_number(row["reliability"]),
-                csv_text(" ".join(row["noisy_classes"])),
-                _csv_number(row["last_weight"]),
-                csv_text(
-                    " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or [])
-                ),
-                row["inconsistent_updates"],
-                ""
-                if row["last_inconsistent_at"] is None
-                else row["last_inconsistent_at"].isoformat(),
-                _csv_number(row["epsilon_round"]),
-                _csv_number(row["epsilon_total"]),
-            ]
-        )
-    return buffer.getvalue()
-
-
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(value: str) -> str:
-    """A text cell a spreadsheet will not run as a formula: one that starts with = + - @, a tab
-    or a carriage return gets a leading apostrophe (OWASP's CSV injection advice). Numbers are
-    written by `_csv_number` and left as they are, so negative scores stay numbers."""
-    return "'" + value if value.startswith(FORMULA_PREFIXES) else value
-
-
-def _csv_number(value: Any) -> str:
-    return "" if value is None else f"{float(value):.6g}"
 
 
 def client_history(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
