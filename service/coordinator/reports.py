@@ -100,7 +100,8 @@ def _client_entry(
 ) -> dict[str, Any]:
     """What one stored audit says about one client, from the values at :func:`_client_paths`:
     a detector the audit did not run is left out; one that ran but did not answer ``ok`` (or
-    gave this client no verdict) has a None score and flag, and no classes.
+    gave this client no verdict) has a None score and flag, and no classes; ``statuses`` says
+    what each detector that ran answered (``ok``, ``undetermined``, ``inconclusive``).
 
     ``noisy_classes`` are the primary detector's classes where it judges per class (the
     evidence detector's classes significant alone, FedNoRo's classes on its noisy side), else
@@ -108,11 +109,13 @@ def _client_entry(
     ``classes_by_detector``: each per-class detector's own list, side by side."""
     scores: dict[str, Any] = {}
     flags: dict[str, Any] = {}
+    statuses: dict[str, str] = {}
     classes: dict[str, list[str]] = {}
     for name in DETECTORS:
         status = fields[f"{name}.status"]
         if status is None:
             continue  # not run in this audit
+        statuses[name] = status
         ok = status == "ok"
         scores[name] = fields[f"{name}.score"] if ok else None
         flags[name] = fields[f"{name}.flag"] if ok else None
@@ -127,6 +130,7 @@ def _client_entry(
         "flag_basis": _flag_basis(fields),
         "flags": flags,
         "scores": scores,
+        "statuses": statuses,
         "noisy_classes": classes.get(chosen, []),
         "classes_by_detector": classes,
         "reliability": fields["reliability"],
@@ -186,6 +190,7 @@ def _report_row(
         "latest_flags": None if latest is None else latest["flags"],
         "flag_basis": None if latest is None else latest["flag_basis"],
         "latest_scores": None if latest is None else latest["scores"],
+        "latest_statuses": None if latest is None else latest["statuses"],
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "classes_by_detector": {} if latest is None else latest["classes_by_detector"],
         "reliability": None if latest is None else latest["reliability"],
@@ -212,6 +217,10 @@ def _latest_summary(
         "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
         "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
         "in_warmup": last.result.get("in_warmup"),
+        "detectors": {
+            name: {"status": d.get("status"), "reason": d.get("reason")}
+            for name, d in (last.result.get("detections") or {}).items()
+        },
         "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
     }
 

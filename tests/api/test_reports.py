@@ -418,3 +418,39 @@ async def test_report_does_not_warn_when_the_flagged_clients_are_a_minority_of_t
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
     assert report["latest"]["warnings"] == []
+
+
+async def test_a_score_without_an_answer_carries_the_detectors_status_and_reason(
+    api: httpx.AsyncClient,
+) -> None:
+    # Three sites: Fed-NCL (3 needed) answers, FedNoRo (4 needed) is undetermined.
+    config = {**FEDNCL, "detectors": ["fedncl", "fednoro"]}
+    fed = await make_federation(api, clients=("a", "b", "c"), rounds=2, config=config)
+    for name in ("a", "b", "c"):
+        response = await submit(api, fed, name, 0, tiny_state(1.0), 10)
+        assert response.status_code == 201, response.text
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["a"]
+    assert row["latest_statuses"] == {"fedncl": "ok", "fednoro": "undetermined"}
+    assert row["latest_scores"]["fednoro"] is None
+    assert row["latest_scores"]["fedncl"] is not None
+    fednoro = report["latest"]["detectors"]["fednoro"]
+    assert fednoro["status"] == "undetermined"
+    assert fednoro["reason"]  # FedNoRo's own words: fewer sites than it needs
+    assert report["latest"]["detectors"]["fedncl"] == {"status": "ok", "reason": None}
+    history = (
+        await api.get(
+            f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/history", headers=ADMIN
+        )
+    ).json()
+    assert history["rounds"][0]["statuses"] == {"fedncl": "ok", "fednoro": "undetermined"}
+
+    from rich.console import Console
+
+    from client_sdk.report_table import render_report
+
+    console = Console(width=250, record=True)
+    console.print(render_report(report))
+    text = console.export_text()
+    assert "n/a (undetermined)" in text
+    assert f"FedNoRo undetermined in round 0: {fednoro['reason']}" in text
