@@ -20,6 +20,9 @@ CSV_COLUMNS = (
     "times_flagged",
     "rounds_audited",
     "latest_round",
+    "primary_detector",
+    "primary_status",
+    "primary_score",
     "fednoro_score",
     "fedncl_score",
     "expertise",
@@ -34,11 +37,16 @@ CSV_COLUMNS = (
 
 
 def report_csv(report: dict[str, Any]) -> str:
+    """One row per client. ``primary_detector`` is the federation's, ``primary_status`` what it
+    answered in the client's latest audit (ok, undetermined, inconclusive; empty when it did not
+    run), ``primary_score`` its score there (empty when it gave none)."""
+    primary = report["primary_detector"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in report["clients"]:
         scores = row["latest_scores"] or {}
+        statuses = row.get("latest_statuses") or {}
         writer.writerow(
             [
                 row["client_id"],
@@ -49,6 +57,9 @@ def report_csv(report: dict[str, Any]) -> str:
                 row["times_flagged"],
                 row["rounds_audited"],
                 "" if row["latest_round"] is None else row["latest_round"],
+                csv_text(primary),
+                statuses.get(primary) or "",
+                _csv_number(scores.get(primary)),
                 _csv_number(scores.get("fednoro")),
                 _csv_number(scores.get("fedncl")),
                 _csv_number(row["reliability"]),

@@ -91,6 +91,10 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     parsed = {r["name"]: r for r in csv.DictReader(io.StringIO(csv_text))}
     assert parsed["d"]["status"] == "suspect"
     assert float(parsed["d"]["fedncl_score"]) == pytest.approx(q_d, rel=1e-5)
+    # the primary detector (Fed-NCL here) has its own columns
+    assert parsed["d"]["primary_detector"] == "fedncl"
+    assert parsed["d"]["primary_status"] == "ok"
+    assert float(parsed["d"]["primary_score"]) == pytest.approx(q_d, rel=1e-5)
 
     # a second flag makes d noisy; the next round's instructions say so
     await run_round(api, fed, 1)
