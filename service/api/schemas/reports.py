@@ -256,7 +256,9 @@ class ClientRoundView(BaseModel):
 
     round: int
     primary_flag: bool | None
-    flags: dict[str, bool | None] = Field(description="Each detector's flag (null: undetermined)")
+    flags: dict[str, bool | None] = Field(
+        description="Each detector's flag (null: no verdict, undetermined or inconclusive)"
+    )
     scores: dict[str, float | None] = Field(
         description="Each detector's graded score (see NoisyClientReport's latest_scores)"
     )
