@@ -462,7 +462,7 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     class labels, whether it is a trust anchor, and its latest site errors (newest first)."""
     view = client_history(session, federation, client)
     names = {str(c.id): c.name for c in repo.list_clients(session, federation.id)}
-    warmup = {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+    warmup = _warmup_rounds(client)
     for entry in view["rounds"]:
         entry["in_warmup"] = entry["round"] in warmup
         entry["neighbors"] = [
@@ -491,19 +491,29 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     }
 
 
+def _warmup_rounds(client: Client) -> set[Any]:
+    """The rounds the client's flag history marks as the warm-up (their flags count toward no
+    status)."""
+    return {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+
+
 def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:
-    """What a client may learn about itself: its status and which of its classes look noisy."""
+    """What a client may learn about itself: its status and which of its classes look noisy.
+    ``flagged_rounds`` and ``rounds_audited`` leave the warm-up out, as the report's
+    ``times_flagged`` and ``rounds_audited`` do: flags there count toward no status."""
     federation = repo.get_federation(session, client.federation_id)
     assert federation is not None
     history = client_history(session, federation, client)
     latest = history["rounds"][-1] if history["rounds"] else None
+    warmup = _warmup_rounds(client)
+    counted = [r for r in history["rounds"] if r["round"] not in warmup]
     return {
         "client_id": str(client.id),
         "name": client.name,
         "status": history["status"],
         "latest_round": None if latest is None else latest["round"],
-        "flagged_rounds": [r["round"] for r in history["rounds"] if r["primary_flag"] is True],
-        "rounds_audited": len(history["rounds"]),
+        "flagged_rounds": [r["round"] for r in counted if r["primary_flag"] is True],
+        "rounds_audited": len(counted),
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "flag_basis": None if latest is None else latest["flag_basis"],
         "scores": None if latest is None else latest["scores"],

@@ -221,6 +221,27 @@ async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> N
     assert (await api.get(other, headers=fed.headers("d"))).status_code == 401
 
 
+async def test_diagnostics_leave_the_warm_up_rounds_out(api: httpx.AsyncClient) -> None:
+    # One warm-up round: d is flagged in round 0 (warm-up) and round 1 (FedAvg in the warm-up
+    # gives round 1 the global model v = 1.5: q_d = 8 * 1.5^2 * 2.0 = 36 against 0.2 for the
+    # others, still more than one standard deviation above the mean).
+    fed = await make_federation(api, clients=NAMES, rounds=3, config={**FEDNCL, "warmup_rounds": 1})
+    await run_round(api, fed, 0)
+    await run_round(api, fed, 1)
+    history_url = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history"
+    history = (await api.get(history_url, headers=ADMIN)).json()
+    assert [(r["round"], r["primary_flag"]) for r in history["rounds"]] == [(0, True), (1, True)]
+    mine = (
+        await api.get(f"/api/v1/federations/{fed.id}/diagnostics", headers=fed.headers("d"))
+    ).json()
+    assert mine["flagged_rounds"] == [1]  # round 0's flag was in the warm-up
+    assert mine["rounds_audited"] == 1
+    assert mine["latest_round"] == 1
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["d"]
+    assert (row["times_flagged"], row["rounds_audited"]) == (1, 1)  # the report agrees
+
+
 async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> None:
     fed = await make_federation(api, clients=NAMES, rounds=3, config=FEDNCL)
     url = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/pin"

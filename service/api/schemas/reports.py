@@ -314,8 +314,13 @@ class ClientDiagnostics(BaseModel):
     name: str
     status: ClientStatus
     latest_round: int | None
-    flagged_rounds: list[int]
-    rounds_audited: int
+    flagged_rounds: list[int] = Field(
+        description=(
+            "Audited rounds after the warm-up in which the primary detector flagged the client "
+            "(flags in the warm-up count toward no status, so they are left out)"
+        )
+    )
+    rounds_audited: int = Field(description="Audited rounds after the warm-up")
     noisy_classes: list[str]
     flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
         default=None, description="What the latest flag rests on (as in the report); null: none"
