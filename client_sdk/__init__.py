@@ -4,8 +4,12 @@ Usage::
 
     from client_sdk import FederationClient, Participant
 
-    client = FederationClient("https://coordinator.example", api_token=TOKEN)
+    client = FederationClient("http://127.0.0.1:8000", api_token=TOKEN)
     Participant(client, FEDERATION_ID, model, dataset, state_dir="fedaudit-state").run()
+
+``http://127.0.0.1:8000`` is README's quickstart coordinator (plain http on loopback); one that
+sites reach over a network serves ``https://`` (``fedaudit serve --tls-cert/--tls-key``, or a TLS
+proxy in front).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -118,8 +118,9 @@ class JoinInfo(_Model):
 
 
 class Diagnostics(_Model):
-    """What a site may learn about itself (``GET .../diagnostics``): its status, the rounds in
-    which it was flagged, which of its classes look noisy, and advice in words."""
+    """What a site may learn about itself (``GET .../diagnostics``): its status, the rounds after
+    the warm-up in which it was flagged (``flagged_rounds``; ``rounds_audited`` also leaves the
+    warm-up out), which of its classes look noisy, and advice in words."""
 
     client_id: uuid.UUID
     name: str

@@ -344,7 +344,8 @@ class Participant:
                 del self._models[model_id]
 
     def _site_error(self, round_index: int, stage: str, exc: Exception) -> SiteRoundError:
-        """Report a failed round to the coordinator (best effort) and return the typed error."""
+        """Report a failed round to the coordinator (best effort) and return the typed error,
+        which says it once (the log record is DEBUG: at ERROR an uncaught one printed twice)."""
         error_type = type(exc).__name__
         message = str(exc) or error_type
         reported = False
@@ -358,7 +359,7 @@ class Participant:
             )
         except Exception as report_exc:  # the original error matters more
             self._warn(f"could not report the error to the coordinator: {report_exc}")
-        log.error(
+        log.debug(
             "round %d failed while %s: %s: %s", round_index, _DOING[stage], error_type, message
         )
         return SiteRoundError(

@@ -83,20 +83,52 @@ def _privacy_text(privacy: dict[str, Any] | None) -> str:
     )
 
 
+STATUS_MEANINGS = {
+    "undetermined": "too few sites or signals to decide",
+    "inconclusive": "the evidence computed, the detector abstained: the consensus is suspect",
+    "not run": "the detector is not configured, or no site sent what it reads",
+}
+"""What a score cell without a score says, in words (the API's detector statuses)."""
+
+_DETECTOR_LABELS = {"fednoro": "FedNoRo", "fedncl": "Fed-NCL"}
+
+
+def _missing_score(row: dict[str, Any], name: str) -> str:
+    """Why a site's latest score of detector ``name`` is missing: "n/a (undetermined)" or
+    "n/a (inconclusive)" when the detector did not answer ok, "n/a (not run)" when it did not
+    run; "-" when the site was never audited (or the report predates detector statuses)."""
+    scores = row.get("latest_scores")
+    if scores is None:
+        return "-"
+    if name not in scores:
+        return "n/a (not run)"
+    status = (row.get("latest_statuses") or {}).get(name)
+    return f"n/a ({status})" if status in STATUS_MEANINGS else "-"
+
+
+def _detector_notes(latest: dict[str, Any], shown: set[str]) -> str:
+    """Under the table: each secondary detector that did not answer ok in the latest round, with
+    its reason, and what the markers in the score cells mean (the primary's verdict is already
+    in the caption's first line)."""
+    notes = ""
+    for name, outcome in sorted((latest.get("detectors") or {}).items()):
+        status = (outcome or {}).get("status")
+        if name == latest.get("primary_detector") or status in (None, "ok"):
+            continue
+        reason = f": {outcome['reason']}" if outcome.get("reason") else ""
+        notes += f"\n{_DETECTOR_LABELS.get(name, name)} {status} in round {latest['round']}{reason}"
+    for marker in sorted(shown):
+        notes += f"\nn/a ({marker}): {STATUS_MEANINGS[marker]}"
+    return notes
+
+
 SITE_ERRORS_SHOWN = 3
 """The latest site errors the report table shows (the JSON report has more)."""
 
 
-def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
-    """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
-    latest = data.get("latest") or {}
-    # Names, reasons and warnings are data, not console markup (escape: "site[a]" stays whole).
-    title = escape(
-        f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
-        f"{data['primary_detector']}"
-    )
-    if data.get("status") == "failed":
-        title += escape(f"; FAILED: {data.get('status_reason') or 'no reason recorded'}")
+def _caption(data: dict[str, Any], latest: dict[str, Any]) -> str:
+    """How the latest round was judged and aggregated, its warnings, the Gaussian mechanism and
+    the latest site errors (console text, not yet escaped)."""
     caption = ""
     if latest:
         summary = latest.get("primary_summary") or {}
@@ -113,8 +145,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             + (f" (fallback: {latest['fallback_reason']})" if latest.get("fallback_reason") else "")
             + "".join(f"\nWARNING: {w}" for w in latest.get("warnings") or [])
         )
-    privacy = data.get("privacy")
-    caption += _privacy_text(privacy)
+    caption += _privacy_text(data.get("privacy"))
     for error in (data.get("site_errors") or [])[:SITE_ERRORS_SHOWN]:
         # torch puts the cause on the second line ("Error(s) in loading state_dict for ...:"
         # then "size mismatch for ..."): the first lines, joined, up to 300 characters
@@ -124,6 +155,21 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             f"\nSITE ERROR: {error.get('name')} round {error.get('round')} "
             f"({error.get('stage')}): {error.get('error_type')}: {shown}"
         )
+    return caption
+
+
+def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
+    """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
+    latest = data.get("latest") or {}
+    # Names, reasons and warnings are data, not console markup (escape: "site[a]" stays whole).
+    title = escape(
+        f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
+        f"{data['primary_detector']}"
+    )
+    if data.get("status") == "failed":
+        title += escape(f"; FAILED: {data.get('status_reason') or 'no reason recorded'}")
+    caption = _caption(data, latest)
+    privacy = data.get("privacy")
     table = Table(title=title, caption=escape(caption.lstrip("\n")))
     table.add_column("client", no_wrap=True)
     table.add_column("status")
@@ -147,17 +193,26 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     def number(value: Any, fmt: str = ".2f") -> str:
         return "-" if value is None else format(float(value), fmt)
 
+    shown: set[str] = set()
+
+    def score(row: dict[str, Any], name: str, fmt: str = ".2f") -> str:
+        value = (row.get("latest_scores") or {}).get(name)
+        if value is not None:
+            return format(float(value), fmt)
+        text = _missing_score(row, name)
+        shown.update(m for m in STATUS_MEANINGS if text == f"n/a ({m})")
+        return text
+
     for row in data["clients"]:
-        scores = row.get("latest_scores") or {}
         status = row["status"] + (" (pinned)" if row.get("pinned_status") else "")
         cells = [escape(row["name"]), f"[{styles.get(row['status'], '')}]{escape(status)}[/]"]
         if truth is not None:
             cells.append(number(truth.get(row["name"])))
         cells += [
             f"{row['times_flagged']}/{row['rounds_audited']}",
-            number(scores.get("evidence")),
-            number(scores.get("fednoro")),
-            number(scores.get("fedncl"), ".3g"),
+            score(row, "evidence"),
+            score(row, "fednoro"),
+            score(row, "fedncl", ".3g"),
             number(row.get("reliability")),
             escape(_classes_text(row)),
             number(row.get("last_weight"), ".3f"),
@@ -167,6 +222,9 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         if privacy:
             cells += [number(row.get(key), ".3g") for key in ("epsilon_round", "epsilon_total")]
         table.add_row(*cells)
+    notes = _detector_notes(latest, shown)
+    if notes:  # the caption, once the rows have said which markers they show
+        table.caption = escape((caption + notes).lstrip("\n"))
     return table
 
 

@@ -1,8 +1,12 @@
 """What a hospital adds to its PyTorch training script to join a fedaudit federation.
 
-    FEDAUDIT_URL=https://coordinator.example FEDAUDIT_TOKEN=fa_c_... \
+    FEDAUDIT_URL=http://127.0.0.1:8000 FEDAUDIT_TOKEN=fa_c_... \
         python examples/hospital_client.py FEDERATION_ID
 
+http://127.0.0.1:8000 is README's quickstart coordinator: plain http on loopback, for a site on
+the same machine. A coordinator that sites reach over a network serves https, started with
+``fedaudit serve --tls-cert ... --tls-key ...`` or behind a TLS-terminating proxy
+(docs/deployment.md): then FEDAUDIT_URL is the ``https://...`` URL the operator gives.
 The model and the data set below stand in for the site's own (here: scikit-learn's digits).
 """
 

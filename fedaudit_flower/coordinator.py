@@ -117,7 +117,8 @@ class CoordinatorConnection:
     Parameters
     ----------
     url : str
-        The coordinator's base URL (``https://coordinator:8000``).
+        The coordinator's base URL: ``http://127.0.0.1:8000`` on loopback (README's quickstart),
+        ``https://...`` for one served with ``--tls-cert``/``--tls-key`` or behind a TLS proxy.
     admin_token : str
         The coordinator's admin token (it creates the federation and registers the sites).
     federation_name : str

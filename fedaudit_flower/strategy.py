@@ -37,7 +37,7 @@ in increasing node id):
 ``fedaudit.num_flagged``    sites the primary detector flagged this round
 ``fedaudit.num_noisy``      sites whose status is "noisy" after the round
 ``fedaudit.node_ids``       the audited sites
-``fedaudit.flags``          1 flagged, 0 not flagged, -1 undetermined
+``fedaudit.flags``          1 flagged, 0 not flagged, -1 no verdict (undetermined, inconclusive)
 ``fedaudit.status``         after the round: 0 trusted, 1 suspect, 2 noisy
 ``fedaudit.weights``        the audit's aggregation weights (applied only when ``applied``)
 ``fedaudit.scores``         the primary detector's scores (higher = noisier; NaN: none)

@@ -103,7 +103,7 @@ def plot_scores_vs_noise(runs: Sequence[RunResult], path: Path) -> Path:
                 faces = [col_ if f else "none" for col_, f in zip(colours, flagged, strict=True)]
                 ax.scatter(xs, ys, edgecolors=colours, facecolors=faces, s=36)
             else:
-                ax.text(0.5, 0.5, "undetermined", ha="center", va="center", transform=ax.transAxes)
+                ax.text(0.5, 0.5, "no score", ha="center", va="center", transform=ax.transAxes)
             score_name = {
                 "fednoro": "FedNoRo score",
                 "fedncl": "Fed-NCL q",

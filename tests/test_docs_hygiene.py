@@ -89,3 +89,24 @@ def test_no_commit_hashes_in_docs() -> None:
 
 def test_no_machine_paths_in_docs() -> None:
     assert _hits(MACHINE_PATH) == []
+
+
+PLACEHOLDER_HTTPS = re.compile(r"https://coordinator\b")
+"""A made-up https coordinator URL: an example a user copies then fails against the quickstart's
+plain-http coordinator."""
+
+
+def test_examples_use_the_quickstarts_url() -> None:
+    """Examples and guides use README's quickstart URL, http://127.0.0.1:8000 (and say where
+    https applies); only the deployment guide's TLS section shows an https coordinator."""
+    files = [ROOT / "README.md", ROOT / "client_sdk" / "__init__.py"]
+    files += sorted((ROOT / "examples").glob("*.py"))
+    files += sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "deployment.md")
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if PLACEHOLDER_HTTPS.search(line)
+    ]
+    assert hits == []
+    assert "http://127.0.0.1:8000" in (ROOT / "examples" / "hospital_client.py").read_text()

@@ -114,7 +114,8 @@ class DetectionResult:
         (the consensus it measures against is suspect; every flag None, ``reason`` says why:
         :mod:`service.audit.evidence`).
     reason : str or None
-        Why the result is undetermined (human readable); None when ``status == "ok"``.
+        Why the result is undetermined or inconclusive (human readable); None when
+        ``status == "ok"``.
     verdicts : list of ClientVerdict or None
         Aligned with the input rows.
     summary : dict

@@ -190,7 +190,7 @@ def csv_cell(value: Any) -> str:
         return str(value)
     if isinstance(value, dict | list):
         value = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    from service.coordinator.reports import csv_text
+    from service.coordinator.report_csv import csv_text
 
     return csv_text(str(value))  # a name or a message is not run as a spreadsheet formula
 

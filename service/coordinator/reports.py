@@ -1,14 +1,13 @@
-"""Noisy-client reports, client histories and diagnostics, a round's view, the report as CSV.
+"""Noisy-client reports, client histories and diagnostics, a round's view.
 
 Everything here reads the stored audit results and updates and changes nothing; each function
 takes the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
-are in :mod:`service.coordinator.overrides`.
+are in :mod:`service.coordinator.overrides`; the report as CSV in
+:mod:`service.coordinator.report_csv`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -101,7 +100,8 @@ def _client_entry(
 ) -> dict[str, Any]:
     """What one stored audit says about one client, from the values at :func:`_client_paths`:
     a detector the audit did not run is left out; one that ran but did not answer ``ok`` (or
-    gave this client no verdict) has a None score and flag, and no classes.
+    gave this client no verdict) has a None score and flag, and no classes; ``statuses`` says
+    what each detector that ran answered (``ok``, ``undetermined``, ``inconclusive``).
 
     ``noisy_classes`` are the primary detector's classes where it judges per class (the
     evidence detector's classes significant alone, FedNoRo's classes on its noisy side), else
@@ -109,11 +109,13 @@ def _client_entry(
     ``classes_by_detector``: each per-class detector's own list, side by side."""
     scores: dict[str, Any] = {}
     flags: dict[str, Any] = {}
+    statuses: dict[str, str] = {}
     classes: dict[str, list[str]] = {}
     for name in DETECTORS:
         status = fields[f"{name}.status"]
         if status is None:
             continue  # not run in this audit
+        statuses[name] = status
         ok = status == "ok"
         scores[name] = fields[f"{name}.score"] if ok else None
         flags[name] = fields[f"{name}.flag"] if ok else None
@@ -128,6 +130,7 @@ def _client_entry(
         "flag_basis": _flag_basis(fields),
         "flags": flags,
         "scores": scores,
+        "statuses": statuses,
         "noisy_classes": classes.get(chosen, []),
         "classes_by_detector": classes,
         "reliability": fields["reliability"],
@@ -187,6 +190,7 @@ def _report_row(
         "latest_flags": None if latest is None else latest["flags"],
         "flag_basis": None if latest is None else latest["flag_basis"],
         "latest_scores": None if latest is None else latest["scores"],
+        "latest_statuses": None if latest is None else latest["statuses"],
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "classes_by_detector": {} if latest is None else latest["classes_by_detector"],
         "reliability": None if latest is None else latest["reliability"],
@@ -213,6 +217,10 @@ def _latest_summary(
         "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
         "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
         "in_warmup": last.result.get("in_warmup"),
+        "detectors": {
+            name: {"status": d.get("status"), "reason": d.get("reason")}
+            for name, d in (last.result.get("detections") or {}).items()
+        },
         "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
     }
 
@@ -423,77 +431,6 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
     }
 
 
-CSV_COLUMNS = (
-    "client_id",
-    "name",
-    "status",
-    "pinned_status",
-    "num_samples",
-    "times_flagged",
-    "rounds_audited",
-    "latest_round",
-    "fednoro_score",
-    "fedncl_score",
-    "expertise",
-    "noisy_classes",
-    "last_weight",
-    "neighbors",
-    "inconsistent_updates",
-    "last_inconsistent_at",
-    "epsilon_round",
-    "epsilon_total",
-)
-
-
-def report_csv(report: dict[str, Any]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in report["clients"]:
-        scores = row["latest_scores"] or {}
-        writer.writerow(
-            [
-                row["client_id"],
-                csv_text(row["name"]),
-                row["status"],
-                row["pinned_status"] or "",
-                row["num_samples"] if row["num_samples"] is not None else "",
-                row["times_flagged"],
-                row["rounds_audited"],
-                "" if row["latest_round"] is None else row["latest_round"],
-                _csv_number(scores.get("fednoro")),
-                _csv_number(scores.get("fedncl")),
-                _csv_number(row["reliability"]),
-                csv_text(" ".join(row["noisy_classes"])),
-                _csv_number(row["last_weight"]),
-                csv_text(
-                    " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or [])
-                ),
-                row["inconsistent_updates"],
-                ""
-                if row["last_inconsistent_at"] is None
-                else row["last_inconsistent_at"].isoformat(),
-                _csv_number(row["epsilon_round"]),
-                _csv_number(row["epsilon_total"]),
-            ]
-        )
-    return buffer.getvalue()
-
-
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(value: str) -> str:
-    """A text cell a spreadsheet will not run as a formula: one that starts with = + - @, a tab
-    or a carriage return gets a leading apostrophe (OWASP's CSV injection advice). Numbers are
-    written by `_csv_number` and left as they are, so negative scores stay numbers."""
-    return "'" + value if value.startswith(FORMULA_PREFIXES) else value
-
-
-def _csv_number(value: Any) -> str:
-    return "" if value is None else f"{float(value):.6g}"
-
-
 def client_history(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
     """Round by round, what the audit said about one client. Each stored audit's client list
     gives the client's position; only the values at :func:`_client_paths` are then read, in the
@@ -525,7 +462,7 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     class labels, whether it is a trust anchor, and its latest site errors (newest first)."""
     view = client_history(session, federation, client)
     names = {str(c.id): c.name for c in repo.list_clients(session, federation.id)}
-    warmup = {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+    warmup = _warmup_rounds(client)
     for entry in view["rounds"]:
         entry["in_warmup"] = entry["round"] in warmup
         entry["neighbors"] = [
@@ -554,19 +491,29 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     }
 
 
+def _warmup_rounds(client: Client) -> set[Any]:
+    """The rounds the client's flag history marks as the warm-up (their flags count toward no
+    status)."""
+    return {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+
+
 def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:
-    """What a client may learn about itself: its status and which of its classes look noisy."""
+    """What a client may learn about itself: its status and which of its classes look noisy.
+    ``flagged_rounds`` and ``rounds_audited`` leave the warm-up out, as the report's
+    ``times_flagged`` and ``rounds_audited`` do: flags there count toward no status."""
     federation = repo.get_federation(session, client.federation_id)
     assert federation is not None
     history = client_history(session, federation, client)
     latest = history["rounds"][-1] if history["rounds"] else None
+    warmup = _warmup_rounds(client)
+    counted = [r for r in history["rounds"] if r["round"] not in warmup]
     return {
         "client_id": str(client.id),
         "name": client.name,
         "status": history["status"],
         "latest_round": None if latest is None else latest["round"],
-        "flagged_rounds": [r["round"] for r in history["rounds"] if r["primary_flag"] is True],
-        "rounds_audited": len(history["rounds"]),
+        "flagged_rounds": [r["round"] for r in counted if r["primary_flag"] is True],
+        "rounds_audited": len(counted),
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "flag_basis": None if latest is None else latest["flag_basis"],
         "scores": None if latest is None else latest["scores"],

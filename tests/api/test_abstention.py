@@ -41,7 +41,7 @@ async def test_an_inconclusive_round_is_recorded_and_counted(api: httpx.AsyncCli
     page = await api.get(f"/admin/federations/{fed.id}", headers=ADMIN)
     assert page.status_code == 200
     assert 'class="flag inconclusive"' in page.text
-    assert "round 0: inconclusive (the audit abstained)" in page.text
+    assert "round 0: inconclusive (the audit abstained: suspect consensus)" in page.text
     assert "round 1: flagged noisy" in page.text
 
     metrics = parse_exposition((await api.get("/metrics")).text)

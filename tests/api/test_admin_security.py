@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.config import Settings
-from service.coordinator.reports import csv_text
+from service.coordinator.report_csv import csv_text
 from service.main import create_app
 from tests.api.conftest import make_federation
 from tests.conftest import ADMIN_TOKEN

@@ -91,6 +91,10 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     parsed = {r["name"]: r for r in csv.DictReader(io.StringIO(csv_text))}
     assert parsed["d"]["status"] == "suspect"
     assert float(parsed["d"]["fedncl_score"]) == pytest.approx(q_d, rel=1e-5)
+    # the primary detector (Fed-NCL here) has its own columns
+    assert parsed["d"]["primary_detector"] == "fedncl"
+    assert parsed["d"]["primary_status"] == "ok"
+    assert float(parsed["d"]["primary_score"]) == pytest.approx(q_d, rel=1e-5)
 
     # a second flag makes d noisy; the next round's instructions say so
     await run_round(api, fed, 1)
@@ -215,6 +219,27 @@ async def test_client_sees_only_its_own_diagnostics(api: httpx.AsyncClient) -> N
     ).status_code == 401
     other = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/history"
     assert (await api.get(other, headers=fed.headers("d"))).status_code == 401
+
+
+async def test_diagnostics_leave_the_warm_up_rounds_out(api: httpx.AsyncClient) -> None:
+    # One warm-up round: d is flagged in round 0 (warm-up) and round 1 (FedAvg in the warm-up
+    # gives round 1 the global model v = 1.5: q_d = 8 * 1.5^2 * 2.0 = 36 against 0.2 for the
+    # others, still more than one standard deviation above the mean).
+    fed = await make_federation(api, clients=NAMES, rounds=3, config={**FEDNCL, "warmup_rounds": 1})
+    await run_round(api, fed, 0)
+    await run_round(api, fed, 1)
+    history_url = f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history"
+    history = (await api.get(history_url, headers=ADMIN)).json()
+    assert [(r["round"], r["primary_flag"]) for r in history["rounds"]] == [(0, True), (1, True)]
+    mine = (
+        await api.get(f"/api/v1/federations/{fed.id}/diagnostics", headers=fed.headers("d"))
+    ).json()
+    assert mine["flagged_rounds"] == [1]  # round 0's flag was in the warm-up
+    assert mine["rounds_audited"] == 1
+    assert mine["latest_round"] == 1
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["d"]
+    assert (row["times_flagged"], row["rounds_audited"]) == (1, 1)  # the report agrees
 
 
 async def test_pin_overrides_status_and_is_recorded(api: httpx.AsyncClient) -> None:
@@ -418,3 +443,39 @@ async def test_report_does_not_warn_when_the_flagged_clients_are_a_minority_of_t
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     assert [r["name"] for r in report["clients"] if r["latest_flags"]["fedncl"]] == ["d"]
     assert report["latest"]["warnings"] == []
+
+
+async def test_a_score_without_an_answer_carries_the_detectors_status_and_reason(
+    api: httpx.AsyncClient,
+) -> None:
+    # Three sites: Fed-NCL (3 needed) answers, FedNoRo (4 needed) is undetermined.
+    config = {**FEDNCL, "detectors": ["fedncl", "fednoro"]}
+    fed = await make_federation(api, clients=("a", "b", "c"), rounds=2, config=config)
+    for name in ("a", "b", "c"):
+        response = await submit(api, fed, name, 0, tiny_state(1.0), 10)
+        assert response.status_code == 201, response.text
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = {r["name"]: r for r in report["clients"]}["a"]
+    assert row["latest_statuses"] == {"fedncl": "ok", "fednoro": "undetermined"}
+    assert row["latest_scores"]["fednoro"] is None
+    assert row["latest_scores"]["fedncl"] is not None
+    fednoro = report["latest"]["detectors"]["fednoro"]
+    assert fednoro["status"] == "undetermined"
+    assert fednoro["reason"]  # FedNoRo's own words: fewer sites than it needs
+    assert report["latest"]["detectors"]["fedncl"] == {"status": "ok", "reason": None}
+    history = (
+        await api.get(
+            f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['a']}/history", headers=ADMIN
+        )
+    ).json()
+    assert history["rounds"][0]["statuses"] == {"fedncl": "ok", "fednoro": "undetermined"}
+
+    from rich.console import Console
+
+    from client_sdk.report_table import render_report
+
+    console = Console(width=250, record=True)
+    console.print(render_report(report))
+    text = console.export_text()
+    assert "n/a (undetermined)" in text
+    assert f"FedNoRo undetermined in round 0: {fednoro['reason']}" in text

@@ -140,3 +140,43 @@ def test_the_latest_site_errors_show_their_first_lines():
     ) in text
     assert "fourth line" not in text
     assert "SITE ERROR" not in text_of(report("class_z"))
+
+
+def test_a_score_without_an_answer_says_why():
+    data = report("class_z")
+    data["latest"]["detectors"] = {
+        "fednoro": {"status": "ok", "reason": None},
+        "fedncl": {"status": "undetermined", "reason": "fewer than 4 clients"},
+    }
+    data["clients"][0]["latest_statuses"] = {"fednoro": "ok", "fedncl": "undetermined"}
+    text = text_of(data)
+    assert "n/a (undetermined)" in text  # Fed-NCL's cell
+    assert "n/a (not run)" in text  # the evidence detector's cell: not in latest_scores
+    assert "Fed-NCL undetermined in round 5: fewer than 4 clients" in text
+    assert "n/a (undetermined): too few sites or signals to decide" in text
+    assert "inconclusive" not in text  # no such marker shown: no legend line for it
+
+
+def test_an_abstaining_detector_is_marked_inconclusive():
+    data = report("class_z")
+    row = data["clients"][0]
+    row["latest_scores"] = {"fednoro": None, "evidence": None}
+    row["latest_statuses"] = {"fednoro": "undetermined", "evidence": "inconclusive"}
+    data["latest"]["primary_status"] = "undetermined"
+    data["latest"]["detectors"] = {
+        "fednoro": {"status": "undetermined", "reason": "fewer than 4 clients"},
+        "evidence": {"status": "inconclusive", "reason": "I2 above 0.9"},
+    }
+    text = text_of(data)
+    assert "n/a (inconclusive)" in text
+    assert "n/a (undetermined)" in text
+    assert "evidence inconclusive in round 5: I2 above 0.9" in text
+    # the primary's verdict is on the caption's first line, not repeated as a note
+    assert "FedNoRo undetermined in round" not in text
+    assert "abstained: the consensus is suspect" in text
+
+
+def test_a_site_never_audited_shows_a_dash_not_a_reason():
+    data = report("class_z")
+    data["clients"][0]["latest_scores"] = None
+    assert "n/a" not in text_of(data)

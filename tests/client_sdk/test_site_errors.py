@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -82,6 +83,24 @@ def test_a_model_that_does_not_load_is_reported_then_raised() -> None:
     assert reports[0]["error_type"] == "RuntimeError"
     assert "size mismatch" in reports[0]["message"] or "Missing key" in reports[0]["message"]
     assert len(reports[0]["message"]) <= 2000
+
+
+def test_the_error_is_said_once_by_the_exception(caplog: pytest.LogCaptureFixture) -> None:
+    data = the_issue_model_bytes()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == f"/api/v1/models/{MODEL_ID}":
+            return httpx.Response(200, content=data)
+        return httpx.Response(202, json={"recorded": True, "event_id": 7})
+
+    caplog.set_level(logging.DEBUG, logger="client_sdk.participant")
+    with pytest.raises(SiteRoundError) as raised:
+        participant(handler).train_round(current(data))
+    assert raised.value.reported is True  # the coordinator is still told
+    failed = [r for r in caplog.records if "round 0 failed" in r.getMessage()]
+    # a DEBUG record only: with logging unconfigured Python prints WARNING and above itself,
+    # and the uncaught exception prints the same message once more
+    assert [r.levelno for r in failed] == [logging.DEBUG]
 
 
 def test_the_error_is_raised_even_when_the_report_fails() -> None:

@@ -25,6 +25,10 @@ def fields(primary: str, **statuses: str) -> dict[str, Any]:
         # No Gaussian mechanism: the audit holds no privacy budget.
         "epsilon_round": None,
         "epsilon_total": None,
+        # The evidence flag rests on the losses (no update geometry, no accuracy evidence).
+        "evidence.flagged_by_geometry": False,
+        "evidence.geometry_carried": False,
+        "evidence.flagged_by_accuracy": False,
     }
     for name in ("fednoro", "fedncl", "expertise", "evidence"):
         out[f"{name}.status"] = statuses.get(name)
@@ -56,3 +60,5 @@ def test_an_abstaining_primary_names_no_class() -> None:
     assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
     assert entry["flags"]["evidence"] is None
     assert entry["scores"]["evidence"] is None
+    # what each detector that ran answered, so that a missing score can say why
+    assert entry["statuses"] == {"evidence": "inconclusive", "fednoro": "ok"}

@@ -198,3 +198,73 @@ def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
     html = pages.client_table("f1", [row], "evidence")
     assert "evidence: 4.2 \u2691<br>" in html
     assert 'fedncl: 0.5 <span class="muted">\u2691 (secondary)</span>' in html
+
+
+def test_a_score_the_detector_did_not_give_says_why() -> None:
+    row: dict[str, object] = {
+        "client_id": "c1",
+        "name": "site-a",
+        "status": "trusted",
+        "pinned_status": None,
+        "noisy_classes": [],
+        "times_flagged": 0,
+        "rounds_audited": 1,
+        "latest_scores": {"evidence": 0.3, "fednoro": None},
+        "latest_flags": {"evidence": False, "fednoro": None},
+        "latest_statuses": {"evidence": "ok", "fednoro": "undetermined"},
+        "reliability": None,
+        "neighbors": None,
+        "last_weight": 0.4,
+        "num_samples": 100,
+        "inconsistent_updates": 0,
+        "last_inconsistent_at": None,
+        "flag_history": [],
+    }
+    html = pages.client_table("f1", [row], "evidence")
+    assert 'fednoro: <span class="muted" title="too few sites or signals to decide">' in html
+    assert "n/a (undetermined)</span>" in html
+    report = federation_report(
+        {
+            "primary_detector": "evidence",
+            "detectors": {
+                "evidence": {"status": "ok", "reason": None},
+                "fednoro": {"status": "undetermined", "reason": "3 clients, fewer than 4"},
+            },
+        }
+    )
+    report["clients"] = [row]
+    page = pages.federation_page(report, None)
+    assert "<dt>fednoro verdict</dt><dd>undetermined: 3 clients, fewer than 4</dd>" in page
+    assert "<dt>evidence verdict</dt>" not in page  # the primary's verdict has its own line
+    assert "n/a (undetermined): too few sites or signals to decide" in page  # the legend
+    assert "n/a (inconclusive):" not in page
+
+
+def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
+    rounds = [
+        {
+            "round": 4,
+            "in_warmup": False,
+            "primary_flag": None,
+            "flags": {"evidence": None},
+            "scores": {"evidence": None},
+            "statuses": {"evidence": "inconclusive"},
+        }
+    ]
+    view = {
+        "federation_id": "f1",
+        "federation": "fed",
+        "name": "site-a",
+        "status": "trusted",
+        "detected_status": "trusted",
+        "rounds": rounds,
+        "site_errors": [],
+        "per_class_loss": {},
+        "classes": ["0", "1"],
+    }
+    html = pages.client_page(view, "evidence")
+    assert "n/a (inconclusive)</span></td>" in html
+    assert "the detector abstained: the consensus is suspect" in html
+    root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
+    kinds = [r.get("class") for r in root.iter(f"{NS}rect") if "flag" in (r.get("class") or "")]
+    assert kinds == ["flag inconclusive"]

@@ -154,12 +154,41 @@ def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
     return layout("Federations", f"<section><h1>Federations</h1>{table}</section>")
 
 
+STATUS_MEANINGS = {
+    "undetermined": "too few sites or signals to decide",
+    "inconclusive": "the evidence computed, the detector abstained: the consensus is suspect",
+}
+"""Why a detector's score is missing, by its status (the API's ``latest_statuses``)."""
+
+
+def _no_score(status: Any) -> str:
+    """The cell of a score the detector did not give: "n/a (undetermined)" or "n/a
+    (inconclusive)" when it did not answer ok, else a dash (no verdict for this site)."""
+    if status not in STATUS_MEANINGS:
+        return number(None)
+    return f'<span class="muted" title="{esc(STATUS_MEANINGS[status])}">n/a ({esc(status)})</span>'
+
+
+def _marker_legend(entries: Sequence[Mapping[str, Any]], scores: str, statuses: str) -> list[str]:
+    """What each "n/a (...)" marker shown in ``entries`` means (their ``scores`` and
+    ``statuses`` keys), in words."""
+    shown = {
+        status
+        for e in entries
+        for name, status in (e.get(statuses) or {}).items()
+        if status in STATUS_MEANINGS and (e.get(scores) or {}).get(name) is None
+    }
+    return [f"n/a ({m}): {STATUS_MEANINGS[m]}" for m in sorted(shown)]
+
+
 def _score_legend(clients: Sequence[Mapping[str, Any]]) -> str:
-    """What each score in the table means, in words."""
+    """What each score in the table means, in words, and each "n/a (...)" marker shown."""
     shown = sorted({d for c in clients for d in (c.get("latest_scores") or {})})
     if not shown:
         return ""
-    return '<p class="muted">' + "<br>".join(esc(SCORE_MEANINGS.get(d, d)) for d in shown) + "</p>"
+    lines = [SCORE_MEANINGS.get(d, d) for d in shown]
+    lines += _marker_legend(clients, "latest_scores", "latest_statuses")
+    return '<p class="muted">' + "<br>".join(esc(line) for line in lines) + "</p>"
 
 
 def _flag_mark(name: str, flag: Any, primary: str | None) -> str:
@@ -170,17 +199,19 @@ def _flag_mark(name: str, flag: Any, primary: str | None) -> str:
     return " \u2691" if name == primary else ' <span class="muted">\u2691 (secondary)</span>'
 
 
-def _scores(
-    scores: Mapping[str, Any] | None, flags: Mapping[str, Any] | None, primary: str | None
-) -> str:
-    """Each detector's latest score; a flag marked \u2691, a secondary detector's as such (it
-    does not set the status)."""
+def _scores(client: Mapping[str, Any], primary: str | None) -> str:
+    """Each detector's latest score ("n/a (why)" where it did not answer ok); a flag marked
+    \u2691, a secondary detector's as such (it does not set the status)."""
+    scores = client.get("latest_scores")
     if not scores:
         return '<span class="muted">-</span>'
+    flags = client.get("latest_flags") or {}
+    statuses = client.get("latest_statuses") or {}
     parts = []
     for name, score in sorted(scores.items()):
-        mark = _flag_mark(name, (flags or {}).get(name), primary)
-        parts.append(f"{esc(name)}: {number(score)}{mark}")
+        mark = _flag_mark(name, flags.get(name), primary)
+        cell = _no_score(statuses.get(name)) if score is None else number(score)
+        parts.append(f"{esc(name)}: {cell}{mark}")
     return "<br>".join(parts)
 
 
@@ -242,7 +273,7 @@ def client_table(
             f'<td><a href="{esc(client_url(federation_id, c["client_id"]))}">{esc(c["name"])}</a>'
             f"</td><td>{badge(c['status'])}{pinned}</td>"
             f'<td class="num">{esc(c["times_flagged"])} / {esc(c["rounds_audited"])}</td>'
-            f"<td>{_scores(c['latest_scores'], c['latest_flags'], primary)}</td>"
+            f"<td>{_scores(c, primary)}</td>"
             f'<td>{classes}</td><td class="num">{number(c["reliability"])}</td>'
             f"<td>{_neighbors(c['neighbors'])}</td>"
             f'<td class="num">{number(c["last_weight"])}</td>'
@@ -294,6 +325,10 @@ def _summary(report: Mapping[str, Any]) -> str:
         ]
         if latest.get("fallback_reason"):
             items.append(("fallback", esc(latest["fallback_reason"])))
+        for name, outcome in sorted((latest.get("detectors") or {}).items()):
+            if name != latest.get("primary_detector") and outcome.get("status") != "ok":
+                why = f": {outcome['reason']}" if outcome.get("reason") else ""
+                items.append((f"{esc(name)} verdict", esc(f"{outcome.get('status')}{why}")))
         guard = (latest.get("primary_summary") or {}).get("guard")
         if guard:
             items.append(("separation guard", esc(guard)))
@@ -426,14 +461,18 @@ SCORE_MEANINGS = {
 
 
 def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> str:
-    score = number((entry.get("scores") or {}).get(name))
+    value = (entry.get("scores") or {}).get(name)
+    status = (entry.get("statuses") or {}).get(name)
+    score = _no_score(status) if value is None else number(value)
     mark = _flag_mark(name, (entry.get("flags") or {}).get(name), primary)
     return f'<td class="num">{score}{mark}</td>'
 
 
-def _detector_flag_kind(flag: Any, in_warmup: bool) -> str:
+def _detector_flag_kind(flag: Any, in_warmup: bool, status: Any = None) -> str:
     if in_warmup:
         return "warmup"
+    if flag is None and status == "inconclusive":
+        return "inconclusive"
     return "flagged" if flag is True else "clear" if flag is False else "undetermined"
 
 
@@ -460,6 +499,7 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
     if view.get("anchor"):
         details.append(("trust anchor", esc(view.get("anchor_reason") or "yes")))
     details += [(f"{esc(d)} score", esc(SCORE_MEANINGS.get(d, d))) for d in detectors]
+    details += [("n/a", esc(line)) for line in _marker_legend(rounds, "scores", "statuses")]
     header = "".join(f"<th>{esc(d)}</th>" for d in detectors)
     dp = any(r.get("epsilon_round") is not None for r in rounds)
     rows = "".join(
@@ -501,7 +541,11 @@ def _detector_flags(rounds: Sequence[Mapping[str, Any]], detectors: Sequence[str
         return '<p class="muted">No audited round yet.</p>'
     cells = [
         [
-            _detector_flag_kind((r.get("flags") or {}).get(d), bool(r.get("in_warmup")))
+            _detector_flag_kind(
+                (r.get("flags") or {}).get(d),
+                bool(r.get("in_warmup")),
+                (r.get("statuses") or {}).get(d),
+            )
             for r in rounds
         ]
         for d in detectors

@@ -19,8 +19,8 @@ SCALE_STOPS = ((255, 255, 204), (253, 141, 60), (189, 0, 38))
 FLAG_CELLS = {
     "flagged": ("#c92a2a", "flagged noisy"),
     "clear": ("#2b8a3e", "not flagged"),
-    "undetermined": ("#adb5bd", "undetermined"),
-    "inconclusive": ("#ffe066", "inconclusive (the audit abstained)"),
+    "undetermined": ("#adb5bd", "undetermined (too few sites or signals)"),
+    "inconclusive": ("#ffe066", "inconclusive (the audit abstained: suspect consensus)"),
     "warmup": ("#d0ebff", "warm-up (not counted)"),
     "absent": ("#ffffff", "no update"),
 }

@@ -27,7 +27,7 @@ from service.api.schemas.reports import (
     RecomputeResult,
 )
 from service.coordinator import clients as client_use_cases
-from service.coordinator import overrides, queries, reports
+from service.coordinator import overrides, queries, report_csv, reports
 from service.coordinator.resources import Services
 from service.inputs import INT32_MAX
 
@@ -56,7 +56,7 @@ def get_report(
     report = reports.noisy_client_report(session, federation)
     if format == "csv":
         return PlainTextResponse(
-            reports.report_csv(report),
+            report_csv.report_csv(report),
             media_type="text/csv",
             headers={"Content-Disposition": f'attachment; filename="report-{federation_id}.csv"'},
         )

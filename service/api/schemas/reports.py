@@ -12,6 +12,22 @@ from service.api.schemas.audits import AuditRecord
 from service.audit import ClientStatus
 from service.inputs import TEXT_RULES, BoundedJson, Text
 
+DetectorStatus = Literal["ok", "undetermined", "inconclusive"]
+"""What a detector answered in a round: ok; undetermined (too few sites or signals to decide);
+inconclusive (it computed the evidence but abstained: the consensus was suspect)."""
+
+STATUS_WORDS = (
+    "ok; undetermined (too few sites or signals to decide); inconclusive (the evidence "
+    "computed, the detector abstained: the consensus was suspect)"
+)
+
+
+class DetectorOutcome(BaseModel):
+    """What one detector answered in an audit, and why when it did not answer ok."""
+
+    status: DetectorStatus = Field(description=STATUS_WORDS)
+    reason: str | None = Field(default=None, description="Why, when not ok")
+
 
 class PinRequest(BaseModel):
     model_config = ConfigDict(
@@ -102,6 +118,15 @@ class ReportClient(BaseModel):
             "expertise is higher = more reliable"
         )
     )
+    latest_statuses: dict[str, DetectorStatus] | None = Field(
+        default=None,
+        description=(
+            "Each detector's status in the client's latest audited round: "
+            + STATUS_WORDS
+            + ". A score and a flag are null where the detector did not answer ok; a detector "
+            "that did not run is absent"
+        ),
+    )
     flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
         default=None,
         description=(
@@ -161,6 +186,10 @@ class ReportLatest(BaseModel):
     aggregation_rule: str | None = None
     fallback_reason: str | None = None
     in_warmup: bool | None = None
+    detectors: dict[str, DetectorOutcome] = Field(
+        default_factory=dict,
+        description="Each detector that ran in the latest audit: its status and, when not ok, why",
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description=(
@@ -227,9 +256,15 @@ class ClientRoundView(BaseModel):
 
     round: int
     primary_flag: bool | None
-    flags: dict[str, bool | None] = Field(description="Each detector's flag (null: undetermined)")
+    flags: dict[str, bool | None] = Field(
+        description="Each detector's flag (null: no verdict, undetermined or inconclusive)"
+    )
     scores: dict[str, float | None] = Field(
         description="Each detector's graded score (see NoisyClientReport's latest_scores)"
+    )
+    statuses: dict[str, DetectorStatus] = Field(
+        default_factory=dict,
+        description="Each detector's status that round (see NoisyClientReport's latest_statuses)",
     )
     flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
         default=None,
@@ -279,8 +314,13 @@ class ClientDiagnostics(BaseModel):
     name: str
     status: ClientStatus
     latest_round: int | None
-    flagged_rounds: list[int]
-    rounds_audited: int
+    flagged_rounds: list[int] = Field(
+        description=(
+            "Audited rounds after the warm-up in which the primary detector flagged the client "
+            "(flags in the warm-up count toward no status, so they are left out)"
+        )
+    )
+    rounds_audited: int = Field(description="Audited rounds after the warm-up")
     noisy_classes: list[str]
     flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
         default=None, description="What the latest flag rests on (as in the report); null: none"

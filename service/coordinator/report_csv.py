@@ -1,0 +1,93 @@
+"""The noisy-client report as CSV, safe to open in a spreadsheet.
+
+``report_csv`` writes the report of :func:`service.coordinator.reports.noisy_client_report`, one
+row per client; ``csv_text`` keeps a text cell from being run as a formula (the CLI's CSV output
+uses it too).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+CSV_COLUMNS = (
+    "client_id",
+    "name",
+    "status",
+    "pinned_status",
+    "num_samples",
+    "times_flagged",
+    "rounds_audited",
+    "latest_round",
+    "primary_detector",
+    "primary_status",
+    "primary_score",
+    "fednoro_score",
+    "fedncl_score",
+    "expertise",
+    "noisy_classes",
+    "last_weight",
+    "neighbors",
+    "inconsistent_updates",
+    "last_inconsistent_at",
+    "epsilon_round",
+    "epsilon_total",
+)
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    """One row per client. ``primary_detector`` is the federation's, ``primary_status`` what it
+    answered in the client's latest audit (ok, undetermined, inconclusive; empty when it did not
+    run), ``primary_score`` its score there (empty when it gave none)."""
+    primary = report["primary_detector"]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in report["clients"]:
+        scores = row["latest_scores"] or {}
+        statuses = row.get("latest_statuses") or {}
+        writer.writerow(
+            [
+                row["client_id"],
+                csv_text(row["name"]),
+                row["status"],
+                row["pinned_status"] or "",
+                row["num_samples"] if row["num_samples"] is not None else "",
+                row["times_flagged"],
+                row["rounds_audited"],
+                "" if row["latest_round"] is None else row["latest_round"],
+                csv_text(primary),
+                statuses.get(primary) or "",
+                _csv_number(scores.get(primary)),
+                _csv_number(scores.get("fednoro")),
+                _csv_number(scores.get("fedncl")),
+                _csv_number(row["reliability"]),
+                csv_text(" ".join(row["noisy_classes"])),
+                _csv_number(row["last_weight"]),
+                csv_text(
+                    " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or [])
+                ),
+                row["inconsistent_updates"],
+                ""
+                if row["last_inconsistent_at"] is None
+                else row["last_inconsistent_at"].isoformat(),
+                _csv_number(row["epsilon_round"]),
+                _csv_number(row["epsilon_total"]),
+            ]
+        )
+    return buffer.getvalue()
+
+
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell a spreadsheet will not run as a formula: one that starts with = + - @, a tab
+    or a carriage return gets a leading apostrophe (OWASP's CSV injection advice). Numbers are
+    written by `_csv_number` and left as they are, so negative scores stay numbers."""
+    return "'" + value if value.startswith(FORMULA_PREFIXES) else value
+
+
+def _csv_number(value: Any) -> str:
+    return "" if value is None else f"{float(value):.6g}"
