@@ -289,8 +289,8 @@ class Participant:
         self._say(f"this site's status: {verdict.status}{classes}. {verdict.advice}")
 
     def diagnostics(self) -> Diagnostics:
-        """This site's own verdict from the coordinator: status, the rounds in which it was
-        flagged, the classes that look noisy, and advice (``GET .../diagnostics``)."""
+        """This site's own verdict from the coordinator: status, the rounds after the warm-up in
+        which it was flagged, the classes that look noisy, and advice (``GET .../diagnostics``)."""
         return self.client.get_diagnostics(self.federation_id)
 
     def _through_outage(self, step: Callable[[], _T]) -> _T:

@@ -197,6 +197,7 @@ class CommitHook:
         event.listen(sessions, "before_commit", self._before_commit)
         event.listen(sessions, "after_commit", self._after_commit)
         event.listen(sessions, "after_soft_rollback", self._after_soft_rollback)
+        event.listen(sessions, "after_transaction_end", self._after_transaction_end)
 
     def _before_commit(self, session: Session) -> None:
         pending = session.info.get(_PENDING)
@@ -220,7 +221,16 @@ class CommitHook:
         if previous.parent is None:
             session.info.pop(_PENDING, None)
 
+    def _after_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
+        # The outermost transaction ended (committed: _after_commit ran first; rolled back; or
+        # closed with the session after a failed commit): nothing marked in it may leak into the
+        # session's next transaction.
+        if transaction.parent is None:
+            session.info.pop(_PUBLISHED, None)
+            session.info.pop(_PENDING, None)
+
     def remove(self) -> None:
         event.remove(self._sessions, "before_commit", self._before_commit)
         event.remove(self._sessions, "after_commit", self._after_commit)
         event.remove(self._sessions, "after_soft_rollback", self._after_soft_rollback)
+        event.remove(self._sessions, "after_transaction_end", self._after_transaction_end)

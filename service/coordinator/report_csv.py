@@ -20,9 +20,6 @@ CSV_COLUMNS = (
     "times_flagged",
     "rounds_audited",
     "latest_round",
-    "primary_detector",
-    "primary_status",
-    "primary_score",
     "fednoro_score",
     "fedncl_score",
     "expertise",
@@ -33,13 +30,19 @@ CSV_COLUMNS = (
     "last_inconsistent_at",
     "epsilon_round",
     "epsilon_total",
+    "primary_detector",
+    "primary_status",
+    "primary_score",
+    "flag_basis",
 )
+"""The columns: new ones go at the end, so that a script reading by position keeps working."""
 
 
 def report_csv(report: dict[str, Any]) -> str:
     """One row per client. ``primary_detector`` is the federation's, ``primary_status`` what it
     answered in the client's latest audit (ok, undetermined, inconclusive; empty when it did not
-    run), ``primary_score`` its score there (empty when it gave none)."""
+    run), ``primary_score`` its score there (empty when it gave none), ``flag_basis`` what the
+    latest primary flag rests on (empty when not flagged)."""
     primary = report["primary_detector"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -57,9 +60,6 @@ def report_csv(report: dict[str, Any]) -> str:
                 row["times_flagged"],
                 row["rounds_audited"],
                 "" if row["latest_round"] is None else row["latest_round"],
-                csv_text(primary),
-                statuses.get(primary) or "",
-                _csv_number(scores.get(primary)),
                 _csv_number(scores.get("fednoro")),
                 _csv_number(scores.get("fedncl")),
                 _csv_number(row["reliability"]),
@@ -74,6 +74,10 @@ def report_csv(report: dict[str, Any]) -> str:
                 else row["last_inconsistent_at"].isoformat(),
                 _csv_number(row["epsilon_round"]),
                 _csv_number(row["epsilon_total"]),
+                csv_text(primary),
+                statuses.get(primary) or "",
+                _csv_number(scores.get(primary)),
+                row.get("flag_basis") or "",
             ]
         )
     return buffer.getvalue()

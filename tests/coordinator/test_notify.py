@@ -167,6 +167,30 @@ def test_a_notification_that_cannot_be_published_fails_the_commit(services: Serv
 
 
 @pytest.mark.db
+def test_marks_of_a_failed_commit_do_not_leak_into_the_sessions_next_transaction(
+    services: Services,
+) -> None:
+    recorder = services.notifier
+    assert isinstance(recorder, Recorder)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    session = services.sessions()
+    try:
+        mark_changed(session, first)
+        recorder.fail_publish = True
+        with pytest.raises(RuntimeError, match="refused the notification"):
+            session.commit()
+        session.close()  # the failed transaction ends here, without a rollback call
+        recorder.fail_publish = False
+        # the same Session object, a new transaction: only what it marks is published and sent
+        mark_changed(session, second)
+        session.commit()
+    finally:
+        session.close()
+    assert recorder.published == [second]
+    assert recorder.sent == [second]
+
+
+@pytest.mark.db
 def test_closing_the_services_removes_the_commit_hook(settings: Settings) -> None:
     engine = make_engine(settings.resolved_database_url)
     sessions = make_sessionmaker(engine)

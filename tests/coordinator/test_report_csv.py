@@ -53,3 +53,26 @@ def test_the_primary_detectors_score_has_its_own_column() -> None:
     assert (b["primary_status"], b["primary_score"]) == ("inconclusive", "")
     assert b["name"] == "'=b"  # a name is not run as a formula
     assert (c["primary_status"], c["primary_score"]) == ("", "")
+    assert a["flag_basis"] == ""
+
+
+def test_new_columns_come_last() -> None:
+    # a script that reads the CSV by position keeps its columns (the ones before 27 November)
+    header = report_csv({"primary_detector": "evidence", "clients": []}).splitlines()[0]
+    assert header.split(",")[:8] == [
+        "client_id",
+        "name",
+        "status",
+        "pinned_status",
+        "num_samples",
+        "times_flagged",
+        "rounds_audited",
+        "latest_round",
+    ]
+    assert header.split(",")[8] == "fednoro_score"
+    assert header.split(",")[-4:] == [
+        "primary_detector",
+        "primary_status",
+        "primary_score",
+        "flag_basis",
+    ]

@@ -268,3 +268,44 @@ def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
     root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
     kinds = [r.get("class") for r in root.iter(f"{NS}rect") if "flag" in (r.get("class") or "")]
     assert kinds == ["flag inconclusive"]
+
+
+def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
+    # round 5: evidence undetermined (too few sites); fedncl not run that round (no status);
+    # round 6: fedncl answered ok but gave this site no flag (None)
+    rounds = [
+        {
+            "round": 5,
+            "in_warmup": False,
+            "primary_flag": None,
+            "flags": {"evidence": None, "fedncl": None},
+            "scores": {"evidence": None, "fedncl": None},
+            "statuses": {"evidence": "undetermined"},
+        },
+        {
+            "round": 6,
+            "in_warmup": False,
+            "primary_flag": False,
+            "flags": {"evidence": False, "fedncl": None},
+            "scores": {"evidence": 0.1, "fedncl": 0.2},
+            "statuses": {"evidence": "ok", "fedncl": "ok"},
+        },
+    ]
+    view = {
+        "federation_id": "f1",
+        "federation": "fed",
+        "name": "site-a",
+        "status": "trusted",
+        "detected_status": "trusted",
+        "rounds": rounds,
+        "site_errors": [],
+        "per_class_loss": {},
+        "classes": ["0", "1"],
+    }
+    html = pages.client_page(view, "evidence")
+    root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
+    cells = [r.get("class") or "" for r in root.iter(f"{NS}rect")]
+    # rows: evidence (rounds 5, 6), fedncl (rounds 5, 6)
+    assert sorted(c for c in cells if "flag" in c) == sorted(
+        ["flag undetermined", "flag clear", "flag noverdict", "flag noverdict"]
+    )

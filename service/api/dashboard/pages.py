@@ -471,9 +471,9 @@ def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> 
 def _detector_flag_kind(flag: Any, in_warmup: bool, status: Any = None) -> str:
     if in_warmup:
         return "warmup"
-    if flag is None and status == "inconclusive":
-        return "inconclusive"
-    return "flagged" if flag is True else "clear" if flag is False else "undetermined"
+    if flag is None and status in ("inconclusive", "undetermined"):
+        return str(status)
+    return "flagged" if flag is True else "clear" if flag is False else "noverdict"
 
 
 def _primary_text(entry: Mapping[str, Any]) -> str:

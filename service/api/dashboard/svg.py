@@ -21,6 +21,7 @@ FLAG_CELLS = {
     "clear": ("#2b8a3e", "not flagged"),
     "undetermined": ("#adb5bd", "undetermined (too few sites or signals)"),
     "inconclusive": ("#ffe066", "inconclusive (the audit abstained: suspect consensus)"),
+    "noverdict": ("#e9ecef", "no verdict (detector not run, or none for this site)"),
     "warmup": ("#d0ebff", "warm-up (not counted)"),
     "absent": ("#ffffff", "no update"),
 }

@@ -235,7 +235,10 @@ class NoisyClientReport(BaseModel):
     status_reason: str | None = Field(
         default=None, description="Why a failed federation failed (or who stopped it, and why)"
     )
-    rounds_audited: int
+    rounds_audited: int = Field(
+        description="Audited rounds of the federation, the warm-up included (each client's "
+        "rounds_audited counts those after the warm-up)"
+    )
     warmup_rounds: int
     primary_detector: str
     latest: ReportLatest
