@@ -30,11 +30,10 @@ from flwr.app import Array, ArrayRecord
 from client_sdk._responses import SignalPolicy
 from fedaudit_flower._records import WireSignals
 from fedaudit_privacy.accounting import (
-    ACCOUNTANT,
     NOISED_SIGNALS,
     accountant,
-    epsilon,
     releases_per_update,
+    round_account,
 )
 from service.audit import (
     AuditConfig,
@@ -250,18 +249,8 @@ class InProcessAuditor:
         totals = [
             k * self._updates[str(site.node_id)] for k, site in zip(per_site, sites, strict=True)
         ]
-        k = max(per_site, default=0)
-        return {
-            "mechanism": "gaussian",
-            "accountant": ACCOUNTANT,
-            "noise_multiplier": sigma,
-            "delta": delta,
-            "releases_per_update": k,
-            "epsilon_round": epsilon(sigma, delta, k),
-            "node_ids": [site.node_id for site in sites],
-            "releases_total": totals,
-            "epsilon_total": [epsilon(sigma, delta, n) for n in totals],
-        }
+        account = round_account(sigma, delta, max(per_site, default=0), totals)
+        return {**account, "node_ids": [site.node_id for site in sites]}
 
     def _update_history(
         self,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "accountant",
     "epsilon",
     "releases_per_update",
+    "round_account",
 ]
 
 ACCOUNTANT = "dp-accounting RDP"
@@ -69,3 +70,28 @@ def releases_per_update(signals: Iterable[str]) -> int:
     """How many noised releases an update of a federation requiring ``signals`` carries."""
     wanted = set(signals)
     return sum(1 for name in NOISED_SIGNALS if name in wanted)
+
+
+def round_account(
+    noise_multiplier: float,
+    delta: float,
+    releases_per_round: int,
+    releases_total: Sequence[int],
+    *,
+    epsilon_of: Callable[[float, float, int], float] = epsilon,
+) -> dict[str, Any]:
+    """What a round's audit records of the budget under the Gaussian mechanism: the settings,
+    the round's epsilon (``releases_per_round`` releases), and per site its releases so far and
+    their epsilon (``releases_total``, in the caller's site order). ``epsilon_of``: the
+    composition to use (the coordinator's raises its own error without the accountant)."""
+    totals = [int(n) for n in releases_total]
+    return {
+        "mechanism": "gaussian",
+        "accountant": ACCOUNTANT,
+        "noise_multiplier": noise_multiplier,
+        "delta": delta,
+        "releases_per_update": releases_per_round,
+        "epsilon_round": epsilon_of(noise_multiplier, delta, releases_per_round),
+        "releases_total": totals,
+        "epsilon_total": [epsilon_of(noise_multiplier, delta, n) for n in totals],
+    }

@@ -26,7 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fedaudit_privacy.accounting import ACCOUNTANT, accountant, releases_per_update
+from fedaudit_privacy.accounting import (
+    ACCOUNTANT,
+    accountant,
+    releases_per_update,
+    round_account,
+)
 from fedaudit_privacy.accounting import epsilon as shared_epsilon
 from service.coordinator.signal_policy import SignalPolicy, policy_of
 from service.errors import DpAccountingUnavailableError
@@ -80,16 +85,7 @@ def round_privacy(
     assert delta is not None  # required with the mechanism (SignalPolicy)
     k = releases_per_update(signals)
     totals = [k * int(updates_so_far[cid]) for cid in client_ids]
-    return {
-        "mechanism": "gaussian",
-        "accountant": ACCOUNTANT,
-        "noise_multiplier": sigma,
-        "delta": delta,
-        "releases_per_update": k,
-        "epsilon_round": epsilon(sigma, delta, k),
-        "releases_total": totals,
-        "epsilon_total": [epsilon(sigma, delta, n) for n in totals],
-    }
+    return round_account(sigma, delta, k, totals, epsilon_of=epsilon)
 
 
 def report_privacy(config: Mapping[str, Any]) -> dict[str, Any] | None:
