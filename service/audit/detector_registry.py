@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from service.audit._typing import BoolArray, FloatArray
+from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit.blocks import RoundPass
 from service.audit.detection import DetectionResult
 from service.audit.detectors.expertise import expertise_detection
@@ -193,13 +193,7 @@ def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResu
     k = len(data.ids)
     mode = result.summary.get("mode")
     in_noisy_role = noisy_role(call.history, k)
-    groups = peer_groups(
-        data.class_counts,
-        data.num_samples,
-        min_sites=settings.min_sites,
-        min_homogeneity_p=settings.min_homogeneity_p,
-        exclude=in_noisy_role,
-    )
+    groups = geometry_peers(data, call.config, call.history)
     anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)
     totals = call.shared.consensus() if (groups >= 0).any() and mode == "consensus" else None
     if mode != "consensus":
@@ -230,6 +224,21 @@ def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResu
     if anchors is not None:
         carried &= ~anchors
     return carry_flags(result, carried, sizes, cap)
+
+
+def geometry_peers(
+    data: CheckedClients, config: AuditConfig, history: Sequence[StatusHistory] | None
+) -> IntArray:
+    """Each site's group of peers for the update geometry (-1: not judged), as
+    :func:`~service.audit.geometry_evidence.peer_groups` forms them with ``config.geometry``; the
+    round's pass reads the updates' consensus only where some site has a group."""
+    return peer_groups(
+        data.class_counts,
+        data.num_samples,
+        min_sites=config.geometry.min_sites,
+        min_homogeneity_p=config.geometry.min_homogeneity_p,
+        exclude=noisy_role(history, len(data.ids)),
+    )
 
 
 def noisy_role(history: Sequence[StatusHistory] | None, k: int) -> BoolArray:

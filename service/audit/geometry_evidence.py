@@ -288,8 +288,7 @@ def geometry_evidence(
     z = np.full(k, np.nan)
     for value in np.unique(groups[groups >= 0]):
         members = groups == value
-        if int(members.sum()) < min_sites:
-            groups[members] = -1
+        if int(members.sum()) < min_sites:  # peers without a direction left too few
             continue
         centre = float(np.median(cos[members]))
         scale = MAD_TO_SD * float(np.median(np.abs(cos[members] - centre)))
@@ -297,19 +296,17 @@ def geometry_evidence(
             z[members] = (centre - cos[members]) / scale
     judged = np.isfinite(z)
     if not judged.any():
-        return GeometryEvidence.not_made(
-            k, _why_nobody(counts, num_samples, min_sites, min_homogeneity_p)
-        )
-    p = np.where(judged, norm.sf(np.where(judged, z, 0.0)), 1.0)
+        return GeometryEvidence.not_made(k, _why_nobody(counts, min_sites, min_homogeneity_p))
+    p = norm.sf(z)  # NaN where not judged
     significant, _ = benjamini_hochberg(p[judged], q)
     flags = np.zeros(k, dtype=bool)
     flags[judged] = significant & (z[judged] >= min_z)
     if never is not None:
         flags &= ~np.asarray(never, dtype=bool)
-    return GeometryEvidence(True, cos, z, np.where(judged, p, np.nan), flags, judged, None)
+    return GeometryEvidence(True, cos, z, p, flags, judged, None)
 
 
-def _why_nobody(counts: FloatArray, num_samples: Any, min_sites: int, min_p: float) -> str:
+def _why_nobody(counts: FloatArray, min_sites: int, min_p: float) -> str:
     """Why no site's update was judged (the summary's ``geometry_note``)."""
     mix_p = site_mix_p_values(counts)
     same_mix, k = int((mix_p >= min_p).sum()), mix_p.size

@@ -53,8 +53,7 @@ from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
-from service.audit.detector_registry import noisy_role
-from service.audit.geometry_evidence import peer_groups
+from service.audit.detector_registry import geometry_peers
 from service.audit.reliability import k_reliable_neighbors
 from service.audit.round_detectors import run_detectors
 from service.audit.round_inputs import (
@@ -437,23 +436,10 @@ def _round_pass(
 ) -> RoundPass:
     """The round's shared pass, planned for what the configured aggregation will ask."""
     # The update geometry's consensus rides on the first pass, where some site can be judged.
-    geometry = config.geometry
     judged = (
-        geometry.check
+        config.geometry.check
         and (config.detectors is None or "evidence" in config.detectors)
-        and len(data.states) >= geometry.min_sites
-        and bool(
-            (
-                peer_groups(
-                    data.class_counts,
-                    data.num_samples,
-                    min_sites=geometry.min_sites,
-                    min_homogeneity_p=geometry.min_homogeneity_p,
-                    exclude=noisy_role(history, len(data.states)),
-                )
-                >= 0
-            ).any()
-        )
+        and bool((geometry_peers(data, config, history) >= 0).any())
     )
     consensus = np.asarray(data.num_samples, dtype=np.float64) if judged else None
     if config.aggregation == "fedavg":
