@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from service.api.dashboard import pages, plots
 
@@ -240,6 +241,21 @@ def test_a_score_the_detector_did_not_give_says_why() -> None:
     assert "n/a (inconclusive):" not in page
 
 
+def _trusted_site_view(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trusted site's client page view with these history ``rounds`` and nothing else."""
+    return {
+        "federation_id": "f1",
+        "federation": "fed",
+        "name": "site-a",
+        "status": "trusted",
+        "detected_status": "trusted",
+        "rounds": rounds,
+        "site_errors": [],
+        "per_class_loss": {},
+        "classes": ["0", "1"],
+    }
+
+
 def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
     rounds = [
         {
@@ -251,18 +267,7 @@ def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
             "statuses": {"evidence": "inconclusive"},
         }
     ]
-    view = {
-        "federation_id": "f1",
-        "federation": "fed",
-        "name": "site-a",
-        "status": "trusted",
-        "detected_status": "trusted",
-        "rounds": rounds,
-        "site_errors": [],
-        "per_class_loss": {},
-        "classes": ["0", "1"],
-    }
-    html = pages.client_page(view, "evidence")
+    html = pages.client_page(_trusted_site_view(rounds), "evidence")
     assert "n/a (inconclusive)</span></td>" in html
     assert "the detector abstained: the consensus is suspect" in html
     root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
@@ -273,7 +278,7 @@ def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
 def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
     # round 5: evidence undetermined (too few sites); fedncl not run that round (no status);
     # round 6: fedncl answered ok but gave this site no flag (None)
-    rounds = [
+    rounds: list[dict[str, Any]] = [
         {
             "round": 5,
             "in_warmup": False,
@@ -291,18 +296,7 @@ def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
             "statuses": {"evidence": "ok", "fedncl": "ok"},
         },
     ]
-    view = {
-        "federation_id": "f1",
-        "federation": "fed",
-        "name": "site-a",
-        "status": "trusted",
-        "detected_status": "trusted",
-        "rounds": rounds,
-        "site_errors": [],
-        "per_class_loss": {},
-        "classes": ["0", "1"],
-    }
-    html = pages.client_page(view, "evidence")
+    html = pages.client_page(_trusted_site_view(rounds), "evidence")
     root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
     cells = [r.get("class") or "" for r in root.iter(f"{NS}rect")]
     # rows: evidence (rounds 5, 6), fedncl (rounds 5, 6)

@@ -74,6 +74,16 @@ class ReportNeighbor(NeighborWeight):
     name: str
 
 
+FlagBasis = Literal["losses", "update_direction", "accuracy"]
+"""What a primary flag rests on (``service.coordinator.reports``)."""
+
+FLAG_BASIS_WORDS = (
+    "losses (the reported per-class losses and error counts), update_direction (the update "
+    "geometry: the site's update against its peers', computed by the coordinator), accuracy "
+    "(its model's accuracy on its own labels); null when not flagged"
+)
+
+
 class ReportFlagRound(BaseModel):
     """One audited round of a client's flag history; one more key per detector that ran
     (``fednoro``, ``fedncl``, ``expertise``: its flag, or null)."""
@@ -127,14 +137,8 @@ class ReportClient(BaseModel):
             "that did not run is absent"
         ),
     )
-    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
-        default=None,
-        description=(
-            "What the latest primary flag rests on: losses (the reported per-class losses and "
-            "error counts), update_direction (the update geometry: the site's update against "
-            "its peers', computed by the coordinator), accuracy (its model's accuracy on its "
-            "own labels); null when not flagged"
-        ),
+    flag_basis: FlagBasis | None = Field(
+        default=None, description="What the latest primary flag rests on: " + FLAG_BASIS_WORDS
     )
     noisy_classes: list[str] = Field(
         description=(
@@ -269,14 +273,8 @@ class ClientRoundView(BaseModel):
         default_factory=dict,
         description="Each detector's status that round (see NoisyClientReport's latest_statuses)",
     )
-    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
-        default=None,
-        description=(
-            "What the primary flag rests on: losses (the reported per-class losses and "
-            "error counts), update_direction (the update geometry: the site's update against "
-            "its peers', computed by the coordinator), accuracy (its model's accuracy on its "
-            "own labels); null when not flagged"
-        ),
+    flag_basis: FlagBasis | None = Field(
+        default=None, description="What the primary flag rests on: " + FLAG_BASIS_WORDS
     )
     noisy_classes: list[str] = Field(description="As in the report: the primary's classes")
     classes_by_detector: dict[str, list[str]] = Field(
@@ -325,8 +323,8 @@ class ClientDiagnostics(BaseModel):
     )
     rounds_audited: int = Field(description="Audited rounds after the warm-up")
     noisy_classes: list[str]
-    flag_basis: Literal["losses", "update_direction", "accuracy"] | None = Field(
-        default=None, description="What the latest flag rests on (as in the report); null: none"
+    flag_basis: FlagBasis | None = Field(
+        default=None, description="What the latest flag rests on: " + FLAG_BASIS_WORDS
     )
     scores: dict[str, float | None] | None
     advice: str
