@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.special import betainc, ndtri
 from scipy.stats import nbinom, poisson
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
@@ -194,6 +194,52 @@ def upper_p(
     return np.asarray(np.where(phi_a > 0, nb_p, poisson_p), dtype=np.float64)
 
 
+def _nb_cdf(k: FloatArray, r: FloatArray, p: FloatArray) -> FloatArray:
+    """P(X <= k) for X negative binomial (r, p), k integer: the regularised incomplete beta
+    I_p(r, k + 1) (the identity scipy's ``nbinom.cdf`` evaluates; 0 for k < 0)."""
+    return np.where(k >= 0.0, betainc(r, np.maximum(k, 0.0) + 1.0, p), 0.0)
+
+
+def nb_quantile(
+    level: float, r: FloatArray, p: FloatArray, start: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The smallest integer q >= 0 with P(X <= q) >= ``level`` (scipy's ``nbinom.ppf``), with
+    P(X <= q) and P(X <= q - 1), for X negative binomial (r, p). Found by stepping from
+    ``start`` (any non-negative integers: the closer, the fewer steps); each step evaluates only
+    the entries that still move, and reuses the CDF the step before evaluated."""
+    q = np.maximum(np.asarray(start, dtype=np.float64), 0.0).copy()
+    at = _nb_cdf(q, r, p)
+    below = np.full(q.shape, np.nan)  # P(X <= q - 1) where known
+    moving = np.flatnonzero(at < level)
+    while moving.size:  # up while P(X <= q) < level
+        q[moving] += 1.0
+        below[moving] = at[moving]
+        at[moving] = _nb_cdf(q[moving], r[moving], p[moving])
+        moving = moving[at[moving] < level]
+    moving = np.flatnonzero(np.isnan(below) & (q > 0.0))
+    below[q <= 0.0] = 0.0
+    while moving.size:  # down while P(X <= q - 1) >= level
+        below[moving] = _nb_cdf(q[moving] - 1.0, r[moving], p[moving])
+        moving = moving[below[moving] >= level]
+        q[moving] -= 1.0
+        at[moving] = below[moving]
+        below[moving[q[moving] <= 0.0]] = 0.0
+        moving = moving[q[moving] > 0.0]
+    return q, at, below
+
+
+def _gamma_guess(level: float, mu: FloatArray, phi: FloatArray) -> FloatArray:
+    """A start for :func:`nb_quantile`: the ``level`` quantile of the gamma distribution with
+    the count's mean and variance, by Wilson and Hilferty's cube-root normal approximation
+    ("The distribution of chi-square", PNAS 1931), rounded down (within a few steps of the
+    negative binomial's quantile)."""
+    mean = np.maximum(mu, 1e-12)
+    shape = mean / (1.0 + phi * mean)  # mean^2 / variance
+    w = 1.0 / (9.0 * shape)
+    root = np.maximum(1.0 - w + float(ndtri(level)) * np.sqrt(w), 0.0)
+    return np.floor(mean * root**3)
+
+
 def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Per count: whether its mid-CDF P(X < x) + P(X = x) / 2 is below ``LOWER_TAIL``, and the
     probability of that event under the model (negative binomial, mean mu, dispersion phi).
@@ -204,10 +250,10 @@ def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatAr
     probability is P(X <= t) (0 when t < 0)."""
     r = 1.0 / np.maximum(phi, 1e-12)
     p = r / (r + mu)
-    q = nbinom.ppf(LOWER_TAIL, r, p)
-    at_q = 0.5 * (nbinom.cdf(q, r, p) + nbinom.cdf(q - 1.0, r, p))
-    t = np.where(at_q < LOWER_TAIL, q, q - 1.0)
-    chance = np.where(t >= 0.0, nbinom.cdf(t, r, p), 0.0)
+    q, at_q, below_q = nb_quantile(LOWER_TAIL, r, p, _gamma_guess(LOWER_TAIL, mu, phi))
+    qualifies = 0.5 * (at_q + below_q) < LOWER_TAIL
+    t = np.where(qualifies, q, q - 1.0)
+    chance = np.where(qualifies, at_q, below_q)
     return (x <= t).astype(np.float64), np.asarray(chance, dtype=np.float64)
 
 

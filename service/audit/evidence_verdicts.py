@@ -97,14 +97,22 @@ def checked_inputs(
     return loss, counts, sd, anchor
 
 
-def noisy_classes(z: FloatArray, counts: IntArray, q: float, min_class_count: int) -> list[int]:
-    """The site's classes whose loss alone is significantly above the class consensus
-    (one-sided normal p times the number of classes it holds ``min_class_count`` samples
-    of, doubled, at most q), highest z first: where the wrong labels are."""
+def noisy_classes(
+    z: FloatArray, counts: IntArray, q: float, min_class_count: int
+) -> list[list[int]]:
+    """Per site (rows of ``z`` and ``counts``) the classes whose loss alone is significantly
+    above the class consensus (one-sided normal p times the number of classes the site holds
+    ``min_class_count`` samples of, doubled, at most q), highest z first: where the wrong labels
+    are."""
     tested = np.isfinite(z) & (counts >= min_class_count)
-    m = max(int(tested.sum()), 1)
-    order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")
-    return [int(c) for c in order if tested[c] and 2.0 * ndtr(-z[c]) * m <= q]
+    m = np.maximum(tested.sum(axis=1), 1)
+    with np.errstate(invalid="ignore"):
+        noisy = tested & (2.0 * ndtr(-z) * m[:, None] <= q)
+    out: list[list[int]] = [[] for _ in range(z.shape[0])]
+    for i in np.flatnonzero(noisy.any(axis=1)):
+        order = np.argsort(-np.nan_to_num(z[i], nan=-np.inf), kind="stable")
+        out[i] = [int(c) for c in order if noisy[i, c]]
+    return out
 
 
 def error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
@@ -152,11 +160,13 @@ def site_verdicts(
     score = chosen.score if chosen.errors is None else np.maximum(chosen.score, chosen.errors.z)
     site = chosen.site
     relative = None if site is None else np.exp(site.x - site.centre)
+    # Shown: each class against its consensus, as reported (where the site's loss is high);
+    # the per-class test itself reads the class z given the site's difficulty.
+    z_shown = direction * chosen.evidence.z
+    where_noisy = noisy_classes(z_shown, counts, q, min_class_count)
     verdicts: list[ClientVerdict | None] = []
     for i in range(counts.shape[0]):
-        # Shown: each class against its consensus, as reported (where the site's loss is
-        # high); the per-class test itself reads the class z given the site's difficulty.
-        zi = direction * chosen.evidence.z[i]
+        zi = z_shown[i]
         if accuracy is not None and accuracy_flags[i]:
             # Flagged by its accuracy alone: its loss score is, by construction, unremarkable.
             score_i = max(score[i], accuracy.z[i])
@@ -178,7 +188,7 @@ def site_verdicts(
                     ),
                     "stouffer_z": float(chosen.stouffer[i]),
                     "class_z": [None if not np.isfinite(v) else float(v) for v in zi],
-                    "noisy_classes": noisy_classes(zi, counts[i], q, min_class_count),
+                    "noisy_classes": where_noisy[i],
                     "mean_loss": float(site_loss[i]),
                     "anchor": bool(anchor[i]),
                     "significant": bool(chosen.flags[i]),

@@ -15,14 +15,17 @@ For a target client c and a candidate neighbor n (FedRN, Kim et al., CIKM 2022, 
 A min-max range of 1e-12 or less carries no information and normalises to all ones (so equal
 inputs give equal, NaN-free scores).
 
-Exactness and memory. Cosines are accumulated one flattened coordinate at a time with
-element-wise numpy operations, so every entry is computed by the same sequence of roundings
-whatever the block of rows it is computed in (a BLAS matrix product does not promise that: its
-blocking, and so its rounding, depends on the shape). With ``chunk_size=None`` all target rows
-are scored at once (a T x K matrix, K x K for all targets); with an int the target rows are
-processed ``chunk_size`` at a time against all candidates, never materialising more than
-``chunk_size x K`` scores, and the results are bit-for-bit identical. The cost is O(T K P C)
-either way.
+Exactness and memory. :func:`reliability_scores` and :func:`probe_similarity` accumulate the
+cosines one flattened coordinate at a time with element-wise numpy operations, so every entry is
+computed by the same sequence of roundings. :func:`k_reliable_neighbors` ranks each block of
+target rows by one float32 matrix product (fast, but its rounding depends on the block's shape)
+and keeps, with a margin sixteen times its worst rounding error, only the entries that can be
+a row's smallest or largest cosine or among its k best; those few are recomputed in float64
+element by element, and the choice is made on them. Its neighbors and R are therefore those of
+the full float64 matrix, bit for bit (``tests/audit/test_reliability_search.py``), for any block.
+With ``chunk_size=None`` all target rows are scored at once (a T x K matrix, K x K for all
+targets); with an int the target rows are processed ``chunk_size`` at a time, never holding more
+than a few ``chunk_size x K`` arrays, with the same result. The cost is O(T K P C) either way.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.audit._json import to_jsonable
 from service.audit._typing import BoolArray, FloatArray, IntArray
@@ -51,6 +55,8 @@ __all__ = [
 ]
 
 _RANGE_EPS = 1e-12
+_EPS32 = float(np.finfo(np.float32).eps) / 2.0  # 2^-24, float32's unit roundoff
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _VARIANTS = ("softmax", "logit")
 
 
@@ -138,6 +144,21 @@ def _cosine_rows(unit_t: FloatArray, rows: IntArray) -> FloatArray:
     return result
 
 
+def _expertise_range(
+    acc: FloatArray, candidate_mask: BoolArray, rows: IntArray
+) -> tuple[FloatArray, FloatArray, BoolArray]:
+    """Per target row: the minimum, the range and whether the range is flat of the accuracies
+    of {c} and its candidates (Exp's min-max normalisation, FedRN eq. 4)."""
+    if candidate_mask.any():
+        cand_lo = float(acc[candidate_mask].min())
+        cand_hi = float(acc[candidate_mask].max())
+    else:
+        cand_lo, cand_hi = np.inf, -np.inf
+    exp_lo = np.minimum(cand_lo, acc[rows])
+    exp_spread = np.maximum(cand_hi, acc[rows]) - exp_lo
+    return exp_lo, exp_spread, exp_spread <= _RANGE_EPS
+
+
 @dataclass(frozen=True)
 class _Block:
     scores: FloatArray  # (b, K) R(c, n), -inf where n is not a candidate of c
@@ -169,16 +190,7 @@ def _score_block(
         / np.where(sim_flat, 1.0, sim_spread)[:, None],
     )
 
-    # Exp is normalised over {c} and its candidates (FedRN eq. 4).
-    if candidate_mask.any():
-        cand_lo = float(acc[candidate_mask].min())
-        cand_hi = float(acc[candidate_mask].max())
-    else:
-        cand_lo, cand_hi = np.inf, -np.inf
-    exp_lo = np.minimum(cand_lo, acc[rows])
-    exp_hi = np.maximum(cand_hi, acc[rows])
-    exp_spread = exp_hi - exp_lo
-    exp_flat = exp_spread <= _RANGE_EPS
+    exp_lo, exp_spread, exp_flat = _expertise_range(acc, candidate_mask, rows)
     safe_spread = np.where(exp_flat, 1.0, exp_spread)
     exp_all = np.where(
         exp_flat[:, None], 1.0, (acc[None, :] - exp_lo[:, None]) / safe_spread[:, None]
@@ -191,22 +203,131 @@ def _score_block(
     return _Block(scores=scores, self_scores=self_scores, allowed=allowed)
 
 
-def _top_k(scores: FloatArray, allowed: BoolArray, k: int) -> IntArray:
-    """Indices of the k largest allowed scores, by decreasing score then increasing index."""
-    n_allowed = int(allowed.sum())
-    kk = min(k, n_allowed)
-    if kk == 0:
-        return np.zeros(0, dtype=np.int64)
-    if kk == n_allowed:
-        selected = np.flatnonzero(allowed)
-    else:
-        kth = np.partition(scores, scores.size - kk)[scores.size - kk]
-        above = np.flatnonzero(scores > kth)
-        tied = np.flatnonzero(scores == kth)[: kk - above.size]
-        selected = np.concatenate([above, tied])
-    order = np.lexsort((selected, -scores[selected]))
-    result: IntArray = selected[order].astype(np.int64)
+def _pair_cosines(unit_t: FloatArray, rows: IntArray, cols: IntArray) -> FloatArray:
+    """The cosines of the pairs (rows[i], cols[i]), by the same sequence of roundings as
+    :func:`_cosine_rows` gives each entry."""
+    out = np.zeros(rows.size)
+    for d in range(unit_t.shape[0]):
+        out += unit_t[d, rows] * unit_t[d, cols]
+    result: FloatArray = np.clip(out, -1.0, 1.0, out=out)
     return result
+
+
+def _pool(
+    values: FloatArray, picked: IntArray, bound: FloatArray, margin: FloatArray, *, low: bool
+) -> tuple[IntArray, IntArray]:
+    """(row, column) of every entry within ``margin`` of its row's ``bound`` (at or below
+    ``bound + margin`` when ``low``, at or above ``bound - margin`` otherwise; disallowed
+    entries hold +-inf and never qualify). ``picked`` (b, m) are entries known to qualify; a
+    row with exactly m qualifying entries is taken from it, the others are searched."""
+    edge = (bound + margin if low else bound - margin).astype(values.dtype)[:, None]
+    near = values <= edge if low else values >= edge
+    counts = near.sum(axis=1)
+    plain = counts == picked.shape[1]
+    r = np.repeat(np.flatnonzero(plain), picked.shape[1])
+    c = picked[plain].ravel()
+    if not plain.all():
+        extra_r, extra_c = np.nonzero(near[~plain])
+        r = np.concatenate([r, np.flatnonzero(~plain)[extra_r]])
+        c = np.concatenate([c, extra_c])
+    return r.astype(np.int64), c.astype(np.int64)
+
+
+def _exact_extremes(
+    unit_t: FloatArray,
+    rows: IntArray,
+    low: tuple[IntArray, IntArray],
+    high: tuple[IntArray, IntArray],
+) -> tuple[FloatArray, FloatArray]:
+    """Per block row the smallest exact cosine among its ``low`` pairs and the largest among
+    its ``high`` pairs (one pass over both)."""
+    r = np.concatenate([low[0], high[0]])
+    exact = _pair_cosines(unit_t, rows[r], np.concatenate([low[1], high[1]]))
+    lo, hi = np.full(rows.size, np.inf), np.full(rows.size, -np.inf)
+    np.minimum.at(lo, low[0], exact[: low[0].size])
+    np.maximum.at(hi, high[0], exact[low[0].size :])
+    return lo, hi
+
+
+def _neighbors_of_block(
+    unit_t: FloatArray,
+    unit32: NDArray[np.float32],
+    acc: FloatArray,
+    candidate_mask: BoolArray,
+    rows: IntArray,
+    alpha: float,
+    k: int,
+) -> list[tuple[IntArray, FloatArray, float]]:
+    """Per target row of the block: (neighbors, their R, R(c, c)).
+
+    The cosines of the block come from one float32 matrix product of ``unit32`` (the unit
+    vectors rounded to float32): off by at most about (D + 2) * 2^-24 for D probe values, by an
+    amount that may also depend on the block's shape. They only pick, with a margin sixteen
+    times that bound, the few entries that can be a row's smallest or largest cosine or among
+    its k largest R. Those entries' cosines and R are then computed in float64 exactly as
+    :func:`reliability_scores` computes them, and the choice among them is made on the exact
+    values (ties: lower index): the result does not depend on the blocks or on the float32
+    pass.
+    """
+    n_rows, n_clients = rows.size, acc.size
+    at_self = (np.arange(n_rows), rows)
+    outside = np.flatnonzero(~candidate_mask)
+    n_allowed = int(candidate_mask.sum()) - candidate_mask[rows].astype(np.int64)
+    has_any = n_allowed > 0
+    sim = unit32[:, rows].T @ unit32  # (b, K), float32
+    unit_margin = 16.0 * (unit_t.shape[0] + 2) * _EPS32
+    margin = np.full(n_rows, unit_margin)
+    pools = []
+    for low, fill in ((True, np.inf), (False, -np.inf)):
+        sim[at_self] = fill
+        sim[:, outside] = fill
+        best = (np.argmin if low else np.argmax)(sim, axis=1)
+        value = np.where(has_any, sim[np.arange(n_rows), best], np.nan)  # NaN: none qualifies
+        pools.append(_pool(sim, best[:, None], value, margin, low=low))
+    sim_lo, sim_hi = _exact_extremes(unit_t, rows, pools[0], pools[1])
+    sim_spread = np.where(has_any, sim_hi - np.where(has_any, sim_lo, 0.0), 0.0)
+    sim_flat = sim_spread <= _RANGE_EPS
+    exp_lo, exp_spread, exp_flat = _expertise_range(acc, candidate_mask, rows)
+    # The ranking key a_c * acc_n + b_c * cos(c, n): R(c, n) up to a constant per row.
+    a = np.where(exp_flat, 0.0, alpha / np.where(exp_flat, 1.0, exp_spread))
+    b = np.where(sim_flat, 0.0, (1.0 - alpha) / np.where(sim_flat, 1.0, sim_spread))
+    key = sim
+    key[at_self] = 0.0
+    key[:, outside] = 0.0
+    key *= b[:, None]
+    key += a.astype(np.float32)[:, None] * acc.astype(np.float32)[None, :]
+    key[at_self] = -np.inf
+    key[:, outside] = -np.inf
+    take = min(k, n_clients)
+    top = np.argpartition(key, n_clients - take, axis=1)[:, n_clients - take :]
+    kth = key[np.arange(n_rows)[:, None], top].min(axis=1)
+    kth[n_allowed <= k] = -_FLOAT32_MAX  # every allowed candidate is a neighbor
+    pool_r, pool_c = _pool(key, top, kth, unit_margin * (1.0 + a + b), low=False)
+
+    exact = _pair_cosines(unit_t, rows[pool_r], pool_c)
+    sim_norm = np.where(
+        sim_flat[pool_r],
+        1.0,
+        (exact - sim_lo[pool_r]) / np.where(sim_flat, 1.0, sim_spread)[pool_r],
+    )
+    exp_n = np.where(
+        exp_flat[pool_r],
+        1.0,
+        (acc[pool_c] - exp_lo[pool_r]) / np.where(exp_flat, 1.0, exp_spread)[pool_r],
+    )
+    r_pool = alpha * exp_n + (1.0 - alpha) * sim_norm
+    order = np.lexsort((pool_c, -r_pool, pool_r))
+    exp_self = np.where(exp_flat, 1.0, (acc[rows] - exp_lo) / np.where(exp_flat, 1.0, exp_spread))
+    self_scores = alpha * exp_self + (1.0 - alpha)
+    starts = np.searchsorted(pool_r[order], np.arange(n_rows + 1))
+    return [
+        (
+            pool_c[order[starts[i] : starts[i + 1]][:k]],
+            r_pool[order[starts[i] : starts[i + 1]][:k]],
+            float(self_scores[i]),
+        )
+        for i in range(n_rows)
+    ]
 
 
 def probe_similarity(probes: Any, variant: str = "softmax") -> FloatArray:
@@ -358,15 +479,16 @@ def k_reliable_neighbors(
         candidate_mask[candidate_rows] = True
 
     unit_t = _unit_columns(array)
+    unit32 = unit_t.astype(np.float32)
     step = max(target_rows.size, 1) if chunk is None else chunk
     result = NeighborSets([], [], [], [], [], [])
     for start in range(0, target_rows.size, step):
         rows = target_rows[start : start + step]
-        block = _score_block(unit_t, acc, candidate_mask, rows, a)
-        for i, row in enumerate(rows):
-            chosen = _top_k(block.scores[i], block.allowed[i], kk)
-            raw = block.scores[i, chosen]
-            self_raw = float(block.self_scores[i])
+        for row, (chosen, raw, self_raw) in zip(
+            rows,
+            _neighbors_of_block(unit_t, unit32, acc, candidate_mask, rows, a, kk),
+            strict=True,
+        ):
             # The total is > 0: R(c, c) >= 1 - alpha, and with alpha = 1 the best candidate
             # (or c itself) has Exp = 1, so no division by zero can occur.
             total = self_raw + float(raw.sum())
