@@ -14,10 +14,37 @@ from service.audit.class_null import benjamini_hochberg
 from service.audit.error_evidence import (
     error_evidence,
     fit_dispersion,
+    nb_quantile,
     reported_counts,
     upper_p,
 )
 from service.audit.evidence import EvidenceDetector
+
+
+def test_nb_quantile_by_hand_and_against_scipy() -> None:
+    from scipy.stats import nbinom
+
+    # Geometric (r = 1, p = 1/2): P(X <= q) = 1 - 2^-(q + 1) = 0.5, 0.75, 0.875 at 0, 1, 2, so
+    # the 0.25 quantile is 0, the 0.6 quantile 1 and the 0.8 quantile 2, from any start.
+    one, half = np.ones(3), np.full(3, 0.5)
+    for level, q in ((0.25, 0.0), (0.6, 1.0), (0.8, 2.0)):
+        got, at, below = nb_quantile(level, one, half, np.array([0.0, 2.0, 40.0]))
+        assert got.tolist() == [q] * 3
+        assert at == pytest.approx(1.0 - 2.0 ** -(q + 1.0))
+        assert below == pytest.approx(0.0 if q == 0 else 1.0 - 2.0**-q)
+    # scipy's quantile is the reference on a wide range of means and dispersions.
+    rng = np.random.default_rng(0)
+    mu = np.exp(rng.uniform(np.log(0.01), np.log(500.0), 4000))
+    phi = np.where(rng.uniform(size=4000) < 0.1, 1e-12, rng.uniform(0.0, 1.2, 4000))
+    r = 1.0 / phi
+    p = r / (r + mu)
+    for level in (0.05, 0.25, 0.9):
+        expected = nbinom.ppf(level, r, p)
+        for start in (np.zeros(4000), np.floor(3.0 * mu)):
+            got, at, below = nb_quantile(level, r, p, start)
+            assert np.array_equal(got, expected)
+            assert np.array_equal(at, nbinom.cdf(got, r, p))
+            assert np.array_equal(below, nbinom.cdf(got - 1.0, r, p))
 
 
 def test_upper_p_by_hand() -> None:
