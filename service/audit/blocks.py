@@ -42,8 +42,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 from scipy.linalg.blas import daxpy, saxpy
-from threadpoolctl import ThreadpoolController
 
+from service.audit._blas import one_blas_thread
 from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import InvalidInputError
 from service.audit.state import (
@@ -116,17 +116,6 @@ class StreamResult:
     gram: FloatArray | None = None
     consensus_dots: FloatArray | None = None
     consensus_norm2: float | None = None
-
-
-_CONTROLLER: list[ThreadpoolController] = []
-
-
-def _blas_controller() -> ThreadpoolController:
-    """One controller per process: building it scans the loaded libraries (milliseconds, which
-    a small round would pay on every pass); limiting through it costs microseconds."""
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0]
 
 
 def _mapped(readers: Sequence[StateReader]) -> list[bool]:
@@ -238,7 +227,7 @@ def stream_pass(
     """
     # One BLAS thread: the blocks are small, and on a busy 2-core machine BLAS threads waiting
     # for a core made the axpy / GEMV calls 10x slower than the data's read (measured).
-    with _blas_controller().limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         return _stream_pass(
             global_state,
             updates,

@@ -186,12 +186,15 @@ def upper_p(
     mean + phi mean^2; Poisson where phi = 0), elementwise."""
     x = np.asarray(observed, dtype=np.float64)
     mu = np.asarray(mean, dtype=np.float64)
-    phi_a = np.broadcast_to(np.asarray(phi, dtype=np.float64), np.broadcast(x, mu).shape)
-    poisson_p = poisson.sf(x - 1.0, mu)
-    r = 1.0 / np.maximum(phi_a, 1e-12)
-    q = r / (r + mu)
-    nb_p = nbinom.sf(x - 1.0, r, q)
-    return np.asarray(np.where(phi_a > 0, nb_p, poisson_p), dtype=np.float64)
+    shape = np.broadcast(x, mu, np.asarray(phi)).shape
+    x, mu = np.broadcast_to(x, shape), np.broadcast_to(mu, shape)
+    phi_a = np.broadcast_to(np.asarray(phi, dtype=np.float64), shape)
+    out = np.empty(shape)
+    nb = phi_a > 0  # each tail only where it applies
+    r = 1.0 / phi_a[nb]
+    out[nb] = nbinom.sf(x[nb] - 1.0, r, r / (r + mu[nb]))
+    out[~nb] = poisson.sf(x[~nb] - 1.0, mu[~nb])
+    return out
 
 
 def _nb_cdf(k: FloatArray, r: FloatArray, p: FloatArray) -> FloatArray:

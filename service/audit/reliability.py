@@ -37,6 +37,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from service.audit._blas import one_blas_thread
 from service.audit._json import to_jsonable
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import (
@@ -482,20 +483,21 @@ def k_reliable_neighbors(
     unit32 = unit_t.astype(np.float32)
     step = max(target_rows.size, 1) if chunk is None else chunk
     result = NeighborSets([], [], [], [], [], [])
-    for start in range(0, target_rows.size, step):
-        rows = target_rows[start : start + step]
-        for row, (chosen, raw, self_raw) in zip(
-            rows,
-            _neighbors_of_block(unit_t, unit32, acc, candidate_mask, rows, a, kk),
-            strict=True,
-        ):
-            # The total is > 0: R(c, c) >= 1 - alpha, and with alpha = 1 the best candidate
-            # (or c itself) has Exp = 1, so no division by zero can occur.
-            total = self_raw + float(raw.sum())
-            result.targets.append(int(row))
-            result.neighbors.append([int(j) for j in chosen])
-            result.weights.append([float(v) / total for v in raw])
-            result.self_weight.append(self_raw / total)
-            result.scores.append([float(v) for v in raw])
-            result.self_score.append(self_raw)
+    blocks = []
+    with one_blas_thread():
+        for start in range(0, target_rows.size, step):
+            rows = target_rows[start : start + step]
+            blocks.append(_neighbors_of_block(unit_t, unit32, acc, candidate_mask, rows, a, kk))
+    for row, (chosen, raw, self_raw) in zip(
+        target_rows, (entry for block in blocks for entry in block), strict=True
+    ):
+        # The total is > 0: R(c, c) >= 1 - alpha, and with alpha = 1 the best candidate
+        # (or c itself) has Exp = 1, so no division by zero can occur.
+        total = self_raw + float(raw.sum())
+        result.targets.append(int(row))
+        result.neighbors.append([int(j) for j in chosen])
+        result.weights.append([float(v) / total for v in raw])
+        result.self_weight.append(self_raw / total)
+        result.scores.append([float(v) for v in raw])
+        result.self_score.append(self_raw)
     return result

@@ -85,26 +85,29 @@ class _Guard:
 
 
 def _evidence(
-    k: int,
     n_classes: int,
     features: FloatArray,
     columns: IntArray,
     chosen: GMMFit,
     vote: MixtureVote,
     statistics: dict[str, FloatArray],
-) -> dict[str, Any]:
-    """Client ``k``'s evidence: its normalised losses, noisy classes, statistics and votes."""
-    normalised: list[float | None] = [None] * n_classes
-    for j, c in enumerate(columns):
-        normalised[int(c)] = float(features[k, j])
-    return {
-        "normalised_loss": normalised,
-        "noisy_classes": noisy_classes(features[k], chosen, columns),
-        "mean_loss": float(statistics["mean_loss"][k]),
-        "class_z": float(statistics["class_z"][k]),
-        "gmm_noisy_probability": float(vote.probability[k]),
-        "noisy_votes": int(vote.noisy_votes[k]),
-    }
+) -> list[dict[str, Any]]:
+    """Each client's evidence: its normalised losses, noisy classes, statistics and votes."""
+    full = np.full((features.shape[0], n_classes), np.nan)
+    full[:, columns] = features
+    normalised = [[None if np.isnan(v) else v for v in row] for row in full.tolist()]
+    where = noisy_classes(features, chosen, columns)
+    return [
+        {
+            "normalised_loss": normalised[k],
+            "noisy_classes": where[k],
+            "mean_loss": float(statistics["mean_loss"][k]),
+            "class_z": float(statistics["class_z"][k]),
+            "gmm_noisy_probability": float(vote.probability[k]),
+            "noisy_votes": int(vote.noisy_votes[k]),
+        }
+        for k in range(features.shape[0])
+    ]
 
 
 def _group_means(values: FloatArray, noisy: BoolArray) -> dict[str, float | None]:
@@ -454,13 +457,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         self.noisy_probability_ = guarded_probability
         self.labels_ = labels
         self.ashman_d_ = guard.verdict.d_value
-        evidence = {"mean_loss": mean_loss, "class_z": class_z}
+        statistics = {"mean_loss": mean_loss, "class_z": class_z}
+        evidence = _evidence(n_classes, features, columns, chosen, vote, statistics)
         verdicts: list[ClientVerdict | None] = [
             ClientVerdict(
                 score=float(statistic[k]),
                 probability=float(guarded_probability[k]),
                 flag=bool(labels[k]),
-                evidence=_evidence(k, n_classes, features, columns, chosen, vote, evidence),
+                evidence=evidence[k],
             )
             for k in range(n_clients)
         ]

@@ -8,7 +8,7 @@
   being the one whose mean vector has the larger sum;
 * :func:`vote_over` -- step 4: the fits' noisy sets, most votes first (the reference code's
   majority vote), and the posterior averaged over the fits;
-* :func:`noisy_classes` -- the classes on the noisy side of a fit, per client.
+* :func:`noisy_classes` -- the classes on the noisy side of a fit, of every client.
 """
 
 from __future__ import annotations
@@ -59,19 +59,22 @@ def fit_gmm(features: FloatArray, seed: int) -> GMMFit:
     )
 
 
-def noisy_classes(row: FloatArray, fit: GMMFit, columns: IntArray) -> list[int]:
-    """Classes whose normalised loss sits on the noisy side of the midpoint of the two means.
+def noisy_classes(features: FloatArray, fit: GMMFit, columns: IntArray) -> list[list[int]]:
+    """Per client (row of ``features``) the classes whose normalised loss sits on the noisy side
+    of the midpoint of the two means.
 
     Only classes where the noisy component's mean is above the clean one count (the noisy
     component is chosen by the sum of its means, so single classes can go the other way).
     Sorted by how far the loss is above the clean mean (largest first), then class index.
     """
     above = fit.noisy_mean > fit.clean_mean
-    closer = row > 0.5 * (fit.noisy_mean + fit.clean_mean)
-    chosen = np.flatnonzero(above & closer)
-    excess = row[chosen] - fit.clean_mean[chosen]
-    order = np.lexsort((columns[chosen], -excess))
-    return [int(columns[chosen][i]) for i in order]
+    closer = features > 0.5 * (fit.noisy_mean + fit.clean_mean)
+    rows, j = np.nonzero(above[None, :] & closer)
+    excess = features[rows, j] - fit.clean_mean[j]
+    order = np.lexsort((columns[j], -excess, rows))
+    starts = np.searchsorted(rows[order], np.arange(features.shape[0] + 1))
+    classes = columns[j][order]
+    return [[int(c) for c in classes[starts[k] : starts[k + 1]]] for k in range(features.shape[0])]
 
 
 def normalised_features(
