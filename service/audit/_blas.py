@@ -26,4 +26,5 @@ def _blas_controller() -> ThreadpoolController:
 
 def one_blas_thread() -> AbstractContextManager[Any]:
     """A context in which BLAS runs on one thread."""
-    return _blas_controller().limit(limits=1, user_api="blas")
+    limit: AbstractContextManager[Any] = _blas_controller().limit(limits=1, user_api="blas")
+    return limit

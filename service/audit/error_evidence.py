@@ -240,7 +240,8 @@ def _gamma_guess(level: float, mu: FloatArray, phi: FloatArray) -> FloatArray:
     shape = mean / (1.0 + phi * mean)  # mean^2 / variance
     w = 1.0 / (9.0 * shape)
     root = np.maximum(1.0 - w + float(ndtri(level)) * np.sqrt(w), 0.0)
-    return np.floor(mean * root**3)
+    guess: FloatArray = np.floor(mean * root**3)
+    return guess
 
 
 def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatArray, FloatArray]:

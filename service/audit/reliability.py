@@ -215,7 +215,12 @@ def _pair_cosines(unit_t: FloatArray, rows: IntArray, cols: IntArray) -> FloatAr
 
 
 def _pool(
-    values: FloatArray, picked: IntArray, bound: FloatArray, margin: FloatArray, *, low: bool
+    values: NDArray[np.floating[Any]],
+    picked: IntArray,
+    bound: FloatArray,
+    margin: FloatArray,
+    *,
+    low: bool,
 ) -> tuple[IntArray, IntArray]:
     """(row, column) of every entry within ``margin`` of its row's ``bound`` (at or below
     ``bound + margin`` when ``low``, at or above ``bound - margin`` otherwise; disallowed

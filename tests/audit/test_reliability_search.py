@@ -91,4 +91,5 @@ def test_a_target_with_no_candidate_and_few_candidates():
     assert [sets.neighbors[0], sorted(sets.neighbors[1]), sets.neighbors[2]] == [[5], [2, 5], [2]]
     assert sets.scores[1][0] >= sets.scores[1][1]
     alone = k_reliable_neighbors(probes, acc, k=2, targets=[7], candidates=[7])
-    assert alone.neighbors == [[]] and alone.self_weight == [1.0]
+    assert alone.neighbors == [[]]
+    assert alone.self_weight == [1.0]
