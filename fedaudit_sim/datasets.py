@@ -102,9 +102,13 @@ def default_data_dir() -> Path | None:
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    candidate = repo.parent / "shared" / "data"
+    candidate = _beside_repository()
     return candidate if candidate.is_dir() else None
+
+
+def _beside_repository() -> Path:
+    """``shared/data`` beside the repository this package sits in (``<repo>/../shared/data``)."""
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def sha256_file(path: Path) -> str:
@@ -233,7 +237,7 @@ def _resolve_data_dir(data_dir: Path | str | None, name: str) -> Path:
     if data_dir is None:
         found = default_data_dir()
         if found is None:
-            here = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+            here = _beside_repository()
             raise DatasetNotFoundError(
                 f"data set {name!r} needs its files but no data directory was found: "
                 f"{DATA_DIR_ENV} is not set and {str(here)!r} does not exist; {_WHERE_TO_POINT} "

@@ -149,6 +149,15 @@ def test_missing_file_says_where_it_looked(tmp_path):
     assert "--datasets-dir" in str(info.value)  # what a user of fedaudit simulate types
 
 
+def test_without_the_variable_the_default_is_shared_data_beside_the_repository(monkeypatch):
+    # The checkout's own parent: <repo>/../shared/data (_SHARED), whether or not it exists here.
+    monkeypatch.delenv("FEDAUDIT_DATASETS_DIR", raising=False)
+    assert datasets.default_data_dir() == (_SHARED if _SHARED.is_dir() else None)
+    if not _SHARED.is_dir():
+        with pytest.raises(DatasetNotFoundError, match=re.escape(str(_SHARED))):
+            load_dataset("mnist")
+
+
 def test_environment_variable_is_the_default_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDAUDIT_DATASETS_DIR", str(tmp_path))
     assert datasets.default_data_dir() == tmp_path
