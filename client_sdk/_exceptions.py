@@ -54,10 +54,11 @@ class APITimeoutError(APIConnectionError):
 
 class ProtocolMismatchError(APIConnectionError):
     """Something answers at the coordinator's address, but not in the protocol its URL names:
-    an ``https://`` URL to a coordinator serving plain http, a certificate the SDK does not
-    trust, a server that does not speak HTTP. Trying again does not help, so the SDK does not
-    retry it and a `Participant` stops; ``cause`` names what went wrong and ``hint`` what to
-    check."""
+    an ``https://`` URL to a coordinator serving plain http or an ``http://`` URL to one serving
+    https (found by a TLS handshake when the server closed the connection without answering), a
+    certificate the SDK does not trust, a server that does not speak HTTP. Trying again does not
+    help, so the SDK does not retry it and a `Participant` stops; ``cause`` names what went wrong
+    and ``hint`` what to check."""
 
     def __init__(
         self, message: str, *, request: httpx.Request | None = None, cause: str, hint: str

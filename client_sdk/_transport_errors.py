@@ -6,6 +6,13 @@ coordinator restarts, the network comes back): the SDK retries them. A TLS hands
 (an ``https://`` URL to a coordinator serving plain http, a certificate the SDK does not trust)
 or an answer that is not HTTP at all stays the same however often it is tried: the SDK raises
 `ProtocolMismatchError` at once, with what to check.
+
+The reverse mismatch, an ``http://`` URL to a coordinator serving https, looks like an outage:
+the server closes (or resets) the connection without answering. When that happens to an
+``http://`` URL, `describe` checks once whether the host and port speak TLS: a TCP connect and
+a TLS handshake (certificate not verified, a 2 s time-out per step), closed as soon as it
+completes, nothing else sent. A completed handshake makes it a mismatch; a probe that fails in
+any way (refused, timed out, not TLS) leaves it an outage, retried as before.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ _NOT_TLS = frozenset(
 # h11's words for an answer that is not an HTTP response at all (a TLS alert is "illegal
 # request line": its first byte is a control character).
 _NOT_HTTP = ("illegal status line", "illegal request line", "illegal header line", "no response")
+# How long the TLS probe of an http:// URL's host waits for the connect and each handshake step.
+_PROBE_TIMEOUT_S = 2.0
 _PLAIN_HINT = (
     "a coordinator started without --tls-cert/--tls-key serves plain http: use an http:// URL "
     "(e.g. on loopback), or give the coordinator a certificate and keep https://"
@@ -75,7 +84,9 @@ def _tls_failure(error: ssl.SSLError, origin: str) -> TransportFailure | None:
 
 
 def describe(exc: httpx.TransportError, url: httpx.URL | str) -> TransportFailure:
-    """Why the request to ``url`` failed, and whether it is worth trying again."""
+    """Why the request to ``url`` failed, and whether it is worth trying again. An ``http://``
+    URL whose server closed the connection without answering is probed for TLS
+    (`_speaks_tls`): this one case may open a connection, of at most a few seconds."""
     url = httpx.URL(url)
     origin = f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}"
     chain = _chain(exc)
@@ -95,7 +106,39 @@ def describe(exc: httpx.TransportError, url: httpx.URL | str) -> TransportFailur
             f"the server at {origin} does not answer in HTTP ({message})",
             "check the URL's host and port; a coordinator serving https needs an https:// URL",
         )
+    if url.scheme == "http" and _closed_unanswered(exc, chain) and _speaks_tls(url):
+        return TransportFailure(
+            f"the server at {origin} closed the connection without answering: it speaks https",
+            "use an https:// URL (with ca_file= when its certificate comes from your own CA)",
+        )
     return TransportFailure(_transient_cause(exc, chain, url, origin))
+
+
+def _closed_unanswered(exc: httpx.TransportError, chain: list[BaseException]) -> bool:
+    """The server closed the connection with no answer, or reset it once the request was sent
+    (not while connecting): what a TLS server does with a plain-http request."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "without sending a response" in str(exc)
+    return not isinstance(exc, httpx.ConnectError) and any(
+        isinstance(e, ConnectionResetError) for e in chain
+    )
+
+
+def _speaks_tls(url: httpx.URL, timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether a TLS handshake with ``url``'s host and port completes (certificate not verified,
+    SNI = the host); the connection is closed right after it, nothing else is sent."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        host = url.raw_host.decode("ascii")  # IDNA-encoded; an IPv6 address without brackets
+        with (
+            socket.create_connection((host, url.port or 80), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except (OSError, ValueError):  # refused, timed out, not TLS (ssl.SSLError is an OSError)
+        return False
 
 
 def _transient_cause(
@@ -110,8 +153,5 @@ def _transient_cause(
     if any(isinstance(e, ConnectionResetError) for e in chain):
         return f"{origin} reset the connection"
     if isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc):
-        hint = " (a coordinator that serves https does this to an http:// URL)"
-        return f"{origin} closed the connection without answering" + (
-            hint if url.scheme == "http" else ""
-        )
+        return f"{origin} closed the connection without answering"
     return str(exc) or type(exc).__name__

@@ -124,9 +124,9 @@ class Participant:
         refused or timed out, 5xx after the client's own retries): None (default) forever, so
         that a coordinator restart does not end a site's training; a number of seconds, after
         which the last error is raised. A connection that cannot work however long one waits
-        (an ``https://`` URL to a coordinator serving plain http, a certificate the SDK does not
-        trust, a server that does not speak HTTP) is not an outage: `ProtocolMismatchError` is
-        raised at once, naming the cause and what to check.
+        (an ``https://`` URL to a coordinator serving plain http or the reverse, a certificate
+        the SDK does not trust, a server that does not speak HTTP) is not an outage:
+        `ProtocolMismatchError` is raised at once, naming the cause and what to check.
     outage_backoff_max_s : float
         The longest wait between two tries during an outage (the waits double from 1 s).
     sleep : callable

@@ -74,6 +74,7 @@ def tcp_server(answer: bytes, context: ssl.SSLContext | None = None) -> Iterator
     try:
         yield state
     finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         listener.close()
         thread.join(timeout=5)
 
