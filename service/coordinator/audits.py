@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -31,6 +31,7 @@ from service.audit import (
 from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
+from service.coordinator.stored_audit import read_neighbors
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
@@ -380,30 +381,41 @@ def store_new_model(
     return version
 
 
+class AssignedNeighbor(TypedDict):
+    """A reliable neighbor as a round's instructions name it: its latest local model."""
+
+    client_id: str
+    model_id: str
+    model_sha256: str
+    weight: float
+
+
 def neighbor_assignments(
     session: Session, federation: Federation, audit: AuditResult | None
-) -> dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]]:
+) -> dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]]:
     """Per client: its neighbors (with weights and the model id of their latest local model)."""
-    if audit is None or not audit.result.get("neighbors"):
+    if audit is None:
         return {}
-    neighbors: dict[str, list[dict[str, Any]]] = audit.result["neighbors"]
-    self_weights: dict[str, float] = audit.result.get("self_weights") or {}
+    stored = read_neighbors(audit.result)
+    neighbors, self_weights = stored.neighbors, stored.self_weights
+    if not neighbors:
+        return {}
     wanted = {uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries}
     latest = repo.latest_updates(session, federation.id, sorted(wanted, key=str))
-    result: dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]] = {}
+    result: dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]] = {}
     for client_id, entries in neighbors.items():
-        assigned = []
+        assigned: list[AssignedNeighbor] = []
         for entry in entries:
             update = latest.get(uuid.UUID(entry["client_id"]))
             if update is None or update.pruned_at is not None:
                 continue  # retention keeps each site's latest update; a pruned one is not sent
             assigned.append(
-                {
-                    "client_id": entry["client_id"],
-                    "model_id": str(update.id),
-                    "model_sha256": update.sha256,
-                    "weight": float(entry["weight"]),
-                }
+                AssignedNeighbor(
+                    client_id=entry["client_id"],
+                    model_id=str(update.id),
+                    model_sha256=update.sha256,
+                    weight=entry["weight"],
+                )
             )
         result[uuid.UUID(client_id)] = (assigned, self_weights.get(client_id))
     return result
