@@ -31,7 +31,7 @@ from service.audit import (
 from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
-from service.coordinator.stored_audit import read_neighbors
+from service.coordinator.stored_audit import flag_entries, read_neighbors
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
@@ -146,7 +146,7 @@ def counted_flags(client: Client, before_round: int) -> list[bool]:
     """
     return [
         bool(entry["primary"])
-        for entry in client.flag_history or []
+        for entry in flag_entries(client.flag_history)
         if not entry.get("in_warmup")
         and entry.get("primary") is not None
         and int(entry["round"]) < before_round
@@ -166,7 +166,7 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
     by_geometry = client.pinned_status != "trusted" and _latest_flag_by_geometry(
         client, round_index
     )
-    if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
+    if all(int(entry["round"]) < round_index for entry in flag_entries(client.flag_history)):
         window.extend(flags)
         return StatusHistory(status=client.status, flags=tuple(window), by_geometry=by_geometry)
     status: ClientStatus = "trusted"
@@ -179,7 +179,7 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
 def _latest_flag_by_geometry(client: Client, before_round: int) -> bool:
     """Whether the latest flag raised on the client after the warm-up, before ``before_round``,
     was the update geometry's alone (a flag an admin's pin overrode is nobody's)."""
-    for entry in reversed(client.flag_history or []):
+    for entry in reversed(flag_entries(client.flag_history)):
         if entry.get("in_warmup") or int(entry["round"]) >= before_round:
             continue
         if entry.get("primary") is True:
@@ -423,7 +423,7 @@ def neighbor_assignments(
 
 def is_correction_candidate(client: Client, t_corr: int, alpha: float) -> bool:
     """Fed-NCL eq. 17 on the client's stored Fed-NCL flags of the first t_corr rounds."""
-    history = client.flag_history or []
+    history = flag_entries(client.flag_history)
     flagged = sum(
         1 for entry in history if entry.get("round", 0) < t_corr and entry.get("fedncl") is True
     )

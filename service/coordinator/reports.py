@@ -23,6 +23,7 @@ from service.coordinator.stored_audit import (
     ClientAudit,
     StoredAudit,
     client_audit_in,
+    flag_entries,
     read_audit,
     read_client_audit,
 )
@@ -115,7 +116,7 @@ def _report_row(
             "verdict": h.get("verdict"),
             **{d: h.get(d) for d in DETECTORS if d in h},
         }
-        for h in (client.flag_history or [])
+        for h in flag_entries(client.flag_history)
     ]
     counted = [h for h in history if not h["in_warmup"]]
     neighbors = None
@@ -431,10 +432,10 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     }
 
 
-def _warmup_rounds(client: Client) -> set[Any]:
+def _warmup_rounds(client: Client) -> set[int | None]:
     """The rounds the client's flag history marks as the warm-up (their flags count toward no
     status)."""
-    return {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+    return {h.get("round") for h in flag_entries(client.flag_history) if h.get("in_warmup")}
 
 
 def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from sqlalchemy.orm import Session
@@ -284,3 +284,35 @@ def read_client_audit(
 ) -> ClientAudit:
     """What a stored audit says about the client at ``position``, read in the database."""
     return client_audit(repo.audit_values(session, audit_id, client_paths(position, client_id)))
+
+
+# --- a client's flag history -------------------------------------------------------------------
+
+
+class FlagEntry(TypedDict, total=False):
+    """One audited round of a client's flag history (``Client.flag_history``, appended at each
+    close by ``service.coordinator.rounds._update_statuses``). Every key is optional: an entry
+    stored before a key was recorded lacks it, and each reader says what a missing key means."""
+
+    round: int
+    in_warmup: bool
+    verdict: str | None
+    """The primary detector's status that round (ok, inconclusive, undetermined)."""
+    primary: bool | None
+    """The primary detector's flag (None: no verdict)."""
+    effective: bool | None
+    """The flag after an admin's pin, where one applied."""
+    geometry: bool
+    """True where the primary flag rested on the update geometry alone."""
+    fednoro: bool | None
+    fedncl: bool | None
+    expertise: bool | None
+    evidence: bool | None
+    """Each detector's flag, under its name (None: it gave no verdict), where it ran."""
+
+
+def flag_entries(history: list[Any] | None) -> list[FlagEntry]:
+    """A client's stored flag history, oldest first, typed. Not a copy and not checked: the
+    status rule reads every site's whole history at each close (K sites x R rounds), where
+    building an object per entry cost ten times the reading (1 us against 0.08 us)."""
+    return cast(list[FlagEntry], history or [])

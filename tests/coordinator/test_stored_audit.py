@@ -4,7 +4,9 @@ null reads as the reports always read it."""
 
 from __future__ import annotations
 
+from service.audit import DETECTORS
 from service.coordinator.stored_audit import (
+    FlagEntry,
     StoredDetection,
     client_audit_in,
     read_audit,
@@ -83,3 +85,8 @@ def test_the_neighbors_handed_to_the_next_round() -> None:
     stored = read_neighbors(RESULT)
     assert stored.neighbors == {"a": [{"client_id": "b", "weight": 1.0}]}
     assert stored.self_weights == {"a": 0.5}
+
+
+def test_the_flag_history_names_every_detector() -> None:
+    # each detector's flag is stored under its name (service.coordinator.audits._flags_of)
+    assert set(DETECTORS) <= FlagEntry.__optional_keys__
