@@ -1,7 +1,8 @@
 """Noisy-client reports, client histories and diagnostics, a round's view.
 
-Everything here reads the stored audit results and updates and changes nothing; each function
-takes the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
+Everything here reads the stored audit results (through the typed reader,
+:mod:`service.coordinator.stored_audit`) and updates and changes nothing; each function takes
+the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
 are in :mod:`service.coordinator.overrides`; the report as CSV in
 :mod:`service.coordinator.report_csv`.
 """
