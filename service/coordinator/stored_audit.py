@@ -46,9 +46,9 @@ def _none_is_empty(value: object, empty: object) -> object:
 
 
 NoneIsEmptyList = BeforeValidator(lambda value: _none_is_empty(value, []))
-"""A stored null read as an empty list (what ``.get(key) or []`` gave)."""
+"""A stored null read as an empty list, as the reports always read it."""
 NoneIsEmptyDict = BeforeValidator(lambda value: _none_is_empty(value, {}))
-"""A stored null read as an empty mapping (what ``.get(key) or {}`` gave)."""
+"""A stored null read as an empty mapping, as the reports always read it."""
 
 
 class NeighborWeight(TypedDict):
