@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -31,6 +31,7 @@ from service.audit import (
 from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
+from service.coordinator.stored_audit import flag_entries, read_neighbors
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
@@ -145,7 +146,7 @@ def counted_flags(client: Client, before_round: int) -> list[bool]:
     """
     return [
         bool(entry["primary"])
-        for entry in client.flag_history or []
+        for entry in flag_entries(client.flag_history)
         if not entry.get("in_warmup")
         and entry.get("primary") is not None
         and int(entry["round"]) < before_round
@@ -165,7 +166,7 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
     by_geometry = client.pinned_status != "trusted" and _latest_flag_by_geometry(
         client, round_index
     )
-    if all(int(entry["round"]) < round_index for entry in client.flag_history or []):
+    if all(int(entry["round"]) < round_index for entry in flag_entries(client.flag_history)):
         window.extend(flags)
         return StatusHistory(status=client.status, flags=tuple(window), by_geometry=by_geometry)
     status: ClientStatus = "trusted"
@@ -178,7 +179,7 @@ def status_history(client: Client, round_index: int, config: AuditConfig) -> Sta
 def _latest_flag_by_geometry(client: Client, before_round: int) -> bool:
     """Whether the latest flag raised on the client after the warm-up, before ``before_round``,
     was the update geometry's alone (a flag an admin's pin overrode is nobody's)."""
-    for entry in reversed(client.flag_history or []):
+    for entry in reversed(flag_entries(client.flag_history)):
         if entry.get("in_warmup") or int(entry["round"]) >= before_round:
             continue
         if entry.get("primary") is True:
@@ -380,30 +381,41 @@ def store_new_model(
     return version
 
 
+class AssignedNeighbor(TypedDict):
+    """A reliable neighbor as a round's instructions name it: its latest local model."""
+
+    client_id: str
+    model_id: str
+    model_sha256: str
+    weight: float
+
+
 def neighbor_assignments(
     session: Session, federation: Federation, audit: AuditResult | None
-) -> dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]]:
+) -> dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]]:
     """Per client: its neighbors (with weights and the model id of their latest local model)."""
-    if audit is None or not audit.result.get("neighbors"):
+    if audit is None:
         return {}
-    neighbors: dict[str, list[dict[str, Any]]] = audit.result["neighbors"]
-    self_weights: dict[str, float] = audit.result.get("self_weights") or {}
+    stored = read_neighbors(audit.result)
+    neighbors, self_weights = stored.neighbors, stored.self_weights
+    if not neighbors:
+        return {}
     wanted = {uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries}
     latest = repo.latest_updates(session, federation.id, sorted(wanted, key=str))
-    result: dict[uuid.UUID, tuple[list[dict[str, Any]], float | None]] = {}
+    result: dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]] = {}
     for client_id, entries in neighbors.items():
-        assigned = []
+        assigned: list[AssignedNeighbor] = []
         for entry in entries:
             update = latest.get(uuid.UUID(entry["client_id"]))
             if update is None or update.pruned_at is not None:
                 continue  # retention keeps each site's latest update; a pruned one is not sent
             assigned.append(
-                {
-                    "client_id": entry["client_id"],
-                    "model_id": str(update.id),
-                    "model_sha256": update.sha256,
-                    "weight": float(entry["weight"]),
-                }
+                AssignedNeighbor(
+                    client_id=entry["client_id"],
+                    model_id=str(update.id),
+                    model_sha256=update.sha256,
+                    weight=entry["weight"],
+                )
             )
         result[uuid.UUID(client_id)] = (assigned, self_weights.get(client_id))
     return result
@@ -411,7 +423,7 @@ def neighbor_assignments(
 
 def is_correction_candidate(client: Client, t_corr: int, alpha: float) -> bool:
     """Fed-NCL eq. 17 on the client's stored Fed-NCL flags of the first t_corr rounds."""
-    history = client.flag_history or []
+    history = flag_entries(client.flag_history)
     flagged = sum(
         1 for entry in history if entry.get("round", 0) < t_corr and entry.get("fedncl") is True
     )

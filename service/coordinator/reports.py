@@ -1,7 +1,8 @@
 """Noisy-client reports, client histories and diagnostics, a round's view.
 
-Everything here reads the stored audit results and updates and changes nothing; each function
-takes the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
+Everything here reads the stored audit results (through the typed reader,
+:mod:`service.coordinator.stored_audit`) and updates and changes nothing; each function takes
+the caller's ``Session``. An admin's pins and anchors, and the re-runs of a past round,
 are in :mod:`service.coordinator.overrides`; the report as CSV in
 :mod:`service.coordinator.report_csv`.
 """
@@ -15,17 +16,21 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.audit import DETECTOR_REGISTRY, DETECTORS
+from service.audit import DETECTORS
 from service.coordinator.privacy_budget import report_privacy
 from service.coordinator.rounds import effective_status, get_round
+from service.coordinator.stored_audit import (
+    CLASS_DETECTORS,
+    ClientAudit,
+    StoredAudit,
+    client_audit_in,
+    flag_entries,
+    read_audit,
+    read_client_audit,
+)
 from service.errors import InconsistentUpdateError
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Event, Federation
-
-
-def _positions(result: dict[str, Any]) -> dict[str, int]:
-    """Client id -> its position in a stored audit result's per-client lists."""
-    return {cid: i for i, cid in enumerate(result.get("client_ids") or [])}
 
 
 def _class_label(federation: Federation, index: int) -> str:
@@ -33,72 +38,23 @@ def _class_label(federation: Federation, index: int) -> str:
     return names[index] if names and 0 <= index < len(names) else str(index)
 
 
-CLASS_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.classes)
-"""The detectors whose verdicts name classes (the registry's ``classes``)."""
-
-
-def _client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
-    """Where a stored audit result holds what it says about the client at ``position``: the
-    fields of :func:`_client_entry`, as typed JSON paths (read in the database by
-    :func:`service.store.repositories.audit_values`, or in memory by :func:`_walk`)."""
-    verdict = ("verdicts", position)
-    paths: dict[str, repo.JsonPath] = {
-        "primary_flag": repo.JsonPath(("primary_flags", position), "bool"),
-        "weight": repo.JsonPath(("aggregation", "weights", position), "float"),
-        "reliability": repo.JsonPath(("expertise", position), "float"),
-        "neighbors": repo.JsonPath(("neighbors", client_id)),
-        "primary": repo.JsonPath(("primary",), "str"),
-        "epsilon_round": repo.JsonPath(("privacy", "epsilon_round"), "float"),
-        "epsilon_total": repo.JsonPath(("privacy", "epsilon_total", position), "float"),
-    }
-    for name in DETECTORS:
-        paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
-        paths[f"{name}.score"] = repo.JsonPath(("detections", name, *verdict, "score"), "float")
-        paths[f"{name}.flag"] = repo.JsonPath(("detections", name, *verdict, "flag"), "bool")
-    for name in CLASS_DETECTORS:
-        paths[f"{name}.noisy_classes"] = repo.JsonPath(
-            ("detections", name, *verdict, "evidence", "noisy_classes")
-        )
-    for key in _BASIS_KEYS:  # what the evidence detector's flag rests on
-        paths[f"evidence.{key}"] = repo.JsonPath(
-            ("detections", "evidence", *verdict, "evidence", key), "bool"
-        )
-    return paths
-
-
-_BASIS_KEYS = ("flagged_by_geometry", "geometry_carried", "flagged_by_accuracy")
-
-
-def _flag_basis(fields: Mapping[str, Any]) -> str | None:
+def _flag_basis(client: ClientAudit) -> str | None:
     """What the primary flag rests on: ``update_direction`` (the update geometry, added or
     carried: service.audit.geometry_evidence), ``accuracy`` (the accuracy evidence), ``losses``
     (the reported losses and error counts); None when the site was not flagged."""
-    if fields["primary_flag"] is not True:
+    if client.primary_flag is not True:
         return None
-    if fields["primary"] == "evidence":
-        if fields["evidence.flagged_by_geometry"] or fields["evidence.geometry_carried"]:
+    if client.primary == "evidence":
+        basis = client.evidence_basis
+        if basis.flagged_by_geometry or basis.geometry_carried:
             return "update_direction"
-        if fields["evidence.flagged_by_accuracy"]:
+        if basis.flagged_by_accuracy:
             return "accuracy"
     return "losses"
 
 
-def _walk(value: Any, path: repo.JsonPath) -> Any:
-    """The value at ``path`` in a stored result, loaded; None where the path leads nowhere."""
-    for step in path.steps:
-        if isinstance(step, int) and isinstance(value, list) and 0 <= step < len(value):
-            value = value[step]
-        elif isinstance(step, str) and isinstance(value, dict):
-            value = value.get(step)
-        else:
-            return None
-    return value
-
-
-def _client_entry(
-    federation: Federation, round_index: int, fields: Mapping[str, Any]
-) -> dict[str, Any]:
-    """What one stored audit says about one client, from the values at :func:`_client_paths`:
+def _client_entry(federation: Federation, round_index: int, client: ClientAudit) -> dict[str, Any]:
+    """What one stored audit says about one client (:mod:`service.coordinator.stored_audit`):
     a detector the audit did not run is left out; one that ran but did not answer ``ok`` (or
     gave this client no verdict) has a None score and flag, and no classes; ``statuses`` says
     what each detector that ran answered (``ok``, ``undetermined``, ``inconclusive``).
@@ -107,37 +63,32 @@ def _client_entry(
     evidence detector's classes significant alone, FedNoRo's classes on its noisy side), else
     FedNoRo's (a Fed-NCL primary judges the site only); none when the primary abstained.
     ``classes_by_detector``: each per-class detector's own list, side by side."""
-    scores: dict[str, Any] = {}
-    flags: dict[str, Any] = {}
+    scores: dict[str, float | None] = {}
+    flags: dict[str, bool | None] = {}
     statuses: dict[str, str] = {}
     classes: dict[str, list[str]] = {}
-    for name in DETECTORS:
-        status = fields[f"{name}.status"]
-        if status is None:
-            continue  # not run in this audit
-        statuses[name] = status
-        ok = status == "ok"
-        scores[name] = fields[f"{name}.score"] if ok else None
-        flags[name] = fields[f"{name}.flag"] if ok else None
-        if ok and name in CLASS_DETECTORS:
-            listed = fields[f"{name}.noisy_classes"] or []
-            classes[name] = [_class_label(federation, int(c)) for c in listed]
-    primary = fields["primary"]
-    chosen = primary if primary in CLASS_DETECTORS else "fednoro"
+    for name, verdict in client.detectors.items():
+        statuses[name] = verdict.status
+        ok = verdict.status == "ok"
+        scores[name] = verdict.score if ok else None
+        flags[name] = verdict.flag if ok else None
+        if ok and verdict.noisy_classes is not None:
+            classes[name] = [_class_label(federation, c) for c in verdict.noisy_classes]
+    chosen = client.primary if client.primary in CLASS_DETECTORS else "fednoro"
     return {
         "round": round_index,
-        "primary_flag": fields["primary_flag"],
-        "flag_basis": _flag_basis(fields),
+        "primary_flag": client.primary_flag,
+        "flag_basis": _flag_basis(client),
         "flags": flags,
         "scores": scores,
         "statuses": statuses,
         "noisy_classes": classes.get(chosen, []),
         "classes_by_detector": classes,
-        "reliability": fields["reliability"],
-        "neighbors": fields["neighbors"],
-        "weight": fields["weight"],
-        "epsilon_round": fields["epsilon_round"],
-        "epsilon_total": fields["epsilon_total"],
+        "reliability": client.reliability,
+        "neighbors": client.neighbors,
+        "weight": client.weight,
+        "epsilon_round": client.epsilon_round,
+        "epsilon_total": client.epsilon_total,
     }
 
 
@@ -145,9 +96,8 @@ def _client_view(
     federation: Federation, client: Client, audit: AuditResult, position: int
 ) -> dict[str, Any]:
     """What one stored audit, already loaded, says about one client."""
-    paths = _client_paths(position, str(client.id))
-    fields = {key: _walk(audit.result, path) for key, path in paths.items()}
-    return _client_entry(federation, audit.round_index, fields)
+    found = client_audit_in(audit.result, position, str(client.id))
+    return _client_entry(federation, audit.round_index, found)
 
 
 def _report_row(
@@ -167,7 +117,7 @@ def _report_row(
             "verdict": h.get("verdict"),
             **{d: h.get(d) for d in DETECTORS if d in h},
         }
-        for h in (client.flag_history or [])
+        for h in flag_entries(client.flag_history)
     ]
     counted = [h for h in history if not h["in_warmup"]]
     neighbors = None
@@ -204,24 +154,23 @@ def _report_row(
 
 
 def _latest_summary(
-    last: AuditResult, federation: Federation, clients: list[Client]
+    round_index: int, last: StoredAudit, federation: Federation, clients: list[Client]
 ) -> dict[str, Any]:
     """The report's ``latest``: how the last audited round was judged and aggregated."""
-    primary, detection = _primary_detection(last.result)
+    detection = last.primary_detection
     return {
-        "round": last.round_index,
-        "primary_detector": primary,
-        "primary_status": detection.get("status"),
-        "primary_reason": detection.get("reason"),
-        "primary_summary": detection.get("summary"),
-        "aggregation_rule": (last.result.get("aggregation") or {}).get("rule"),
-        "fallback_reason": (last.result.get("aggregation") or {}).get("fallback_reason"),
-        "in_warmup": last.result.get("in_warmup"),
+        "round": round_index,
+        "primary_detector": last.primary,
+        "primary_status": detection.status,
+        "primary_reason": detection.reason,
+        "primary_summary": detection.summary,
+        "aggregation_rule": last.aggregation.rule,
+        "fallback_reason": last.aggregation.fallback_reason,
+        "in_warmup": last.in_warmup,
         "detectors": {
-            name: {"status": d.get("status"), "reason": d.get("reason")}
-            for name, d in (last.result.get("detections") or {}).items()
+            name: {"status": d.status, "reason": d.reason} for name, d in last.detections.items()
         },
-        "warnings": report_warnings(last) + label_skew_warnings(federation, clients),
+        "warnings": _warnings(round_index, last) + label_skew_warnings(federation, clients),
     }
 
 
@@ -236,10 +185,11 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
     # Each client's latest audit: walk back from the last round until every client is placed
     # (usually the last audit alone), indexing each audit's client positions once.
     latest_of: dict[str, tuple[AuditResult, int]] = {}
-    last: AuditResult | None = None
+    last: tuple[int, StoredAudit] | None = None
     for audit in repo.audits_newest_first(session, federation.id):
-        last = last or audit
-        for cid, position in _positions(audit.result).items():
+        stored = read_audit(audit.result)
+        last = last or (audit.round_index, stored)
+        for cid, position in stored.positions.items():
             latest_of.setdefault(cid, (audit, position))
         if all(str(c.id) in latest_of for c in clients):
             break
@@ -247,7 +197,7 @@ def noisy_client_report(session: Session, federation: Federation) -> dict[str, A
         _report_row(federation, client, latest_of.get(str(client.id)), names, inconsistent)
         for client in clients
     ]
-    summary = {} if last is None else _latest_summary(last, federation, clients)
+    summary = {} if last is None else _latest_summary(*last, federation, clients)
     return {
         "federation_id": str(federation.id),
         "federation": federation.name,
@@ -316,19 +266,22 @@ def report_warnings(audit: AuditResult) -> list[str]:
     a clean federation; a rule on the share of samples alone also fired where a truly noisy
     group happened to hold just over half of the data).
     """
-    result = audit.result
-    flags = result.get("primary_flags") or []
-    rows = result.get("clients") or []
-    if result.get("in_warmup") or not flags or len(flags) != len(rows):
+    return _warnings(audit.round_index, read_audit(audit.result))
+
+
+def _warnings(round_index: int, audit: StoredAudit) -> list[str]:
+    """:func:`report_warnings` on an audit already read."""
+    flags = audit.primary_flags
+    if audit.in_warmup or not flags or len(flags) != len(audit.clients):
         return []
-    sizes = [int(row.get("num_samples") or 0) for row in rows]
+    sizes = [row.num_samples or 0 for row in audit.clients]
     total = sum(sizes)
     flagged = [n for n, flag in zip(sizes, flags, strict=True) if flag is True]
     if total <= 0 or 2 * len(flagged) <= len(flags) or 2 * sum(flagged) <= total:
         return []
     return [
         f"{len(flagged)} of the {len(flags)} clients, holding {sum(flagged) / total:.0%} of "
-        f"round {audit.round_index}'s samples, are flagged: the detectors compare each client "
+        f"round {round_index}'s samples, are flagged: the detectors compare each client "
         "with the global model and assume it is fitted mostly by correctly labelled data; "
         "when most clients and most of the data are flagged, the flags may be inverted (the "
         "unflagged clients may be the noisy ones). Check both groups."
@@ -373,12 +326,6 @@ def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[s
     ]
 
 
-def _primary_detection(result: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """A stored audit's primary detector and its output ({} when it has none)."""
-    primary = result.get("primary")
-    return primary, (result.get("detections") or {}).get(primary) or {}
-
-
 def round_view(session: Session, federation: Federation, index: int) -> dict[str, Any]:
     """One round for the dashboard: state, the primary detector's verdict (and its separation
     guard's note), aggregation, and per client its weight, primary flag and per-class losses
@@ -390,15 +337,13 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
     )
     audit = repo.audit_of_round(session, rnd.id)
     weights = rnd.aggregation_weights or {}
-    result = {} if audit is None else audit.result
-    positions = _positions(result)
-    flags = result.get("primary_flags") or []
+    stored = read_audit(None if audit is None else audit.result)
+    positions = stored.positions
     rows = []
     for update in updates:
         losses = update.signals.get("per_class_loss")
         counts = update.signals.get("class_counts")
         per_class = None if losses is None else _held_losses(losses, counts)
-        position = positions.get(str(update.client_id))
         rows.append(
             {
                 "client_id": str(update.client_id),
@@ -406,26 +351,23 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
                 "num_samples": update.num_samples,
                 "per_class_loss": per_class,
                 "weight": weights.get(str(update.client_id)),
-                "primary_flag": (
-                    flags[position] if position is not None and position < len(flags) else None
-                ),
+                "primary_flag": stored.primary_flag_at(positions.get(str(update.client_id))),
                 "pruned": update.pruned_at is not None,
             }
         )
-    aggregation = result.get("aggregation") or {}
-    primary, detection = _primary_detection(result)
+    detection = stored.primary_detection
     return {
         "round": rnd.index,
         "state": rnd.state,
         "state_reason": rnd.state_reason,
         "audited": audit is not None,
-        "in_warmup": result.get("in_warmup"),
-        "primary_detector": primary,
-        "primary_status": detection.get("status"),
-        "primary_reason": detection.get("reason"),
-        "guard": (detection.get("summary") or {}).get("guard"),
+        "in_warmup": stored.in_warmup,
+        "primary_detector": stored.primary,
+        "primary_status": detection.status,
+        "primary_reason": detection.reason,
+        "guard": detection.guard,
         "aggregation_rule": rnd.aggregation_rule,
-        "fallback_reason": aggregation.get("fallback_reason"),
+        "fallback_reason": stored.aggregation.fallback_reason,
         "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
         "clients": rows,
     }
@@ -433,16 +375,16 @@ def round_view(session: Session, federation: Federation, index: int) -> dict[str
 
 def client_history(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
     """Round by round, what the audit said about one client. Each stored audit's client list
-    gives the client's position; only the values at :func:`_client_paths` are then read, in the
+    gives the client's position; only the values at
+    :func:`~service.coordinator.stored_audit.client_paths` are then read, in the
     database: the rest of each result (every other site's verdicts and neighbors, which grow
     with the federation) never leaves it."""
     cid = str(client.id)
     rounds = []
     for audit_id, round_index, client_ids in repo.audit_client_ids(session, federation.id):
         if cid in client_ids:
-            position = client_ids.index(cid)
-            fields = repo.audit_values(session, audit_id, _client_paths(position, cid))
-            rounds.append(_client_entry(federation, round_index, fields))
+            found = read_client_audit(session, audit_id, client_ids.index(cid), cid)
+            rounds.append(_client_entry(federation, round_index, found))
     return {
         "client_id": cid,
         "name": client.name,
@@ -491,10 +433,10 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
     }
 
 
-def _warmup_rounds(client: Client) -> set[Any]:
+def _warmup_rounds(client: Client) -> set[int | None]:
     """The rounds the client's flag history marks as the warm-up (their flags count toward no
     status)."""
-    return {h.get("round") for h in client.flag_history or [] if h.get("in_warmup")}
+    return {h.get("round") for h in flag_entries(client.flag_history) if h.get("in_warmup")}
 
 
 def client_diagnostics(session: Session, client: Client) -> dict[str, Any]:

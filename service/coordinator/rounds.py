@@ -29,6 +29,7 @@ from service.coordinator import audits, retention
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
+from service.coordinator.stored_audit import StoredAudit, read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
@@ -298,24 +299,17 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
         raise
 
 
-def _primary_status(result: dict[str, Any]) -> str | None:
-    """The status of the round's primary detector (ok, inconclusive, undetermined)."""
-    detection = (result.get("detections") or {}).get(result.get("primary")) or {}
-    status = detection.get("status")
-    return status if isinstance(status, str) else None
-
-
 def _record_abstention(
-    session: Session, federation_id: uuid.UUID, rnd: Round, result: dict[str, Any]
+    session: Session, federation_id: uuid.UUID, rnd: Round, audit: StoredAudit
 ) -> None:
     """An event ``audit.inconclusive`` / ``audit.undetermined`` when the primary detector gave no
     verdict in a round after the warm-up (``/metrics`` counts them, the event trail says why)."""
-    primary = result.get("primary")
-    status = _primary_status(result)
-    if result.get("in_warmup") or status not in ("inconclusive", "undetermined"):
+    primary = audit.primary
+    detection = audit.primary_detection
+    status = detection.status
+    if audit.in_warmup or status not in ("inconclusive", "undetermined"):
         return
-    detection = (result.get("detections") or {}).get(primary) or {}
-    reason = detection.get("reason") or "no reason recorded"
+    reason = detection.reason or "no reason recorded"
     repo.add_event(
         session,
         kind=f"audit.{status}",
@@ -363,17 +357,18 @@ def _close_claimed(
         created_at=now,
     )
     repo.add(session, audit_row)
+    stored = read_audit(outcome.result)
     _update_statuses(
         session,
         federation,
         rnd,
         clients,
         outcome.flags_by_client,
-        bool(outcome.result["in_warmup"]),
-        verdict=_primary_status(outcome.result),
+        bool(stored.in_warmup),
+        verdict=stored.primary_detection.status,
     )
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
-    _record_abstention(session, federation.id, rnd, outcome.result)
+    _record_abstention(session, federation.id, rnd, stored)
     _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
     retention.prune_after_close(services, session, federation, now)
     rnd.coordinator_seconds = time.perf_counter() - started

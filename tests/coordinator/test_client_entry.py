@@ -1,5 +1,6 @@
-"""What a stored audit says about one client (``reports._client_entry``), on literal values: the
-classes the report names come from the primary detector."""
+"""What a stored audit says about one client (``reports._client_entry``), on literal values read
+as the database gives them (``stored_audit.client_audit``): the classes the report names come
+from the primary detector."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from service.coordinator.reports import _client_entry
+from service.coordinator.stored_audit import client_audit
 
 FEDERATION: Any = SimpleNamespace(class_names=["cat", "dog", "eel"])
 
@@ -38,24 +40,30 @@ def fields(primary: str, **statuses: str) -> dict[str, Any]:
 
 
 def test_the_primary_detectors_classes_are_the_reports() -> None:
-    entry = _client_entry(FEDERATION, 7, fields("evidence", evidence="ok", fednoro="ok"))
+    entry = _client_entry(
+        FEDERATION, 7, client_audit(fields("evidence", evidence="ok", fednoro="ok"))
+    )
     assert entry["round"] == 7
     assert entry["noisy_classes"] == ["eel"]
     assert entry["classes_by_detector"] == {"evidence": ["eel"], "fednoro": ["dog", "eel"]}
     assert set(entry["flags"]) == {"evidence", "fednoro"}  # the two not run are left out
 
-    entry = _client_entry(FEDERATION, 7, fields("fednoro", evidence="ok", fednoro="ok"))
+    entry = _client_entry(
+        FEDERATION, 7, client_audit(fields("fednoro", evidence="ok", fednoro="ok"))
+    )
     assert entry["noisy_classes"] == ["dog", "eel"]
 
 
 def test_a_primary_that_judges_sites_only_shows_fednoros_classes() -> None:
-    entry = _client_entry(FEDERATION, 7, fields("fedncl", fedncl="ok", fednoro="ok"))
+    entry = _client_entry(FEDERATION, 7, client_audit(fields("fedncl", fedncl="ok", fednoro="ok")))
     assert entry["noisy_classes"] == ["dog", "eel"]
     assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
 
 
 def test_an_abstaining_primary_names_no_class() -> None:
-    entry = _client_entry(FEDERATION, 7, fields("evidence", evidence="inconclusive", fednoro="ok"))
+    entry = _client_entry(
+        FEDERATION, 7, client_audit(fields("evidence", evidence="inconclusive", fednoro="ok"))
+    )
     assert entry["noisy_classes"] == []
     assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
     assert entry["flags"]["evidence"] is None

@@ -8,6 +8,7 @@ import pytest
 
 from client_sdk.report_table import _classes_text
 from service.coordinator.reports import _advice, _flag_basis
+from service.coordinator.stored_audit import client_audit
 
 
 def fields(primary: str = "evidence", flag: bool | None = True, **evidence: bool) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def fields(primary: str = "evidence", flag: bool | None = True, **evidence: bool
     ],
 )
 def test_the_flag_basis(given: dict[str, Any], basis: str | None) -> None:
-    assert _flag_basis(given) == basis
+    assert _flag_basis(client_audit(given)) == basis
 
 
 def test_the_advice_names_the_update_direction() -> None:

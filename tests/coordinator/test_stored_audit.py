@@ -1,0 +1,92 @@
+"""The typed reader of a stored audit result (``service.coordinator.stored_audit``), on literal
+stored payloads: an audit stored by an older version lacks the fields added since, and a stored
+null reads as the reports always read it."""
+
+from __future__ import annotations
+
+from service.audit import DETECTORS
+from service.coordinator.stored_audit import (
+    FlagEntry,
+    StoredDetection,
+    client_audit_in,
+    read_audit,
+    read_neighbors,
+)
+
+RESULT = {
+    "client_ids": ["a", "b"],
+    "primary": "fednoro",
+    "primary_flags": [True, None],
+    "detections": {
+        "fednoro": {
+            "method": "fednoro",
+            "status": "ok",
+            "reason": None,
+            "verdicts": [
+                {"score": 2.5, "flag": True, "evidence": {"noisy_classes": [1]}},
+                None,
+            ],
+            "summary": {"guard": "separation guard passed", "ashman_d": 3.1},
+        },
+        "fedncl": {"method": "fedncl", "status": "undetermined", "reason": "too few sites"},
+    },
+    "aggregation": {"rule": "fednoro", "weights": [0.25, 0.75], "fallback_reason": None},
+    "neighbors": {"a": [{"client_id": "b", "weight": 1.0}]},
+    "self_weights": {"a": 0.5},
+    "centroids": None,
+}
+
+
+def test_an_older_audit_reads_with_the_defaults() -> None:
+    audit = read_audit(RESULT)  # no round_index, in_warmup, clients, privacy
+    assert audit.positions == {"a": 0, "b": 1}
+    assert audit.in_warmup is None
+    assert audit.clients == []
+    assert audit.primary_flag_at(0) is True
+    assert audit.primary_flag_at(1) is None
+    assert audit.primary_flag_at(2) is None
+    assert audit.primary_flag_at(None) is None
+    detection = audit.primary_detection
+    assert (detection.status, detection.reason) == ("ok", None)
+    assert detection.guard == "separation guard passed"
+    assert audit.detections["fedncl"].summary is None
+    assert audit.aggregation.rule == "fednoro"
+
+
+def test_nulls_and_missing_keys_read_as_none() -> None:
+    empty = read_audit({"primary": "evidence", "detections": None, "aggregation": None})
+    assert empty.primary_detection == StoredDetection()
+    assert empty.primary_detection.guard is None
+    assert empty.aggregation.fallback_reason is None
+    assert empty.client_ids == []
+    assert read_audit(None).primary is None
+    assert read_neighbors({"neighbors": None}).neighbors == {}
+
+
+def test_one_client_of_a_loaded_result() -> None:
+    first = client_audit_in(RESULT, 0, "a")
+    assert first.primary == "fednoro"
+    assert (first.primary_flag, first.weight) == (True, 0.25)
+    assert first.neighbors == [{"client_id": "b", "weight": 1.0}]
+    assert first.epsilon_round is None  # no privacy budget stored
+    verdict = first.detectors["fednoro"]
+    assert (verdict.status, verdict.score, verdict.flag) == ("ok", 2.5, True)
+    assert verdict.noisy_classes == (1,)
+    assert first.detectors["fedncl"].status == "undetermined"
+    assert set(first.detectors) == {"fednoro", "fedncl"}  # the others did not run
+
+    second = client_audit_in(RESULT, 1, "b")  # no verdict, no neighbors
+    assert second.detectors["fednoro"].score is None
+    assert second.detectors["fednoro"].noisy_classes == ()
+    assert second.neighbors is None
+
+
+def test_the_neighbors_handed_to_the_next_round() -> None:
+    stored = read_neighbors(RESULT)
+    assert stored.neighbors == {"a": [{"client_id": "b", "weight": 1.0}]}
+    assert stored.self_weights == {"a": 0.5}
+
+
+def test_the_flag_history_names_every_detector() -> None:
+    # each detector's flag is stored under its name (service.coordinator.audits._flags_of)
+    assert set(DETECTORS) <= FlagEntry.__optional_keys__
