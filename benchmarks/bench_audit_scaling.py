@@ -18,6 +18,10 @@ P = 8 inputs):
   ``AUTO_NEIGHBOR_CHUNK_ENTRIES // K`` rows; at or below the limit it is the exact call, whose
   figures it repeats).
 
+Per size, ``detection_and_neighbors`` adds up the medians of FedNoRo's fit, Fed-NCL's fit, the
+evidence fit and the automatic neighbor search: what a round close spends on them (issue 18's
+budget at K = 10,000: 2 s).
+
 Every time is reported as a multiple of a reference op measured just before and just after it in
 the same run (a ``--ref-n`` x ``--ref-n`` float64 numpy matmul on one BLAS thread, 5 calls per
 slot; the subject is divided by the mean of its two neighbouring slots), and as scaling exponents
@@ -243,10 +247,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "same_call_as": "neighbors_exact",
             }
         entry["auto_chunk_size"] = auto
+        # What a round close spends on detection and neighbors: every detector the pipeline
+        # runs for the primary (FedNoRo's fit is the evidence's mixture cross-check) and the
+        # neighbor search it picks by itself.
+        parts = ("fednoro_fit", "fedncl_fit", "evidence_fit", "neighbors_auto")
+        entry["detection_and_neighbors"] = {
+            "parts": list(parts),
+            "median_seconds": sum(entry["subjects"][p]["median_seconds"] for p in parts),
+            "reference_multiples": sum(entry["subjects"][p]["reference_multiples"] for p in parts),
+        }
         per_size[str(k)] = entry
         print(
             f"K={k}: reference op {median(references) * 1e3:.1f} ms "
             f"(min {min(references) * 1e3:.1f}, max {max(references) * 1e3:.1f})"
+        )
+        total = entry["detection_and_neighbors"]
+        print(
+            f"  {'detection+neighbors':<18} {total['median_seconds']:9.4f} s = "
+            f"{total['reference_multiples']:9.2f} x ref (sum of the four parts' medians)"
         )
         for name, values in entry["subjects"].items():
             if "skipped" in values:
