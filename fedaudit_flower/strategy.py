@@ -60,6 +60,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from client_sdk._responses import SignalPolicy
+from client_sdk.flower_report import FLOWER_REPORT_FORMAT
 from fedaudit_flower._records import (
     SIGNALS_KEY,
     SignalsFormatError,
@@ -79,8 +80,9 @@ DEFAULT_AUDIT_CONFIG = AuditConfig(aggregation="daagg")
 """The calibrated evidence detector, FedNoRo's distance-aware aggregation (DaAgg) over the sites
 whose status is "noisy" (flagged in 2 of their last 3 decided rounds), the weight cap at 4 / K."""
 
-REPORT_FORMAT = "fedaudit.flower-report/1"
-"""Value of the report file's ``format`` entry."""
+REPORT_FORMAT = FLOWER_REPORT_FORMAT
+"""Value of the report file's ``format`` entry (``fedaudit report --file`` reads the file:
+:mod:`client_sdk.flower_report`)."""
 
 STATUS_CODES = {"trusted": 0, "suspect": 1, "noisy": 2}
 """How ``fedaudit.status`` encodes a status in the (numeric) ``MetricRecord``."""

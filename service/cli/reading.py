@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from client_sdk.flower_report import (
+    FlowerReportError,
+    flower_report_csv,
+    read_flower_report,
+    render_flower_report,
+)
 from client_sdk.report_table import render_report
 from service.cli._app import (
     CsvOption,
@@ -20,6 +27,7 @@ from service.cli._app import (
     admin_client,
     app,
     call,
+    fail,
     output_format,
     stdout,
     write_csv,
@@ -130,14 +138,38 @@ def events(
 
 @app.command()
 def report(
-    federation_id: str,
+    federation_id: Annotated[
+        str | None, typer.Argument(help="The federation (on the coordinator at --url)")
+    ] = None,
+    report_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help="Read a Flower run's report file (FedAuditStrategy's report_path) instead",
+            dir_okay=False,
+        ),
+    ] = None,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the JSON report")] = False,
     url: UrlOption = "http://127.0.0.1:8000",
     token: TokenOption = "",
 ) -> None:
-    """Print a federation's noisy-client report."""
+    """Print a federation's noisy-client report, or a Flower run's (--file)."""
     output_format(csv_output, json_output)
+    if (federation_id is None) == (report_file is None):
+        fail("give a FEDERATION_ID (a coordinator's federation) or --file (a Flower run's report)")
+    if report_file is not None:
+        try:
+            document = read_flower_report(report_file)
+        except FlowerReportError as exc:
+            fail(str(exc))
+        if json_output:
+            write_json(document)
+        elif csv_output:
+            sys.stdout.write(flower_report_csv(document))
+        else:
+            stdout().print(render_flower_report(document))
+        return
     with admin_client(url, token) as admin:
         if csv_output:
             sys.stdout.write(

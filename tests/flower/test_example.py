@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from client_sdk.flower_report import flower_report_rows, read_flower_report
+
 pytest.importorskip(
     "flwr", reason="flwr is not installed here (the flower extra); scripts/test-flower runs these"
 )
@@ -44,6 +46,9 @@ def test_the_simulation_finds_the_three_noisy_partitions(tmp_path):
     assert sorted(partitions.values()) == list(range(10))
     status = {partitions[node]: s["status"] for node, s in report["statuses"].items()}
     assert status == {p: "noisy" if p in (0, 1, 2) else "trusted" for p in range(10)}
+    # `fedaudit report --file` reads the same file (client_sdk.flower_report)
+    rows = flower_report_rows(read_flower_report(tmp_path / "report.json"))
+    assert {partitions[str(r["node_id"])]: r["status"] for r in rows} == status
     last = report["rounds"][-1]
     assert (last["decided"], last["applied"], last["rule"]) == (True, "audit", "daagg")
     weights = {partitions[str(c["node_id"])]: c["weight"] for c in last["clients"]}
