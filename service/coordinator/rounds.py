@@ -50,6 +50,10 @@ class Train:
 class Wait:
     retry_after_s: float
     reason: str
+    # in an open round the site has sent its update to: how many sites the round selected and
+    # how many have sent theirs (counts only: a site learns no other site's name)
+    sites_selected: int | None = None
+    sites_submitted: int | None = None
 
 
 @dataclass(frozen=True)
@@ -240,8 +244,15 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
         raise FederationStateError(
             f"federation {federation.name!r} failed: {federation.status_reason}"
         )
-    if federation.status in ("created", "waiting"):
-        return Wait(WAIT_DEFAULT_S, "the federation has not started (waiting for clients)")
+    if federation.status == "created":
+        return Wait(WAIT_DEFAULT_S, "the federation has not started (no initial model yet)")
+    if federation.status == "waiting":
+        clients = repo.list_clients(session, federation.id)
+        joined = sum(c.joined_at is not None for c in clients)
+        return Wait(
+            WAIT_DEFAULT_S,
+            f"the federation has not started: {joined} of {len(clients)} sites joined",
+        )
     if client.joined_at is None:
         return Wait(WAIT_DEFAULT_S, "join the federation first")
     rnd = repo.open_round_of(session, federation.id)
@@ -251,8 +262,14 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     if participant is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
     if repo.update_of(session, rnd.id, client.id) is not None:
+        selected, submitted = participation(session, rnd)
+        sent, total = len(set(submitted) & set(selected)), len(selected)
         return Wait(
-            WAIT_AGGREGATING_S, f"update for round {rnd.index} received; waiting for others"
+            WAIT_AGGREGATING_S,
+            f"update for round {rnd.index} received; {sent} of {total} sites sent theirs, "
+            f"waiting for {total - sent}",
+            sites_selected=total,
+            sites_submitted=sent,
         )
     return Train(round=rnd, instructions=participant.instructions)
 
