@@ -25,11 +25,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.audit import next_status
-from service.coordinator import audits, retention
+from service.coordinator import audits, retention, round_events
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
-from service.coordinator.stored_audit import StoredAudit, read_audit
+from service.coordinator.stored_audit import read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
@@ -316,28 +316,6 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
         raise
 
 
-def _record_abstention(
-    session: Session, federation_id: uuid.UUID, rnd: Round, audit: StoredAudit
-) -> None:
-    """An event ``audit.inconclusive`` / ``audit.undetermined`` when the primary detector gave no
-    verdict in a round after the warm-up (``/metrics`` counts them, the event trail says why)."""
-    primary = audit.primary
-    detection = audit.primary_detection
-    status = detection.status
-    if audit.in_warmup or status not in ("inconclusive", "undetermined"):
-        return
-    reason = detection.reason or "no reason recorded"
-    repo.add_event(
-        session,
-        kind=f"audit.{status}",
-        actor="system",
-        message=f"round {rnd.index}: the primary detector {primary} is {status}: {reason}",
-        federation_id=federation_id,
-        round_id=rnd.id,
-        data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
-    )
-
-
 def _close_claimed(
     services: Services, session: Session, round_id: uuid.UUID, *, reason: str, started: float
 ) -> None:
@@ -385,7 +363,8 @@ def _close_claimed(
         verdict=stored.primary_detection.status,
     )
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
-    _record_abstention(session, federation.id, rnd, stored)
+    round_events.record_flags(session, rnd, clients, stored, outcome.result)
+    round_events.record_abstention(session, federation.id, rnd, stored)
     _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
     retention.prune_after_close(services, session, federation, now)
     rnd.coordinator_seconds = time.perf_counter() - started
