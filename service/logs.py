@@ -5,7 +5,8 @@ one line (:class:`OneLineText`); ``json`` writes one JSON object per line throug
 python-json-logger (``time``, ``level``, ``logger``, ``message``, plus the fields a line
 carries: an event's ``event``, ``federation_id``, ``round_id``, ``client_id``).
 :func:`log_config` is a :func:`logging.config.dictConfig` dictionary that also takes over
-uvicorn's loggers (its server and access lines), so that ``fedaudit serve`` hands the same dictionary to uvicorn and every worker process formats alike.
+uvicorn's loggers (its server and access lines), so that ``fedaudit serve`` hands the same
+dictionary to uvicorn and every worker process formats alike.
 
 Every event of the audit trail (a round opened or closed, a site flagged, an inconclusive audit,
 a site error, a refused update, ...) is logged once at INFO by the logger ``fedaudit.events``
