@@ -182,6 +182,8 @@ class CurrentRound(_Model):
     retry_after_s: float | None = None
     reason: str | None = None
     final_model_id: uuid.UUID | None = None
+    sites_selected: int | None = None
+    sites_submitted: int | None = None
 
 
 class UpdateReceipt(_Model):

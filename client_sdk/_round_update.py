@@ -49,6 +49,7 @@ class PreparedUpdate:
     train_seconds: float
     signal_seconds: float
     download_bytes: int
+    train_accuracy: float | None = None  # measured here, before any privacy noise
 
     def metadata(self) -> dict[str, Any]:
         """The update's ``metadata`` part, built by the function the upload uses."""

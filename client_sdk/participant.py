@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +39,7 @@ from client_sdk._exceptions import (
     ProtocolMismatchError,
     SiteRoundError,
 )
+from client_sdk._progress import RoundSummary, print_progress, round_line
 from client_sdk._responses import CurrentRound, Diagnostics, Instructions, SiteTask
 from client_sdk._round_update import (
     PreparedUpdate,
@@ -72,29 +71,9 @@ _DOING = {
 _T = TypeVar("_T")
 
 
-def _print_progress(line: str) -> None:
-    print(f"fedaudit site: {line}", file=sys.stderr, flush=True)
-
-
 def default_device() -> torch.device:
     """``cuda`` when a GPU is available, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@dataclass
-class RoundSummary:
-    """What one round did on this client (passed to `on_round`)."""
-
-    round_index: int
-    recipe: str
-    train_loss: float
-    train_seconds: float
-    signal_seconds: float
-    upload_bytes: int
-    download_bytes: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    accepted: bool = True
 
 
 class Participant:
@@ -183,7 +162,7 @@ class Participant:
         # "wait") and would be refused as a reused key when it did not.
         self._unsent: PreparedUpdate | None = None
         self._say: Callable[[str], None] | None = (
-            _print_progress if progress is True else (progress or None)
+            print_progress if progress is True else (progress or None)
         )
         self._last_wait: str | None = None
 
@@ -261,10 +240,7 @@ class Participant:
         if not summary.accepted:
             self._warn(f"round {index}: closed before this site's upload; not counted")
             return
-        self._progress(
-            f"round {index}: trained in {summary.train_seconds:.1f} s, loss "
-            f"{summary.train_loss:.4f}, uploaded {summary.upload_bytes / 1e3:.0f} kB"
-        )
+        self._progress(round_line(summary))
         self.rounds_done.append(summary)
         if self.on_round is not None:
             self.on_round(summary)
@@ -324,7 +300,7 @@ class Participant:
         last-resort handler would print it to the same standard error a second time). With
         ``progress=False`` the warning goes through logging only."""
         self._progress(line)
-        if self._say is _print_progress and not log.hasHandlers():
+        if self._say is print_progress and not log.hasHandlers():
             return
         log.warning("%s%s", line, f" [{detail}]" if detail and detail not in line else "")
 
@@ -416,6 +392,7 @@ class Participant:
             train_seconds=trained - started,
             signal_seconds=signal_seconds,
             download_bytes=downloaded,
+            train_accuracy=signals.train_accuracy,
         )
 
     def _load_round_models(
@@ -520,6 +497,7 @@ class Participant:
             metrics=dict(report.metrics),
             notes=list(report.notes),
             accepted=accepted,
+            train_accuracy=prepared.train_accuracy,
         )
 
     def preview(self, *, wait_s: float = 0.0) -> dict[str, Any]:

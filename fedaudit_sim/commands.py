@@ -366,3 +366,4 @@ def run_demo(
             f"FedNoRo's keeps rising (docs/evaluation.md). `fedaudit demo --rounds "
             f"{reference_rounds}` shows it (a few minutes)."
         )
+    _print_where(console, outcome)

@@ -1,11 +1,12 @@
 """The coordinator's logs: one format for its own lines and uvicorn's, and one line per event.
 
-``FEDAUDIT_LOG_FORMAT=text`` (default) writes ``time level logger: message``; ``json`` writes
-one JSON object per line through python-json-logger (``time``, ``level``, ``logger``,
-``message``, plus the fields a line carries: an event's ``event``, ``federation_id``,
-``round_id``, ``client_id``). :func:`log_config` is a :func:`logging.config.dictConfig`
-dictionary that also takes over uvicorn's loggers (its server and access lines), so that
-``fedaudit serve`` hands the same dictionary to uvicorn and every worker process formats alike.
+``FEDAUDIT_LOG_FORMAT=text`` (default) writes ``time level logger: message``, the message on
+one line (:class:`OneLineText`); ``json`` writes one JSON object per line through
+python-json-logger (``time``, ``level``, ``logger``, ``message``, plus the fields a line
+carries: an event's ``event``, ``federation_id``, ``round_id``, ``client_id``).
+:func:`log_config` is a :func:`logging.config.dictConfig` dictionary that also takes over
+uvicorn's loggers (its server and access lines), so that ``fedaudit serve`` hands the same
+dictionary to uvicorn and every worker process formats alike.
 
 Every event of the audit trail (a round opened or closed, a site flagged, an inconclusive audit,
 a site error, a refused update, ...) is logged once at INFO by the logger ``fedaudit.events``
@@ -19,7 +20,7 @@ import logging
 import sys
 from typing import Any, TextIO
 
-__all__ = ["CurrentStderr", "NoColour", "log_config"]
+__all__ = ["CurrentStderr", "NoColour", "OneLineText", "log_config"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -43,6 +44,22 @@ class CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class OneLineText(logging.Formatter):
+    """The text format with each message on one line: a newline or carriage return in it (a
+    site's error message quoting torch, say) is written as ``\\n`` / ``\\r``. A traceback
+    (``exc_info``) still follows on lines of its own."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        message = record.message
+        if "\n" not in message and "\r" not in message:
+            return super().formatMessage(record)
+        record.message = message.replace("\r", "\\r").replace("\n", "\\n")
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
+
 class NoColour(logging.Filter):
     """Drops uvicorn's ``color_message`` (terminal escape codes) from a record."""
 
@@ -62,7 +79,7 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "rename_fields": _JSON_RENAME,
         }
         if fmt == "json"
-        else {"format": _TEXT_FORMAT}
+        else {"()": OneLineText, "fmt": _TEXT_FORMAT}
     )
     handler = {
         "()": CurrentStderr,

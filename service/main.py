@@ -184,6 +184,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         )
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(admin.icon_router)
     # participation first: its /rounds/current must win over the admin /rounds/{index}
     for router in (
         participation.router,

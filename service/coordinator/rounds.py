@@ -25,11 +25,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from service.audit import next_status
-from service.coordinator import audits, retention
+from service.coordinator import audits, retention, round_events
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
-from service.coordinator.stored_audit import StoredAudit, read_audit
+from service.coordinator.stored_audit import read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
@@ -50,6 +50,10 @@ class Train:
 class Wait:
     retry_after_s: float
     reason: str
+    # in an open round the site has sent its update to: how many sites the round selected and
+    # how many have sent theirs (counts only: a site learns no other site's name)
+    sites_selected: int | None = None
+    sites_submitted: int | None = None
 
 
 @dataclass(frozen=True)
@@ -240,8 +244,15 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
         raise FederationStateError(
             f"federation {federation.name!r} failed: {federation.status_reason}"
         )
-    if federation.status in ("created", "waiting"):
-        return Wait(WAIT_DEFAULT_S, "the federation has not started (waiting for clients)")
+    if federation.status == "created":
+        return Wait(WAIT_DEFAULT_S, "the federation has not started (no initial model yet)")
+    if federation.status == "waiting":
+        clients = repo.list_clients(session, federation.id)
+        joined = sum(c.joined_at is not None for c in clients)
+        return Wait(
+            WAIT_DEFAULT_S,
+            f"the federation has not started: {joined} of {len(clients)} sites joined",
+        )
     if client.joined_at is None:
         return Wait(WAIT_DEFAULT_S, "join the federation first")
     rnd = repo.open_round_of(session, federation.id)
@@ -251,8 +262,14 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     if participant is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
     if repo.update_of(session, rnd.id, client.id) is not None:
+        selected, submitted = participation(session, rnd)
+        sent, total = len(set(submitted) & set(selected)), len(selected)
         return Wait(
-            WAIT_AGGREGATING_S, f"update for round {rnd.index} received; waiting for others"
+            WAIT_AGGREGATING_S,
+            f"update for round {rnd.index} received; {sent} of {total} sites sent theirs, "
+            f"waiting for {total - sent}",
+            sites_selected=total,
+            sites_submitted=sent,
         )
     return Train(round=rnd, instructions=participant.instructions)
 
@@ -297,28 +314,6 @@ def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool
         log.exception("closing round %s failed", round_id)
         _mark_failed(services, round_id, f"{type(exc).__name__}: {exc}")
         raise
-
-
-def _record_abstention(
-    session: Session, federation_id: uuid.UUID, rnd: Round, audit: StoredAudit
-) -> None:
-    """An event ``audit.inconclusive`` / ``audit.undetermined`` when the primary detector gave no
-    verdict in a round after the warm-up (``/metrics`` counts them, the event trail says why)."""
-    primary = audit.primary
-    detection = audit.primary_detection
-    status = detection.status
-    if audit.in_warmup or status not in ("inconclusive", "undetermined"):
-        return
-    reason = detection.reason or "no reason recorded"
-    repo.add_event(
-        session,
-        kind=f"audit.{status}",
-        actor="system",
-        message=f"round {rnd.index}: the primary detector {primary} is {status}: {reason}",
-        federation_id=federation_id,
-        round_id=rnd.id,
-        data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
-    )
 
 
 def _close_claimed(
@@ -368,7 +363,8 @@ def _close_claimed(
         verdict=stored.primary_detection.status,
     )
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
-    _record_abstention(session, federation.id, rnd, stored)
+    round_events.record_flags(session, rnd, clients, stored, outcome.result)
+    round_events.record_abstention(session, federation.id, rnd, stored)
     _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
     retention.prune_after_close(services, session, federation, now)
     rnd.coordinator_seconds = time.perf_counter() - started

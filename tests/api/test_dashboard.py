@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import xml.etree.ElementTree as ET
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -400,3 +401,15 @@ async def test_pages_answer_head_and_carry_their_icon(api: httpx.AsyncClient) ->
     index = await api.get("/admin")
     assert '<link rel="icon" href="data:image/svg+xml,' in index.text
     assert (await api.head("/admin")).status_code == 200
+
+
+async def test_the_icon_is_served_at_favicon_ico_too(api: httpx.AsyncClient) -> None:
+    # browsers and probes still ask for /favicon.ico: the pages' own icon, no 404, no login
+    icon = await api.get("/favicon.ico")
+    assert icon.status_code == 200
+    assert icon.headers["content-type"].startswith("image/svg+xml")
+    assert icon.text.startswith("<svg ")
+    assert quote(icon.text, safe="/:=") in (await api.get("/admin/login")).text
+    head = await api.head("/favicon.ico")
+    assert head.status_code == 200
+    assert head.content == b""

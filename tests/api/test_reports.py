@@ -479,3 +479,28 @@ async def test_a_score_without_an_answer_carries_the_detectors_status_and_reason
     text = console.export_text()
     assert "n/a (undetermined)" in text
     assert f"FedNoRo undetermined in round 0: {fednoro['reason']}" in text
+
+
+async def test_each_flagged_site_has_an_event_and_a_log_line_per_round(
+    api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Fed-NCL flags d in every round (see run_round); rounds 0 and 1 are the warm-up here,
+    # where a flag counts toward no status: no event then.
+    fed = await make_federation(api, clients=NAMES, rounds=4, config={**FEDNCL, "warmup_rounds": 2})
+    with caplog.at_level("INFO", logger="fedaudit.events"):
+        for index in range(4):
+            await run_round(api, fed, index)
+    events = (
+        await api.get(f"/api/v1/federations/{fed.id}/events?kind=client.flagged", headers=ADMIN)
+    ).json()["items"]
+    assert sorted(e["data"]["round"] for e in events) == [2, 3]
+    assert {e["client_id"] for e in events} == {fed.client_ids["d"]}
+    assert all(e["data"]["detector"] == "fedncl" for e in events)
+    assert all(e["data"]["score"] > 0 for e in events)
+    lines = [r for r in caplog.records if r.__dict__.get("event") == "client.flagged"]
+    assert [r.getMessage() for r in lines] == [
+        f"client.flagged: client 'd' flagged in round {i} by fedncl (score "
+        f"{e['data']['score']:.3f})"
+        for i, e in zip((2, 3), sorted(events, key=lambda e: e["data"]["round"]), strict=True)
+    ]
+    assert all(r.__dict__["client_id"] == fed.client_ids["d"] for r in lines)

@@ -210,3 +210,30 @@ async def test_shared_blob_backends_serve_the_same_protocol(
         assert again.status_code == 200
         assert again.content == model.content
     replica.state.services.close()
+
+
+async def test_a_waiting_site_is_told_how_many_sites_it_waits_for(api: httpx.AsyncClient) -> None:
+    fed = await make_federation(api, clients=("a", "b", "c"), join=False)
+    join = {"num_samples": 10, "class_counts": [5, 5]}
+    await api.post(f"/api/v1/federations/{fed.id}/join", json=join, headers=fed.headers("a"))
+    before = await current(api, fed, "a")
+    assert before["reason"] == "the federation has not started: 1 of 3 sites joined"
+    for name in ("b", "c"):
+        await api.post(f"/api/v1/federations/{fed.id}/join", json=join, headers=fed.headers(name))
+    assert (await submit(api, fed, "a", 0, tiny_state(1.0), 10)).status_code == 201
+    waiting = await current(api, fed, "a")
+    assert waiting["status"] == "wait"
+    assert waiting["reason"] == (
+        "update for round 0 received; 1 of 3 sites sent theirs, waiting for 2"
+    )
+    assert (waiting["sites_selected"], waiting["sites_submitted"]) == (3, 1)
+    # counts only: no other site's name or id in the answer
+    assert fed.client_ids["b"] not in str(waiting)
+    assert fed.client_ids["c"] not in str(waiting)
+    assert (await submit(api, fed, "b", 0, tiny_state(1.0), 10)).status_code == 201
+    later = await current(api, fed, "b")
+    assert later["reason"].endswith("2 of 3 sites sent theirs, waiting for 1")
+    # a site still to train is told to train, with no counts
+    train = await current(api, fed, "c")
+    assert train["status"] == "train"
+    assert train["sites_selected"] is None

@@ -134,3 +134,8 @@ def test_an_operator_follows_the_dashboard_from_login_to_every_client(
     driver.get(round_link)
     assert driver.find_element(By.TAG_NAME, "h1").text == "Round 2"
     _check_page(driver, "round-2", {"aggregation weights, round 2"})
+
+    # The icon where browsers look for it by default: served, no 404 in the console
+    driver.get(f"{server.url}/favicon.ico")
+    assert driver.find_elements(By.TAG_NAME, "svg"), driver.page_source[:200]
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -80,3 +80,16 @@ def test_the_site_snippets_use_the_quickstart_coordinators_url(page: str) -> Non
     urls += re.findall(r"FEDAUDIT_URL=(\S+) FEDAUDIT_TOKEN", text)
     assert urls, page
     assert set(urls) == {served.group(1)}, urls
+
+
+def test_every_variable_of_the_operator_quickstart_is_set_or_explained() -> None:
+    # a `$NAME` in a block is assigned in one (NAME=..., export NAME=...) or said in the prose
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Quickstart: the operator") : text.index("## Quickstart: a site")]
+    blocks = _operator_blocks()
+    prose = re.sub(r"```bash\n.*?```", "", section, flags=re.S)
+    used = {name for block in blocks for name in re.findall(r"\$([A-Z_]+)\b", block)}
+    assigned = {name for block in blocks for name in re.findall(r"\b([A-Z_]+)=", block)}
+    shell = {"PWD", "HOME", "PATH"}  # the shell's own
+    unexplained = {name for name in used - assigned - shell if f"`${name}`" not in prose}
+    assert unexplained == set(), unexplained

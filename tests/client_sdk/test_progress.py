@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client_sdk import AdminClient, Diagnostics, FederationClient, Participant
+from client_sdk import AdminClient, Diagnostics, FederationClient, Participant, RoundSummary
+from client_sdk._progress import round_line
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.client_sdk.test_lost_answer import (
@@ -56,7 +57,14 @@ def test_a_site_says_what_it_does_and_reads_its_verdict(tmp_path: Path) -> None:
         "training on cpu"
     )
     assert lines[1] == "round 0 (1 of 2): training (fedavg)"
-    assert re.fullmatch(r"round 0: trained in \d+\.\d s, loss \d\.\d{4}, uploaded \d+ kB", lines[2])
+    # the local loss and, as the default detectors ask for it, the local accuracy
+    assert re.fullmatch(
+        r"round 0: trained in \d+\.\d s, loss \d\.\d{4}, accuracy [01]\.\d{3}, uploaded \d+ kB",
+        lines[2],
+    )
+    accuracy = participant.rounds_done[0].train_accuracy
+    assert accuracy is not None
+    assert f"accuracy {accuracy:.3f}," in lines[2]
     assert "round 1 (2 of 2): training (fedavg)" in lines
     assert any(line.startswith("coordinator unreachable for 0 s") for line in lines)
     assert any(re.fullmatch(r"round 1: trained in .*", line) for line in lines)
@@ -91,3 +99,20 @@ def test_progress_false_says_nothing_and_true_prints_to_stderr(
             Participant(client, federation.id, tiny_model(), tiny_data(), device="cpu").join()
         err = capsys.readouterr().err
         assert err.startswith(f"fedaudit site: joined federation {federation.id} as 'b'")
+
+
+def test_the_round_line_leaves_out_an_accuracy_the_site_did_not_measure() -> None:
+    summary = RoundSummary(
+        round_index=3,
+        recipe="fedavg",
+        train_loss=0.51234,
+        train_seconds=1.26,
+        signal_seconds=0.1,
+        upload_bytes=55_000,
+        download_bytes=55_000,
+    )
+    assert round_line(summary) == "round 3: trained in 1.3 s, loss 0.5123, uploaded 55 kB"
+    summary.train_accuracy = 0.8125
+    assert round_line(summary) == (
+        "round 3: trained in 1.3 s, loss 0.5123, accuracy 0.812, uploaded 55 kB"
+    )

@@ -303,3 +303,13 @@ def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
     assert sorted(c for c in cells if "flag" in c) == sorted(
         ["flag undetermined", "flag clear", "flag noverdict", "flag noverdict"]
     )
+
+
+def test_every_section_of_a_federation_page_before_its_first_audit_has_a_title() -> None:
+    report = {**federation_report({}), "latest": None, "rounds_audited": 0}
+    html = pages.federation_page(report, None)
+    assert "No audited round yet" in html
+    sections = html.split("<section>")[1:]
+    assert sections
+    untitled = [s[:80] for s in sections if not s.startswith(("<h1>", "<h2>"))]
+    assert untitled == []

@@ -63,10 +63,24 @@ def test_json_logs_are_json_and_carry_the_events(tmp_path: Path) -> None:
 def test_text_logs_share_one_format(tmp_path: Path) -> None:
     env = {"FEDAUDIT_LOG_FORMAT": "text", "FEDAUDIT_LOG_LEVEL": "INFO"}
     with CoordinatorProcess(tmp_path / "coord", extra_env=env) as server:
-        federation_id, _, _ = _run_a_little(server)
+        federation_id, _, token = _run_a_little(server)
+        # a site's error message of several lines (as torch writes them) stays one log line
+        with FederationClient(server.url, token) as client:
+            assert client.report_error(
+                federation_id,
+                0,
+                stage="load",
+                error_type="RuntimeError",
+                message="Error(s) in loading state_dict for Net:\n\tsize mismatch for fc.weight",
+            )
     lines = [line for line in server.log_path.read_text().splitlines() if line.strip()]
     shape = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: .*")
     assert all(shape.fullmatch(line) for line in lines), lines
+    error = [line for line in lines if " fedaudit.events: site.error: " in line]
+    assert len(error) == 1
+    assert error[0].endswith(
+        "Error(s) in loading state_dict for Net:\\n\tsize mismatch for fc.weight"
+    )
     assert any(
         line.endswith(
             "fedaudit.events: federation.created: federation 'logs' created "

@@ -195,6 +195,11 @@ def test_cli_demo_prints_the_report_next_to_the_ground_truth(tmp_path: Path):
     # A run shorter than the reference schedule says where the accuracy gap shows.
     assert "after 2 rounds both models are still learning" in " ".join(text.split())
     assert "fedaudit demo --rounds 100" in " ".join(text.split())
+    # where the results and the data are, and how to open the run in the dashboard (README)
+    flat = " ".join(text.split())
+    assert "results: " in flat
+    assert "browse the reports in the admin dashboard: FEDAUDIT_DATA_DIR=" in flat
+    assert "fedaudit serve, then open http://127.0.0.1:8000/admin" in flat
     for name in ("accuracy.png", "scores_vs_noise.png", "rounds.csv", "clients.csv"):
         assert (out / name).is_file(), name
     assert (out / "runs" / "fednoro_seed0.json").is_file()

@@ -20,7 +20,7 @@ from service.api.dashboard.plots import (
     neighbor_matrix,
     weight_bars,
 )
-from service.api.dashboard.svg import esc
+from service.api.dashboard.svg import ICON_SVG, esc
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
@@ -45,12 +45,7 @@ dt{color:#868e96}dd{margin:0}
 """
 
 
-FAVICON = (
-    '<link rel="icon" href="data:image/svg+xml,%3Csvg xmlns=%27http://www.w3.org/2000/svg%27 '
-    "viewBox=%270 0 16 16%27%3E%3Crect width=%2716%27 height=%2716%27 rx=%273%27 "
-    "fill=%27%23343a40%27/%3E%3Ccircle cx=%278%27 cy=%278%27 r=%274%27 "
-    'fill=%27%23c92a2a%27/%3E%3C/svg%3E">'
-)
+FAVICON = f'<link rel="icon" href="data:image/svg+xml,{quote(ICON_SVG, safe="/:=")}">'
 """The pages' icon, inline (the CSP allows data: images): no request for /favicon.ico."""
 
 
@@ -370,7 +365,11 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
     statuses = {c["client_id"]: c["status"] for c in clients}
     dp = bool(report.get("privacy"))
     if latest_round is None:
-        round_plots = '<section><p class="muted">No audited round yet.</p></section>'
+        round_plots = (
+            "<section><h2>Per-class loss and aggregation weights</h2>"
+            '<p class="muted">No audited round yet: the plots appear once a round has closed.</p>'
+            "</section>"
+        )
     else:
         index = latest_round["round"]
         round_plots = (

@@ -26,6 +26,13 @@ FLAG_CELLS = {
     "absent": ("#ffffff", "no update"),
 }
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
+ICON_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    '<rect width="16" height="16" rx="3" fill="#343a40"/>'
+    '<circle cx="8" cy="8" r="4" fill="#c92a2a"/></svg>'
+)
+"""The dashboard's icon: inline in every page, and served at ``/favicon.ico`` for browsers and
+probes that ask for it there."""
 
 
 def esc(value: object) -> str:

@@ -117,7 +117,13 @@ def _current(services: Services, client_id: uuid.UUID) -> CurrentRound:
     if isinstance(state, rounds.Finished):
         return CurrentRound(status="finished", final_model_id=state.final_model_id)
     if isinstance(state, rounds.Wait):
-        return CurrentRound(status="wait", retry_after_s=state.retry_after_s, reason=state.reason)
+        return CurrentRound(
+            status="wait",
+            retry_after_s=state.retry_after_s,
+            reason=state.reason,
+            sites_selected=state.sites_selected,
+            sites_submitted=state.sites_submitted,
+        )
     return CurrentRound(
         status="train",
         round=RoundRef(

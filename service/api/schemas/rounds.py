@@ -162,6 +162,16 @@ class CurrentRound(BaseModel):
     retry_after_s: float | None = None
     reason: str | None = None
     final_model_id: uuid.UUID | None = None
+    sites_selected: int | None = Field(
+        None,
+        description="While this site waits for the others of a round it sent its update to: "
+        "how many sites the round selected (counts only; no site learns another's name)",
+    )
+    sites_submitted: int | None = Field(
+        None,
+        description="While this site waits for the others of a round it sent its update to: "
+        "how many of the round's selected sites have sent their update, this one included",
+    )
 
 
 class UpdateRead(BaseModel):

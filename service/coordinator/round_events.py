@@ -1,0 +1,77 @@
+"""The audit trail's events of a closed round's audit, each one INFO line of ``fedaudit.events``
+(:mod:`service.store.event_log`): ``client.flagged`` for every site the primary detector flagged,
+``audit.inconclusive`` / ``audit.undetermined`` when it gave no verdict.
+
+Both only after the warm-up, as the status rule: a flag in the warm-up counts toward no status
+and an abstention there is expected (the global model is barely trained); the round page and
+``fedaudit report`` still show either, with the detector's reason.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from service.coordinator.stored_audit import StoredAudit, client_audit_in
+from service.store import repositories as repo
+from service.store.tables import Client, Round
+
+__all__ = ["record_abstention", "record_flags"]
+
+
+def record_abstention(
+    session: Session, federation_id: uuid.UUID, rnd: Round, audit: StoredAudit
+) -> None:
+    """An event ``audit.inconclusive`` / ``audit.undetermined`` when the primary detector gave no
+    verdict in a round after the warm-up (``/metrics`` counts them, the event trail says why)."""
+    primary = audit.primary
+    detection = audit.primary_detection
+    status = detection.status
+    if audit.in_warmup or status not in ("inconclusive", "undetermined"):
+        return
+    reason = detection.reason or "no reason recorded"
+    repo.add_event(
+        session,
+        kind=f"audit.{status}",
+        actor="system",
+        message=f"round {rnd.index}: the primary detector {primary} is {status}: {reason}",
+        federation_id=federation_id,
+        round_id=rnd.id,
+        data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
+    )
+
+
+def record_flags(
+    session: Session,
+    rnd: Round,
+    clients: dict[uuid.UUID, Client],
+    audit: StoredAudit,
+    result: dict[str, object],
+) -> None:
+    """An event ``client.flagged`` for each site the primary detector flagged in a round after
+    the warm-up: its name, the round, the detector and the site's score."""
+    if audit.in_warmup:
+        return
+    for position, client_id in enumerate(audit.client_ids):
+        if audit.primary_flag_at(position) is not True:
+            continue
+        client = clients[uuid.UUID(client_id)]
+        verdict = client_audit_in(result, position, client_id)
+        detector = verdict.primary or audit.primary
+        score = verdict.detectors[detector].score if detector in verdict.detectors else None
+        pinned = f", pinned {client.pinned_status}" if client.pinned_status else ""
+        repo.add_event(
+            session,
+            kind="client.flagged",
+            actor="system",
+            message=(
+                f"client {client.name!r} flagged in round {rnd.index} by {detector} (score "
+                + ("n/a" if score is None else f"{score:.3f}")
+                + f"{pinned})"
+            ),
+            federation_id=rnd.federation_id,
+            round_id=rnd.id,
+            client_id=client.id,
+            data={"round": rnd.index, "detector": detector, "score": score},
+        )
