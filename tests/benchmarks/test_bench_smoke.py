@@ -81,3 +81,24 @@ def test_audit_scaling_quick_run_writes_its_json(
     for name, exponent in data["scaling_exponents"].items():
         assert exponent["sizes"] == [20, 60], name
         assert math.isfinite(exponent["fit"]), name
+
+
+def test_notify_benchmark_writes_its_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    url = os.environ.get("FEDAUDIT_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("needs a PostgreSQL server (FEDAUDIT_TEST_POSTGRES_URL)")
+    pytest.importorskip("psycopg")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    namespace = runpy.run_path(str(BENCHMARKS / "bench_notify.py"))
+    out = tmp_path / "notify.json"
+    namespace["main"](
+        ["--url", url, "--writers", "1,2", "--seconds", "0.2", "--repeats", "1", "--out", str(out)]
+    )
+    data = json.loads(out.read_text())
+    assert set(data["writers"]) == {"1", "2"}
+    for entry in data["writers"].values():
+        assert entry["plain_commits_per_second"][0] > 0
+        assert entry["notifying_commits_per_second"][0] > 0
+        assert entry["median_ratio"] > 0
