@@ -29,8 +29,9 @@ def readiness(services: Services) -> None:
 
 def running_federations(services: Services) -> list[dict[str, Any]]:
     """Per running federation, what its training-quality gauges show (``/metrics``): its sites
-    by effective status (every known status present), its latest round, and its latest closed
-    round's close time and coordinator seconds."""
+    by effective status (every known status present), its latest round, its latest closed
+    round's close time and coordinator seconds, its latest audit's verdict and its count of
+    site errors."""
     with services.sessions() as session:
         running = stats.running_federation_stats(session, PRIMARY_DETECTORS)
     for entry in running:

@@ -31,14 +31,20 @@ __all__ = ["running_federation_stats", "status_counts"]
 def status_counts(session: Session) -> dict[str, dict[str, int]]:
     """Aggregate counts for the metrics endpoint: a handful of GROUP BY queries, no rows.
 
-    A client's status is its effective one (a pin wins over the detectors).
+    ``clients``: the sites of the running federations only, by effective status (a pin wins
+    over the detectors); a finished or failed federation's sites leave the count.
     """
     federations = session.execute(
         select(Federation.status, func.count()).group_by(Federation.status)
     ).all()
     rounds = session.execute(select(Round.state, func.count()).group_by(Round.state)).all()
     client_status = func.coalesce(Client.pinned_status, Client.status)
-    clients = session.execute(select(client_status, func.count()).group_by(client_status)).all()
+    clients = session.execute(
+        select(client_status, func.count())
+        .join(Federation, Client.federation_id == Federation.id)
+        .where(Federation.status == "running")
+        .group_by(client_status)
+    ).all()
     events = session.execute(select(Event.kind, func.count()).group_by(Event.kind)).all()
     updates = session.execute(
         select(func.count(), func.coalesce(func.sum(ModelUpdate.size_bytes), 0))
@@ -61,9 +67,10 @@ def running_federation_stats(
 ) -> list[dict[str, Any]]:
     """Per running federation: id, name, its sites by effective status, the index of its latest
     round, the close time and coordinator seconds of its latest closed round (None before the
-    first), and its latest audit's verdict: the status of its primary detector, one of
-    ``primary_detectors`` (the audit's names; the store does not import the audit). Three
-    grouped queries and one row per running federation."""
+    first), its latest audit's verdict: the status of its primary detector, one of
+    ``primary_detectors`` (the audit's names; the store does not import the audit), and how
+    many ``site.error`` events it holds. Four grouped queries and one row per running
+    federation."""
     running = session.execute(
         select(Federation.id, Federation.name)
         .where(Federation.status == "running")
@@ -97,6 +104,13 @@ def running_federation_stats(
         ).all()
     }
     verdicts = _latest_verdicts(session, ids, primary_detectors)
+    site_errors = dict(
+        session.execute(
+            select(Event.federation_id, func.count())
+            .where(Event.kind == "site.error", Event.federation_id.in_(ids))
+            .group_by(Event.federation_id)
+        ).all()
+    )
     return [
         {
             "id": str(fid),
@@ -106,6 +120,7 @@ def running_federation_stats(
             "last_closed_at": closed.get(fid, (None, None))[0],
             "last_close_seconds": closed.get(fid, (None, None))[1],
             "verdict": verdicts.get(fid),
+            "site_errors": int(site_errors.get(fid, 0)),
         }
         for fid, name in running
     ]

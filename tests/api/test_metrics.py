@@ -134,7 +134,8 @@ async def test_metrics_count_what_the_database_holds(
     assert value(metrics, "fedaudit_federations", status="finished") == 0
     assert value(metrics, "fedaudit_rounds", state="open") == 1
     assert value(metrics, "fedaudit_rounds", state="closed") == 0
-    assert value(metrics, "fedaudit_clients", status="trusted") == 2
+    # the running federation's sites only (a and the pinned b), not the waiting one's x
+    assert value(metrics, "fedaudit_clients", status="trusted") == 1
     assert value(metrics, "fedaudit_clients", status="noisy") == 1  # the pin wins
     assert value(metrics, "fedaudit_clients", status="suspect") == 0
     assert value(metrics, "fedaudit_updates_accepted_total") == 1
@@ -156,6 +157,8 @@ async def test_metrics_count_what_the_database_holds(
         for key in metrics["fedaudit_federation_sites"]["samples"]
     )
     assert "fedaudit_federation_last_round_closed_timestamp_seconds" not in metrics  # none yet
+    assert value(metrics, "fedaudit_federation_site_errors_total", **mine) == 0
+    assert metrics["fedaudit_federation_site_errors_total"]["type"] == "counter"
 
     # a second replica over the same database answers the same
     replica = create_app(settings, run_reaper=False)
@@ -191,6 +194,39 @@ async def test_metrics_can_require_the_admin_token(settings: Settings) -> None:
 
 def test_metrics_setting_is_off_by_default() -> None:
     assert Settings(_env_file=None, admin_token=SecretStr("x" * 20)).metrics_require_admin is False
+
+
+SITE_ERROR = {"stage": "train", "error_type": "RuntimeError", "message": "CUDA out of memory"}
+
+
+async def test_a_stopped_federation_leaves_the_site_counts_and_its_site_errors(
+    api: httpx.AsyncClient,
+) -> None:
+    # Prepare: two running federations, each with a site error; then one of them is stopped.
+    going = await make_federation(api, name="going", clients=("a", "b", "c"))
+    stopped = await make_federation(api, name="stopped", clients=("x", "y"))
+    for fed, site in ((going, "a"), (going, "b"), (stopped, "x")):
+        url = f"/api/v1/federations/{fed.id}/rounds/0/error"
+        response = await api.post(url, json=SITE_ERROR, headers=fed.headers(site))
+        assert response.status_code == 202, response.text
+    stop = await api.post(
+        f"/api/v1/federations/{stopped.id}/stop", json={"reason": "the study ended"}, headers=ADMIN
+    )
+    assert stop.status_code == 200, stop.text
+
+    # Execute
+    metrics = parse_exposition((await api.get("/metrics")).text)
+
+    # Assert: the stopped federation's two sites are counted nowhere any more
+    assert value(metrics, "fedaudit_federations", status="failed") == 1
+    assert value(metrics, "fedaudit_clients", status="trusted") == 3
+    assert sum(metrics["fedaudit_clients"]["samples"].values()) == 3
+    going_labels = {"federation": str(going.id), "name": "going"}
+    assert value(metrics, "fedaudit_federation_site_errors_total", **going_labels) == 2
+    errors = metrics["fedaudit_federation_site_errors_total"]["samples"]
+    assert {dict(key)["federation"] for key in errors} == {str(going.id)}
+    # the unlabelled all-time counter keeps every federation's
+    assert value(metrics, "fedaudit_site_errors_total") == 3
 
 
 async def test_a_closed_round_shows_in_the_federation_gauges(api: httpx.AsyncClient) -> None:

@@ -63,8 +63,10 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
     closed_at: list[tuple[Mapping[str, str], float]] = []
     close_seconds: list[tuple[Mapping[str, str], float]] = []
     verdicts: list[tuple[Mapping[str, str], float]] = []
+    site_errors: list[tuple[Mapping[str, str], float]] = []
     for fed in running:
         labels = {"federation": fed["id"], "name": fed["name"]}
+        site_errors.append((labels, float(fed["site_errors"])))
         for status, n in sorted(fed["sites"].items()):
             sites.append(({**labels, "status": status}, float(n)))
         if fed["latest_round"] is not None:
@@ -110,6 +112,13 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
             "gauge",
             verdicts,
         ),
+        MetricFamily(
+            "fedaudit_federation_site_errors_total",
+            "Rounds the sites of a running federation reported they could not do (its events "
+            "of kind site.error); fedaudit_site_errors_total counts every federation's.",
+            "counter",
+            site_errors,
+        ),
     ]
 
 
@@ -134,7 +143,8 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
         ),
         MetricFamily(
             "fedaudit_clients",
-            "Clients by effective status (a pin wins over the detectors).",
+            "Sites of the running federations by effective status (a pin wins over the "
+            "detectors); fedaudit_federation_sites has them per federation.",
             "gauge",
             by_label("status", counts["clients"]),
         ),
@@ -153,7 +163,7 @@ def metric_families(counts: dict[str, dict[str, int]]) -> list[MetricFamily]:
         MetricFamily(
             "fedaudit_site_errors_total",
             "Rounds a site reported it could not do (events of kind site.error: the model did "
-            "not load, training failed, ...).",
+            "not load, training failed, ...), in every federation, finished ones included.",
             "counter",
             [({}, counts["events"].get("site.error", 0))],
         ),
