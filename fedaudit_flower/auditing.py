@@ -205,6 +205,7 @@ class InProcessAuditor:
         self.privacy = privacy
         self._history: dict[str, StatusHistory] = {}
         self._updates: dict[str, int] = {}  # audited updates per site (the privacy account)
+        self._majority_rounds = 0  # rounds abstained for a majority (majority_memory)
         if privacy is not None and privacy.dp_active:
             accountant()  # ImportError (what to install) before any round, as the coordinator
 
@@ -220,8 +221,10 @@ class InProcessAuditor:
             self.audit_config,
             round_index=server_round - 1,
             status_history=history,
+            majority_rounds=self._majority_rounds,
         )
         primary = outcome.detections[outcome.primary]
+        self._majority_rounds += bool(primary.summary.get("majority_suspected"))
         for client in clients:
             self._updates[client.client_id] = self._updates.get(client.client_id, 0) + 1
         privacy = self._round_privacy(sites)

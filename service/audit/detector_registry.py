@@ -38,6 +38,7 @@ from service.audit.geometry_evidence import (
     leave_one_out_cosines,
     peer_groups,
 )
+from service.audit.majority_memory import remember_majority
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 
 if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
@@ -59,8 +60,9 @@ __all__ = [
 class DetectorCall:
     """What a detector is run with: the round's checked inputs (every client sent the
     detector's ``input``), the configuration, the round's shared pass over the states, the
-    clients' status before the round, the trust anchors, and the results of the detectors that
-    ran before it this round (those named in some detector's ``reads`` run first)."""
+    clients' status before the round, the trust anchors, the results of the detectors that
+    ran before it this round (those named in some detector's ``reads`` run first), and the
+    federation's memory of abstentions for a majority."""
 
     data: CheckedClients
     config: AuditConfig
@@ -68,6 +70,9 @@ class DetectorCall:
     history: Sequence[StatusHistory] | None
     anchors: Sequence[bool] | None
     earlier: Mapping[str, DetectionResult]
+    majority_rounds: int = 0
+    """Earlier rounds (after the warm-up) in which the evidence detector abstained because the
+    group it would flag was not a clear minority (:mod:`service.audit.majority_memory`)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,7 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         num_samples=None if accuracy is None else data.num_samples,
         per_class_errors=wrong,
     )
-    return _with_geometry(call, result)
+    return _with_geometry(call, remember_majority(result, call.majority_rounds))
 
 
 def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResult:

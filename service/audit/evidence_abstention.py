@@ -46,7 +46,13 @@ from service.audit.detection import DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.evidence_verdicts import EvidencePass
 
-__all__ = ["class_heterogeneity", "consensus_reason", "mixture_split", "model_informativeness"]
+__all__ = [
+    "class_heterogeneity",
+    "consensus_reason",
+    "is_majority_reason",
+    "mixture_split",
+    "model_informativeness",
+]
 
 
 def model_informativeness(
@@ -89,6 +95,19 @@ def mixture_split(
     return np.asarray([v is not None and v.flag is True for v in mixture.verdicts], dtype=bool)
 
 
+_MIXTURE_MAJORITY = (
+    "FedNoRo's loss mixture splits the sites into two separated groups and the higher-loss "
+    "group is not a clear minority"
+)
+_FLAGGED_MAJORITY = "the sites that would be flagged are not a clear minority"
+
+
+def is_majority_reason(reason: str | None) -> bool:
+    """Whether a consensus abstention's ``reason`` is that the group the audit would flag (or
+    the loss mixture's higher-loss group) is not a clear minority."""
+    return reason is not None and reason.startswith((_MIXTURE_MAJORITY, _FLAGGED_MAJORITY))
+
+
 def consensus_reason(
     result: EvidencePass,
     sizes: FloatArray,
@@ -127,15 +146,11 @@ def consensus_reason(
         mix_share = float(sizes[mixture].sum() / sizes.sum())
         if n_mix >= max_flagged_fraction * k or mix_share >= max_flagged_fraction:
             return (
-                f"FedNoRo's loss mixture splits the sites into two separated groups and the "
-                f"higher-loss group is not a clear minority ({n_mix} of {k} sites, "
+                f"{_MIXTURE_MAJORITY} ({n_mix} of {k} sites, "
                 f"{mix_share:.0%} of the samples): the consensus may be the noisy side"
             )
     if n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
-        return (
-            f"the sites that would be flagged are not a clear minority ({n_flag} of {k} "
-            f"sites, {share:.0%} of the samples)"
-        )
+        return f"{_FLAGGED_MAJORITY} ({n_flag} of {k} sites, {share:.0%} of the samples)"
     if n_flag > 0 and below > 0:
         return (
             f"the evidence points both ways: {n_flag} site(s) significantly above the "

@@ -242,6 +242,7 @@ def run_audit(
     flag_overrides: Sequence[bool | None] | None = None,
     status_history: Sequence[StatusHistory] | None = None,
     anchors: Sequence[bool] | None = None,
+    majority_rounds: int = 0,
 ) -> AuditOutcome:
     """Audit one round and aggregate its updates.
 
@@ -278,6 +279,11 @@ def run_audit(
     anchors : sequence of bool, optional
         Aligned with ``clients``: True for a trust anchor (a site an admin marked as curated),
         used by the ``evidence`` detector (:mod:`service.audit.evidence`, "Trust anchors").
+    majority_rounds : int, default=0
+        Earlier rounds of the federation, after the warm-up, in which the ``evidence`` detector
+        abstained because the group it would flag was not a clear minority (its summary's
+        ``majority_suspected``); from ``MAJORITY_MEMORY`` on, a consensus verdict of ``ok`` is
+        ``inconclusive`` (:mod:`service.audit.majority_memory`).
 
     Returns
     -------
@@ -299,7 +305,7 @@ def run_audit(
     rnd, data = _checked_round(config, round_index, clients, status_history, anchors)
 
     shared = _round_pass(global_state, data, config, status_history)
-    detections = run_detectors(data, config, shared, status_history, anchors)
+    detections = run_detectors(data, config, shared, status_history, anchors, majority_rounds)
     primary = detections[config.primary_detector]
     primary_flags = primary.flags
 

@@ -35,9 +35,11 @@ def run_detectors(
     shared: RoundPass,
     history: Sequence[StatusHistory] | None,
     anchors: Sequence[bool] | None,
+    majority_rounds: int = 0,
 ) -> dict[str, DetectionResult]:
     """Every configured detector's result, by name (``config.detectors``; None: the primary one
-    and every detector whose inputs some client sent)."""
+    and every detector whose inputs some client sent). ``majority_rounds``: earlier rounds the
+    evidence detector abstained for a majority (:mod:`service.audit.majority_memory`)."""
     names = config.detectors
     if names is None:
         names = tuple(
@@ -55,6 +57,8 @@ def run_detectors(
             undetermined: list[ClientVerdict | None] = [None] * len(data.ids)
             detections[name] = DetectionResult(name, "undetermined", reason, undetermined, {})
             continue
-        call = DetectorCall(data, config, shared, history, anchors, dict(detections))
+        call = DetectorCall(
+            data, config, shared, history, anchors, dict(detections), majority_rounds
+        )
         detections[name] = spec.run(call)
     return detections

@@ -13,11 +13,15 @@ import uuid
 
 from sqlalchemy.orm import Session
 
+from service.audit.evidence_abstention import is_majority_reason
 from service.coordinator.stored_audit import StoredAudit, client_audit_in
 from service.store import repositories as repo
 from service.store.tables import Client, Round
 
-__all__ = ["record_abstention", "record_flags"]
+__all__ = ["majority_rounds", "record_abstention", "record_flags"]
+
+MAJORITY_SCAN = 1000
+"""At most this many of a federation's latest ``audit.inconclusive`` events are read."""
 
 
 def record_abstention(
@@ -39,6 +43,21 @@ def record_abstention(
         federation_id=federation_id,
         round_id=rnd.id,
         data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
+    )
+
+
+def majority_rounds(session: Session, federation_id: uuid.UUID, before_index: int) -> int:
+    """Rounds before ``before_index`` (after the warm-up) whose audit abstained because the group
+    it would flag was not a clear minority: the ``audit.inconclusive`` events with such a reason
+    (:mod:`service.audit.majority_memory`)."""
+    events = repo.latest_events(
+        session, federation_id, kind="audit.inconclusive", limit=MAJORITY_SCAN
+    )
+    return sum(
+        1
+        for e in events
+        if int((e.data or {}).get("index", before_index)) < before_index
+        and is_majority_reason((e.data or {}).get("reason"))
     )
 
 

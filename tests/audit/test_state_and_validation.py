@@ -163,6 +163,7 @@ def test_public_api_matches_all():
         "evidence_abstention",
         "evidence_verdicts",
         "geometry_evidence",
+        "majority_memory",
         "pipeline",
         "reliability",
         "round_detectors",
