@@ -258,6 +258,7 @@ def _exact_extremes(
 def _neighbors_of_block(
     unit_t: FloatArray,
     unit32: NDArray[np.float32],
+    unit_margin: float,
     acc: FloatArray,
     candidate_mask: BoolArray,
     rows: IntArray,
@@ -280,8 +281,9 @@ def _neighbors_of_block(
     outside = np.flatnonzero(~candidate_mask)
     n_allowed = int(candidate_mask.sum()) - candidate_mask[rows].astype(np.int64)
     has_any = n_allowed > 0
-    sim = unit32[:, rows].T @ unit32  # (b, K), float32
-    unit_margin = 16.0 * (unit_t.shape[0] + 2) * _EPS32
+    # (b, K) in float32, clipped as the exact cosines are (so that entries the clip makes equal
+    # are equal here too and the exact values break their ties)
+    sim = np.clip(unit32[:, rows].T @ unit32, -1.0, 1.0)
     margin = np.full(n_rows, unit_margin)
     pools = []
     for low, fill in ((True, np.inf), (False, -np.inf)):
@@ -486,13 +488,19 @@ def k_reliable_neighbors(
 
     unit_t = _unit_columns(array)
     unit32 = unit_t.astype(np.float32)
+    # The float32 products' worst rounding, times sixteen: (D + 2) 2^-24 times the largest
+    # |u_c| |u_n| (1 for unit vectors; more where tiny probes' norms were rounded in subnormals).
+    scale = max(1.0, float(np.square(unit_t).sum(axis=0).max(initial=0.0)))
+    unit_margin = 16.0 * (unit_t.shape[0] + 2) * _EPS32 * scale
     step = max(target_rows.size, 1) if chunk is None else chunk
     result = NeighborSets([], [], [], [], [], [])
     blocks = []
     with one_blas_thread():
         for start in range(0, target_rows.size, step):
             rows = target_rows[start : start + step]
-            blocks.append(_neighbors_of_block(unit_t, unit32, acc, candidate_mask, rows, a, kk))
+            blocks.append(
+                _neighbors_of_block(unit_t, unit32, unit_margin, acc, candidate_mask, rows, a, kk)
+            )
     for row, (chosen, raw, self_raw) in zip(
         target_rows, (entry for block in blocks for entry in block), strict=True
     ):

@@ -93,3 +93,18 @@ def test_a_target_with_no_candidate_and_few_candidates():
     alone = k_reliable_neighbors(probes, acc, k=2, targets=[7], candidates=[7])
     assert alone.neighbors == [[]]
     assert alone.self_weight == [1.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_tiny_logits_whose_norms_round_in_subnormals(seed):
+    # Logits of about 1e-160: their squares are subnormal, so the "unit" vectors are off unit
+    # length and some cosines clip at 1 (ties): the float32 pass must neither rank past the clip
+    # nor miss the exact ties (found by a differential test against the previous search).
+    rng = np.random.default_rng(seed)
+    probes = rng.normal(size=(19, 1, 1 + seed % 2)) * 10.0 ** rng.uniform(-160.0, -158.7)
+    acc = rng.uniform(0.0, 1.0, size=19)
+    for alpha in (0.0, 0.6):
+        scores = reliability_scores(probes, acc, alpha=alpha, variant="logit")
+        for k in (1, 2, 5):
+            sets = k_reliable_neighbors(probes, acc, k=k, alpha=alpha, variant="logit")
+            assert sets.neighbors == _brute_force(scores, k)
