@@ -283,7 +283,8 @@ def _neighbors_of_block(
     has_any = n_allowed > 0
     # (b, K) in float32, clipped as the exact cosines are (so that entries the clip makes equal
     # are equal here too and the exact values break their ties)
-    sim = np.clip(unit32[:, rows].T @ unit32, -1.0, 1.0)
+    sim = unit32[:, rows].T @ unit32
+    np.clip(sim, -1.0, 1.0, out=sim)
     margin = np.full(n_rows, unit_margin)
     pools = []
     for low, fill in ((True, np.inf), (False, -np.inf)):
