@@ -3,12 +3,14 @@
 The audit's products are small (a block of parameters, a chunk of targets): on a busy 2-core
 machine BLAS threads waiting for a core made them several times slower than one thread
 (measured for the round's pass and the neighbor search). The limit is process-wide while it
-holds, as threadpoolctl's limits are.
+holds, as threadpoolctl's limits are (other threads' numpy work runs on one BLAS thread too).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from threadpoolctl import ThreadpoolController
@@ -24,7 +26,25 @@ def _blas_controller() -> ThreadpoolController:
     return _CONTROLLER[0]
 
 
-def one_blas_thread() -> AbstractContextManager[Any]:
-    """A context in which BLAS runs on one thread."""
-    limit: AbstractContextManager[Any] = _blas_controller().limit(limits=1, user_api="blas")
-    return limit
+_LOCK = threading.Lock()
+_HELD: list[Any] = []  # the active limiter, while any context holds it
+_DEPTH = [0]
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """A context in which BLAS runs on one thread. Contexts may overlap (two threads auditing at
+    once): the first to enter sets the limit, the last to leave restores the original one, so
+    overlapping contexts never leave the process at one thread."""
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            limiter = _blas_controller().limit(limits=1, user_api="blas")
+            _HELD.append(limiter)
+        _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                _HELD.pop().restore_original_limits()

@@ -191,7 +191,7 @@ def upper_p(
     phi_a = np.broadcast_to(np.asarray(phi, dtype=np.float64), shape)
     out = np.empty(shape)
     nb = phi_a > 0  # each tail only where it applies
-    r = 1.0 / phi_a[nb]
+    r = 1.0 / np.maximum(phi_a[nb], 1e-12)
     out[nb] = nbinom.sf(x[nb] - 1.0, r, r / (r + mu[nb]))
     out[~nb] = poisson.sf(x[~nb] - 1.0, mu[~nb])
     return out
@@ -206,22 +206,34 @@ def _nb_cdf(k: FloatArray, r: FloatArray, p: FloatArray) -> FloatArray:
 def nb_quantile(
     level: float, r: FloatArray, p: FloatArray, start: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """The smallest integer q >= 0 with P(X <= q) >= ``level`` (scipy's ``nbinom.ppf``), with
-    P(X <= q) and P(X <= q - 1), for X negative binomial (r, p). Found by stepping from
-    ``start`` (any non-negative integers: the closer, the fewer steps); each step evaluates only
-    the entries that still move, and reuses the CDF the step before evaluated."""
-    q = np.maximum(np.asarray(start, dtype=np.float64), 0.0).copy()
+    """The smallest integer q >= 0 with P(X <= q) >= ``level`` (scipy's ``nbinom.ppf``, for a
+    level strictly between 0 and 1), with P(X <= q) and P(X <= q - 1), for X negative binomial
+    (r, p). Found by stepping from ``start`` (rounded down; a non-finite or negative start
+    counts as 0: the closer, the fewer steps); each step evaluates only the entries that still move,
+    and reuses the CDF the step before evaluated; after ``_MAX_STEPS`` steps scipy's own search
+    finds the entries still moving."""
+    start = np.asarray(start, dtype=np.float64)
+    q = np.where(np.isfinite(start), np.maximum(np.floor(start), 0.0), 0.0)
     at = _nb_cdf(q, r, p)
     below = np.full(q.shape, np.nan)  # P(X <= q - 1) where known
     moving = np.flatnonzero(at < level)
+    steps = 0
     while moving.size:  # up while P(X <= q) < level
+        if steps == _MAX_STEPS:  # far from the start: scipy's own search for the rest
+            _scipy_quantile(level, r, p, q, at, below, moving)  # their ``below`` now known
+            break
+        steps += 1
         q[moving] += 1.0
         below[moving] = at[moving]
         at[moving] = _nb_cdf(q[moving], r[moving], p[moving])
         moving = moving[at[moving] < level]
     moving = np.flatnonzero(np.isnan(below) & (q > 0.0))
     below[q <= 0.0] = 0.0
+    steps = 0
     while moving.size:  # down while P(X <= q - 1) >= level
+        if steps == _MAX_STEPS:
+            return _scipy_quantile(level, r, p, q, at, below, moving)
+        steps += 1
         below[moving] = _nb_cdf(q[moving] - 1.0, r[moving], p[moving])
         moving = moving[below[moving] >= level]
         q[moving] -= 1.0
@@ -231,11 +243,32 @@ def nb_quantile(
     return q, at, below
 
 
+_MAX_STEPS = 64
+"""Steps :func:`nb_quantile` takes from its start before handing the entries still moving to
+scipy's ``nbinom.ppf`` (a start far from the quantile: a gamma shape below one at a large mean)."""
+
+
+def _scipy_quantile(
+    level: float,
+    r: FloatArray,
+    p: FloatArray,
+    q: FloatArray,
+    at: FloatArray,
+    below: FloatArray,
+    rest: IntArray,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """:func:`nb_quantile`'s result with the entries ``rest`` found by scipy instead."""
+    q[rest] = nbinom.ppf(level, r[rest], p[rest])
+    at[rest] = _nb_cdf(q[rest], r[rest], p[rest])
+    below[rest] = _nb_cdf(q[rest] - 1.0, r[rest], p[rest])
+    return q, at, below
+
+
 def _gamma_guess(level: float, mu: FloatArray, phi: FloatArray) -> FloatArray:
     """A start for :func:`nb_quantile`: the ``level`` quantile of the gamma distribution with
     the count's mean and variance, by Wilson and Hilferty's cube-root normal approximation
-    ("The distribution of chi-square", PNAS 1931), rounded down (within a few steps of the
-    negative binomial's quantile)."""
+    ("The distribution of chi-square", PNAS 1931), rounded down (usually within a few steps of
+    the negative binomial's quantile; far from it for a shape below one at a large mean)."""
     mean = np.maximum(mu, 1e-12)
     shape = mean / (1.0 + phi * mean)  # mean^2 / variance
     w = 1.0 / (9.0 * shape)

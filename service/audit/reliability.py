@@ -20,9 +20,12 @@ cosines one flattened coordinate at a time with element-wise numpy operations, s
 computed by the same sequence of roundings. :func:`k_reliable_neighbors` ranks each block of
 target rows by one float32 matrix product (fast, but its rounding depends on the block's shape)
 and keeps, with a margin sixteen times its worst rounding error, only the entries that can be
-a row's smallest or largest cosine or among its k best; those few are recomputed in float64
-element by element, and the choice is made on them. Its neighbors and R are therefore those of
-the full float64 matrix, bit for bit (``tests/audit/test_reliability_search.py``), for any block.
+a row's smallest or largest cosine or among its k best; those are recomputed in float64
+element by element, and the choice is made on them. Where the sites' probes nearly agree, so
+that more than ``DENSE_SHARE`` of a block lies within the margin, the block is scored densely
+as :func:`reliability_scores` does (as slow as before the float32 pass, never wrong). Its
+neighbors and R are therefore those of the full float64 matrix, bit for bit
+(``tests/audit/test_reliability_search.py``), for any block.
 With ``chunk_size=None`` all target rows are scored at once (a T x K matrix, K x K for all
 targets); with an int the target rows are processed ``chunk_size`` at a time, never holding more
 than a few ``chunk_size x K`` arrays, with the same result. The cost is O(T K P C) either way.
@@ -255,6 +258,48 @@ def _exact_extremes(
     return lo, hi
 
 
+def _top_k(scores: FloatArray, allowed: BoolArray, k: int) -> IntArray:
+    """Indices of the k largest allowed scores, by decreasing score then increasing index."""
+    n_allowed = int(allowed.sum())
+    kk = min(k, n_allowed)
+    if kk == 0:
+        return np.zeros(0, dtype=np.int64)
+    if kk == n_allowed:
+        selected = np.flatnonzero(allowed)
+    else:
+        kth = np.partition(scores, scores.size - kk)[scores.size - kk]
+        above = np.flatnonzero(scores > kth)
+        tied = np.flatnonzero(scores == kth)[: kk - above.size]
+        selected = np.concatenate([above, tied])
+    order = np.lexsort((selected, -scores[selected]))
+    result: IntArray = selected[order].astype(np.int64)
+    return result
+
+
+def _dense_block(
+    unit_t: FloatArray,
+    acc: FloatArray,
+    candidate_mask: BoolArray,
+    rows: IntArray,
+    alpha: float,
+    k: int,
+) -> list[tuple[IntArray, FloatArray, float]]:
+    """The block scored entry by entry in float64 (:func:`_score_block`, as
+    :func:`reliability_scores`): for rows whose cosines nearly agree, where the float32 pass
+    would leave most entries within its margin."""
+    block = _score_block(unit_t, acc, candidate_mask, rows, alpha)
+    out = []
+    for i in range(rows.size):
+        chosen = _top_k(block.scores[i], block.allowed[i], k)
+        out.append((chosen, block.scores[i, chosen], float(block.self_scores[i])))
+    return out
+
+
+DENSE_SHARE = 0.05
+"""A block goes dense (:func:`_dense_block`) when the entries within the float32 pass's margin
+exceed this share of it: picking and recomputing them one by one would cost more."""
+
+
 def _neighbors_of_block(
     unit_t: FloatArray,
     unit32: NDArray[np.float32],
@@ -293,6 +338,8 @@ def _neighbors_of_block(
         best = (np.argmin if low else np.argmax)(sim, axis=1)
         value = np.where(has_any, sim[np.arange(n_rows), best], np.nan)  # NaN: none qualifies
         pools.append(_pool(sim, best[:, None], value, margin, low=low))
+        if pools[-1][0].size > DENSE_SHARE * sim.size:
+            return _dense_block(unit_t, acc, candidate_mask, rows, alpha, k)
     sim_lo, sim_hi = _exact_extremes(unit_t, rows, pools[0], pools[1])
     sim_spread = np.where(has_any, sim_hi - np.where(has_any, sim_lo, 0.0), 0.0)
     sim_flat = sim_spread <= _RANGE_EPS
@@ -312,6 +359,8 @@ def _neighbors_of_block(
     kth = key[np.arange(n_rows)[:, None], top].min(axis=1)
     kth[n_allowed <= k] = -_FLOAT32_MAX  # every allowed candidate is a neighbor
     pool_r, pool_c = _pool(key, top, kth, unit_margin * (1.0 + a + b), low=False)
+    if pool_r.size > DENSE_SHARE * key.size + n_rows * k:
+        return _dense_block(unit_t, acc, candidate_mask, rows, alpha, k)
 
     exact = _pair_cosines(unit_t, rows[pool_r], pool_c)
     sim_norm = np.where(

@@ -108,3 +108,22 @@ def test_tiny_logits_whose_norms_round_in_subnormals(seed):
         for k in (1, 2, 5):
             sets = k_reliable_neighbors(probes, acc, k=k, alpha=alpha, variant="logit")
             assert sets.neighbors == _brute_force(scores, k)
+
+
+def test_overlapping_one_blas_thread_contexts_restore_the_original_limit():
+    # Two audits in two threads: A enters, B enters, A leaves, B leaves (the order that left
+    # the process at one BLAS thread when each context saved and restored the limit itself).
+    from service.audit._blas import _blas_controller, one_blas_thread
+
+    def threads() -> list[int]:
+        return [i["num_threads"] for i in _blas_controller().info() if i["user_api"] == "blas"]
+
+    before = threads()
+    first, second = one_blas_thread(), one_blas_thread()
+    first.__enter__()
+    second.__enter__()
+    assert set(threads()) <= {1}
+    first.__exit__(None, None, None)
+    assert set(threads()) <= {1}  # B still audits
+    second.__exit__(None, None, None)
+    assert threads() == before
