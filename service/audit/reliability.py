@@ -148,6 +148,13 @@ def _cosine_rows(unit_t: FloatArray, rows: IntArray) -> FloatArray:
     return result
 
 
+def _min_max(values: FloatArray, lo: FloatArray, spread: FloatArray, flat: BoolArray) -> FloatArray:
+    """``(values - lo) / spread``, 1 where the range is ``flat`` (min-max normalisation, FedRN
+    eq. 4-5; arguments broadcast together)."""
+    result: FloatArray = np.where(flat, 1.0, (values - lo) / np.where(flat, 1.0, spread))
+    return result
+
+
 def _expertise_range(
     acc: FloatArray, candidate_mask: BoolArray, rows: IntArray
 ) -> tuple[FloatArray, FloatArray, BoolArray]:
@@ -195,11 +202,8 @@ def _score_block(
     )
 
     exp_lo, exp_spread, exp_flat = _expertise_range(acc, candidate_mask, rows)
-    safe_spread = np.where(exp_flat, 1.0, exp_spread)
-    exp_all = np.where(
-        exp_flat[:, None], 1.0, (acc[None, :] - exp_lo[:, None]) / safe_spread[:, None]
-    )
-    exp_self = np.where(exp_flat, 1.0, (acc[rows] - exp_lo) / safe_spread)
+    exp_all = _min_max(acc[None, :], exp_lo[:, None], exp_spread[:, None], exp_flat[:, None])
+    exp_self = _min_max(acc[rows], exp_lo, exp_spread, exp_flat)
 
     scores = alpha * exp_all + (1.0 - alpha) * sim_norm
     scores[~allowed] = -np.inf
@@ -363,20 +367,11 @@ def _neighbors_of_block(
         return _dense_block(unit_t, acc, candidate_mask, rows, alpha, k)
 
     exact = _pair_cosines(unit_t, rows[pool_r], pool_c)
-    sim_norm = np.where(
-        sim_flat[pool_r],
-        1.0,
-        (exact - sim_lo[pool_r]) / np.where(sim_flat, 1.0, sim_spread)[pool_r],
-    )
-    exp_n = np.where(
-        exp_flat[pool_r],
-        1.0,
-        (acc[pool_c] - exp_lo[pool_r]) / np.where(exp_flat, 1.0, exp_spread)[pool_r],
-    )
+    sim_norm = _min_max(exact, sim_lo[pool_r], sim_spread[pool_r], sim_flat[pool_r])
+    exp_n = _min_max(acc[pool_c], exp_lo[pool_r], exp_spread[pool_r], exp_flat[pool_r])
     r_pool = alpha * exp_n + (1.0 - alpha) * sim_norm
     order = np.lexsort((pool_c, -r_pool, pool_r))
-    exp_self = np.where(exp_flat, 1.0, (acc[rows] - exp_lo) / np.where(exp_flat, 1.0, exp_spread))
-    self_scores = alpha * exp_self + (1.0 - alpha)
+    self_scores = alpha * _min_max(acc[rows], exp_lo, exp_spread, exp_flat) + (1.0 - alpha)
     starts = np.searchsorted(pool_r[order], np.arange(n_rows + 1))
     return [
         (
