@@ -30,34 +30,23 @@ def test_majority_rounds_counts_the_majority_abstentions_of_earlier_rounds(setti
         settings, make_sessionmaker(make_engine(settings.resolved_database_url))
     )
     with services.sessions.begin() as session:
-        fid = federations.create_federation(
-            session,
-            name="memory",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=20,
-            min_clients=1,
-            max_clients=None,
-            round_deadline_s=600,
-            config=FederationConfigInput(method="fedavg"),
-            seed=1,
-            actor="admin",
-        ).id
-        other = federations.create_federation(
-            session,
-            name="other",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=20,
-            min_clients=1,
-            max_clients=None,
-            round_deadline_s=600,
-            config=FederationConfigInput(method="fedavg"),
-            seed=1,
-            actor="admin",
-        ).id
+        fid, other = (
+            federations.create_federation(
+                session,
+                name=name,
+                num_classes=2,
+                input_shape=[2],
+                class_names=None,
+                rounds=20,
+                min_clients=1,
+                max_clients=None,
+                round_deadline_s=600,
+                config=FederationConfigInput(method="fedavg"),
+                seed=1,
+                actor="admin",
+            ).id
+            for name in ("memory", "other")
+        )
         for federation_id, index, reason, kind in (
             (fid, 4, MIXTURE, "audit.inconclusive"),
             (fid, 5, WEAK, "audit.inconclusive"),
