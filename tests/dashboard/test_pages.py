@@ -178,8 +178,9 @@ def test_client_table_shows_inconsistent_claims():
     assert '<td class="num"><span class="muted">0</span></td>' in clean
 
 
-def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
-    row: dict[str, object] = {
+def _report_row(**fields: object) -> dict[str, object]:
+    """A trusted site's row of the report's client table, with ``fields`` on top."""
+    return {
         "client_id": "c1",
         "name": "site-a",
         "status": "trusted",
@@ -187,40 +188,33 @@ def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
         "noisy_classes": [],
         "times_flagged": 0,
         "rounds_audited": 1,
-        "latest_scores": {"evidence": 4.2, "fedncl": 0.5},
-        "latest_flags": {"evidence": True, "fedncl": True},
         "reliability": None,
         "neighbors": None,
         "last_weight": 0.4,
         "num_samples": 100,
         "inconsistent_updates": 0,
         "last_inconsistent_at": None,
+        **fields,
     }
+
+
+def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
+    row = _report_row(
+        latest_scores={"evidence": 4.2, "fedncl": 0.5},
+        latest_flags={"evidence": True, "fedncl": True},
+    )
     html = pages.client_table("f1", [row], "evidence")
     assert "evidence: 4.2 \u2691<br>" in html
     assert 'fedncl: 0.5 <span class="muted">\u2691 (secondary)</span>' in html
 
 
 def test_a_score_the_detector_did_not_give_says_why() -> None:
-    row: dict[str, object] = {
-        "client_id": "c1",
-        "name": "site-a",
-        "status": "trusted",
-        "pinned_status": None,
-        "noisy_classes": [],
-        "times_flagged": 0,
-        "rounds_audited": 1,
-        "latest_scores": {"evidence": 0.3, "fednoro": None},
-        "latest_flags": {"evidence": False, "fednoro": None},
-        "latest_statuses": {"evidence": "ok", "fednoro": "undetermined"},
-        "reliability": None,
-        "neighbors": None,
-        "last_weight": 0.4,
-        "num_samples": 100,
-        "inconsistent_updates": 0,
-        "last_inconsistent_at": None,
-        "flag_history": [],
-    }
+    row = _report_row(
+        latest_scores={"evidence": 0.3, "fednoro": None},
+        latest_flags={"evidence": False, "fednoro": None},
+        latest_statuses={"evidence": "ok", "fednoro": "undetermined"},
+        flag_history=[],
+    )
     html = pages.client_table("f1", [row], "evidence")
     assert 'fednoro: <span class="muted" title="too few sites or signals to decide">' in html
     assert "n/a (undetermined)</span>" in html
