@@ -12,9 +12,9 @@ client's values once and computes from that one read every quantity asked for:
   matrix product of the block's differences to the global model (a Gram cross term) instead of
   one subtraction per pair.
 
-A reader that implements :class:`MappedStateReader` (the coordinator's safetensors reader) hands
-out zero-copy views of its memory map and is told, block by block, which pages the pass has
-finished with so the process does not keep K mapped files resident; any other
+A reader that implements :class:`~service.audit.block_source.FileStateReader` (the coordinator's
+safetensors reader) is read block by block with positioned reads into a buffer of the pass, so the
+process holds that buffer, not the K files (see :mod:`service.audit.block_source`); any other
 :class:`~service.audit.state.StateReader` is read with ``get`` (in-memory states in tests).
 
 Precision. Blocks are computed in float32 when the tensors are float32 or float16 (float64
@@ -36,9 +36,9 @@ block results (a NaN or infinity in any input makes them non-finite) and then lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast
 
 import numpy as np
 from scipy.linalg.blas import daxpy, saxpy
@@ -46,6 +46,14 @@ from scipy.linalg.blas import daxpy, saxpy
 from service.audit._blas import one_blas_thread
 from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import InvalidInputError
+from service.audit.block_source import (
+    FileStateReader,
+    TensorSource,
+    file_readers,
+    small_runs,
+    span_sources,
+    tensor_sources,
+)
 from service.audit.state import (
     StateReader,
     check_state_names,
@@ -56,7 +64,6 @@ from service.audit.state import (
 __all__ = [
     "AXPY_BLOCK",
     "STACK_BYTES",
-    "MappedStateReader",
     "RoundPass",
     "StreamResult",
     "stream_pass",
@@ -68,23 +75,15 @@ AXPY_BLOCK = 1 << 16
 STACK_BYTES = 4 << 20
 """Bytes of a stacked K x b block (differences to the global model): b = STACK_BYTES / 4 / K."""
 
-RELEASE_MIN_BYTES = 1 << 16
-"""Tensors of fewer bytes are not released by the pass one by one (see :class:`_Tensor`)."""
 
+class _Shaped(Protocol):
+    """What :func:`_check_meta` reads of a client's tensor (an array, a source, a layout)."""
 
-@runtime_checkable
-class MappedStateReader(StateReader, Protocol):
-    """A :class:`StateReader` over a memory-mapped file."""
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 
-    def view(self, name: str) -> AnyArray:
-        """Return the tensor as a read-only zero-copy view of the mapping."""
-
-    def release(self, name: str, start: int, stop: int) -> None:
-        """Tell the reader that entries ``[start, stop)`` of ``name`` are no longer needed."""
-
-    def offset(self, name: str) -> int:
-        """Return where ``name``'s data starts in the file (a pass visits tensors in file
-        order, so the pages it releases are not mapped back by faults of later tensors)."""
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -118,18 +117,7 @@ class StreamResult:
     consensus_norm2: float | None = None
 
 
-def _mapped(readers: Sequence[StateReader]) -> list[bool]:
-    """Which readers are memory-mapped (checked once per pass: a Protocol isinstance is slow)."""
-    return [isinstance(reader, MappedStateReader) for reader in readers]
-
-
-def _view(reader: StateReader, name: str, mapped: bool) -> AnyArray:
-    if mapped:
-        return np.asarray(cast(MappedStateReader, reader).view(name))
-    return np.asarray(reader.get(name))
-
-
-def _check_meta(array: AnyArray, reference: AnyArray, name: str, label: str) -> None:
+def _check_meta(array: _Shaped, reference: AnyArray, name: str, label: str) -> None:
     if array.shape != reference.shape:
         raise InvalidInputError(
             f"{label}: tensor {name!r} has shape {tuple(array.shape)}, "
@@ -141,24 +129,15 @@ def _check_meta(array: AnyArray, reference: AnyArray, name: str, label: str) -> 
         )
 
 
-def _raise_non_finite(views: Sequence[AnyArray], name: str) -> None:
-    """Find the first client whose tensor holds NaN or infinity and raise for it."""
-    for k, flat in enumerate(views):
-        if not np.isfinite(flat).all():
+def _raise_non_finite(sources: Sequence[TensorSource], name: str, start: int, stop: int) -> None:
+    """Find the first client whose entries ``[start, stop)`` hold NaN or infinity and raise."""
+    for k, source in enumerate(sources):
+        block = source.block(start, stop, np.empty(stop - start, dtype=source.dtype))
+        if not np.isfinite(block).all():
             raise InvalidInputError(
                 f"updates[{k}]: tensor {name!r} contains NaN or infinite values"
             )
     raise AssertionError("a non-finite block result without a non-finite input")  # pragma: no cover
-
-
-def _release(updates: Sequence[StateReader], name: str, start: int, stop: int) -> None:
-    """Tell the memory-mapped readers (see :func:`_mapped_only`) what the pass has finished."""
-    for update in updates:
-        cast(MappedStateReader, update).release(name, start, stop)
-
-
-def _mapped_only(updates: Sequence[StateReader]) -> list[StateReader]:
-    return [u for u, mapped in zip(updates, _mapped(updates), strict=True) if mapped]
 
 
 def _accumulation_dtype(dtype: np.dtype[Any]) -> type[np.floating[Any]]:
@@ -166,17 +145,14 @@ def _accumulation_dtype(dtype: np.dtype[Any]) -> type[np.floating[Any]]:
 
 
 class _Tensor:
-    """Per-tensor work of one pass: the K flat views and what is accumulated over blocks."""
+    """Per-tensor work of one pass: the K sources and what is accumulated over blocks."""
 
-    def __init__(self, name: str, reference: AnyArray, views: list[AnyArray]) -> None:
+    def __init__(self, name: str, reference: AnyArray, sources: list[TensorSource]) -> None:
         self.name = name
         self.reference = reference
-        self.views = views
+        self.sources = sources
         self.size = int(reference.size)
         self.acc_dtype = _accumulation_dtype(reference.dtype)
-        # Tensors below RELEASE_MIN_BYTES are not released one by one (at K = 100 the calls
-        # cost more than the pass): a reader's release reaches back over their pages.
-        self.releases = int(reference.nbytes) >= RELEASE_MIN_BYTES
         # float16 differences are taken in float32 (a float16 subtraction would round them).
         self.global_flat = reference.reshape(-1).astype(self.acc_dtype, copy=False)
 
@@ -255,8 +231,7 @@ def _stream_pass(
     consensus: FloatArray | None = None,
 ) -> StreamResult:
     names = check_state_names(global_state, updates)
-    mapped = _mapped(updates)
-    releasable = _mapped_only(updates)
+    from_file = file_readers(updates)
     k = len(updates)
     weighted = weights is not None or layer_weights is not None
     stacked = distances or gram or pairs is not None
@@ -267,20 +242,25 @@ def _stream_pass(
     geometry = None if consensus is None else _Consensus(np.asarray(consensus)[order], k)
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     visit = names
-    if mapped and mapped[0]:
-        first = cast(MappedStateReader, updates[0])
+    runs = [[name] for name in names]
+    if from_file and from_file[0]:
+        first = updates[0]
+        assert isinstance(first, FileStateReader)
         visit = sorted(names, key=first.offset)
-    for name in visit:
+        runs = [[name] for name in visit]
+        if state is not None and not stacked and layer_weights is None and all(from_file):
+            runs = small_runs(first, visit, AXPY_BLOCK)
+    for name in _tensors_left(runs, global_state, updates, weights, state, float_names, label):
         reference = read_global_tensor(global_state, name)
-        views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
-        for j, view in enumerate(views):
-            _check_meta(view, reference, name, f"{label}[{j}]")
+        sources = tensor_sources(updates, from_file, name)
+        for j, source in enumerate(sources):
+            _check_meta(source, reference, name, f"{label}[{j}]")
         if not is_float_tensor(reference):
             if state is not None:
-                state[name] = np.array(views[chosen], copy=True)
-            continue  # a small tensor: its pages go with the next release (below)
+                state[name] = np.array(sources[chosen].whole(), copy=True).reshape(reference.shape)
+            continue
         float_names.append(name)
-        tensor = _Tensor(name, reference, [v.reshape(-1) for v in views])
+        tensor = _Tensor(name, reference, sources)
         w = None
         if weighted:
             w = layer_weights[name] if layer_weights and name in layer_weights else weights
@@ -288,7 +268,7 @@ def _stream_pass(
                 raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
         if stacked:
             out, sq, cross, full = _stacked_tensor(
-                releasable, tensor, w, order, n_noisy, width, pairs, gram, geometry
+                tensor, w, order, n_noisy, width, pairs, gram, geometry
             )
             squared_rows.append(sq)
             if cross is not None:
@@ -296,7 +276,7 @@ def _stream_pass(
             if full is not None:
                 gram_rows.append(full)
         else:
-            out = _weighted_tensor(releasable, tensor, np.asarray(w))
+            out = _weighted_tensor(tensor, np.asarray(w))
         if state is not None and out is not None:
             state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
     if visit is not names:  # results in the global state's order
@@ -351,38 +331,105 @@ def _pass_order(pairs: tuple[Sequence[int], Sequence[int]] | None, k: int) -> tu
     return np.array(noisy + clean + rest), len(noisy)
 
 
+def _tensors_left(
+    runs: list[list[str]],
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray | None,
+    state: dict[str, AnyArray] | None,
+    float_names: list[str],
+    label: str,
+) -> Iterator[str]:
+    """Weight each run of small tensors as one span into ``state`` (FedAvg's pass over files,
+    :func:`~service.audit.block_source.small_runs`); yield every other tensor's name, and a
+    run's names where it cannot be read as one span, for the pass to read one by one."""
+    for run in runs:
+        if len(run) > 1 and state is not None and weights is not None:
+            packed = _weighted_run(global_state, updates, run, weights, label)
+            if packed is not None:
+                state.update(packed)
+                float_names.extend(run)
+                continue
+        yield from run
+
+
+def _weighted_run(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    run: list[str],
+    weights: FloatArray,
+    label: str,
+) -> dict[str, AnyArray] | None:
+    """The weighted sum of consecutive small float tensors read as one span per client, or None
+    where they are not back to back in every file or a value is not finite (the pass then reads
+    them one by one: its checks name the tensor)."""
+    references = [read_global_tensor(global_state, name) for name in run]
+    for name, reference in zip(run, references, strict=True):
+        if not is_float_tensor(reference):
+            return None
+        for j, update in enumerate(updates):
+            dtype, shape = cast(FileStateReader, update).layout(name)
+            _check_meta(_Layout(shape, dtype), reference, name, f"{label}[{j}]")
+    sources = span_sources(updates, run)
+    if sources is None:
+        return None
+    flat = np.concatenate([reference.reshape(-1) for reference in references])
+    try:
+        out = _weighted_tensor(_Tensor(run[0], flat, sources), np.asarray(weights))
+    except InvalidInputError:
+        return None
+    result, position = {}, 0
+    for name, reference in zip(run, references, strict=True):
+        part = out[position : position + reference.size]
+        result[name] = part.reshape(reference.shape).astype(reference.dtype, copy=False)
+        position += reference.size
+    return result
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A tensor's shape and dtype, as :func:`_check_meta` reads them."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
 def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
     """Positions in ``visited`` (file order) of its names, in the global state's order."""
     rank = {name: i for i, name in enumerate(names)}
     return sorted(range(len(visited)), key=lambda i: rank[visited[i]])
 
 
-def _weighted_tensor(
-    updates: Sequence[StateReader], tensor: _Tensor, weights: FloatArray
-) -> AnyArray:
+def _weighted_tensor(tensor: _Tensor, weights: FloatArray) -> AnyArray:
     """sum_k w_k theta_k[l], block by block: one BLAS axpy per client and block, reading the
-    client's mapped values once, the accumulator staying in cache."""
+    client's values once into a buffer that stays in cache, like the accumulator."""
     out = np.empty(tensor.size, dtype=tensor.acc_dtype)
     axpy: Callable[..., Any] = daxpy if tensor.acc_dtype == np.float64 else saxpy
+    length = min(AXPY_BLOCK, tensor.size)
+    buffer = np.empty(length, dtype=tensor.reference.dtype)
     convert = tensor.reference.dtype != tensor.acc_dtype  # float16 inputs
-    scratch = np.empty(min(AXPY_BLOCK, tensor.size), dtype=tensor.acc_dtype) if convert else None
+    scratch = np.empty(length, dtype=tensor.acc_dtype) if convert else None
     w = weights.astype(tensor.acc_dtype)
     for start in range(0, tensor.size, AXPY_BLOCK):
         stop = min(start + AXPY_BLOCK, tensor.size)
         acc = out[start:stop]
-        acc.fill(0.0)
-        for j, flat in enumerate(tensor.views):
+        first = True
+        for j, source in enumerate(tensor.sources):
             if w[j] == 0.0:
                 continue
-            block = flat[start:stop]
+            block = source.block(start, stop, buffer)
             if scratch is not None:
+                np.copyto(scratch[: stop - start], block, casting="same_kind")
                 block = scratch[: stop - start]
-                np.copyto(block, flat[start:stop], casting="same_kind")
-            axpy(block, acc, a=float(w[j]))
+            if first:  # the first term starts the sum (no pass to zero the accumulator)
+                np.multiply(block, w[j], out=acc)
+                first = False
+            else:
+                axpy(block, acc, a=float(w[j]))
+        if first:  # every weight 0
+            acc.fill(0.0)
         if not np.isfinite(acc).all():
-            _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
-        if tensor.releases:
-            _release(updates, tensor.name, start, stop)
+            _raise_non_finite(tensor.sources, tensor.name, start, stop)
     if (weights == 0.0).any():
         # A client with weight 0 is skipped above; its values must still be finite.
         _check_skipped(tensor, weights)
@@ -391,14 +438,13 @@ def _weighted_tensor(
 
 def _check_skipped(tensor: _Tensor, weights: FloatArray) -> None:
     for j in np.flatnonzero(weights == 0.0):
-        if not np.isfinite(tensor.views[int(j)]).all():
+        if not np.isfinite(tensor.sources[int(j)].whole()).all():
             raise InvalidInputError(
                 f"updates[{int(j)}]: tensor {tensor.name!r} contains NaN or infinite values"
             )
 
 
 def _stacked_tensor(
-    updates: Sequence[StateReader],
     tensor: _Tensor,
     weights: FloatArray | None,
     order: AnyArray,
@@ -412,10 +458,16 @@ def _stacked_tensor(
     norms (one row dot each), the noisy x clean Gram term, the consensus geometry and the
     weighted sum (one GEMV: sum_k w_k theta_k = w @ X + (sum w) theta_G) from that one in-cache
     copy."""
-    k = len(tensor.views)
+    k = len(tensor.sources)
     n_clean = 0 if pairs is None else len(pairs[1])
     dtype = tensor.acc_dtype
     buffer = np.empty(k * min(width, tensor.size), dtype=dtype)
+    # float16 inputs are read into a buffer of their own and converted by the subtraction.
+    raw = (
+        np.empty(min(width, tensor.size), tensor.reference.dtype)
+        if dtype != tensor.reference.dtype
+        else None
+    )
     squared = np.zeros(k)
     cross = np.zeros((n_noisy, n_clean)) if pairs is not None else None
     full = np.zeros((k, k)) if gram else None
@@ -427,11 +479,12 @@ def _stacked_tensor(
         x = buffer[: k * (stop - start)].reshape(k, stop - start)
         g = tensor.global_flat[start:stop]
         for row, j in enumerate(order):
-            np.subtract(tensor.views[int(j)][start:stop], g, out=x[row], casting="same_kind")
+            values = tensor.sources[int(j)].block(start, stop, x[row] if raw is None else raw)
+            np.subtract(values, g, out=x[row], casting="same_kind")
         products = x @ x.T if full is not None else None  # the Gram block, BLAS syrk
         block_sq = np.diagonal(products).copy() if products is not None else _row_norms(x)
         if not np.isfinite(block_sq).all():
-            _raise_non_finite([v[start:stop] for v in tensor.views], tensor.name)
+            _raise_non_finite(tensor.sources, tensor.name, start, stop)
         squared[order] += block_sq
         if cross is not None and n_noisy and n_clean:
             between = x[:n_noisy] @ x[n_noisy : n_noisy + n_clean].T
@@ -448,8 +501,6 @@ def _stacked_tensor(
             acc = out[start:stop]
             np.dot(w, x, out=acc)
             acc += w_total * g
-        if tensor.releases:
-            _release(updates, tensor.name, start, stop)
     if cross is not None:
         np.maximum(cross, 0.0, out=cross)
     return out, squared, cross, full

@@ -1,7 +1,7 @@
 """Coordinate-wise median and trimmed mean over transposed blocks, on two threads.
 
-Blocks of coordinates are copied from the K updates (zero-copy views of the coordinator's memory
-maps, :class:`~service.audit.blocks.MappedStateReader`) into a (coordinates x K) array whose rows
+Blocks of coordinates are copied from the K updates (read in parts from the coordinator's files,
+:mod:`service.audit.block_source`) into a (coordinates x K) array whose rows
 are sorted (numpy's vectorised sort of short rows beats a partition with two pivots there); a
 tensor of at least ``MIN_PARALLEL`` coordinates is split between two threads (numpy releases the
 GIL while sorting). The median of an even K is the float64 mean of the two middle values and the
@@ -17,14 +17,8 @@ import numpy as np
 
 from service.audit._typing import AnyArray
 from service.audit._validation import InvalidInputError
-from service.audit.blocks import (
-    _check_meta,
-    _mapped,
-    _mapped_only,
-    _raise_non_finite,
-    _release,
-    _view,
-)
+from service.audit.block_source import TensorSource, file_readers, tensor_sources
+from service.audit.blocks import _check_meta, _raise_non_finite
 from service.audit.state import (
     StateReader,
     check_state_names,
@@ -43,23 +37,26 @@ MIN_PARALLEL = 1 << 15
 
 
 def _sorted_reduce(
-    views: Sequence[AnyArray], out: AnyArray, lo: int, hi: int, trim: int | None
+    sources: Sequence[TensorSource], out: AnyArray, lo: int, hi: int, trim: int | None
 ) -> None:
     """Rows ``[lo, hi)`` of the (coordinates x K) transposed block, sorted per row, reduced."""
-    k = len(views)
+    k = len(sources)
     rows = max(1, SORT_BYTES // 4 // k)
     block = np.empty((min(rows, hi - lo), k), dtype=np.float32)
     stacked = np.empty(k * min(rows, hi - lo), dtype=np.float32)
+    # float16 inputs are read into a buffer of their own, then converted.
+    dtype = sources[0].dtype if sources else np.dtype(np.float32)
+    raw = None if dtype == np.float32 else np.empty(min(rows, hi - lo), dtype=dtype)
     for start in range(lo, hi, rows):
         stop = min(start + rows, hi)
         x = block[: stop - start]
         # Contiguous row copies, then one transposing copy (faster than K strided columns).
         rows_k = stacked[: k * (stop - start)].reshape(k, stop - start)
-        for j, flat in enumerate(views):
-            np.copyto(rows_k[j], flat[start:stop], casting="same_kind")
+        for j, source in enumerate(sources):
+            source.copy_into(start, stop, rows_k[j], raw)
         np.copyto(x, rows_k.T)
         if not np.isfinite(x).all():
-            _raise_non_finite([v[start:stop] for v in views], "")
+            _raise_non_finite(sources, "", start, stop)
         x.sort(axis=1)
         if trim is None:
             half = k // 2
@@ -89,8 +86,7 @@ def coordinatewise(
     tensors are sorted in float64 (the float32 block would round them).
     """
     names = check_state_names(global_state, updates)
-    mapped = _mapped(updates)
-    releasable = _mapped_only(updates)
+    from_file = file_readers(updates)
     state: dict[str, AnyArray] = {}
     own_pool = pool is None
     executor = ThreadPoolExecutor(max_workers=2) if pool is None else pool
@@ -103,17 +99,15 @@ def coordinatewise(
                 ]
                 state[name] = _exact_coordinatewise(reference, tensors, trim)
                 continue
-            views = [_view(u, name, m) for u, m in zip(updates, mapped, strict=True)]
-            for j, view in enumerate(views):
-                _check_meta(view, reference, name, f"updates[{j}]")
-            flats = [v.reshape(-1) for v in views]
+            sources = tensor_sources(updates, from_file, name)
+            for j, source in enumerate(sources):
+                _check_meta(source, reference, name, f"updates[{j}]")
             out = np.empty(reference.size, dtype=np.float64)
             try:
-                _run_split(executor, flats, out, trim)
+                _run_split(executor, sources, out, trim)
             except InvalidInputError as exc:
                 raise InvalidInputError(str(exc).replace("tensor ''", f"tensor {name!r}")) from None
             state[name] = out.reshape(reference.shape).astype(reference.dtype)
-            _release(releasable, name, 0, int(reference.size))
     finally:
         if own_pool:
             executor.shutdown()
@@ -121,7 +115,7 @@ def coordinatewise(
 
 
 def _run_split(
-    executor: ThreadPoolExecutor, flats: list[AnyArray], out: AnyArray, trim: int | None
+    executor: ThreadPoolExecutor, flats: list[TensorSource], out: AnyArray, trim: int | None
 ) -> None:
     size = int(out.size)
     if size < MIN_PARALLEL:

@@ -8,7 +8,7 @@ No pickle is involved anywhere: safetensors holds only names, dtypes, shapes and
 from __future__ import annotations
 
 import json
-import mmap
+import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from service.audit.block_source import read_exactly
 from service.store.blobs import sha256_file
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -46,6 +47,7 @@ ITEM_SIZES = {
     "BOOL": 1,
 }
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16"})
+_LITTLE_ENDIAN = {code: np.dtype(kind).newbyteorder("<") for code, kind in NUMPY_DTYPES.items()}
 
 Manifest = dict[str, dict[str, Any]]
 
@@ -139,105 +141,90 @@ def non_finite_tensors(path: Path, manifest: Manifest) -> list[str]:
     return bad
 
 
-def read_header_names(path: Path) -> list[str]:
-    """The tensor names of a safetensors file, from its header alone."""
-    with path.open("rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(header_len))
-    header.pop("__metadata__", None)
-    return list(header)
-
-
-RELEASE_BYTES = 1 << 19
-FAULT_AROUND_BYTES = 1 << 21
-"""How far before a released range a fault may have mapped pages back in: the kernel maps cached
-pages around a fault (64 KiB), and whole large page-cache folios (ext4 here: up to 2 MiB; measured:
-with 64 KiB about 3 MB of every 11 MB update stayed resident after a pass, with 2 MiB none)."""
-"""A reader hands finished pages of a tensor back to the kernel once this many are pending."""
-
-
 class SafetensorsReader:
-    """A model state read lazily from a safetensors file, one tensor at a time.
+    """A model state read from a safetensors file in parts, with positioned reads.
 
-    ``get`` returns a copy (safetensors' own reader). ``view`` returns a read-only zero-copy
-    view of a memory map of the file, and ``release`` drops the mapped pages a streaming pass
-    has finished with (``madvise(MADV_DONTNEED)``: the pages leave this process's resident set
-    and stay in the page cache), so a round close over K updates does not keep K files
-    resident (:class:`service.audit.blocks.MappedStateReader`).
+    ``get`` returns a tensor as a fresh array; ``read_into`` copies a range of a tensor's
+    entries into the caller's buffer (``os.preadv``), which is how a round close streams K
+    updates through small buffers of its own (:class:`service.audit.block_source.FileStateReader`):
+    nothing of the file is mapped, so the process's resident set does not grow with the number
+    or the size of the updates (the pages stay in the kernel's page cache). The header is parsed
+    when the reader is made; the file is opened at the first read and stays open until
+    :meth:`close` (or until the reader is collected). The file is expected to have passed
+    :func:`read_manifest` (the coordinator checks every stored update); a file that has since
+    become shorter than its header says raises :class:`SafetensorsFormatError`.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # safe_open maps the file and touches its first pages (about 512 KiB resident per
-        # update): opened only when ``get`` is called, the names come from the header here.
-        self._handle: Any = None
-        self._keys: list[str] = sorted(read_header_names(path))
-        self._map: mmap.mmap | None = None
+        self._fd: int | None = None
         self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
-        self._released: dict[str, int] = {}
+        with path.open("rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(header_len))
+        header.pop("__metadata__", None)
+        for name, entry in header.items():
+            start = 8 + header_len + int(entry["data_offsets"][0])
+            dtype = _LITTLE_ENDIAN[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            # math.prod: np.prod costs microseconds a call, and a round close makes K x tensors
+            self._layout[name] = (dtype, shape, start, math.prod(shape))
+        self._keys: list[str] = sorted(self._layout)
 
     def keys(self) -> Sequence[str]:
         return self._keys
 
-    def get(self, name: str) -> np.ndarray:
-        if self._handle is None:
-            self._handle = safe_open(str(self.path), framework="numpy")
-        return np.asarray(self._handle.get_tensor(name))
-
-    def _mapped(self) -> mmap.mmap:
-        if self._map is None:
-            with self.path.open("rb") as handle:
-                (header_len,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(header_len))
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            header.pop("__metadata__", None)
-            for name, entry in header.items():
-                start = 8 + header_len + int(entry["data_offsets"][0])
-                dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]]).newbyteorder("<")
-                shape = tuple(entry["shape"])
-                count = int(np.prod(shape, dtype=np.int64))
-                self._layout[name] = (dtype, shape, start, count)
-        return self._map
-
-    def view(self, name: str) -> np.ndarray:
-        mapped = self._mapped()
+    def _entry(self, name: str) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
         try:
-            dtype, shape, start, count = self._layout[name]
+            return self._layout[name]
         except KeyError:
             raise KeyError(f"the state has no tensor {name!r}") from None
-        return np.frombuffer(mapped, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def get(self, name: str) -> np.ndarray:
+        dtype, shape, _, count = self._entry(name)
+        out = np.empty(count, dtype=dtype)
+        self.read_into(name, 0, out)
+        return out.reshape(shape)
+
+    def layout(self, name: str) -> tuple[np.dtype[Any], tuple[int, ...]]:
+        """``name``'s dtype and shape, from the header."""
+        dtype, shape, _, _ = self._entry(name)
+        return dtype, shape
 
     def offset(self, name: str) -> int:
         """Where ``name``'s data starts in the file."""
-        self._mapped()
-        return self._layout[name][2]
+        return self._entry(name)[2]
 
-    def release(self, name: str, start: int, stop: int) -> None:
-        """Drop the pages of ``name``'s entries ``[.., stop)`` not released yet, once at least
-        ``RELEASE_BYTES`` are pending or the tensor is finished.
+    def read_into(self, name: str, start: int, out: np.ndarray) -> None:
+        """Copy entries ``[start, start + out.size)`` of the flattened ``name`` into ``out``
+        (C-contiguous, of ``name``'s dtype)."""
+        dtype, _, _, count = self._entry(name)
+        if out.dtype != dtype or not out.flags.c_contiguous:
+            raise ValueError(f"tensor {name!r}: the buffer must be C-contiguous {dtype}")
+        if start < 0 or start + out.size > count:
+            raise ValueError(f"tensor {name!r}: entries [{start}, {start + out.size}) of {count}")
+        fd, offset = self.position(name)
+        try:
+            read_exactly(fd, out, offset + start * dtype.itemsize, f"tensor {name!r}")
+        except EOFError as exc:
+            raise SafetensorsFormatError(f"{self.path.name}: {exc}") from None
 
-        A block that starts before the released mark begins a new pass over the tensor. The
-        range is rounded outwards to whole pages and reaches back ``FAULT_AROUND_BYTES`` (a
-        fault maps cached pages around it back in, released ones included): a page still to be
-        read is simply read again from the page cache (dropping a page of a read-only file
-        mapping never loses data).
-        """
-        if self._map is None or name not in self._layout:
-            return
-        dtype, _, offset, size = self._layout[name]
-        begin = offset + start * dtype.itemsize
-        done = self._released.get(name)
-        if done is None or done > begin:
-            done = begin
-        end = offset + stop * dtype.itemsize
-        if end - done < RELEASE_BYTES and stop < size:
-            self._released[name] = done
-            return
-        first = max(0, done - FAULT_AROUND_BYTES) // mmap.PAGESIZE * mmap.PAGESIZE
-        last = min(-(-end // mmap.PAGESIZE) * mmap.PAGESIZE, len(self._map))
-        if last > first:
-            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
-        self._released[name] = end
+    def position(self, name: str) -> tuple[int, int]:
+        """The open file and the byte offset of ``name``'s first entry (the file is opened at
+        the first call and stays open until :meth:`close`)."""
+        offset = self._entry(name)[2]
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return self._fd, offset
+
+    def close(self) -> None:
+        """Close the file (a later read opens it again)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def write_state(tensors: Mapping[str, np.ndarray], directory: Path) -> tuple[Path, str, int]:

@@ -10,6 +10,7 @@ float32 roundings of the result).
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from service.audit import (
     sorted_blocks,
 )
 from service.audit.aggregators.fedavg import planned_fedavg_weights
-from service.coordinator.tensors import SafetensorsReader
+from service.audit.block_source import FileStateReader, small_runs, span_sources
+from service.coordinator.tensors import SafetensorsFormatError, SafetensorsReader
 
 # --------------------------------------------------------------------------------------------
 # Literal inputs
@@ -291,39 +293,62 @@ def test_random_median_and_trimmed_mean_equal_float64(block: int, k: int) -> Non
 # --------------------------------------------------------------------------------------------
 
 
-def test_mapped_readers_give_the_same_results_and_release_pages(
-    tmp_path: Path, monkeypatch
-) -> None:
+def test_file_readers_give_the_same_results_and_map_nothing(tmp_path: Path, monkeypatch) -> None:
     base, updates = random_states(5, 7)
     save_file(base, str(tmp_path / "g.safetensors"))
     for i, u in enumerate(updates):
         save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    # blocks smaller than the tensors, so that every tensor is read in several parts
     monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
     monkeypatch.setattr(blocks, "STACK_BYTES", 16 * 4 * 5)
+    monkeypatch.setattr(sorted_blocks, "SORT_BYTES", 8 * 4 * 5)
 
-    def mapped() -> tuple[SafetensorsReader, list[SafetensorsReader]]:
+    def from_files() -> tuple[SafetensorsReader, list[SafetensorsReader]]:
         g = SafetensorsReader(tmp_path / "g.safetensors")
         return g, [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(5)]
 
-    g, ups = mapped()
-    assert isinstance(ups[0], blocks.MappedStateReader)
+    g, ups = from_files()
+    assert isinstance(ups[0], FileStateReader)
     for name in base:
-        np.testing.assert_array_equal(ups[0].view(name), ups[0].get(name))
-        assert not ups[0].view(name).flags.writeable
+        np.testing.assert_array_equal(ups[0].get(name), updates[0][name])
     noisy = [True, False, False, True, False]
     for rule in ("fedavg", "daagg", "fedncl_layerwise", "median", "trimmed_mean"):
-        g, ups = mapped()
-        from_maps = aggregate(rule, g, ups, [1, 2, 3, 4, 5], noisy=noisy)
+        g, ups = from_files()
+        from_disk = aggregate(rule, g, ups, [1, 2, 3, 4, 5], noisy=noisy)
         in_memory = aggregate(
             rule, DictStateReader(base), readers(*updates), [1, 2, 3, 4, 5], noisy=noisy
         )
         for name in base:
             np.testing.assert_array_equal(
-                from_maps.state[name], in_memory.state[name], err_msg=rule
+                from_disk.state[name], in_memory.state[name], err_msg=rule
             )
-        # released pages are read again from the page cache: the views still hold the data
-        for name in base:
-            np.testing.assert_array_equal(ups[2].view(name), updates[2][name])
+        # nothing of the update files is mapped into the process (positioned reads only)
+        maps = Path("/proc/self/maps")
+        if maps.exists():
+            assert str(tmp_path) not in maps.read_text(), rule
+
+
+def test_file_reader_reads_ranges_and_refuses_bad_requests(tmp_path: Path) -> None:
+    values = np.arange(10, dtype=np.float32)
+    save_file({"a": np.array([7], dtype=np.int64), "w": values}, str(tmp_path / "s.safetensors"))
+    reader = SafetensorsReader(tmp_path / "s.safetensors")
+    out = np.empty(3, dtype=np.float32)
+    reader.read_into("w", 4, out)
+    assert out.tolist() == [4.0, 5.0, 6.0]
+    assert reader.get("a").tolist() == [7]
+    assert reader.layout("w") == (np.dtype(np.float32), (10,))
+    with pytest.raises(ValueError, match=r"entries \[8, 11\) of 10"):
+        reader.read_into("w", 8, out)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        reader.read_into("w", 0, np.empty(3, dtype=np.float64))
+    with pytest.raises(KeyError, match="no tensor 'x'"):
+        reader.get("x")
+    reader.close()
+    # a file cut short after it was checked: a clear error, not garbage or a hang
+    path = tmp_path / "s.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(SafetensorsFormatError, match="ends inside tensor 'w'"):
+        reader.read_into("w", 7, out)
 
 
 @pytest.mark.parametrize("rule", ["fedavg", "daagg", "median"])
@@ -407,3 +432,95 @@ def test_shared_pass_refuses_other_states() -> None:
     shared = blocks.RoundPass(DictStateReader(base), readers(*updates))
     with pytest.raises(InvalidParameterError, match="shared"):
         aggregate("fedavg", DictStateReader(base), readers(*updates), [1, 1, 1], shared=shared)
+
+
+def _write_in_order(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """A safetensors file whose data follow the dict's order (safetensors' own writer sorts)."""
+    codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64"}
+    header, position, chunks = {}, 0, []
+    for name, value in tensors.items():
+        data = np.ascontiguousarray(value).tobytes()
+        header[name] = {
+            "dtype": codes[value.dtype],
+            "shape": list(value.shape),
+            "data_offsets": [position, position + len(data)],
+        }
+        position += len(data)
+        chunks.append(data)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+
+
+def small_model(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "a.bias": rng.normal(size=3).astype(np.float32),
+        "b.bias": rng.normal(size=5).astype(np.float32),
+        "c.half": rng.normal(size=4).astype(np.float16),
+        "d.bias": rng.normal(size=2).astype(np.float32),
+        "e.weight": rng.normal(size=(6, 7)).astype(np.float32),
+        "f.steps": np.array([3], dtype=np.int64),
+        "g.bias": rng.normal(size=6).astype(np.float32),
+    }
+
+
+def test_small_tensors_read_as_one_span_give_the_same_state(tmp_path: Path, monkeypatch) -> None:
+    # runs of small float tensors (under AXPY_BLOCK entries) are read as one span per client;
+    # one client's file holds them in another order, so its runs cannot be spans there
+    monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
+    rng = np.random.default_rng(3)
+    base = small_model(rng)
+    clients = [{k: (v + 1 + i).astype(v.dtype) for k, v in base.items()} for i in range(3)]
+    _write_in_order(tmp_path / "g.safetensors", base)
+    for i, client in enumerate(clients):
+        order = list(client) if i != 1 else list(reversed(client))
+        _write_in_order(tmp_path / f"u{i}.safetensors", {k: client[k] for k in order})
+    first = SafetensorsReader(tmp_path / "u0.safetensors")
+    names = sorted(first.keys(), key=first.offset)
+    # 3 + 5 entries, then the float16 tensor alone (another dtype), then 2, the large one
+    # (42 entries) alone, the int64 alone, then 6
+    assert small_runs(first, names, 16) == [
+        ["a.bias", "b.bias"],
+        ["c.half"],
+        ["d.bias"],
+        ["e.weight"],
+        ["f.steps"],
+        ["g.bias"],
+    ]
+    ups = [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(3)]
+    assert span_sources(ups, ["a.bias", "b.bias"]) is None  # client 1: another order
+    assert span_sources([ups[0], ups[2]], ["a.bias", "b.bias"]) is not None
+    weights = [1.0, 2.0, 5.0]
+    for subset in ([0, 2], [0, 1, 2]):
+        from_disk = aggregate(
+            "fedavg",
+            SafetensorsReader(tmp_path / "g.safetensors"),
+            [ups[i] for i in subset],
+            [weights[i] for i in subset],
+        )
+        in_memory = aggregate(
+            "fedavg",
+            DictStateReader(base),
+            readers(*[clients[i] for i in subset]),
+            [weights[i] for i in subset],
+        )
+        for name in base:
+            np.testing.assert_array_equal(from_disk.state[name], in_memory.state[name])
+            assert from_disk.state[name].dtype == base[name].dtype
+
+
+def test_a_non_finite_value_in_a_span_is_named(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
+    rng = np.random.default_rng(4)
+    base = small_model(rng)
+    bad = {k: v.copy() for k, v in base.items()}
+    bad["b.bias"][2] = np.inf
+    _write_in_order(tmp_path / "g.safetensors", base)
+    _write_in_order(tmp_path / "u0.safetensors", base)
+    _write_in_order(tmp_path / "u1.safetensors", bad)
+    with pytest.raises(InvalidInputError, match=r"updates\[1\]: tensor 'b.bias' contains NaN"):
+        aggregate(
+            "fedavg",
+            SafetensorsReader(tmp_path / "g.safetensors"),
+            [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(2)],
+            [1.0, 1.0],
+        )

@@ -151,6 +151,7 @@ def test_public_api_matches_all():
         "aggregation",
         "aggregators",
         "audit_config",
+        "block_source",
         "blocks",
         "centroids",
         "class_null",
