@@ -24,7 +24,7 @@ import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -52,10 +52,52 @@ def _flat(path: Path, names: list[str]) -> np.ndarray:
     return np.concatenate([tensors[n].astype(np.float64).ravel() for n in names])
 
 
-def _rounds(
+class StoredRound(NamedTuple):
+    """One complete round after the warm-up, as the coordinator stored it."""
+
+    round_index: int
+    updates: np.ndarray  # K x P: each site's state minus the round's global model
+    sizes: np.ndarray  # K: num_samples
+    counts: np.ndarray  # K x C: declared class counts
+    signals: list[dict[str, Any]]  # K: the signals each site sent with its update
+
+
+class StoredRun(NamedTuple):
+    """What a run JSON says about its sites (in client-index order)."""
+
+    names: list[str]
+    truth: np.ndarray  # K bools: true_noisy
+    status: dict[int, str | None]  # round index -> the evidence detector's status
+    noisy_after: dict[int, np.ndarray]  # round index -> K bools: noisy at its end
+
+
+def stored_run(data: dict[str, Any]) -> StoredRun:
+    """The sites' ground truth, the evidence detector's status and the noisy role per round."""
+    data["clients"] = sorted(data["clients"], key=lambda c: c["index"])
+    names = [c["name"] for c in data["clients"]]
+    noisy_after = {
+        r["index"]: np.array(
+            [{c["name"]: c["status"] for c in r["clients"]}.get(n) == "noisy" for n in names]
+        )
+        for r in data["rounds"]
+    }
+    return StoredRun(
+        names,
+        np.array([bool(c["true_noisy"]) for c in data["clients"]]),
+        {r["index"]: r["detector_status"].get("evidence") for r in data["rounds"]},
+        noisy_after,
+    )
+
+
+def noisy_role(run: StoredRun, index: int) -> np.ndarray:
+    """The sites in the noisy role in round ``index``: noisy at the end of the round before."""
+    return run.noisy_after.get(index - 1, np.zeros(len(run.names), dtype=bool))
+
+
+def stored_rounds(
     con: sqlite3.Connection, blobs: Path, data: dict[str, Any]
-) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-    """(index, updates K x P, sample counts, class counts K x C) of each complete round."""
+) -> Iterator[StoredRound]:
+    """Each complete round after the warm-up, from the database and the stored models."""
     order = {_hex(c["client_id"]): c["index"] for c in data["clients"]}
     warmup = sum(1 for r in data["rounds"] if r["in_warmup"])
     for round_id, index, global_key in con.execute(ROUNDS, (_hex(data["federation_id"]),)):
@@ -67,52 +109,60 @@ def _rounds(
         flat_global = np.concatenate([reference[n].astype(np.float64).ravel() for n in names])
         updates = np.zeros((len(order), flat_global.size))
         sizes = np.zeros(len(order))
-        counts: list[list[int]] = [[] for _ in order]
-        for client_id, key, num_samples, signals in rows:
+        signals: list[dict[str, Any]] = [{} for _ in order]
+        for client_id, key, num_samples, raw in rows:
             k = order[_hex(client_id)]
             updates[k] = _flat(blobs / key[:2] / key, names) - flat_global
             sizes[k] = num_samples
-            counts[k] = json.loads(signals)["class_counts"]
-        yield int(index), updates, sizes, np.asarray(counts, dtype=np.float64)
+            signals[k] = json.loads(raw)
+        counts = np.asarray([s["class_counts"] for s in signals], dtype=np.float64)
+        yield StoredRound(int(index), updates, sizes, counts, signals)
+
+
+def coordinator_db(run_dir: Path) -> sqlite3.Connection:
+    """The run directory's coordinator database, read-only."""
+    coordinator = run_dir / "coordinator"
+    if not (coordinator / "fedaudit.db").is_file():
+        raise SystemExit(f"{coordinator} has no fedaudit.db: keep the coordinator data")
+    return sqlite3.connect(f"file:{coordinator / 'fedaudit.db'}?mode=ro", uri=True)
+
+
+def loo_cosines(stored: StoredRound) -> np.ndarray:
+    """Each site's leave-one-out cosine (the product's formula on the stored updates)."""
+    updates, sizes = stored.updates, stored.sizes
+    total = (sizes[:, None] * updates).sum(axis=0)
+    return leave_one_out_cosines(
+        (updates**2).sum(axis=1), updates @ total, float(total @ total), sizes
+    )
 
 
 def replay(run_dir: Path) -> None:
     """Print one line per run of one ``fedaudit simulate --out`` directory."""
-    coordinator = run_dir / "coordinator"
-    if not (coordinator / "fedaudit.db").is_file():
-        raise SystemExit(f"{coordinator} has no fedaudit.db: keep the coordinator data")
-    con = sqlite3.connect(f"file:{coordinator / 'fedaudit.db'}?mode=ro", uri=True)
+    con = coordinator_db(run_dir)
     for path in sorted((run_dir / "runs").glob("*_seed*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
-        data["clients"] = sorted(data["clients"], key=lambda c: c["index"])
-        truth = np.array([bool(c["true_noisy"]) for c in data["clients"]])
-        status = {r["index"]: r["detector_status"].get("evidence") for r in data["rounds"]}
-        names = [c["name"] for c in data["clients"]]
-        # the sites in the noisy role in round r: noisy at the end of round r - 1
-        noisy_after = {
-            r["index"]: np.array(
-                [{c["name"]: c["status"] for c in r["clients"]}.get(n) == "noisy" for n in names]
-            )
-            for r in data["rounds"]
-        }
+        run = stored_run(data)
+        truth = run.truth
         applied = false_rounds = false_ok = rounds = 0
         recall: list[float] = []
         first: dict[int, int] = {}
         clean_max = -np.inf
-        for index, updates, sizes, counts in _rounds(con, coordinator / "blobs", data):
+        for stored in stored_rounds(con, run_dir / "coordinator" / "blobs", data):
             rounds += 1
-            total = (sizes[:, None] * updates).sum(axis=0)
-            cosines = leave_one_out_cosines(
-                (updates**2).sum(axis=1), updates @ total, float(total @ total), sizes
+            index = stored.round_index
+            result = geometry_evidence(
+                loo_cosines(stored),
+                stored.counts,
+                stored.sizes,
+                q=0.01,
+                exclude=noisy_role(run, index),
             )
-            role = noisy_after.get(index - 1, np.zeros(len(names), dtype=bool))
-            result = geometry_evidence(cosines, counts, sizes, q=0.01, exclude=role)
             applied += result.applies
             if (result.judged & ~truth).any():
                 clean_max = max(clean_max, float(np.nanmax(result.z[result.judged & ~truth])))
             if (result.flags & ~truth).any():
                 false_rounds += 1
-                false_ok += status.get(index) == "ok"
+                false_ok += run.status.get(index) == "ok"
             for k in np.flatnonzero(result.flags & truth):
                 first.setdefault(int(k), index)
             if truth.any():

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from service.api.dashboard.pages import SCORE_MEANINGS
 from service.api.routes.admin import COOKIE
 from service.config import Settings
 from service.main import create_app
@@ -413,3 +414,10 @@ async def test_the_icon_is_served_at_favicon_ico_too(api: httpx.AsyncClient) -> 
     head = await api.head("/favicon.ico")
     assert head.status_code == 200
     assert head.content == b""
+
+
+def test_expertise_meaning_is_the_accuracy_on_the_sites_own_labels() -> None:
+    # FedRN eq. 4 (service.audit.detectors.expertise): the min-max normalised accuracy of the
+    # site's model on its own labels; the probe inputs carry no labels
+    assert "own labels" in SCORE_MEANINGS["expertise"]
+    assert "probe" not in SCORE_MEANINGS["expertise"]

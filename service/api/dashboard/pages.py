@@ -453,8 +453,8 @@ SCORE_MEANINGS = {
     "fednoro": "FedNoRo: its separation statistic (by default the class-standardised loss "
     "excess, in standard errors)",
     "fedncl": "Fed-NCL: the site's q (loss and divergence; higher = noisier)",
-    "expertise": "FedRN: expertise, the local model's accuracy on the probe (higher = more "
-    "reliable; not a noise score)",
+    "expertise": "FedRN: expertise, the local model's accuracy on its own labels, min-max "
+    "normalised over the round's sites (higher = more reliable; not a noise score)",
 }
 """What each detector's score means, shown beside it on the client page."""
 
