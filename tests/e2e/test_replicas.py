@@ -13,11 +13,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from sqlalchemy import func, make_url, select
+from sqlalchemy import func, select
 
 from client_sdk import (
     AdminClient,
@@ -37,27 +36,6 @@ WAKE_S = 1.0
 """The issue's bound: a waiter on A answers within 1 s of B's commit."""
 PARKED_S = 1.0
 """Head start of a long-poll before the change it waits for (it must be waiting by then)."""
-
-
-@pytest.fixture
-def replicas(tmp_path: Path, database_url: str) -> Iterator[tuple[CoordinatorProcess, ...]]:
-    if make_url(database_url).get_backend_name() != "postgresql":
-        pytest.skip("replicas share a PostgreSQL database")
-    env = {"FEDAUDIT_BLOB_BACKEND": "database", "FEDAUDIT_CLOSE_ROUNDS_INLINE": "true"}
-    token = f"replica-admin-{uuid.uuid4().hex}"
-    servers = tuple(
-        CoordinatorProcess(
-            tmp_path / name, admin_token=token, database_url=database_url, extra_env=env
-        )
-        for name in ("replica-a", "replica-b")
-    )
-    try:
-        for server in servers:
-            server.start()
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
 
 
 class LongPoll:
