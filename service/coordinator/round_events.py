@@ -35,6 +35,8 @@ def record_abstention(
     if audit.in_warmup or status not in ("inconclusive", "undetermined"):
         return
     reason = detection.reason or "no reason recorded"
+    # whether it abstained for a noisy majority, as the detector said (majority_memory)
+    majority = bool((detection.summary or {}).get("majority_suspected"))
     repo.add_event(
         session,
         kind=f"audit.{status}",
@@ -42,14 +44,21 @@ def record_abstention(
         message=f"round {rnd.index}: the primary detector {primary} is {status}: {reason}",
         federation_id=federation_id,
         round_id=rnd.id,
-        data={"index": rnd.index, "detector": primary, "status": status, "reason": reason},
+        data={
+            "index": rnd.index,
+            "detector": primary,
+            "status": status,
+            "reason": reason,
+            "majority": majority,
+        },
     )
 
 
 def majority_rounds(session: Session, federation_id: uuid.UUID, before_index: int) -> int:
     """Rounds before ``before_index`` (after the warm-up) whose audit abstained because the group
-    it would flag was not a clear minority: the ``audit.inconclusive`` events with such a reason
-    (:mod:`service.audit.majority_memory`)."""
+    it would flag was not a clear minority: the ``audit.inconclusive`` events whose ``majority``
+    is true (:mod:`service.audit.majority_memory`); events recorded before that field existed
+    are judged by their reason's text."""
     events = repo.latest_events(
         session, federation_id, kind="audit.inconclusive", limit=MAJORITY_SCAN
     )
@@ -57,8 +66,16 @@ def majority_rounds(session: Session, federation_id: uuid.UUID, before_index: in
         1
         for e in events
         if int((e.data or {}).get("index", before_index)) < before_index
-        and is_majority_reason((e.data or {}).get("reason"))
+        and _for_majority(e.data or {})
     )
+
+
+def _for_majority(data: dict[str, object]) -> bool:
+    majority = data.get("majority")
+    if isinstance(majority, bool):
+        return majority
+    reason = data.get("reason")
+    return is_majority_reason(reason if isinstance(reason, str) else None)
 
 
 def record_flags(

@@ -26,6 +26,8 @@ async def test_an_inconclusive_round_is_recorded_and_counted(api: httpx.AsyncCli
     abstained = [e for e in events["items"] if e["kind"].startswith("audit.")]
     assert [(e["kind"], e["data"]["index"]) for e in abstained] == [("audit.inconclusive", 0)]
     assert abstained[0]["data"]["detector"] == "evidence"
+    # not an abstention for a noisy majority (what majority_memory counts)
+    assert abstained[0]["data"]["majority"] is False
     assert "does not beat the label prior" in abstained[0]["message"]
 
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
@@ -47,3 +49,15 @@ async def test_an_inconclusive_round_is_recorded_and_counted(api: httpx.AsyncCli
     metrics = parse_exposition((await api.get("/metrics")).text)
     assert value(metrics, "fedaudit_audits_abstained_total", status="inconclusive") == 1
     assert value(metrics, "fedaudit_audits_abstained_total", status="undetermined") == 0
+
+
+async def test_an_abstention_for_a_noisy_majority_says_so_in_its_event(
+    api: httpx.AsyncClient,
+) -> None:
+    fed = await make_federation(api, clients=NAMES, rounds=2, config=EVIDENCE)
+    # the model learned, and three of the five sites stand out: not a clear minority
+    await close_round(api, fed, 0, {"a": 0.20, "b": 0.21, "c": 0.50, "d": 0.52, "e": 0.55})
+    events = (await api.get(f"/api/v1/federations/{fed.id}/events", headers=ADMIN)).json()
+    abstained = [e for e in events["items"] if e["kind"] == "audit.inconclusive"]
+    assert len(abstained) == 1, events
+    assert abstained[0]["data"]["majority"] is True, abstained[0]["message"]

@@ -118,12 +118,17 @@ def test_overlapping_one_blas_thread_contexts_restore_the_original_limit():
     def threads() -> list[int]:
         return [i["num_threads"] for i in _blas_controller().info() if i["user_api"] == "blas"]
 
-    before = threads()
-    first, second = one_blas_thread(), one_blas_thread()
-    first.__enter__()
-    second.__enter__()
-    assert set(threads()) <= {1}
-    first.__exit__(None, None, None)
-    assert set(threads()) <= {1}  # B still audits
-    second.__exit__(None, None, None)
-    assert threads() == before
+    # Start from two BLAS threads, so that "left at one thread" shows whatever the process's
+    # own limit is (OMP_NUM_THREADS=1 would hide it).
+    with _blas_controller().limit(limits=2, user_api="blas"):
+        before = threads()
+        if not before or min(before) < 2:
+            pytest.skip(f"BLAS cannot run on two threads here ({before})")
+        first, second = one_blas_thread(), one_blas_thread()
+        first.__enter__()
+        second.__enter__()
+        assert set(threads()) == {1}
+        first.__exit__(None, None, None)
+        assert set(threads()) == {1}  # B still audits
+        second.__exit__(None, None, None)
+        assert threads() == before

@@ -47,24 +47,32 @@ def test_majority_rounds_counts_the_majority_abstentions_of_earlier_rounds(setti
             ).id
             for name in ("memory", "other")
         )
-        for federation_id, index, reason, kind in (
-            (fid, 4, MIXTURE, "audit.inconclusive"),
-            (fid, 5, WEAK, "audit.inconclusive"),
-            (fid, 6, FLAGGED, "audit.inconclusive"),
-            (fid, 7, MIXTURE, "audit.undetermined"),  # not an abstention of the consensus
-            (fid, 9, MIXTURE, "audit.inconclusive"),
-            (other, 3, MIXTURE, "audit.inconclusive"),  # another federation's
+        # (federation, round, reason, kind, the event's "majority": None = not recorded, as
+        # in events written before the field existed: then the reason's text decides)
+        for federation_id, index, reason, kind, majority in (
+            (fid, 4, MIXTURE, "audit.inconclusive", None),
+            (fid, 5, WEAK, "audit.inconclusive", None),
+            (fid, 6, FLAGGED, "audit.inconclusive", None),
+            (fid, 7, MIXTURE, "audit.undetermined", None),  # not an abstention of the consensus
+            (fid, 9, MIXTURE, "audit.inconclusive", None),
+            (fid, 11, "reworded", "audit.inconclusive", True),  # the field, not the text
+            (fid, 12, MIXTURE, "audit.inconclusive", False),
+            (other, 3, MIXTURE, "audit.inconclusive", None),  # another federation's
         ):
+            data = {"index": index, "detector": "evidence", "status": "x", "reason": reason}
+            if majority is not None:
+                data["majority"] = majority
             repositories.add_event(
                 session,
                 kind=kind,
                 actor="system",
                 message=f"round {index}",
                 federation_id=federation_id,
-                data={"index": index, "detector": "evidence", "status": "x", "reason": reason},
+                data=data,
             )
     with services.sessions.begin() as session:
         assert majority_rounds(session, fid, 10) == 3  # rounds 4, 6 and 9
         assert majority_rounds(session, fid, 9) == 2  # round 9's own not before itself
         assert majority_rounds(session, fid, 5) == 1
+        assert majority_rounds(session, fid, 20) == 4  # and 11 (its field), not 12 (its field)
         assert majority_rounds(session, other, 10) == 1
