@@ -186,6 +186,7 @@ def block(request, monkeypatch) -> int:
     monkeypatch.setattr(blocks, "AXPY_BLOCK", size)
     monkeypatch.setattr(blocks, "STACK_BYTES", size * 4 * 7)
     monkeypatch.setattr(sorted_blocks, "SORT_BYTES", size * 4 * 7)
+    monkeypatch.setattr(sorted_blocks, "NETWORK_WIDTH", size)
     monkeypatch.setattr(sorted_blocks, "MIN_PARALLEL", 8)
     return size
 
@@ -268,8 +269,13 @@ def test_random_layerwise_equals_float64(block: int) -> None:
     assert_states_close(result.state, expected_state)
 
 
+@pytest.mark.parametrize("network", [True, False], ids=["network", "sort"])
 @pytest.mark.parametrize("k", [6, 7])
-def test_random_median_and_trimmed_mean_equal_float64(block: int, k: int) -> None:
+def test_random_median_and_trimmed_mean_equal_float64(
+    block: int, k: int, network: bool, monkeypatch
+) -> None:
+    # the comparator network (up to NETWORK_MAX_K clients) and the per-coordinate sort above it
+    monkeypatch.setattr(sorted_blocks, "NETWORK_MAX_K", 128 if network else 2)
     base, updates = random_states(k, 6)
     n = np.ones(k)
     median = aggregate("median", DictStateReader(base), readers(*updates), n).state
@@ -524,3 +530,29 @@ def test_a_non_finite_value_in_a_span_is_named(tmp_path: Path, monkeypatch) -> N
             [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(2)],
             [1.0, 1.0],
         )
+
+
+@pytest.mark.parametrize("k", range(1, 13))
+def test_the_ranking_network_sorts_every_zero_one_input(k: int) -> None:
+    # the 0-1 principle (Knuth, TAOCP vol. 3, 5.3.4): a comparator network that sorts every
+    # 0/1 input sorts every input; all 2^k inputs at once, one per column
+    columns = ((np.arange(2**k)[None, :] >> np.arange(k)[:, None]) & 1).astype(np.float32)
+    network = sorted_blocks.ranking_network(k, tuple(range(k)))
+    rows = [columns[i].copy() for i in range(k)]
+    sorted_blocks._ranked(rows, np.empty(2**k, dtype=np.float32), network)
+    np.testing.assert_array_equal(np.stack(rows), np.sort(columns, axis=0))
+
+
+@pytest.mark.parametrize("k", [2, 5, 20, 33, 64, 100])
+def test_the_pruned_network_puts_the_wanted_ranks_in_place(k: int) -> None:
+    rng = np.random.default_rng(k)
+    # ties included: values from a small set
+    values = rng.integers(0, 5, size=(k, 300)).astype(np.float32)
+    expected = np.sort(values, axis=0)
+    for wanted in (((k - 1) // 2, k // 2), tuple(range(k // 5, k - k // 5))):
+        network = sorted_blocks.ranking_network(k, wanted)
+        assert len(network) <= len(sorted_blocks.ranking_network(k, tuple(range(k))))
+        rows = [values[i].copy() for i in range(k)]
+        sorted_blocks._ranked(rows, np.empty(300, dtype=np.float32), network)
+        for rank in wanted:
+            np.testing.assert_array_equal(rows[rank], expected[rank])
