@@ -53,7 +53,7 @@ from service.audit.aggregators.fedavg import aggregate_fedavg, aggregate_reliabi
 from service.audit.aggregators.fedncl_layerwise import aggregate_fedncl_layerwise
 from service.audit.aggregators.robust import aggregate_median, aggregate_trimmed_mean
 from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTOR, check_factor
-from service.audit.blocks import RoundPass
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = [

@@ -64,7 +64,6 @@ from service.audit.state import (
 __all__ = [
     "AXPY_BLOCK",
     "STACK_BYTES",
-    "RoundPass",
     "StreamResult",
     "stream_pass",
 ]
@@ -241,15 +240,8 @@ def _stream_pass(
     squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
     geometry = None if consensus is None else _Consensus(np.asarray(consensus)[order], k)
     width = max(1, STACK_BYTES // 4 // max(k, 1))
-    visit = names
-    runs = [[name] for name in names]
-    if from_file and from_file[0]:
-        first = updates[0]
-        assert isinstance(first, FileStateReader)
-        visit = sorted(names, key=first.offset)
-        runs = [[name] for name in visit]
-        if state is not None and not stacked and layer_weights is None and all(from_file):
-            runs = small_runs(first, visit, AXPY_BLOCK)
+    spans = state is not None and not stacked and layer_weights is None
+    visit, runs = _visit_plan(names, updates, from_file, spans)
     for name in _tensors_left(runs, global_state, updates, weights, state, float_names, label):
         reference = read_global_tensor(global_state, name)
         sources = tensor_sources(updates, from_file, name)
@@ -329,6 +321,22 @@ def _pass_order(pairs: tuple[Sequence[int], Sequence[int]] | None, k: int) -> tu
     clean = [int(i) for i in pairs[1]]
     rest = [i for i in range(k) if i not in set(noisy + clean)]
     return np.array(noisy + clean + rest), len(noisy)
+
+
+def _visit_plan(
+    names: list[str], updates: Sequence[StateReader], from_file: list[bool], spans: bool
+) -> tuple[list[str], list[list[str]]]:
+    """The order of the pass (the first update's file order when it is a file, so reads move
+    forward through every file) and its runs (runs of small tensors read as one span where
+    ``spans`` and every update is a file; otherwise one tensor a run)."""
+    if not (from_file and from_file[0]):
+        return names, [[name] for name in names]
+    first = updates[0]
+    assert isinstance(first, FileStateReader)
+    visit = sorted(names, key=first.offset)
+    if spans and all(from_file):
+        return visit, small_runs(first, visit, AXPY_BLOCK)
+    return visit, [[name] for name in visit]
 
 
 def _tensors_left(
@@ -510,128 +518,3 @@ def _row_norms(x: AnyArray) -> AnyArray:
     """Squared norm of every row of a block (float32 sum of products over at most b entries)."""
     result: AnyArray = np.einsum("ij,ij->i", x, x)
     return result
-
-
-# --------------------------------------------------------------------------------------------
-# One pass shared by the round's consumers
-# --------------------------------------------------------------------------------------------
-
-
-class RoundPass:
-    """The reads of one round close, shared by the Fed-NCL divergence and the aggregation.
-
-    What the round will need is declared up front (``gram`` for DaAgg, ``weights`` for a rule
-    whose weights do not depend on the detectors, such as FedAvg). When the divergences are
-    asked for (:meth:`squared`, the Fed-NCL detector, which runs before the aggregation), one
-    :func:`stream_pass` computes them together with everything declared and keeps the small
-    results (per tensor: K squared distances, a K x K Gram matrix) and the weighted state. A
-    request that pass cannot serve (other weights, no Gram matrix declared), or any request
-    when the divergences were never asked for, runs the pass that request alone needs, as it
-    would without sharing. ``passes`` counts the passes made.
-
-    Parameters
-    ----------
-    global_state, updates
-        As for :func:`stream_pass`.
-    gram : bool, default=False
-        Compute the Gram matrices in the first pass (DaAgg's distances for any noisy set).
-    weights : ndarray of shape (K,), optional
-        Weights of the weighted state to compute in the first pass.
-    chosen : int, default=0
-        Client whose non-float tensors the weighted state copies.
-    consensus : ndarray of shape (K,), optional
-        Weights of the consensus difference whose dot products the first pass also computes
-        (:meth:`consensus`, the update geometry).
-    """
-
-    def __init__(
-        self,
-        global_state: StateReader,
-        updates: Sequence[StateReader],
-        *,
-        gram: bool = False,
-        weights: FloatArray | None = None,
-        chosen: int = 0,
-        consensus: FloatArray | None = None,
-    ) -> None:
-        self.global_state = global_state
-        self.updates = list(updates)
-        self._gram = gram
-        self._consensus = None if consensus is None else np.asarray(consensus, dtype=np.float64)
-        self._weights = None if weights is None else np.asarray(weights, dtype=np.float64)
-        self._chosen = chosen
-        self._first: StreamResult | None = None
-        self.passes = 0
-
-    def _run_first(self) -> StreamResult:
-        if self._first is None:
-            self._first = stream_pass(
-                self.global_state,
-                self.updates,
-                distances=True,
-                gram=self._gram,
-                weights=self._weights,
-                chosen=self._chosen,
-                consensus=self._consensus,
-            )
-            self.passes += 1
-        return self._first
-
-    def consensus(self) -> tuple[FloatArray, FloatArray, float] | None:
-        """Per client ``||theta_k - theta_G||^2`` and ``(theta_k - theta_G) . S``, and ``||S||^2``
-        (float tensors; ``S`` the consensus difference); None when no weights were declared."""
-        first = self._run_first() if self._consensus is not None else None
-        if first is None or first.squared is None or first.consensus_dots is None:
-            return None
-        return first.squared.sum(axis=0), first.consensus_dots, float(first.consensus_norm2 or 0)
-
-    def squared(self) -> tuple[list[str], FloatArray]:
-        """Float tensor names and ``||theta_k[l] - theta_G[l]||^2`` (tensors x clients)."""
-        first = self._run_first()
-        assert first.squared is not None
-        return first.float_names, first.squared
-
-    def pair_squared(self, noisy: Sequence[int], clean: Sequence[int]) -> FloatArray:
-        """Squared distances between each noisy and each clean client, per float tensor."""
-        if not self._gram or self._first is None:
-            self.passes += 1
-            result = stream_pass(self.global_state, self.updates, pairs=(noisy, clean))
-            assert result.pair_squared is not None
-            return result.pair_squared
-        first = self._run_first()
-        assert first.gram is not None
-        g = first.gram
-        n_idx = np.asarray(noisy, dtype=np.int64)
-        c_idx = np.asarray(clean, dtype=np.int64)
-        diag = np.diagonal(g, axis1=1, axis2=2)
-        squared = diag[:, n_idx, None] + diag[:, None, c_idx] - 2.0 * g[:, n_idx][:, :, c_idx]
-        result_pairs: FloatArray = np.maximum(squared, 0.0)
-        return result_pairs
-
-    def weighted(self, weights: FloatArray, chosen: int) -> dict[str, AnyArray]:
-        """The weighted state: from the first pass when it had these weights, else a pass."""
-        if (
-            self._first is not None
-            and self._weights is not None
-            and chosen == self._chosen
-            and np.array_equal(np.asarray(weights, dtype=np.float64), self._weights)
-        ):
-            first = self._run_first()
-            assert first.state is not None
-            return first.state
-        self.passes += 1
-        result = stream_pass(self.global_state, self.updates, weights=weights, chosen=chosen)
-        assert result.state is not None
-        return result.state
-
-    def layer_weighted(
-        self, layer_weights: Mapping[str, FloatArray], chosen: int
-    ) -> dict[str, AnyArray]:
-        """The state weighted per float tensor (the layer-wise rule): always a pass of its own
-        (its weights depend on the whole first pass)."""
-        self.passes += 1
-        result = stream_pass(
-            self.global_state, self.updates, layer_weights=layer_weights, chosen=chosen
-        )
-        assert result.state is not None
-        return result.state

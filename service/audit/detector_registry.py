@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit.blocks import RoundPass
 from service.audit.detection import DetectionResult
 from service.audit.detectors.expertise import expertise_detection
 from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
@@ -40,6 +39,7 @@ from service.audit.geometry_evidence import (
 )
 from service.audit.majority_memory import remember_majority
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
+from service.audit.round_pass import RoundPass
 
 if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
     from service.audit.audit_config import AuditConfig

@@ -50,7 +50,6 @@ from service.audit.aggregation import NOISY_SET_RULES, aggregate, with_fallback_
 from service.audit.aggregators.common import AggregationResult
 from service.audit.aggregators.fedavg import planned_fedavg_weights
 from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
-from service.audit.blocks import RoundPass
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
 from service.audit.detector_registry import geometry_peers
@@ -64,6 +63,7 @@ from service.audit.round_inputs import (
     check_history,
     missing,
 )
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = ["AuditOutcome", "run_audit"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.audit.audit_config import AuditConfig
-from service.audit.blocks import RoundPass
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.detector_registry import DETECTOR_REGISTRY, DetectorCall
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
+from service.audit.round_pass import RoundPass
 
 __all__: list[str] = []
 

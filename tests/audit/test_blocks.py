@@ -28,6 +28,7 @@ from service.audit import (
     aggregate_fedncl_layerwise,
     blocks,
     fedncl_divergences,
+    round_pass,
     sorted_blocks,
 )
 from service.audit.aggregators.fedavg import planned_fedavg_weights
@@ -413,7 +414,7 @@ def test_shared_pass_serves_divergence_and_aggregation(rule: str, passes: int) -
     plain_divergence = fedncl_divergences(g, readers(*updates))
 
     counted = [CountingReader(u) for u in updates]
-    shared = blocks.RoundPass(
+    shared = round_pass.RoundPass(
         g,
         counted,
         gram=rule == "daagg",
@@ -435,7 +436,7 @@ def test_shared_pass_serves_divergence_and_aggregation(rule: str, passes: int) -
 
 def test_shared_pass_refuses_other_states() -> None:
     base, updates = random_states(3, 11)
-    shared = blocks.RoundPass(DictStateReader(base), readers(*updates))
+    shared = round_pass.RoundPass(DictStateReader(base), readers(*updates))
     with pytest.raises(InvalidParameterError, match="shared"):
         aggregate("fedavg", DictStateReader(base), readers(*updates), [1, 1, 1], shared=shared)
 

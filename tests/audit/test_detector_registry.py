@@ -25,10 +25,10 @@ from service.audit import (
     required_signals,
 )
 from service.audit.audit_config import PROBABILITY_DETECTORS
-from service.audit.blocks import RoundPass
 from service.audit.detector_registry import evidence_detector, fedncl_detector, fednoro_detector
 from service.audit.round_detectors import _detector_present, run_detectors
 from service.audit.round_inputs import CheckedClients, check_clients
+from service.audit.round_pass import RoundPass
 
 
 def test_the_registry_holds_the_four_detectors_by_name() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from service.audit import AuditConfig, ClientRoundData, StatusHistory, run_audit
 from service.audit._validation import InvalidInputError, InvalidParameterError
-from service.audit.blocks import RoundPass, stream_pass
+from service.audit.blocks import stream_pass
 from service.audit.config_groups import GeometrySettings
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.geometry_evidence import (
@@ -21,6 +21,7 @@ from service.audit.geometry_evidence import (
     peer_groups,
     site_mix_p_values,
 )
+from service.audit.round_pass import RoundPass
 from service.audit.state import DictStateReader
 
 # Three updates in the plane: d0 = (1, 0), d1 = (0, 1), d2 = (1, 1); weights 1, 1, 2.

@@ -168,6 +168,7 @@ def test_public_api_matches_all():
         "pipeline",
         "reliability",
         "round_detectors",
+        "round_pass",
         "round_inputs",
         "schedules",
         "site_factor",

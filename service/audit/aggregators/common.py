@@ -24,7 +24,8 @@ from service.audit._validation import (
     as_float_array,
 )
 from service.audit.aggregators.weight_cap import apply_cap, normalise
-from service.audit.blocks import RoundPass, stream_pass
+from service.audit.blocks import stream_pass
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = ["AggregationResult"]

@@ -31,7 +31,7 @@ from service.audit.aggregators.weight_cap import (
     check_factor,
     normalise,
 )
-from service.audit.blocks import RoundPass
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = ["aggregate_fedavg", "aggregate_reliability_weighted", "planned_fedavg_weights"]

@@ -31,7 +31,8 @@ from service.audit.aggregators.weight_cap import (
     client_weight_cap,
     normalise,
 )
-from service.audit.blocks import RoundPass, stream_pass
+from service.audit.blocks import stream_pass
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = ["aggregate_fedncl_layerwise"]

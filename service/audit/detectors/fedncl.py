@@ -26,8 +26,9 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.blocks import RoundPass, stream_pass
+from service.audit.blocks import stream_pass
 from service.audit.detection import ClientVerdict, DetectionResult, undetermined
+from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
 
 __all__ = [
