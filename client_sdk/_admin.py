@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from client_sdk._client import API, _Base
+from client_sdk._report_responses import ClientHistory, NoisyClientReport
 from client_sdk._responses import (
     ClientCreated,
     ClientInfo,
@@ -178,6 +179,23 @@ class AdminClient(_Base):
     def get_round(self, federation_id: uuid.UUID | str, index: int) -> RoundInfo:
         response = self._request("GET", f"{API}/federations/{federation_id}/rounds/{index}")
         return RoundInfo.model_validate(response.json())
+
+    def get_report(self, federation_id: uuid.UUID | str) -> NoisyClientReport:
+        """The noisy-client report: per client its status, flag history, each detector's latest
+        flag and score, and each detector's evidence beside the verdict, per site
+        (``latest_detector_evidence``) and per class (``latest_class_evidence``)."""
+        response = self._request("GET", f"{API}/federations/{federation_id}/report")
+        return NoisyClientReport.model_validate(response.json())
+
+    def get_client_history(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str
+    ) -> ClientHistory:
+        """Round by round, what the audit said about one client, with each detector's evidence
+        per round (``detector_evidence``, ``class_evidence``)."""
+        response = self._request(
+            "GET", f"{API}/federations/{federation_id}/clients/{client_id}/history"
+        )
+        return ClientHistory.model_validate(response.json())
 
     def close_round(self, federation_id: uuid.UUID | str, index: int, reason: str) -> RoundInfo:
         """Close the open round ``index`` now with the updates it has, as its deadline would

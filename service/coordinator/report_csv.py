@@ -11,6 +11,22 @@ import csv
 import io
 from typing import Any
 
+EVIDENCE_PARTS = (
+    "p_value",
+    "q_value",
+    "site_z",
+    "site_factor",
+    "stouffer_z",
+    "errors_z",
+    "errors_p_value",
+    "accuracy_z",
+    "geometry_cosine",
+    "geometry_z",
+)
+"""The evidence detector's parts written as columns (``evidence_<part>``)."""
+FEDNCL_PARTS = ("divergence", "data_quality")
+"""Fed-NCL's terms beside its q (``fedncl_<part>``; q is ``fedncl_score``)."""
+
 CSV_COLUMNS = (
     "client_id",
     "name",
@@ -34,6 +50,11 @@ CSV_COLUMNS = (
     "primary_status",
     "primary_score",
     "flag_basis",
+    # Each detector's evidence beside the verdict (service.coordinator.report_evidence).
+    *(f"evidence_{part}" for part in EVIDENCE_PARTS),
+    *(f"fedncl_{part}" for part in FEDNCL_PARTS),
+    "evidence_class_z",
+    "fednoro_normalised_loss",
 )
 """The columns: new ones go at the end, so that a script reading by position keeps working."""
 
@@ -42,7 +63,8 @@ def report_csv(report: dict[str, Any]) -> str:
     """One row per client. ``primary_detector`` is the federation's, ``primary_status`` what it
     answered in the client's latest audit (ok, undetermined, inconclusive; empty when it did not
     run), ``primary_score`` its score there (empty when it gave none), ``flag_basis`` what the
-    latest primary flag rests on (empty when not flagged)."""
+    latest primary flag rests on (empty when not flagged); then each detector's evidence beside the
+    verdict in that audit (:func:`_evidence_cells`)."""
     primary = report["primary_detector"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -78,9 +100,30 @@ def report_csv(report: dict[str, Any]) -> str:
                 statuses.get(primary) or "",
                 _csv_number(scores.get(primary)),
                 row.get("flag_basis") or "",
+                *_evidence_cells(row),
             ]
         )
     return buffer.getvalue()
+
+
+def _evidence_cells(row: dict[str, Any]) -> list[str]:
+    """The evidence columns of a client's row: empty where the detector gave no verdict or the
+    audit holds no value; the per-class ones as ``label:value`` pairs, in class order."""
+    found = row.get("latest_detector_evidence") or {}
+    evidence = found.get("evidence") or {}
+    fedncl = found.get("fedncl") or {}
+    classes = row.get("latest_class_evidence") or []
+
+    def pairs(key: str) -> str:
+        shown = [c for c in classes if c.get(key) is not None]
+        return csv_text(" ".join(f"{c['label']}:{_csv_number(c[key])}" for c in shown))
+
+    return [
+        *(_csv_number(evidence.get(part)) for part in EVIDENCE_PARTS),
+        *(_csv_number(fedncl.get(part)) for part in FEDNCL_PARTS),
+        pairs("evidence_z"),
+        pairs("fednoro_normalised_loss"),
+    ]
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.audit import DETECTORS
 from service.coordinator.privacy_budget import report_privacy
+from service.coordinator.report_evidence import class_evidence, detector_evidence
 from service.coordinator.rounds import effective_status, get_round
 from service.coordinator.stored_audit import (
     CLASS_DETECTORS,
@@ -62,17 +63,22 @@ def _client_entry(federation: Federation, round_index: int, client: ClientAudit)
     ``noisy_classes`` are the primary detector's classes where it judges per class (the
     evidence detector's classes significant alone, FedNoRo's classes on its noisy side), else
     FedNoRo's (a Fed-NCL primary judges the site only); none when the primary abstained.
-    ``classes_by_detector``: each per-class detector's own list, side by side."""
+    ``classes_by_detector``: each per-class detector's own list, side by side.
+    ``detector_evidence`` and ``class_evidence``: each detector's evidence beside the verdict,
+    per site and per class (:mod:`service.coordinator.report_evidence`), shown whatever the
+    detector's status (an inconclusive detector computed them)."""
     scores: dict[str, float | None] = {}
     flags: dict[str, bool | None] = {}
     statuses: dict[str, str] = {}
     classes: dict[str, list[str]] = {}
+    indices: dict[str, tuple[int, ...]] = {}
     for name, verdict in client.detectors.items():
         statuses[name] = verdict.status
         ok = verdict.status == "ok"
         scores[name] = verdict.score if ok else None
         flags[name] = verdict.flag if ok else None
         if ok and verdict.noisy_classes is not None:
+            indices[name] = verdict.noisy_classes
             classes[name] = [_class_label(federation, c) for c in verdict.noisy_classes]
     chosen = client.primary if client.primary in CLASS_DETECTORS else "fednoro"
     return {
@@ -84,6 +90,10 @@ def _client_entry(federation: Federation, round_index: int, client: ClientAudit)
         "statuses": statuses,
         "noisy_classes": classes.get(chosen, []),
         "classes_by_detector": classes,
+        "detector_evidence": detector_evidence(client.evidence),
+        "class_evidence": class_evidence(
+            client.evidence, lambda c: _class_label(federation, c), indices
+        ),
         "reliability": client.reliability,
         "neighbors": client.neighbors,
         "weight": client.weight,
@@ -143,6 +153,8 @@ def _report_row(
         "latest_statuses": None if latest is None else latest["statuses"],
         "noisy_classes": [] if latest is None else latest["noisy_classes"],
         "classes_by_detector": {} if latest is None else latest["classes_by_detector"],
+        "latest_detector_evidence": None if latest is None else latest["detector_evidence"],
+        "latest_class_evidence": [] if latest is None else latest["class_evidence"],
         "reliability": None if latest is None else latest["reliability"],
         "neighbors": neighbors,
         "last_weight": None if latest is None else latest["weight"],
@@ -400,8 +412,9 @@ def client_history(session: Session, federation: Federation, client: Client) -> 
 def client_page_view(session: Session, federation: Federation, client: Client) -> dict[str, Any]:
     """One client for the dashboard: its history (:func:`client_history`, each round with
     whether it was the warm-up and its neighbors' names), its per-class loss in
-    every round it sent an update (None where it holds no sample of the class or sent none), the
-    class labels, whether it is a trust anchor, and its latest site errors (newest first)."""
+    every round it sent an update (None where it holds no sample of the class or sent none) and its
+    class counts there (``class_counts``, by round), the class labels, whether it is a trust
+    anchor, and its latest site errors (newest first)."""
     view = client_history(session, federation, client)
     names = {str(c.id): c.name for c in repo.list_clients(session, federation.id)}
     warmup = _warmup_rounds(client)
@@ -412,9 +425,12 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
             for n in entry.get("neighbors") or []
         ]
     per_class: dict[int, list[float | None]] = {}
+    class_counts: dict[int, list[int]] = {}
     for index, losses, counts in repo.per_class_losses_of_client(session, federation.id, client.id):
         if losses is not None:
             per_class[index] = _held_losses(losses, counts)
+        if isinstance(counts, list):
+            class_counts[index] = counts
     errors = [
         _site_error(event, {str(client.id): client.name})
         for event in repo.latest_client_events(
@@ -429,6 +445,7 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
         "anchor_reason": client.anchor_reason,
         "classes": [_class_label(federation, c) for c in range(federation.num_classes)],
         "per_class_loss": per_class,
+        "class_counts": class_counts,
         "site_errors": errors,
     }
 

@@ -11,7 +11,8 @@ and the privacy budget. The coordinator reads it back only through the types her
 - :class:`ClientAudit` (:func:`client_audit`): what it says of one client, from the values at
   :func:`client_paths`: read in the database (:func:`read_client_audit`; the rest of the
   result, every other site's verdicts, never leaves it) or in a loaded result
-  (:func:`client_audit_in`). Both go through the same paths and the same parsing.
+  (:func:`client_audit_in`). Both go through the same paths and the same parsing; each
+  detector's evidence on the client is typed in :mod:`service.coordinator.stored_evidence`.
 
 An audit stored by an older version lacks the fields added since: every field here has the
 default the reports always gave it (None, or an empty list or mapping where a stored null or a
@@ -32,6 +33,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import TypedDict
 
 from service.audit import DETECTOR_REGISTRY, DETECTORS
+from service.coordinator.stored_evidence import ClientEvidence, read_parts
 from service.store import repositories as repo
 
 CLASS_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.classes)
@@ -177,6 +179,9 @@ class ClientAudit:
     epsilon_total: float | None
     detectors: dict[str, DetectorVerdict]
     evidence_basis: EvidenceBasis
+    evidence: ClientEvidence = ClientEvidence()
+    """Each detector's evidence on the client, beside its verdict
+    (:mod:`service.coordinator.stored_evidence`)."""
 
 
 def client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
@@ -197,6 +202,7 @@ def client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
         paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
         paths[f"{name}.score"] = repo.JsonPath(("detections", name, *verdict, "score"), "float")
         paths[f"{name}.flag"] = repo.JsonPath(("detections", name, *verdict, "flag"), "bool")
+        paths[f"{name}.evidence"] = repo.JsonPath(("detections", name, *verdict, "evidence"))
     for name in CLASS_DETECTORS:
         paths[f"{name}.noisy_classes"] = repo.JsonPath(
             ("detections", name, *verdict, "evidence", "noisy_classes")
@@ -260,6 +266,10 @@ def client_audit(values: Mapping[str, object]) -> ClientAudit:
             ),
         )
     basis = {key: _bool(values.get(f"evidence.{key}")) for key in BASIS_KEYS}
+    parts = read_parts(
+        {name: values.get(f"{name}.evidence") for name in detectors},
+        {name: verdict.score for name, verdict in detectors.items()},
+    )
     return ClientAudit(
         primary=_str(values.get("primary")),
         primary_flag=_bool(values.get("primary_flag")),
@@ -270,6 +280,7 @@ def client_audit(values: Mapping[str, object]) -> ClientAudit:
         epsilon_total=_float(values.get("epsilon_total")),
         detectors=detectors,
         evidence_basis=EvidenceBasis(**basis),
+        evidence=parts,
     )
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
+from client_sdk import _report_responses as reports
 from client_sdk import _responses as sdk
 from service.openapi_spec import DEFAULT_OUTPUT
 
@@ -36,6 +37,23 @@ PAIRS: list[tuple[type[BaseModel], str]] = [
     (sdk.AuditVerdict, "VerdictRecord"),
     (sdk.AuditAggregation, "AggregationRecord"),
     (sdk.AuditClient, "AuditClient"),
+    (reports.NoisyClientReport, "NoisyClientReport"),
+    (reports.ReportClient, "ReportClient"),
+    (reports.ReportLatest, "ReportLatest"),
+    (reports.ReportFlagRound, "ReportFlagRound"),
+    (reports.ReportNeighbor, "ReportNeighbor"),
+    (reports.NeighborWeight, "NeighborWeight"),
+    (reports.DetectorOutcome, "DetectorOutcome"),
+    (reports.SiteErrorView, "SiteErrorView"),
+    (reports.ReportPrivacy, "ReportPrivacy"),
+    (reports.ClientHistory, "ClientHistory"),
+    (reports.ClientRoundView, "ClientRoundView"),
+    (reports.DetectorEvidence, "DetectorEvidence"),
+    (reports.EvidenceParts, "EvidenceParts"),
+    (reports.FedNoRoParts, "FedNoRoParts"),
+    (reports.FedNCLParts, "FedNCLParts"),
+    (reports.ExpertiseParts, "ExpertiseParts"),
+    (reports.ClassEvidence, "ClassEvidence"),
 ]
 
 

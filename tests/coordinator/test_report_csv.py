@@ -70,9 +70,88 @@ def test_new_columns_come_last() -> None:
         "latest_round",
     ]
     assert header.split(",")[8] == "fednoro_score"
-    assert header.split(",")[-4:] == [
+    assert header.split(",")[18:22] == [
         "primary_detector",
         "primary_status",
         "primary_score",
         "flag_basis",
     ]
+    # then each detector's evidence beside the verdict
+    assert header.split(",")[22:] == [
+        "evidence_p_value",
+        "evidence_q_value",
+        "evidence_site_z",
+        "evidence_site_factor",
+        "evidence_stouffer_z",
+        "evidence_errors_z",
+        "evidence_errors_p_value",
+        "evidence_accuracy_z",
+        "evidence_geometry_cosine",
+        "evidence_geometry_z",
+        "fedncl_divergence",
+        "fedncl_data_quality",
+        "evidence_class_z",
+        "fednoro_normalised_loss",
+    ]
+
+
+def test_each_detectors_evidence_has_its_cells() -> None:
+    with_evidence = {
+        **row("a", {"evidence": 3.25, "fedncl": 144.0}, {"evidence": "ok", "fedncl": "ok"}),
+        "latest_detector_evidence": {
+            "evidence": {
+                "p_value": 0.0012,
+                "q_value": 0.0024,
+                "site_z": 3.25,
+                "site_factor": 1.75,
+                "stouffer_z": -2.5,
+                "errors_z": 2.75,
+                "errors_p_value": 0.003,
+                "accuracy_z": None,  # the accuracy check off
+                "geometry_cosine": 0.125,
+                "geometry_z": 11.5,
+            },
+            "fednoro": None,
+            "fedncl": {"q": 144.0, "divergence": 72.0, "data_quality": 20.0, "deviation": 1.0},
+            "expertise": None,
+        },
+        "latest_class_evidence": [
+            {
+                "index": 0,
+                "label": "=cat",  # a class label is not run as a formula either
+                "evidence_z": -0.25,
+                "fednoro_normalised_loss": None,
+                "noisy_by": [],
+            },
+            {
+                "index": 2,
+                "label": "eel",
+                "evidence_z": 4.5,
+                "fednoro_normalised_loss": 0.875,
+                "noisy_by": ["evidence"],
+            },
+        ],
+    }
+    report = {
+        "primary_detector": "evidence",
+        # b: never audited; c: a row of a report without these keys (an older caller's)
+        "clients": [with_evidence, {**row("b", None, None), "latest_detector_evidence": None}]
+        + [row("c", None, None)],
+    }
+    parsed = {r["client_id"]: r for r in csv.DictReader(io.StringIO(report_csv(report)))}
+    a = parsed["id-a"]
+    assert [a[f"evidence_{part}"] for part in ("p_value", "q_value", "site_z", "site_factor")] == [
+        "0.0012",
+        "0.0024",
+        "3.25",
+        "1.75",
+    ]
+    assert a["evidence_stouffer_z"] == "-2.5"  # a number, its minus sign kept
+    assert (a["evidence_errors_z"], a["evidence_errors_p_value"]) == ("2.75", "0.003")
+    assert a["evidence_accuracy_z"] == ""
+    assert (a["evidence_geometry_cosine"], a["evidence_geometry_z"]) == ("0.125", "11.5")
+    assert (a["fedncl_divergence"], a["fedncl_data_quality"]) == ("72", "20")
+    assert a["evidence_class_z"] == "'=cat:-0.25 eel:4.5"
+    assert a["fednoro_normalised_loss"] == "eel:0.875"
+    for empty in (parsed["id-b"], parsed["id-c"]):
+        assert [empty[c] for c in list(empty)[22:]] == [""] * 14

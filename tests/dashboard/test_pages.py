@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from service.api.dashboard import pages, plots
+from service.api.dashboard import pages, plots, svg
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -80,10 +80,10 @@ def test_flag_grid_kinds_follow_the_history() -> None:
 
 
 def test_number_formatting_and_escaping() -> None:
-    assert pages.number(None) == '<span class="muted">-</span>'
-    assert pages.number(0.000123456) == "0.0001235"
-    assert pages.number(12) == "12"
-    assert pages.number("<b>") == "&lt;b&gt;"
+    assert svg.number(None) == '<span class="muted">-</span>'
+    assert svg.number(0.000123456) == "0.0001235"
+    assert svg.number(12) == "12"
+    assert svg.number("<b>") == "&lt;b&gt;"
 
 
 def test_round_page_escapes_names() -> None:
@@ -307,3 +307,96 @@ def test_every_section_of_a_federation_page_before_its_first_audit_has_a_title()
     assert sections
     untitled = [s[:80] for s in sections if not s.startswith(("<h1>", "<h2>"))]
     assert untitled == []
+
+
+def _round_with_evidence() -> dict[str, Any]:
+    """A round of a client's history with hand-written evidence beside the verdict."""
+    return {
+        "round": 7,
+        "in_warmup": False,
+        "primary_flag": True,
+        "flags": {"evidence": True, "fedncl": False},
+        "scores": {"evidence": 3.25, "fedncl": 0.8},
+        "statuses": {"evidence": "ok", "fedncl": "ok"},
+        "detector_evidence": {
+            "evidence": {
+                "p_value": 0.0012,
+                "q_value": 0.0024,
+                "site_z": 3.25,
+                "site_factor": 1.75,
+                "stouffer_z": 2.5,
+                "mean_loss": 1.125,
+                "errors": 7,
+                "errors_expected": 2.5,
+                "errors_z": 2.75,
+                "errors_p_value": 0.003,
+                "accuracy_z": None,
+                "accuracy_p_value": None,
+                "accuracy_gap": None,
+                "geometry_cosine": 0.125,
+                "geometry_z": 11.5,
+                "geometry_p_value": 1e-6,
+            },
+            "fednoro": None,
+            "fedncl": {"q": 0.8, "divergence": 72.0, "data_quality": 20.0, "deviation": -0.5},
+            "expertise": None,
+        },
+        "class_evidence": [
+            {
+                "index": 1,
+                "label": "<b>dog</b>",
+                "evidence_z": 4.5,
+                "fednoro_normalised_loss": 0.875,
+                "noisy_by": ["evidence"],
+            }
+        ],
+    }
+
+
+def test_the_client_page_shows_each_detectors_evidence_and_a_per_class_table() -> None:
+    view = {**_trusted_site_view([_round_with_evidence()]), "class_counts": {7: [40, 12]}}
+    html = pages.client_page(view, "evidence")
+    section = html[html.index("Evidence beside the verdict, round 7") :]
+    section = section[: section.index("</section>")]
+    # the evidence detector's parts, each with its value and its meaning
+    for part, value in (
+        ("site_z", "3.25"),
+        ("stouffer_z", "2.5"),
+        ("errors_z", "2.75"),
+        ("errors_p_value", "0.003"),
+        ("geometry_cosine", "0.125"),
+        ("geometry_z", "11.5"),
+        ("q_value", "0.0024"),
+    ):
+        assert f'<td>{part}</td><td class="num">{value}</td>' in section
+    assert '<td>accuracy_z</td><td class="num"><span class="muted">-</span></td>' in section
+    assert "in robust standard deviations" in section  # geometry_z's meaning
+    # Fed-NCL's terms beside q; FedNoRo gave no verdict: no rows
+    assert '<td>divergence</td><td class="num">72</td>' in section
+    assert '<td>data_quality</td><td class="num">20</td>' in section
+    assert "separation_score" not in section
+    # which evidence decides: the primary detector's; Fed-NCL's is shown only
+    assert 'evidence<br><span class="muted">decides: the primary detector</span>' in section
+    assert 'fedncl<br><span class="muted">shown; does not decide</span>' in section
+    # per class: the label escaped, its count, the class z, FedNoRo's loss, who names it noisy
+    assert (
+        '<tr><td>&lt;b&gt;dog&lt;/b&gt;</td><td class="num">12</td><td class="num">4.5</td>'
+        '<td class="num">0.875</td><td>evidence</td></tr>'
+    ) in section
+    assert "<b>dog" not in html
+    assert "<script" not in html
+    assert "style=" not in html
+
+
+def test_the_client_page_of_an_older_audit_says_it_holds_no_evidence() -> None:
+    older = {
+        "round": 3,
+        "in_warmup": False,
+        "primary_flag": False,
+        "flags": {"evidence": False},
+        "scores": {"evidence": 0.1},
+        "statuses": {"evidence": "ok"},
+    }
+    html = pages.client_page(_trusted_site_view([older]), "evidence")
+    assert "holds no detector evidence for the site" in html
+    assert pages.client_page(_trusted_site_view([]), "evidence").count("Evidence beside") == 0

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from service.api.dashboard import svg
+from service.api.dashboard.evidence import evidence_section
 from service.api.dashboard.plots import (
     audited_rounds,
     class_loss_heatmap,
@@ -20,7 +21,7 @@ from service.api.dashboard.plots import (
     neighbor_matrix,
     weight_bars,
 )
-from service.api.dashboard.svg import ICON_SVG, esc
+from service.api.dashboard.svg import ICON_SVG, esc, number
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
@@ -69,15 +70,6 @@ def layout(title: str, body: str, *, logged_in: bool = True) -> str:
 def badge(status: str | None) -> str:
     css = status if status in svg.STATUS_COLORS else "other"
     return f'<span class="badge {css}">{esc(status or "-")}</span>'
-
-
-def number(value: Any, digits: int = 4) -> str:
-    """A number with `digits` significant digits; "-" for None; anything else escaped."""
-    if value is None:
-        return '<span class="muted">-</span>'
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return esc(value)
-    return esc(f"{value:.{digits}g}" if isinstance(value, float) else value)
 
 
 def _when(value: datetime | None) -> str:
@@ -482,8 +474,9 @@ def _primary_text(entry: Mapping[str, Any]) -> str:
 
 
 def client_page(view: Mapping[str, Any], primary: str | None) -> str:
-    """One client: status and pins, scores and flags per detector over rounds, per-class loss
-    over rounds, neighbors, weights and its site errors."""
+    """One client: status and pins, scores and flags per detector over rounds, each detector's
+    evidence beside the latest verdict (per detector and per class), per-class loss over rounds,
+    neighbors, weights and its site errors."""
     rounds = view["rounds"]
     detectors = sorted({d for r in rounds for d in (r.get("scores") or {})})
     if primary in detectors:
@@ -528,6 +521,7 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
         f"{_definitions(details)}</section>"
         f"{site_error_table([{**e, 'name': view['name']} for e in view['site_errors']])}"
         f"<section><h2>Scores and flags over rounds (\u2691 flagged)</h2>{history}</section>"
+        f"{evidence_section(view, primary)}"
         f'<div class="plots"><section><h2>Flags per detector</h2>'
         f"{_detector_flags(rounds, detectors)}</section>"
         f"<section><h2>Per-class loss over rounds</h2>{_loss_over_rounds(view)}</section></div>"

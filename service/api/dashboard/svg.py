@@ -40,6 +40,15 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def number(value: object, digits: int = 4) -> str:
+    """A number with `digits` significant digits; "-" for None; anything else escaped."""
+    if value is None:
+        return '<span class="muted">-</span>'
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return esc(value)
+    return esc(f"{value:.{digits}g}" if isinstance(value, float) else value)
+
+
 def short(label: str, limit: int = 24) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas.audits import AuditRecord
+from service.api.schemas.evidence import ClassEvidence, DetectorEvidence
 from service.audit import ClientStatus
 from service.inputs import TEXT_RULES, BoundedJson, Text
 
@@ -151,6 +152,21 @@ class ReportClient(BaseModel):
         default_factory=dict,
         description="Each per-class detector's noisy classes for the client, worst first",
     )
+    latest_detector_evidence: DetectorEvidence | None = Field(
+        default=None,
+        description=(
+            "Each detector's evidence beside the verdict in the client's latest audited round "
+            "(shown whatever the detector's status); null before the client's first audit"
+        ),
+    )
+    latest_class_evidence: list[ClassEvidence] = Field(
+        default_factory=list,
+        description=(
+            "Per class, in the client's latest audited round: the evidence detector's class z, "
+            "FedNoRo's normalised loss, the detectors naming it noisy (classes of which no "
+            "detector says anything are left out)"
+        ),
+    )
     reliability: float | None = Field(description="FedRN expertise (normalised training accuracy)")
     neighbors: list[ReportNeighbor] | None
     last_weight: float | None = Field(description="Aggregation weight in the latest audit")
@@ -279,6 +295,13 @@ class ClientRoundView(BaseModel):
     noisy_classes: list[str] = Field(description="As in the report: the primary's classes")
     classes_by_detector: dict[str, list[str]] = Field(
         default_factory=dict, description="Each per-class detector's noisy classes"
+    )
+    detector_evidence: DetectorEvidence | None = Field(
+        default=None,
+        description="Each detector's evidence beside the verdict that round (as in the report)",
+    )
+    class_evidence: list[ClassEvidence] = Field(
+        default_factory=list, description="Per class, that round (as in the report)"
     )
     reliability: float | None
     neighbors: list[NeighborWeight] | None
