@@ -155,6 +155,7 @@ def simulate(
     noise: flag.Noise = None,
     noise_param: flag.NoiseParam = None,
     noisy_clients: flag.NoisyClients = None,
+    anchors: flag.Anchors = None,
     flip: flag.Flip = None,
     class_map: flag.ClassMap = None,
     noise_threshold: flag.NoiseThreshold = None,

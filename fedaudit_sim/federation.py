@@ -202,6 +202,8 @@ def create_federation(
     for k, name in enumerate(names):
         created = admin.add_client(fid, name)
         ids[name] = str(created.id)
+        if k < scenario.anchors:
+            admin.set_anchor(fid, created.id, "simulated trust anchor: curated labels")
         site_class = LossLyingParticipant if k in liars else Participant
         participants.append(
             site_class(

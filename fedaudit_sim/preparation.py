@@ -13,7 +13,7 @@ gives each client's per-class loss under it (the heat map's fallback input).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -189,6 +189,7 @@ def prepare_data(scenario: Scenario, seed: int) -> PreparedData:
         )
     except NoiseError as exc:
         raise ScenarioError(f"noise: {exc}") from exc
+    report = curated(report, train.y, indices, scenario.anchors)
     model_name = scenario.model.name or ("cnn" if train.kind == "image" else "mlp")
     try:
         model = build_model(
@@ -209,6 +210,39 @@ def prepare_data(scenario: Scenario, seed: int) -> PreparedData:
         model_name=model_name,
         initial_state=state_to_bytes(model),
         federation_seed=_derive_int(federation_seq),
+    )
+
+
+def curated(
+    report: NoiseReport, labels: IntArray, indices: list[IntArray], anchors: int
+) -> NoiseReport:
+    """The noise with the first ``anchors`` sites' labels restored (trust anchors hold curated
+    labels): their flips undone, their realised rate 0, not noisy in the ground truth. The
+    other sites' noise is untouched (it was drawn as without anchors)."""
+    if anchors == 0:
+        return report
+    noisy_labels = report.noisy_labels.copy()
+    flipped = report.flipped.copy()
+    realised = report.realised_rates.copy()
+    targets = report.target_rates.copy()
+    noisy_clients = report.noisy_clients.copy()
+    client_flipped = list(report.client_flipped)
+    for k in range(anchors):
+        idx = indices[k]
+        noisy_labels[idx] = labels[idx]
+        flipped[idx] = False
+        realised[k] = targets[k] = 0.0
+        noisy_clients[k] = False
+        client_flipped[k] = np.zeros(idx.size, dtype=bool)
+    return replace(
+        report,
+        noisy_labels=noisy_labels,
+        flipped=flipped,
+        realised_rates=realised,
+        target_rates=targets,
+        noisy_clients=noisy_clients,
+        client_flipped=tuple(client_flipped),
+        notes=(*report.notes, f"sites 0-{anchors - 1} are trust anchors: their labels are curated"),
     )
 
 

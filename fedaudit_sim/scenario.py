@@ -297,6 +297,15 @@ class Scenario(_Strict):
         default=None,
         description="noisy sites that report the losses of their true labels (an attack)",
     )
+    anchors: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "trust anchors: the first n sites hold curated labels (their noise is undone after "
+            "it is drawn, so the other sites' noise is the same as without anchors) and are "
+            "marked as anchors in every method's federation"
+        ),
+    )
     model: ModelSpec = Field(default_factory=ModelSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     methods: list[MethodSpec] = Field(
@@ -330,6 +339,15 @@ class Scenario(_Strict):
     def _lying_needs_noise(self) -> Scenario:
         if self.lying is not None and self.noise.protocol == "none":
             raise ValueError("lying: the liars are noisy sites; set a noise protocol")
+        return self
+
+    @model_validator(mode="after")
+    def _anchors_fit(self) -> Scenario:
+        if self.anchors >= self.clients:
+            raise ValueError(
+                f"anchors={self.anchors}: at least one of the {self.clients} sites must not be "
+                "an anchor"
+            )
         return self
 
     @model_validator(mode="after")

@@ -87,6 +87,13 @@ NoiseParam: TypeAlias = Annotated[
     list[str] | None,
     typer.Option(help="Noise parameter KEY=VALUE (repeatable), e.g. rho=0.4"),
 ]
+Anchors: TypeAlias = Annotated[
+    int | None,
+    typer.Option(
+        help="The first N sites hold curated labels and are marked as trust anchors",
+        show_default=False,
+    ),
+]
 NoisyClients: TypeAlias = Annotated[
     int | None,
     typer.Option(
@@ -198,6 +205,7 @@ class SimulateFlags:
     noise: str | None = None
     noise_param: list[str] | None = None
     noisy_clients: int | None = None
+    anchors: int | None = None
     flip: str | None = None
     class_map: str | None = None
     noise_threshold: float | None = None
@@ -244,6 +252,7 @@ class SimulateFlags:
             "noise.protocol": self.noise,
             "noise.params": parse_key_values(self.noise_param, option="--noise-param") or None,
             "noise.noisy_clients": self.noisy_clients,
+            "anchors": self.anchors,
             "noise.flip": self.flip,
             "noise.class_map": _parse_class_map(self.class_map),
             "noise.threshold": self.noise_threshold,
