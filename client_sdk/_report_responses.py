@@ -121,6 +121,8 @@ class ReportClient(_Model):
     detected_status: str
     pinned_status: str | None
     pin_reason: str | None
+    anchor: bool = False
+    anchor_reason: str | None = None
     num_samples: int | None
     times_flagged: int
     rounds_audited: int

@@ -55,6 +55,7 @@ CSV_COLUMNS = (
     *(f"fedncl_{part}" for part in FEDNCL_PARTS),
     "evidence_class_z",
     "fednoro_normalised_loss",
+    "anchor",
 )
 """The columns: new ones go at the end, so that a script reading by position keeps working."""
 
@@ -101,6 +102,7 @@ def report_csv(report: dict[str, Any]) -> str:
                 _csv_number(scores.get(primary)),
                 row.get("flag_basis") or "",
                 *_evidence_cells(row),
+                "true" if row.get("anchor") else "false",
             ]
         )
     return buffer.getvalue()

@@ -142,6 +142,8 @@ def _report_row(
         "detected_status": client.status,
         "pinned_status": client.pinned_status,
         "pin_reason": client.pin_reason,
+        "anchor": bool(client.anchor),
+        "anchor_reason": client.anchor_reason,
         "num_samples": client.num_samples,
         "times_flagged": sum(1 for h in counted if h["primary"] is True),
         "rounds_audited": len(counted),

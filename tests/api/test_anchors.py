@@ -80,6 +80,12 @@ async def test_an_anchor_resolves_an_inverted_consensus(api: httpx.AsyncClient) 
     assert summary["mode"] == "anchored"
     assert summary["anchor_orientation"] == "inverted"
     assert sorted(by_id[c] for c, f in _flags(round1).items() if f) == ["c", "d", "e"]
+    # the report says which site is the anchor, and why
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    rows = {r["name"]: r for r in report["clients"]}
+    assert [n for n, r in rows.items() if r["anchor"]] == ["a"]
+    assert rows["a"]["anchor_reason"] == "labels re-read by two radiologists"
+    assert rows["b"]["anchor_reason"] is None
 
     removed = await api.delete(url, headers=ADMIN)
     assert removed.json()["anchor"] is False

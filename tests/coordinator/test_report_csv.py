@@ -76,8 +76,9 @@ def test_new_columns_come_last() -> None:
         "primary_score",
         "flag_basis",
     ]
-    # then each detector's evidence beside the verdict
-    assert header.split(",")[22:] == [
+    # then each detector's evidence beside the verdict, then whether the site is an anchor
+    assert header.split(",")[-1] == "anchor"
+    assert header.split(",")[22:-1] == [
         "evidence_p_value",
         "evidence_q_value",
         "evidence_site_z",
@@ -154,4 +155,13 @@ def test_each_detectors_evidence_has_its_cells() -> None:
     assert a["evidence_class_z"] == "'=cat:-0.25 eel:4.5"
     assert a["fednoro_normalised_loss"] == "eel:0.875"
     for empty in (parsed["id-b"], parsed["id-c"]):
-        assert [empty[c] for c in list(empty)[22:]] == [""] * 14
+        assert [empty[c] for c in list(empty)[22:-1]] == [""] * 14
+
+
+def test_the_anchor_column_says_which_sites_are_trust_anchors() -> None:
+    report = {
+        "primary_detector": "evidence",
+        "clients": [{**row("a", None, None), "anchor": True}, row("b", None, None)],
+    }
+    rows = list(csv.DictReader(io.StringIO(report_csv(report))))
+    assert [(r["name"], r["anchor"]) for r in rows] == [("a", "true"), ("b", "false")]

@@ -113,6 +113,11 @@ class ReportClient(BaseModel):
     detected_status: ClientStatus
     pinned_status: ClientStatus | None
     pin_reason: str | None
+    anchor: bool = Field(
+        default=False,
+        description="A trust anchor: an admin marked its labels as curated (never flagged)",
+    )
+    anchor_reason: str | None = Field(default=None, description="Why it was marked an anchor")
     num_samples: int | None
     times_flagged: int = Field(description="Audited rounds after the warm-up with a primary flag")
     rounds_audited: int = Field(description="Audited rounds after the warm-up")
