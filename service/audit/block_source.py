@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from service.audit._typing import AnyArray
+from service.audit._validation import InvalidInputError
 from service.audit.state import StateReader
 
 __all__ = [
@@ -111,23 +112,30 @@ def read_exactly(fd: int, out: AnyArray, position: int, what: str) -> None:
 
 class _FileSource(TensorSource):
     """Blocks read with positioned reads; the buffers are the pass's own (C-contiguous, of
-    this dtype: checked here once, not per block)."""
+    this dtype: checked here once, not per block). It keeps its reader, whose open file it
+    reads (a reader collected would close it, and the number could name another file)."""
 
-    __slots__ = ("fd", "item", "name", "offset")
+    __slots__ = ("fd", "item", "label", "name", "offset", "reader")
 
     def __init__(
-        self, fd: int, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...], name: str
+        self,
+        reader: FileStateReader,
+        where: tuple[int, int],
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        name: str,
+        label: str,
     ) -> None:
         super().__init__(dtype, shape)
-        self.name = name
-        self.fd, self.offset = fd, offset
+        self.reader, self.name, self.label = reader, name, label
+        self.fd, self.offset = where
         self.item = dtype.itemsize
 
     @classmethod
-    def of(cls, reader: FileStateReader, name: str) -> _FileSource:
+    def of(cls, reader: FileStateReader, name: str, label: str) -> _FileSource:
+        """Tensor ``name`` of ``reader``; errors name it as ``label``."""
         dtype, shape = reader.layout(name)
-        fd, offset = reader.position(name)
-        return cls(fd, offset, dtype, shape, name)
+        return cls(reader, reader.position(name), dtype, shape, name, label)
 
     def block(self, start: int, stop: int, out: AnyArray) -> AnyArray:
         target = out[: stop - start]
@@ -141,7 +149,11 @@ class _FileSource(TensorSource):
             )
         if start < 0 or start + target.size > self.size:
             raise ValueError(f"tensor {self.name!r}: entries beyond its {self.size}")
-        read_exactly(self.fd, target, self.offset + start * self.item, f"tensor {self.name!r}")
+        try:
+            read_exactly(self.fd, target, self.offset + start * self.item, f"tensor {self.name!r}")
+        except EOFError as exc:
+            # a stored update cut short after it was checked: the audit's error, naming it
+            raise InvalidInputError(f"{self.label}: {exc}") from None
 
     def copy_into(self, start: int, stop: int, out: AnyArray, raw: AnyArray | None) -> None:
         if out.dtype == self.dtype:
@@ -158,14 +170,15 @@ def file_readers(readers: Sequence[StateReader]) -> list[bool]:
 
 
 def tensor_sources(
-    readers: Sequence[StateReader], from_file: Sequence[bool], name: str
+    readers: Sequence[StateReader], from_file: Sequence[bool], name: str, label: str = "updates"
 ) -> list[TensorSource]:
-    """Each reader's source of tensor ``name`` (see :func:`file_readers`)."""
+    """Each reader's source of tensor ``name`` (see :func:`file_readers`); errors name the
+    reader as ``label[j]``."""
     return [
-        _FileSource.of(cast(FileStateReader, reader), name)
+        _FileSource.of(cast(FileStateReader, reader), name, f"{label}[{j}]")
         if file
         else _ArraySource(np.asarray(reader.get(name)))
-        for reader, file in zip(readers, from_file, strict=True)
+        for j, (reader, file) in enumerate(zip(readers, from_file, strict=True))
     ]
 
 
@@ -201,11 +214,13 @@ def small_runs(reader: FileStateReader, names: Sequence[str], limit: int) -> lis
     return runs
 
 
-def span_sources(readers: Sequence[StateReader], names: Sequence[str]) -> list[TensorSource] | None:
+def span_sources(
+    readers: Sequence[StateReader], names: Sequence[str], label: str = "updates"
+) -> list[TensorSource] | None:
     """Each file reader's tensors ``names`` as one flat source (their values in this order), or
     None where some reader does not hold them back to back, in this order, with one dtype."""
     sources: list[TensorSource] = []
-    for reader in readers:
+    for j, reader in enumerate(readers):
         file = cast(FileStateReader, reader)
         fd, first = file.position(names[0])
         dtype = file.layout(names[0])[0]
@@ -216,5 +231,6 @@ def span_sources(readers: Sequence[StateReader], names: Sequence[str]) -> list[T
                 return None
             end += math.prod(shape) * dtype.itemsize
         count = (end - first) // dtype.itemsize
-        sources.append(_FileSource(fd, first, dtype, (count,), f"{names[0]}..{names[-1]}"))
+        span = f"{names[0]}..{names[-1]}"
+        sources.append(_FileSource(file, (fd, first), dtype, (count,), span, f"{label}[{j}]"))
     return sources

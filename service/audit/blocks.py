@@ -36,12 +36,11 @@ block results (a NaN or infinity in any input makes them non-finite) and then lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
-from scipy.linalg.blas import daxpy, saxpy
 
 from service.audit._blas import one_blas_thread
 from service.audit._typing import AnyArray, FloatArray
@@ -244,7 +243,7 @@ def _stream_pass(
     visit, runs = _visit_plan(names, updates, from_file, spans)
     for name in _tensors_left(runs, global_state, updates, weights, state, float_names, label):
         reference = read_global_tensor(global_state, name)
-        sources = tensor_sources(updates, from_file, name)
+        sources = tensor_sources(updates, from_file, name, label)
         for j, source in enumerate(sources):
             _check_meta(source, reference, name, f"{label}[{j}]")
         if not is_float_tensor(reference):
@@ -378,7 +377,7 @@ def _weighted_run(
         for j, update in enumerate(updates):
             dtype, shape = cast(FileStateReader, update).layout(name)
             _check_meta(_Layout(shape, dtype), reference, name, f"{label}[{j}]")
-    sources = span_sources(updates, run)
+    sources = span_sources(updates, run, label)
     if sources is None:
         return None
     flat = np.concatenate([reference.reshape(-1) for reference in references])
@@ -409,14 +408,17 @@ def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
 
 
 def _weighted_tensor(tensor: _Tensor, weights: FloatArray) -> AnyArray:
-    """sum_k w_k theta_k[l], block by block: one BLAS axpy per client and block, reading the
-    client's values once into a buffer that stays in cache, like the accumulator."""
+    """sum_k w_k theta_k[l], block by block, reading each client's values once into a buffer
+    that stays in cache, like the accumulator. Each term is one numpy multiply and one add, each
+    rounded on its own (BLAS's axpy fuses them in its vector body but not in its tail, so an
+    entry's rounding would depend on where it sits in the call: a tensor read as part of a span
+    of small tensors would then differ from the same tensor read alone)."""
     out = np.empty(tensor.size, dtype=tensor.acc_dtype)
-    axpy: Callable[..., Any] = daxpy if tensor.acc_dtype == np.float64 else saxpy
     length = min(AXPY_BLOCK, tensor.size)
     buffer = np.empty(length, dtype=tensor.reference.dtype)
     convert = tensor.reference.dtype != tensor.acc_dtype  # float16 inputs
     scratch = np.empty(length, dtype=tensor.acc_dtype) if convert else None
+    product = np.empty(length, dtype=tensor.acc_dtype)
     w = weights.astype(tensor.acc_dtype)
     for start in range(0, tensor.size, AXPY_BLOCK):
         stop = min(start + AXPY_BLOCK, tensor.size)
@@ -433,7 +435,9 @@ def _weighted_tensor(tensor: _Tensor, weights: FloatArray) -> AnyArray:
                 np.multiply(block, w[j], out=acc)
                 first = False
             else:
-                axpy(block, acc, a=float(w[j]))
+                term = product[: stop - start]
+                np.multiply(block, w[j], out=term)
+                np.add(acc, term, out=acc)
         if first:  # every weight 0
             acc.fill(0.0)
         if not np.isfinite(acc).all():

@@ -92,6 +92,8 @@ def _blocks(
     of the clients' values (one client per row, float32, checked finite), valid until the next
     block."""
     k = len(sources)
+    if hi <= lo:  # an empty tensor (a 0 in its shape): nothing to read
+        return
     width = min(width, hi - lo)
     stacked = np.empty((k, width), dtype=np.float32)
     # float16 inputs are read into a buffer of their own, then converted.

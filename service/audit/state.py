@@ -3,8 +3,8 @@
 Aggregation and divergence code never holds K whole model states: it loops over tensor names and,
 for each name, reads that one tensor from each client, computes, and drops it (docs/algorithms.md,
 "Aggregation"). A :class:`StateReader` gives that one-tensor-at-a-time access; the
-coordinator backs it with ``safetensors.safe_open(path, "numpy")`` and tests use
-:class:`DictStateReader`.
+coordinator backs it with its safetensors reader, which the blocked passes also read in parts
+(:class:`service.audit.block_source.FileStateReader`), and tests use :class:`DictStateReader`.
 
 "Float tensors" are those of dtype kind ``'f'`` (float16/32/64). Every other tensor (for example
 BatchNorm's ``num_batches_tracked``) is never averaged.

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,12 +153,15 @@ class SafetensorsReader:
     when the reader is made; the file is opened at the first read and stays open until
     :meth:`close` (or until the reader is collected). The file is expected to have passed
     :func:`read_manifest` (the coordinator checks every stored update); a file that has since
-    become shorter than its header says raises :class:`SafetensorsFormatError`.
+    become shorter than its header says raises :class:`SafetensorsFormatError` from ``get`` and
+    ``read_into``, and :class:`service.audit.InvalidInputError` naming the update and the tensor
+    from a pass of the audit.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self._lock = threading.Lock()
         self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
         with path.open("rb") as handle:
             (header_len,) = struct.unpack("<Q", handle.read(8))
@@ -211,10 +215,13 @@ class SafetensorsReader:
 
     def position(self, name: str) -> tuple[int, int]:
         """The open file and the byte offset of ``name``'s first entry (the file is opened at
-        the first call and stays open until :meth:`close`)."""
+        the first call, once even when threads ask at the same time, and stays open until
+        :meth:`close`)."""
         offset = self._entry(name)[2]
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            with self._lock:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         return self._fd, offset
 
     def close(self) -> None:

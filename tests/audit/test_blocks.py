@@ -557,3 +557,62 @@ def test_the_pruned_network_puts_the_wanted_ranks_in_place(k: int) -> None:
         sorted_blocks._ranked(rows, np.empty(300, dtype=np.float32), network)
         for rank in wanted:
             np.testing.assert_array_equal(rows[rank], expected[rank])
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "daagg", "median", "trimmed_mean", "fedncl_layerwise"])
+def test_an_empty_tensor_is_aggregated_as_empty(rule: str, tmp_path: Path) -> None:
+    # a tensor with a 0 in its shape (the coordinator's header check accepts it)
+    base = {"w": np.zeros((3, 0), dtype=np.float32), "b": np.ones(2, dtype=np.float32)}
+    ups = [
+        {"w": np.zeros((3, 0), dtype=np.float32), "b": np.full(2, i, np.float32)} for i in range(3)
+    ]
+    save_file(base, str(tmp_path / "g.safetensors"))
+    for i, u in enumerate(ups):
+        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    for g, readers_ in (
+        (DictStateReader(base), readers(*ups)),
+        (
+            SafetensorsReader(tmp_path / "g.safetensors"),
+            [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(3)],
+        ),
+    ):
+        state = aggregate(rule, g, readers_, [1, 1, 1], noisy=[True, False, False]).state
+        assert state["w"].shape == (3, 0)
+        assert state["b"].shape == (2,)
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "daagg", "median"])
+def test_an_update_cut_short_after_its_check_is_named(rule: str, tmp_path: Path) -> None:
+    base, updates = random_states(3, 9)
+    save_file(base, str(tmp_path / "g.safetensors"))
+    for i, u in enumerate(updates):
+        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    ups = [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(3)]  # headers read
+    cut = tmp_path / "u1.safetensors"
+    cut.write_bytes(cut.read_bytes()[:-12])  # the last tensor's last entries are gone
+    with pytest.raises(InvalidInputError, match=r"updates\[1\]: the file ends inside tensor '"):
+        aggregate(
+            rule,
+            SafetensorsReader(tmp_path / "g.safetensors"),
+            ups,
+            [1, 1, 1],
+            noisy=[True, False, False],
+        )
+
+
+def test_a_source_outlives_the_name_of_its_reader(tmp_path: Path) -> None:
+    # the source keeps its reader: the reader's file stays open (a collected reader would close
+    # it, and the next file opened could take its number)
+    import gc
+
+    from service.audit.block_source import file_readers, tensor_sources
+
+    save_file({"w": np.full(4, 1.0, np.float32)}, str(tmp_path / "a.safetensors"))
+    save_file({"w": np.full(4, 2.0, np.float32)}, str(tmp_path / "b.safetensors"))
+    readers_ = [SafetensorsReader(tmp_path / "a.safetensors")]
+    (source,) = tensor_sources(readers_, file_readers(readers_), "w")
+    del readers_
+    gc.collect()
+    other = SafetensorsReader(tmp_path / "b.safetensors")
+    assert other.get("w").tolist() == [2.0] * 4
+    assert source.whole().tolist() == [1.0] * 4
