@@ -26,6 +26,7 @@ from service.api.routes import (
     participation,
     reports,
 )
+from service.audit._blas import one_blas_thread_in_this_process
 from service.config import Settings, get_settings
 from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
@@ -139,6 +140,9 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     """Build the app; the database must already be migrated to head (`fedaudit db upgrade`)."""
     settings = settings or get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # The audit's products run on one BLAS thread (service/audit/_blas.py), set here, on the
+    # thread that builds the app, for the worker threads that close rounds.
+    one_blas_thread_in_this_process()
     log_committed_events()
     services = _services(settings)
     metrics_files = prometheus.multiprocess_dir()  # set by `fedaudit serve --workers N`

@@ -48,3 +48,17 @@ def one_blas_thread() -> Iterator[None]:
             _DEPTH[0] -= 1
             if _DEPTH[0] == 0:
                 _HELD.pop().restore_original_limits()
+
+
+_PROCESS: list[Any] = []  # the process-wide limiter, once set
+
+
+def one_blas_thread_in_this_process() -> None:
+    """Run BLAS on one thread in the whole process from now on (idempotent). The coordinator
+    calls it at start, on its main thread: its BLAS work is the audit's small products, and with
+    the OpenBLAS numpy and scipy ship (0.3.30) a limit set from a worker thread does not take
+    once the main thread has set one (measured), so :func:`one_blas_thread` in the worker
+    threads that close rounds would not hold on its own."""
+    with _LOCK:
+        if not _PROCESS:
+            _PROCESS.append(_blas_controller().limit(limits=1, user_api="blas"))
