@@ -279,9 +279,7 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
 
 def participation(session: Session, rnd: Round) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """The selected clients and those that have submitted."""
-    selected = [p.client_id for p in repo.participants(session, rnd.id)]
-    submitted = [u.client_id for u in repo.updates_of_round(session, rnd.id)]
-    return selected, submitted
+    return repo.selected_client_ids(session, rnd.id), repo.submitted_client_ids(session, rnd.id)
 
 
 def round_is_complete(session: Session, rnd: Round) -> bool:

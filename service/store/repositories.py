@@ -125,6 +125,12 @@ def get_client_by_token_hash(session: Session, token_hash: str) -> Client | None
     return session.scalar(select(Client).where(Client.token_hash == token_hash))
 
 
+def client_name_taken(session: Session, federation_id: uuid.UUID, name: str) -> bool:
+    """Whether the federation has a client called ``name`` (one indexed lookup, no rows)."""
+    query = select(Client.id).where(Client.federation_id == federation_id, Client.name == name)
+    return session.scalar(query.limit(1)) is not None
+
+
 def list_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
     query = select(Client).where(Client.federation_id == federation_id)
     return list(session.scalars(query.order_by(Client.created_at, Client.name)))
@@ -251,6 +257,18 @@ def add_participants(
 def participants(session: Session, round_id: uuid.UUID) -> list[RoundParticipant]:
     query = select(RoundParticipant).where(RoundParticipant.round_id == round_id)
     return list(session.scalars(query))
+
+
+def selected_client_ids(session: Session, round_id: uuid.UUID) -> list[uuid.UUID]:
+    """The clients the round selected (their ids only: no instructions loaded)."""
+    query = select(RoundParticipant.client_id).where(RoundParticipant.round_id == round_id)
+    return list(session.scalars(query))
+
+
+def submitted_client_ids(session: Session, round_id: uuid.UUID) -> list[uuid.UUID]:
+    """The clients with an update stored in the round, in the order of `updates_of_round`."""
+    query = select(ModelUpdate.client_id).where(ModelUpdate.round_id == round_id)
+    return list(session.scalars(query.order_by(ModelUpdate.received_at, ModelUpdate.id)))
 
 
 def participation_counts(session: Session, round_id: uuid.UUID) -> tuple[int, int]:
