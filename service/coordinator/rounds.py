@@ -262,7 +262,7 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     participant = repo.participant(session, rnd.id, client.id)
     if participant is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
-    if repo.update_of(session, rnd.id, client.id) is not None:
+    if repo.has_update(session, rnd.id, client.id):
         total, sent = repo.participation_counts(session, rnd.id)
         return Wait(
             WAIT_AGGREGATING_S,

@@ -312,12 +312,12 @@ def get_update(session: Session, update_id: uuid.UUID) -> ModelUpdate | None:
     return session.get(ModelUpdate, update_id)
 
 
-def update_of(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> ModelUpdate | None:
-    return session.scalar(
-        select(ModelUpdate).where(
-            ModelUpdate.round_id == round_id, ModelUpdate.client_id == client_id
-        )
+def has_update(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> bool:
+    """Whether the client has an update stored in the round (its id only: no row loaded)."""
+    query = select(ModelUpdate.id).where(
+        ModelUpdate.round_id == round_id, ModelUpdate.client_id == client_id
     )
+    return session.scalar(query) is not None
 
 
 def update_by_idempotency_key(
