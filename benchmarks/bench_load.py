@@ -23,7 +23,10 @@ site's transport: route (join, poll, download, upload), status code (or the tran
 latency to the last byte of the response. At the end the benchmark checks, from the admin API and
 from the database: the federation finished, every round closed, exactly N updates stored per
 round from N distinct sites, the same set as the receipts the sites got; and counts 5xx answers
-and the ERROR lines of the coordinator's log. It exits non-zero when any check fails.
+and the ERROR lines of the coordinator's log. It exits non-zero when any check fails. It also
+reports the coordinator's resident memory (before the sites start, sampled while they run, and
+its peak, /proc VmHWM), and, per site and round, the time from the round's opening to the end of
+the site's first poll answered ``train`` for it.
 
     .venv/bin/python benchmarks/bench_load.py --out runs/bench_load.json
     .venv/bin/python benchmarks/bench_load.py --postgres-url postgresql://HOST/DB --out runs/pg.json
@@ -32,6 +35,7 @@ and the ERROR lines of the coordinator's log. It exits non-zero when any check f
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -39,6 +43,7 @@ import re
 import resource
 import secrets
 import shlex
+import ssl
 import statistics
 import sys
 import tempfile
@@ -91,13 +96,22 @@ def route_of(method: str, path: str) -> str:
 # --- the site side (runs in the forked processes) -----------------------------------------------
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context per site process, shared by its sites' clients. httpx builds one per
+    client otherwise (about 16 ms of CPU each, loading the CA bundle), so a thousand sites
+    released together spent some 30 s of CPU on it, on the cores the coordinator runs on, though
+    they talk plain HTTP on loopback."""
+    return ssl.create_default_context()
+
+
 class RecordingTransport(httpx.BaseTransport):
     """An ``httpx.HTTPTransport`` that records every attempt: (route, status, seconds, start,
-    poll answer). Status is the HTTP code, or the name of the transport error. The response body
-    is read here, so the latency is to its last byte."""
+    poll answer, round index of a ``train`` answer). Status is the HTTP code, or the name of the
+    transport error. The response body is read here, so the latency is to its last byte."""
 
     def __init__(self, records: list[list[Any]], t0: float) -> None:
-        self._inner = httpx.HTTPTransport()
+        self._inner = httpx.HTTPTransport(verify=tls_context())
         self._records = records
         self._t0 = t0
 
@@ -112,17 +126,29 @@ class RecordingTransport(httpx.BaseTransport):
                 response.close()
         except Exception as exc:
             self._records.append(
-                [route, type(exc).__name__, time.perf_counter() - started, started - self._t0, None]
+                [
+                    route,
+                    type(exc).__name__,
+                    time.perf_counter() - started,
+                    started - self._t0,
+                    None,
+                    None,
+                ]
             )
             raise
         seconds = time.perf_counter() - started
-        answer = None
+        answer = train_round = None
         if route == "poll" and response.status_code == 200:
             try:
-                answer = json.loads(raw)["status"]
+                body = json.loads(raw)
+                answer = body["status"]
+                if answer == "train":
+                    train_round = int(body["round"]["index"])
             except (ValueError, KeyError, TypeError):
                 answer = "unparsed"
-        self._records.append([route, response.status_code, seconds, started - self._t0, answer])
+        self._records.append(
+            [route, response.status_code, seconds, started - self._t0, answer, train_round]
+        )
         return httpx.Response(
             response.status_code,
             headers=response.headers,
@@ -159,7 +185,10 @@ def run_site(
     error: str | None = None
     rng = np.random.default_rng(spec.index)
     http = httpx.Client(
-        base_url=url, timeout=DEFAULT_TIMEOUT, transport=RecordingTransport(records, t0)
+        base_url=url,
+        timeout=DEFAULT_TIMEOUT,
+        transport=RecordingTransport(records, t0),
+        verify=tls_context(),
     )
     client = FederationClient(url, spec.token, http_client=http)
     try:
@@ -415,6 +444,65 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def memory_mib(pid: int | None) -> dict[str, float]:
+    """Resident memory of a running process now (VmRSS) and at its peak so far (VmHWM), in MiB
+    (Linux /proc; empty elsewhere)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found["rss" if key == "VmRSS" else "peak"] = int(value.split()[0]) / 1024
+    return found
+
+
+class MemorySampler(threading.Thread):
+    """Samples the coordinators' summed VmRSS every ``interval_s`` while the sites run; `stop`
+    gives the largest sample and the median one (most of a long-poll run, the sites wait)."""
+
+    def __init__(self, pids: Sequence[int | None], interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self._pids = list(pids)
+        self._interval_s = interval_s
+        self._stop_event = threading.Event()
+        self.samples: list[float] = []
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval_s):
+            self.samples.append(sum(memory_mib(pid).get("rss", 0.0) for pid in self._pids))
+
+    def stop(self) -> dict[str, float | None]:
+        self._stop_event.set()
+        self.join(timeout=5)
+        ordered = sorted(self.samples)
+        return {
+            "samples": len(ordered),
+            "max_rss_mib": ordered[-1] if ordered else None,
+            "median_rss_mib": ordered[len(ordered) // 2] if ordered else None,
+        }
+
+
+def train_after_open(
+    site_results: Sequence[Mapping[str, Any]], opened_at: Mapping[int, float], t0_wall: float
+) -> list[float]:
+    """Per site and round: seconds from the round's opening (the coordinator's ``opened_at``) to
+    the end of the site's first poll answered ``train`` for it (the time a site learns of the
+    round; with short polls it includes the sleep between polls)."""
+    first: dict[tuple[str, int], float] = {}
+    for site in site_results:
+        for route, status, seconds, start, answer, *rest in site["records"]:
+            index = rest[0] if rest else None
+            if route != "poll" or status != 200 or answer != "train" or index is None:
+                continue
+            end = start + seconds
+            key = (site["site"], int(index))
+            first[key] = min(end, first.get(key, end))
+    return [t0_wall + end - opened_at[i] for (_, i), end in first.items() if i in opened_at]
+
+
 def log_errors(log_path: Path) -> dict[str, Any]:
     text_ = log_path.read_text(errors="replace") if log_path.exists() else ""
     lines = text_.splitlines()
@@ -546,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
                 coordinator_cpu_before = sum(
                     process_cpu_seconds(coordinator_pid(one)) for one in servers
                 )
+                pids = [coordinator_pid(one) for one in servers]
+                memory_before = sum(memory_mib(pid).get("rss", 0.0) for pid in pids)
+                sampler = MemorySampler(pids)
+                sampler.start()
                 children_before = children_cpu_seconds()
                 shared_t0.value = time.time()
                 barrier.wait(timeout=600)
@@ -570,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
                     - coordinator_cpu_before
                 )
                 sites_cpu_s = children_cpu_seconds() - children_before
+                memory = {
+                    "before_release_rss_mib": memory_before,
+                    **sampler.stop(),
+                    "peak_rss_mib": sum(memory_mib(pid).get("peak", 0.0) for pid in pids),
+                }
+                t0_wall = float(shared_t0.value)
                 print(f"all site processes exited after {wall_s:.1f} s; checking", flush=True)
                 federation = admin.get_federation(federation_id)
                 rounds_info = admin.list_rounds(federation_id)
@@ -592,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     by_route: dict[str, Counter[str]] = defaultdict(Counter)
     latencies: dict[str, list[float]] = defaultdict(list)
     poll_answers: dict[str, list[float]] = defaultdict(list)
-    for route, status, seconds, _start, answer in records:
+    for route, status, seconds, _start, answer, *_ in records:
         by_route[route][str(status)] += 1
         if isinstance(status, int) and status < 400:
             latencies[route].append(seconds)
@@ -695,6 +793,12 @@ def main(argv: list[str] | None = None) -> int:
         "status_by_route": {route: dict(by_route[route]) for route in ROUTES if route in by_route},
         "latency_seconds": {route: quantiles(latencies[route]) for route in LATENCY_ROUTES},
         "poll_latency_by_answer": {k: quantiles(v) for k, v in sorted(poll_answers.items())},
+        "train_after_open_seconds": quantiles(
+            train_after_open(
+                site_results, {r.index: r.opened_at.timestamp() for r in rounds_info}, t0_wall
+            )
+        ),
+        "coordinator_memory": memory,
         "five_xx": five_xx,
         "transport_errors": transport_errors,
         "federation_status": federation.status,
@@ -728,6 +832,7 @@ def site_process(
 
     ``shared_t0`` is the wall time of the release, set by the driver just before it opens the
     barrier; each process turns it into its own ``perf_counter`` origin."""
+    tls_context()  # made before the release, not by the first site that needs it
     barrier.wait(timeout=600)
     t0 = time.perf_counter() - (time.time() - float(shared_t0.value))
     deadline = time.monotonic() + timeout_s
@@ -766,6 +871,19 @@ def print_summary(result: Mapping[str, Any]) -> None:
                 f"  {route:9s} latency p50 {q['p50'] * 1e3:7.1f} ms  p95 {q['p95'] * 1e3:7.1f} ms"
                 f"  p99 {q['p99'] * 1e3:7.1f} ms  max {q['max'] * 1e3:7.1f} ms  (n={q['n']})"
             )
+    after = result["train_after_open_seconds"]
+    if after["n"]:
+        print(
+            f"  a site told to train, after its round opened: p50 {after['p50']:.2f} s, "
+            f"p99 {after['p99']:.2f} s, max {after['max']:.2f} s (n={after['n']})"
+        )
+    memory = result["coordinator_memory"]
+    if memory.get("peak_rss_mib"):
+        print(
+            f"  coordinator RSS: {memory['before_release_rss_mib']:.0f} MiB before the sites "
+            f"started, median {memory['median_rss_mib']:.0f} MiB while they ran, peak "
+            f"{memory['peak_rss_mib']:.0f} MiB"
+        )
     print(
         f"  rounds closed {result['rounds_closed']}/{result['rounds_expected']}; updates per "
         "round (API/db rows/receipts): "

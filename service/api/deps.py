@@ -29,7 +29,10 @@ logger = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="Admin token or a client token")
 
 
-def get_services(request: Request) -> Services:
+# The two below are coroutines, not plain functions: FastAPI runs a plain function dependency in
+# its thread pool, and a hop there and back for an attribute read cost more than the read (every
+# request asks for the services).
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -37,7 +40,7 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_settings_dep(services: ServicesDep) -> Settings:
+async def get_settings_dep(services: ServicesDep) -> Settings:
     return services.settings
 
 

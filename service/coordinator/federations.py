@@ -297,7 +297,7 @@ def add_client(
     federation = get_federation(session, federation_id)
     if federation.status in ("finished", "failed"):
         raise FederationStateError(f"federation {federation.name!r} is {federation.status}")
-    if any(c.name == name for c in repo.list_clients(session, federation.id)):
+    if repo.client_name_taken(session, federation.id, name):
         raise ConflictError(f"federation {federation.name!r} already has a client named {name!r}")
     token = CLIENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
     client = Client(federation_id=federation.id, name=name, token_hash=hash_token(token))

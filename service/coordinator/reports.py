@@ -30,6 +30,7 @@ from service.coordinator.stored_audit import (
     read_client_audit,
 )
 from service.errors import InconsistentUpdateError
+from service.store import audit_json
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Event, Federation
 
@@ -395,7 +396,7 @@ def client_history(session: Session, federation: Federation, client: Client) -> 
     with the federation) never leaves it."""
     cid = str(client.id)
     rounds = []
-    for audit_id, round_index, client_ids in repo.audit_client_ids(session, federation.id):
+    for audit_id, round_index, client_ids in audit_json.audit_client_ids(session, federation.id):
         if cid in client_ids:
             found = read_client_audit(session, audit_id, client_ids.index(cid), cid)
             rounds.append(_client_entry(federation, round_index, found))

@@ -182,16 +182,17 @@ def maybe_start(session: Session, federation: Federation, now: datetime, *, forc
                 + (" (upload the initial model first)" if federation.status == "created" else "")
             )
         return False
-    clients = repo.list_clients(session, federation.id)
-    joined = [c for c in clients if c.joined_at is not None]
-    if len(joined) < federation.min_clients:
+    # counted in the database: every join of a federation that waits for its sites asks this
+    counts = repo.federation_counts(session, [federation.id])[federation.id]
+    joined, registered = counts["joined_clients"], counts["clients"]
+    if joined < federation.min_clients:
         if force:
             raise FederationStateError(
-                f"only {len(joined)} clients joined; the federation needs at least "
+                f"only {joined} clients joined; the federation needs at least "
                 f"{federation.min_clients} per round"
             )
         return False
-    if not force and len(joined) < len(clients):
+    if not force and joined < registered:
         return False
     model = repo.get_model_version(session, federation.current_model_id)
     assert model is not None
@@ -201,7 +202,7 @@ def maybe_start(session: Session, federation: Federation, now: datetime, *, forc
         session,
         kind="federation.started",
         actor="system",
-        message=f"federation started with {len(joined)} of {len(clients)} clients joined",
+        message=f"federation started with {joined} of {registered} clients joined",
         federation_id=federation.id,
     )
     return True
@@ -247,11 +248,11 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     if federation.status == "created":
         return Wait(WAIT_DEFAULT_S, "the federation has not started (no initial model yet)")
     if federation.status == "waiting":
-        clients = repo.list_clients(session, federation.id)
-        joined = sum(c.joined_at is not None for c in clients)
+        counts = repo.federation_counts(session, [federation.id])[federation.id]
         return Wait(
             WAIT_DEFAULT_S,
-            f"the federation has not started: {joined} of {len(clients)} sites joined",
+            f"the federation has not started: {counts['joined_clients']} of {counts['clients']} "
+            "sites joined",
         )
     if client.joined_at is None:
         return Wait(WAIT_DEFAULT_S, "join the federation first")
@@ -261,9 +262,8 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
     participant = repo.participant(session, rnd.id, client.id)
     if participant is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
-    if repo.update_of(session, rnd.id, client.id) is not None:
-        selected, submitted = participation(session, rnd)
-        sent, total = len(set(submitted) & set(selected)), len(selected)
+    if repo.has_update(session, rnd.id, client.id):
+        total, sent = repo.participation_counts(session, rnd.id)
         return Wait(
             WAIT_AGGREGATING_S,
             f"update for round {rnd.index} received; {sent} of {total} sites sent theirs, "
@@ -279,15 +279,14 @@ def current_for_client(session: Session, client: Client) -> Train | Wait | Finis
 
 def participation(session: Session, rnd: Round) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """The selected clients and those that have submitted."""
-    selected = [p.client_id for p in repo.participants(session, rnd.id)]
-    submitted = [u.client_id for u in repo.updates_of_round(session, rnd.id)]
-    return selected, submitted
+    return repo.selected_client_ids(session, rnd.id), repo.submitted_client_ids(session, rnd.id)
 
 
 def round_is_complete(session: Session, rnd: Round) -> bool:
-    selected = {p.client_id for p in repo.participants(session, rnd.id)}
-    submitted = {u.client_id for u in repo.updates_of_round(session, rnd.id)}
-    return bool(selected) and selected <= submitted
+    """Whether the round selected clients and every one of them has submitted (counted in the
+    database: an update is unique per round and client, so all have when the counts agree)."""
+    selected, submitted = repo.participation_counts(session, rnd.id)
+    return selected > 0 and submitted == selected
 
 
 def close_round(services: Services, round_id: uuid.UUID, *, reason: str) -> bool:

@@ -34,7 +34,7 @@ from typing_extensions import TypedDict
 
 from service.audit import DETECTOR_REGISTRY, DETECTORS
 from service.coordinator.stored_evidence import ClientEvidence, read_parts
-from service.store import repositories as repo
+from service.store.audit_json import JsonPath, audit_values
 
 CLASS_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.classes)
 """The detectors whose verdicts name classes (the registry's ``classes``)."""
@@ -184,37 +184,37 @@ class ClientAudit:
     (:mod:`service.coordinator.stored_evidence`)."""
 
 
-def client_paths(position: int, client_id: str) -> dict[str, repo.JsonPath]:
+def client_paths(position: int, client_id: str) -> dict[str, JsonPath]:
     """Where a stored audit result holds what it says about the client at ``position``, as
-    typed JSON paths (read in the database by :func:`service.store.repositories.audit_values`,
+    typed JSON paths (read in the database by :func:`service.store.audit_json.audit_values`,
     or in memory by :func:`walk`), keyed as :func:`client_audit` reads them."""
     verdict = ("verdicts", position)
-    paths: dict[str, repo.JsonPath] = {
-        "primary_flag": repo.JsonPath(("primary_flags", position), "bool"),
-        "weight": repo.JsonPath(("aggregation", "weights", position), "float"),
-        "reliability": repo.JsonPath(("expertise", position), "float"),
-        "neighbors": repo.JsonPath(("neighbors", client_id)),
-        "primary": repo.JsonPath(("primary",), "str"),
-        "epsilon_round": repo.JsonPath(("privacy", "epsilon_round"), "float"),
-        "epsilon_total": repo.JsonPath(("privacy", "epsilon_total", position), "float"),
+    paths: dict[str, JsonPath] = {
+        "primary_flag": JsonPath(("primary_flags", position), "bool"),
+        "weight": JsonPath(("aggregation", "weights", position), "float"),
+        "reliability": JsonPath(("expertise", position), "float"),
+        "neighbors": JsonPath(("neighbors", client_id)),
+        "primary": JsonPath(("primary",), "str"),
+        "epsilon_round": JsonPath(("privacy", "epsilon_round"), "float"),
+        "epsilon_total": JsonPath(("privacy", "epsilon_total", position), "float"),
     }
     for name in DETECTORS:
-        paths[f"{name}.status"] = repo.JsonPath(("detections", name, "status"), "str")
-        paths[f"{name}.score"] = repo.JsonPath(("detections", name, *verdict, "score"), "float")
-        paths[f"{name}.flag"] = repo.JsonPath(("detections", name, *verdict, "flag"), "bool")
-        paths[f"{name}.evidence"] = repo.JsonPath(("detections", name, *verdict, "evidence"))
+        paths[f"{name}.status"] = JsonPath(("detections", name, "status"), "str")
+        paths[f"{name}.score"] = JsonPath(("detections", name, *verdict, "score"), "float")
+        paths[f"{name}.flag"] = JsonPath(("detections", name, *verdict, "flag"), "bool")
+        paths[f"{name}.evidence"] = JsonPath(("detections", name, *verdict, "evidence"))
     for name in CLASS_DETECTORS:
-        paths[f"{name}.noisy_classes"] = repo.JsonPath(
+        paths[f"{name}.noisy_classes"] = JsonPath(
             ("detections", name, *verdict, "evidence", "noisy_classes")
         )
     for key in BASIS_KEYS:
-        paths[f"evidence.{key}"] = repo.JsonPath(
+        paths[f"evidence.{key}"] = JsonPath(
             ("detections", "evidence", *verdict, "evidence", key), "bool"
         )
     return paths
 
 
-def walk(value: object, path: repo.JsonPath) -> object:
+def walk(value: object, path: JsonPath) -> object:
     """The value at ``path`` in a stored result, loaded; None where the path leads nowhere."""
     for step in path.steps:
         if isinstance(step, int) and isinstance(value, list) and 0 <= step < len(value):
@@ -294,7 +294,7 @@ def read_client_audit(
     session: Session, audit_id: uuid.UUID, position: int, client_id: str
 ) -> ClientAudit:
     """What a stored audit says about the client at ``position``, read in the database."""
-    return client_audit(repo.audit_values(session, audit_id, client_paths(position, client_id)))
+    return client_audit(audit_values(session, audit_id, client_paths(position, client_id)))
 
 
 # --- a client's flag history -------------------------------------------------------------------

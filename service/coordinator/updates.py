@@ -62,6 +62,9 @@ class StagedUpload:
 class SubmitResult:
     update: ModelUpdate
     created: bool
+    # counted in the transaction that stored the update, under the round's lock: every site the
+    # round selected has its update stored, so the round can close
+    round_complete: bool = False
 
 
 def join_drift_errors(
@@ -164,8 +167,8 @@ def submit_update(
         raise
     finally:
         staged.path.unlink(missing_ok=True)
-    if result.created:
-        schedule_close_if_complete(services, result.update.round_id)
+    if result.round_complete:
+        schedule_close(services, result.update.round_id)
     return result
 
 
@@ -277,11 +280,12 @@ def _submit(
             repo.add(session, update)
             repo.touch_client(session, client.id, services.clock())
             _log_accepted(session, update, client)
+            complete = rounds.round_is_complete(session, rnd)
     except IntegrityError:
         raise DuplicateUpdateError(
             f"an update for round {round_index} was already accepted from this client"
         ) from None
-    return SubmitResult(update, created=True)
+    return SubmitResult(update, created=True, round_complete=complete)
 
 
 def _lock_open_round(session: Session, rnd: Round, client: Client) -> None:
@@ -292,7 +296,7 @@ def _lock_open_round(session: Session, rnd: Round, client: Client) -> None:
             f"round {rnd.index} closed while this update was being received",
             **_open_round_hint(session, rnd.federation_id),
         )
-    if repo.update_of(session, rnd.id, client.id) is not None:
+    if repo.has_update(session, rnd.id, client.id):
         raise DuplicateUpdateError(
             f"an update for round {rnd.index} was already accepted from this client"
         )
@@ -388,21 +392,14 @@ def _check_round(session: Session, rnd: Round, client: Client) -> None:
         raise RoundClosedError(f"round {rnd.index} is {rnd.state}; {where}", **hint)
     if repo.participant(session, rnd.id, client.id) is None:
         raise ForbiddenError(f"this client was not selected for round {rnd.index}")
-    if repo.update_of(session, rnd.id, client.id) is not None:
+    if repo.has_update(session, rnd.id, client.id):
         raise DuplicateUpdateError(
             f"an update for round {rnd.index} was already accepted from this client"
         )
 
 
-def schedule_close_if_complete(services: Services, round_id: uuid.UUID) -> None:
-    """Close the round now (inline) or on the background worker once everyone has submitted."""
-    with services.sessions() as session:
-        rnd = repo.get_round(session, round_id)
-        complete = (
-            rnd is not None and rnd.state == "open" and rounds.round_is_complete(session, rnd)
-        )
-    if not complete:
-        return
+def schedule_close(services: Services, round_id: uuid.UUID) -> None:
+    """Close the complete round now (inline) or on the background worker (once per round)."""
     if services.settings.close_rounds_inline:
         rounds.close_round(services, round_id, reason="complete")
     else:

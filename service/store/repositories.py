@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
@@ -123,6 +123,12 @@ def get_client(session: Session, client_id: uuid.UUID) -> Client | None:
 
 def get_client_by_token_hash(session: Session, token_hash: str) -> Client | None:
     return session.scalar(select(Client).where(Client.token_hash == token_hash))
+
+
+def client_name_taken(session: Session, federation_id: uuid.UUID, name: str) -> bool:
+    """Whether the federation has a client called ``name`` (one indexed lookup, no rows)."""
+    query = select(Client.id).where(Client.federation_id == federation_id, Client.name == name)
+    return session.scalar(query.limit(1)) is not None
 
 
 def list_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
@@ -253,6 +259,36 @@ def participants(session: Session, round_id: uuid.UUID) -> list[RoundParticipant
     return list(session.scalars(query))
 
 
+def selected_client_ids(session: Session, round_id: uuid.UUID) -> list[uuid.UUID]:
+    """The clients the round selected (their ids only: no instructions loaded)."""
+    query = select(RoundParticipant.client_id).where(RoundParticipant.round_id == round_id)
+    return list(session.scalars(query))
+
+
+def submitted_client_ids(session: Session, round_id: uuid.UUID) -> list[uuid.UUID]:
+    """The clients with an update stored in the round, in the order of `updates_of_round`."""
+    query = select(ModelUpdate.client_id).where(ModelUpdate.round_id == round_id)
+    return list(session.scalars(query.order_by(ModelUpdate.received_at, ModelUpdate.id)))
+
+
+def participation_counts(session: Session, round_id: uuid.UUID) -> tuple[int, int]:
+    """How many clients the round selected, and how many of those have an update stored in it:
+    two COUNT queries on the tables' keys, no rows loaded (a poll of a round with thousands of
+    sites asks this)."""
+    selected = select(func.count()).where(RoundParticipant.round_id == round_id)
+    submitted = (
+        select(func.count())
+        .select_from(ModelUpdate)
+        .join(
+            RoundParticipant,
+            (RoundParticipant.round_id == ModelUpdate.round_id)
+            & (RoundParticipant.client_id == ModelUpdate.client_id),
+        )
+        .where(ModelUpdate.round_id == round_id)
+    )
+    return int(session.scalar(selected) or 0), int(session.scalar(submitted) or 0)
+
+
 def participant(
     session: Session, round_id: uuid.UUID, client_id: uuid.UUID
 ) -> RoundParticipant | None:
@@ -276,12 +312,12 @@ def get_update(session: Session, update_id: uuid.UUID) -> ModelUpdate | None:
     return session.get(ModelUpdate, update_id)
 
 
-def update_of(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> ModelUpdate | None:
-    return session.scalar(
-        select(ModelUpdate).where(
-            ModelUpdate.round_id == round_id, ModelUpdate.client_id == client_id
-        )
+def has_update(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> bool:
+    """Whether the client has an update stored in the round (its id only: no row loaded)."""
+    query = select(ModelUpdate.id).where(
+        ModelUpdate.round_id == round_id, ModelUpdate.client_id == client_id
     )
+    return session.scalar(query) is not None
 
 
 def update_by_idempotency_key(
@@ -420,52 +456,6 @@ def pruned_clients_of_round(session: Session, round_id: uuid.UUID) -> list[uuid.
 
 def audit_of_round(session: Session, round_id: uuid.UUID) -> AuditResult | None:
     return session.scalar(select(AuditResult).where(AuditResult.round_id == round_id))
-
-
-def audit_client_ids(
-    session: Session, federation_id: uuid.UUID
-) -> list[tuple[uuid.UUID, int, list[str]]]:
-    """(audit id, round index, client ids) of every stored audit of a federation, by round: the
-    one list of each result needed to find a client's position in it, read in the database."""
-    query = select(AuditResult.id, AuditResult.round_index, AuditResult.result["client_ids"])
-    rows = session.execute(
-        query.where(AuditResult.federation_id == federation_id).order_by(AuditResult.round_index)
-    ).all()
-    return [(audit_id, int(index), list(ids or [])) for audit_id, index, ids in rows]
-
-
-class JsonPath(NamedTuple):
-    """A path into a stored JSON document (keys and list positions) and the type of what it
-    leads to: ``"json"`` (any value, a list or an object included), ``"bool"``, ``"float"`` or
-    ``"str"``. The scalar types matter on SQLite, whose JSON functions give true as 1."""
-
-    steps: tuple[str | int, ...]
-    kind: Literal["json", "bool", "float", "str"] = "json"
-
-    def of(self, column: Any) -> Any:
-        """The SQL expression reading this path from the JSON ``column``."""
-        element = column[self.steps]
-        if self.kind == "bool":
-            return element.as_boolean()
-        if self.kind == "float":
-            return element.as_float()
-        if self.kind == "str":
-            return element.as_string()
-        return element
-
-
-def audit_values(
-    session: Session, audit_id: uuid.UUID, paths: Mapping[str, JsonPath]
-) -> dict[str, Any]:
-    """The values at ``paths`` in one stored audit result, read in the database; None where a
-    path leads nowhere."""
-    if not paths:
-        return {}
-    columns = [path.of(AuditResult.result) for path in paths.values()]
-    row = session.execute(select(*columns).where(AuditResult.id == audit_id)).one_or_none()
-    if row is None:
-        return dict.fromkeys(paths)
-    return dict(zip(paths, row, strict=True))
 
 
 def count_audits(session: Session, federation_id: uuid.UUID) -> int:

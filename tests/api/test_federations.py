@@ -144,6 +144,23 @@ async def test_client_token_is_returned_once_and_only_hashed(api: httpx.AsyncCli
     assert admin_only.status_code == 401
 
 
+async def test_a_client_name_is_taken_once_per_federation(api: httpx.AsyncClient) -> None:
+    one = await make_federation(api, clients=("hospital-a",), join=False, name="one")
+    two = await make_federation(api, clients=(), join=False, name="two")
+    again = await api.post(
+        f"/api/v1/federations/{one.id}/clients", json={"name": "hospital-a"}, headers=ADMIN
+    )
+    assert again.status_code == 409
+    assert again.headers["content-type"] == PROBLEM
+    assert "hospital-a" in again.json()["detail"]
+    elsewhere = await api.post(
+        f"/api/v1/federations/{two.id}/clients", json={"name": "hospital-a"}, headers=ADMIN
+    )
+    assert elsewhere.status_code == 201
+    listed = await api.get(f"/api/v1/federations/{one.id}/clients", headers=ADMIN)
+    assert [c["name"] for c in listed.json()] == ["hospital-a"]
+
+
 async def test_health_and_readiness(api: httpx.AsyncClient, app: FastAPI) -> None:
     health = (await api.get("/healthz")).json()
     assert health["status"] == "ok"
