@@ -41,6 +41,7 @@ run audit_scaling "$python" benchmarks/bench_audit_scaling.py
 run round_overhead "$python" benchmarks/bench_round_overhead.py
 run upload "$python" benchmarks/bench_upload.py
 run load "$python" benchmarks/bench_load.py
+run waiting_memory "$python" benchmarks/bench_waiting_memory.py
 # bench_signals and bench_notify have no --quick: their smoke runs are smaller arguments
 small_signals=() small_notify=()
 if [ "${QUICK:-0}" = 1 ]; then
