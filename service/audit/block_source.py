@@ -4,8 +4,8 @@ The coordinator's updates are files (:class:`FileStateReader`, the safetensors r
 copies each block of a client's tensor into a small buffer of its own with one positioned read
 (``pread``), so what the process holds is that buffer, whatever the number of clients and the
 size of the model; the file's pages stay in the kernel's page cache, outside the process's
-resident set. (Memory maps were used before: a page fault maps up to a whole 2 MiB page-cache
-folio of every file the pass is reading, which made the peak resident set grow with K.) Any
+resident set. (Not memory maps: a page fault maps up to a whole 2 MiB page-cache folio of every
+file the pass is reading, so the resident set would grow with K.) Any
 other :class:`~service.audit.state.StateReader` (in-memory states in tests and in Flower's
 in-process auditor) is read with ``get`` once per tensor and handed out as views.
 """
@@ -80,7 +80,8 @@ class TensorSource:
         raise NotImplementedError
 
     def whole(self) -> AnyArray:
-        """The whole flattened tensor (a fresh array or a view): for error paths only."""
+        """The whole flattened tensor (a fresh array or a view): for error paths and the small
+        non-float tensors a pass copies."""
         return self.block(0, self.size, np.empty(self.size, dtype=self.dtype))
 
 
