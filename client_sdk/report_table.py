@@ -1,10 +1,12 @@
 """The noisy-client report as a terminal table, for anyone who reads reports with the SDK.
 
 ``render_report`` takes the JSON report of ``GET /federations/{id}/report``
-(``AdminClient.get_json``) and returns a rich table: one row per site with its status, how often
-it was flagged, each detector's latest score, the classes that look noisy and its aggregation
-weight; the caption says how the latest round was judged. ``fedaudit report`` prints it, and so
-does the simulator's ``fedaudit demo`` (with the true noise rates beside the verdicts).
+(``AdminClient.get_json``) and returns a rich table: one row per site with its status (a trust
+anchor marked), how often it was flagged, each detector's latest score (the evidence detector's
+q-value and update-geometry z beside its z, where the report has them), the classes that look
+noisy and its aggregation weight; the caption says how the latest round was judged.
+``fedaudit report`` prints it, and so does the simulator's ``fedaudit demo`` (with the true
+noise rates beside the verdicts).
 
 Only rich is imported, not torch: an operator's script that prints reports stays light.
 """
@@ -158,6 +160,30 @@ def _caption(data: dict[str, Any], latest: dict[str, Any]) -> str:
     return caption
 
 
+def _add_columns(
+    table: Table, truth: bool, with_q: bool, with_geometry: bool, refused: bool, privacy: bool
+) -> None:
+    """The table's columns, the optional ones where a row has something to show in them."""
+    table.add_column("client", no_wrap=True)
+    table.add_column("status")
+    if truth:
+        table.add_column("true noise", justify="right")
+    table.add_column("flagged", justify="right")
+    table.add_column("evidence z", justify="right")
+    if with_q:
+        table.add_column("q-value", justify="right")
+    if with_geometry:
+        table.add_column("geometry z", justify="right")
+    for name in ("FedNoRo score", "Fed-NCL q", "expertise"):
+        table.add_column(name, justify="right")
+    table.add_column("noisy classes")
+    table.add_column("weight", justify="right")
+    if refused:
+        table.add_column("inconsistent claims (last)")
+    for name in ("eps round", "eps total") if privacy else ():
+        table.add_column(name, justify="right")
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -171,23 +197,14 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     caption = _caption(data, latest)
     privacy = data.get("privacy")
     table = Table(title=title, caption=escape(caption.lstrip("\n")))
-    table.add_column("client", no_wrap=True)
-    table.add_column("status")
-    if truth is not None:
-        table.add_column("true noise", justify="right")
-    table.add_column("flagged", justify="right")
-    table.add_column("evidence z", justify="right")
-    table.add_column("FedNoRo score", justify="right")
-    table.add_column("Fed-NCL q", justify="right")
-    table.add_column("expertise", justify="right")
-    table.add_column("noisy classes")
-    table.add_column("weight", justify="right")
+    # The primary verdict's own parts (report rows' latest_detector_evidence): the q-value its
+    # flag is decided on, and the update geometry's z where some site was judged by it.
+    parts = [_evidence_parts(row) for row in data["clients"]]
+    with_q = any(part.get("q_value") is not None for part in parts)
+    with_geometry = any(part.get("geometry_z") is not None for part in parts)
     # Updates refused for num_samples / class_counts inconsistent with the join: shown when any.
     refused = any(row.get("inconsistent_updates") for row in data["clients"])
-    if refused:
-        table.add_column("inconsistent claims (last)")
-    for name in ("eps round", "eps total") if privacy else ():
-        table.add_column(name, justify="right")
+    _add_columns(table, truth is not None, with_q, with_geometry, refused, bool(privacy))
     styles = {"noisy": "bold red", "suspect": "yellow", "trusted": "green"}
 
     def number(value: Any, fmt: str = ".2f") -> str:
@@ -203,14 +220,21 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         shown.update(m for m in STATUS_MEANINGS if text == f"n/a ({m})")
         return text
 
-    for row in data["clients"]:
-        status = row["status"] + (" (pinned)" if row.get("pinned_status") else "")
+    for row, part in zip(data["clients"], parts, strict=True):
+        status = (
+            row["status"]
+            + (" (pinned)" if row.get("pinned_status") else "")
+            + (" (anchor)" if row.get("anchor") else "")
+        )
         cells = [escape(row["name"]), f"[{styles.get(row['status'], '')}]{escape(status)}[/]"]
         if truth is not None:
             cells.append(number(truth.get(row["name"])))
+        cells += [f"{row['times_flagged']}/{row['rounds_audited']}", score(row, "evidence")]
+        if with_q:
+            cells.append(number(part.get("q_value"), ".2g"))
+        if with_geometry:
+            cells.append(number(part.get("geometry_z"), ".1f"))
         cells += [
-            f"{row['times_flagged']}/{row['rounds_audited']}",
-            score(row, "evidence"),
             score(row, "fednoro"),
             score(row, "fedncl", ".3g"),
             number(row.get("reliability")),
@@ -226,6 +250,12 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
     if notes:  # the caption, once the rows have said which markers they show
         table.caption = escape((caption + notes).lstrip("\n"))
     return table
+
+
+def _evidence_parts(row: dict[str, Any]) -> dict[str, Any]:
+    """The evidence detector's parts on the site in its latest audit ({} where none)."""
+    found = (row.get("latest_detector_evidence") or {}).get("evidence")
+    return found if isinstance(found, dict) else {}
 
 
 def _classes_text(row: dict[str, Any]) -> str:

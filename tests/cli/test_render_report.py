@@ -180,3 +180,29 @@ def test_a_site_never_audited_shows_a_dash_not_a_reason():
     data = report("class_z")
     data["clients"][0]["latest_scores"] = None
     assert "n/a" not in text_of(data)
+
+
+def test_the_primary_verdicts_q_value_and_geometry_get_columns_when_a_site_has_them():
+    data = report("class_z")
+    assert "q-value" not in text_of(data)
+    assert "geometry z" not in text_of(data)
+    data["clients"][0]["latest_detector_evidence"] = {
+        "evidence": {"q_value": 0.00123, "geometry_z": 12.34}
+    }
+    text = text_of(data)
+    assert "q-value" in text
+    assert "0.0012" in text
+    assert "geometry z" in text
+    assert "12.3" in text
+    # a site without the parts shows dashes in those columns
+    data["clients"].append({**data["clients"][0], "name": "site-b"})
+    data["clients"][1]["latest_detector_evidence"] = {"evidence": None}
+    line = next(x for x in text_of(data).splitlines() if "site-b" in x)
+    assert line.count(" - ") >= 2
+
+
+def test_a_trust_anchor_is_marked_in_its_status():
+    data = report("class_z")
+    data["clients"][0]["anchor"] = True
+    assert "trusted (anchor)" in text_of(data)
+    assert "(anchor)" not in text_of(report("class_z"))
