@@ -167,7 +167,7 @@ def _add_columns(
     table.add_column("client", no_wrap=True)
     table.add_column("status")
     if truth:
-        table.add_column("true noise", justify="right")
+        table.add_column("true noise", justify="right", no_wrap=True)
     table.add_column("flagged", justify="right")
     table.add_column("evidence z", justify="right")
     if with_q:
@@ -230,8 +230,9 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         if truth is not None:
             cells.append(number(truth.get(row["name"])))
         cells += [f"{row['times_flagged']}/{row['rounds_audited']}", score(row, "evidence")]
-        if with_q:
-            cells.append(number(part.get("q_value"), ".2g"))
+        if with_q:  # beside a z the detector answered with: an abstaining one decided nothing
+            answered = (row.get("latest_scores") or {}).get("evidence") is not None
+            cells.append(number(part.get("q_value") if answered else None, ".2g"))
         if with_geometry:
             cells.append(number(part.get("geometry_z"), ".1f"))
         cells += [

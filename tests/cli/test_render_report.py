@@ -189,6 +189,9 @@ def test_the_primary_verdicts_q_value_and_geometry_get_columns_when_a_site_has_t
     data["clients"][0]["latest_detector_evidence"] = {
         "evidence": {"q_value": 0.00123, "geometry_z": 12.34}
     }
+    # the q-value beside the z the detector answered with (not where it abstained)
+    assert "0.0012" not in text_of(data)
+    data["clients"][0]["latest_scores"]["evidence"] = 4.5
     text = text_of(data)
     assert "q-value" in text
     assert "0.0012" in text
