@@ -1,19 +1,19 @@
 """Where a blocked pass reads a client's values from: a file read block by block, or an array.
 
 The coordinator's updates are files (:class:`FileStateReader`, the safetensors reader): a pass
-copies each block of a client's tensor into a small buffer of its own with one positioned read
-(``pread``), so what the process holds is that buffer, whatever the number of clients and the
-size of the model; the file's pages stay in the kernel's page cache, outside the process's
-resident set. (Not memory maps: a page fault maps up to a whole 2 MiB page-cache folio of every
-file the pass is reading, so the resident set would grow with K.) Any
-other :class:`~service.audit.state.StateReader` (in-memory states in tests and in Flower's
-in-process auditor) is read with ``get`` once per tensor and handed out as views.
+has the reader copy each block of a client's tensor into a small buffer of its own with one
+positioned read (the reader does the I/O; this module only asks for byte ranges), so what the
+process holds is that buffer, whatever the number of clients and the size of the model; the
+file's pages stay in the kernel's page cache, outside the process's resident set. (Not memory
+maps: a page fault maps up to a whole 2 MiB page-cache folio of every file the pass is reading,
+so the resident set would grow with K.) Any other :class:`~service.audit.state.StateReader`
+(in-memory states in tests and in Flower's in-process auditor) is read with ``get`` once per
+tensor and handed out as views.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -27,7 +27,6 @@ __all__ = [
     "FileStateReader",
     "TensorSource",
     "file_readers",
-    "read_exactly",
     "small_runs",
     "span_sources",
     "tensor_sources",
@@ -45,9 +44,10 @@ class FileStateReader(StateReader, Protocol):
         """Copy entries ``[start, start + out.size)`` of the flattened ``name`` into ``out``
         (C-contiguous, ``name``'s dtype)."""
 
-    def position(self, name: str) -> tuple[int, int]:
-        """Return an open file descriptor and the byte offset of ``name``'s first entry, for a
-        caller that reads many parts of it with ``os.preadv`` (see :func:`read_exactly`)."""
+    def read_at(self, position: int, out: AnyArray) -> None:
+        """Fill ``out`` (C-contiguous) with the file's bytes from byte ``position`` on; raise
+        ``EOFError`` when the file ends first (the reader does the I/O: this module stays pure
+        of it)."""
 
     def offset(self, name: str) -> int:
         """Return where ``name``'s data starts in the file (a pass visits tensors in file order:
@@ -99,29 +99,17 @@ class _ArraySource(TensorSource):
         np.copyto(out, self.flat[start:stop], casting="same_kind")
 
 
-def read_exactly(fd: int, out: AnyArray, position: int, what: str) -> None:
-    """Fill ``out`` (C-contiguous) from byte ``position`` of the file ``fd``: one ``preadv``,
-    repeated after a short read; ``EOFError`` naming ``what`` when the file ends first."""
-    view = out.data.cast("B")
-    done = os.preadv(fd, [view], position)
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], position + done)
-        if got == 0:
-            raise EOFError(f"the file ends inside {what}")
-        done += got
-
-
 class _FileSource(TensorSource):
     """Blocks read with positioned reads; the buffers are the pass's own (C-contiguous, of
     this dtype: checked here once, not per block). It keeps its reader, whose open file it
     reads (a reader collected would close it, and the number could name another file)."""
 
-    __slots__ = ("fd", "item", "label", "name", "offset", "reader")
+    __slots__ = ("item", "label", "name", "offset", "reader")
 
     def __init__(
         self,
         reader: FileStateReader,
-        where: tuple[int, int],
+        offset: int,
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
         name: str,
@@ -129,14 +117,14 @@ class _FileSource(TensorSource):
     ) -> None:
         super().__init__(dtype, shape)
         self.reader, self.name, self.label = reader, name, label
-        self.fd, self.offset = where
+        self.offset = offset
         self.item = dtype.itemsize
 
     @classmethod
     def of(cls, reader: FileStateReader, name: str, label: str) -> _FileSource:
         """Tensor ``name`` of ``reader``; errors name it as ``label``."""
         dtype, shape = reader.layout(name)
-        return cls(reader, reader.position(name), dtype, shape, name, label)
+        return cls(reader, reader.offset(name), dtype, shape, name, label)
 
     def block(self, start: int, stop: int, out: AnyArray) -> AnyArray:
         target = out[: stop - start]
@@ -151,10 +139,12 @@ class _FileSource(TensorSource):
         if start < 0 or start + target.size > self.size:
             raise ValueError(f"tensor {self.name!r}: entries beyond its {self.size}")
         try:
-            read_exactly(self.fd, target, self.offset + start * self.item, f"tensor {self.name!r}")
-        except EOFError as exc:
+            self.reader.read_at(self.offset + start * self.item, target)
+        except EOFError:
             # a stored update cut short after it was checked: the audit's error, naming it
-            raise InvalidInputError(f"{self.label}: {exc}") from None
+            raise InvalidInputError(
+                f"{self.label}: the file ends inside tensor {self.name!r}"
+            ) from None
 
     def copy_into(self, start: int, stop: int, out: AnyArray, raw: AnyArray | None) -> None:
         if out.dtype == self.dtype:
@@ -197,7 +187,7 @@ def small_runs(reader: FileStateReader, names: Sequence[str], limit: int) -> lis
     for name in names:
         dtype, shape = reader.layout(name)
         size = math.prod(shape)
-        offset = reader.position(name)[1]
+        offset = reader.offset(name)
         small = dtype.kind == "f" and size < limit
         if small and run and dtype == kind and offset == end and total + size <= limit:
             run.append(name)
@@ -223,15 +213,15 @@ def span_sources(
     sources: list[TensorSource] = []
     for j, reader in enumerate(readers):
         file = cast(FileStateReader, reader)
-        fd, first = file.position(names[0])
+        first = file.offset(names[0])
         dtype = file.layout(names[0])[0]
         end = first
         for name in names:
             kind, shape = file.layout(name)
-            if kind != dtype or file.position(name)[1] != end:
+            if kind != dtype or file.offset(name) != end:
                 return None
             end += math.prod(shape) * dtype.itemsize
         count = (end - first) // dtype.itemsize
         span = f"{names[0]}..{names[-1]}"
-        sources.append(_FileSource(file, (fd, first), dtype, (count,), span, f"{label}[{j}]"))
+        sources.append(_FileSource(file, first, dtype, (count,), span, f"{label}[{j}]"))
     return sources

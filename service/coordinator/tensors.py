@@ -20,7 +20,6 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from service.audit.block_source import read_exactly
 from service.store.blobs import sha256_file
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -202,27 +201,34 @@ class SafetensorsReader:
     def read_into(self, name: str, start: int, out: np.ndarray) -> None:
         """Copy entries ``[start, start + out.size)`` of the flattened ``name`` into ``out``
         (C-contiguous, of ``name``'s dtype)."""
-        dtype, _, _, count = self._entry(name)
+        dtype, _, offset, count = self._entry(name)
         if out.dtype != dtype or not out.flags.c_contiguous:
             raise ValueError(f"tensor {name!r}: the buffer must be C-contiguous {dtype}")
         if start < 0 or start + out.size > count:
             raise ValueError(f"tensor {name!r}: entries [{start}, {start + out.size}) of {count}")
-        fd, offset = self.position(name)
         try:
-            read_exactly(fd, out, offset + start * dtype.itemsize, f"tensor {name!r}")
-        except EOFError as exc:
-            raise SafetensorsFormatError(f"{self.path.name}: {exc}") from None
+            self.read_at(offset + start * dtype.itemsize, out)
+        except EOFError:
+            raise SafetensorsFormatError(
+                f"{self.path.name}: the file ends inside tensor {name!r}"
+            ) from None
 
-    def position(self, name: str) -> tuple[int, int]:
-        """The open file and the byte offset of ``name``'s first entry (the file is opened at
-        the first call, once even when threads ask at the same time, and stays open until
-        :meth:`close`)."""
-        offset = self._entry(name)[2]
+    def read_at(self, position: int, out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous) from byte ``position`` of the file: one ``os.preadv``,
+        repeated after a short read; ``EOFError`` when the file ends first. The file is opened
+        at the first read, once even when threads ask at the same time, and stays open until
+        :meth:`close`."""
         if self._fd is None:
             with self._lock:
                 if self._fd is None:
                     self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return self._fd, offset
+        view = out.data.cast("B")
+        done = os.preadv(self._fd, [view], position)
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], position + done)
+            if got == 0:
+                raise EOFError(f"{self.path.name} ends at byte {position + done}")
+            done += got
 
     def close(self) -> None:
         """Close the file (a later read opens it again)."""
