@@ -14,7 +14,7 @@ detector that did not run, or gave the site no verdict, gives no object at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 def _float(value: object) -> float | None:
@@ -105,27 +105,16 @@ class ClientEvidence:
     expertise: ExpertiseParts | None = None
 
 
-def _evidence(found: dict[str, object]) -> EvidenceParts:
-    def number(key: str) -> float | None:
-        return _float(found.get(key))
+_EVIDENCE_NUMBERS = tuple(
+    f.name for f in fields(EvidenceParts) if f.name not in ("errors", "class_z")
+)
+"""The evidence detector's parts stored as plain numbers (read as floats)."""
 
+
+def _evidence(found: dict[str, object]) -> EvidenceParts:
     return EvidenceParts(
-        p_value=number("p_value"),
-        q_value=number("q_value"),
-        site_z=number("site_z"),
-        site_factor=number("site_factor"),
-        stouffer_z=number("stouffer_z"),
-        mean_loss=number("mean_loss"),
+        **{name: _float(found.get(name)) for name in _EVIDENCE_NUMBERS},
         errors=_int(found.get("errors")),
-        errors_expected=number("errors_expected"),
-        errors_z=number("errors_z"),
-        errors_p_value=number("errors_p_value"),
-        accuracy_z=number("accuracy_z"),
-        accuracy_p_value=number("accuracy_p_value"),
-        accuracy_gap=number("accuracy_gap"),
-        geometry_cosine=number("geometry_cosine"),
-        geometry_z=number("geometry_z"),
-        geometry_p_value=number("geometry_p_value"),
         class_z=_floats(found.get("class_z")),
     )
 
