@@ -28,12 +28,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from sqlalchemy import select
 
 from client_sdk import AdminClient, CurrentRound, FederationClient, UpdateReceipt
 from fedaudit_sim.coordinator_process import CoordinatorProcess
-from service.store import tables
-from service.store.session import make_engine
+from tests.e2e.replica_checks import stored_round0
 from tests.factories import federation_spec, signals, state_bytes, tiny_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.db]
@@ -148,20 +146,6 @@ def upload(url: str, fid: uuid.UUID, token: str, name: str) -> UpdateReceipt:
             signals=signals(10),
             idempotency_key=f"{name}-0",
         )
-
-
-def stored_round0(database_url: str, fid: uuid.UUID) -> list[tuple[uuid.UUID, uuid.UUID]]:
-    engine = make_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                select(tables.ModelUpdate.id, tables.ModelUpdate.client_id)
-                .join(tables.Round, tables.Round.id == tables.ModelUpdate.round_id)
-                .where(tables.Round.federation_id == fid, tables.Round.index == 0)
-            ).all()
-    finally:
-        engine.dispose()
-    return [(r.id, r.client_id) for r in rows]
 
 
 def test_sites_work_through_the_proxy_on_both_replicas(

@@ -28,6 +28,7 @@ from client_sdk import (
 from fedaudit_sim.coordinator_process import CoordinatorProcess
 from service.store import tables
 from service.store.session import make_engine
+from tests.e2e.replica_checks import stored_round0
 from tests.factories import federation_spec, signals, state_bytes, tiny_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.db]
@@ -180,14 +181,10 @@ def test_killing_a_replica_mid_round_loses_no_acknowledged_update(
     assert current.round is not None
     assert current.round.index == 1
 
+    stored = stored_round0(database_url, fid)
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
-            stored = conn.execute(
-                select(tables.ModelUpdate.id, tables.ModelUpdate.client_id)
-                .join(tables.Round, tables.Round.id == tables.ModelUpdate.round_id)
-                .where(tables.Round.federation_id == fid, tables.Round.index == 0)
-            ).all()
             closed = conn.scalar(
                 select(func.count())
                 .select_from(tables.Event)
@@ -195,6 +192,6 @@ def test_killing_a_replica_mid_round_loses_no_acknowledged_update(
             )
     finally:
         engine.dispose()
-    assert sorted(r.id for r in stored) == sorted(r.id for r in receipts.values())
-    assert len({r.client_id for r in stored}) == len(names)  # one update per site
+    assert sorted(r[0] for r in stored) == sorted(r.id for r in receipts.values())
+    assert len({r[1] for r in stored}) == len(names)  # one update per site
     assert closed == 1
