@@ -22,7 +22,8 @@
 #
 # Knobs (environment): PYTHON, DEADLINE_S, GPU_CHECK_MAX_S (default 260), PACK_RESERVE_S (20),
 # SKIP_GPU_CHECK=1, FORCE_UNZIP=1, PARALLEL=1, MATRIX_ROUNDS (100), MATRIX_SEEDS ("0 1 2"),
-# MATRIX_JOBS (15), MATRIX_ONLY (the five rows below), SITE_DIR (/tmp/site),
+# MATRIX_JOBS (15), MATRIX_ONLY (the five rows below), MATRIX_SCENARIOS (docs/eval/matrix: the
+# folder of scenario files), SITE_DIR (/tmp/site),
 # WORK_DIR (/tmp/device-kit-work), DEVICE_KIT (runs/device-kit).
 set -u
 START=$(date +%s)
@@ -32,6 +33,7 @@ PACK_RESERVE_S=${PACK_RESERVE_S:-20}
 MATRIX_ROUNDS=${MATRIX_ROUNDS:-100}
 MATRIX_SEEDS=${MATRIX_SEEDS:-0 1 2}
 MATRIX_JOBS=${MATRIX_JOBS:-15}
+MATRIX_SCENARIOS=${MATRIX_SCENARIOS:-docs/eval/matrix}
 MATRIX_ONLY=${MATRIX_ONLY:-m01-digits-iid-sym m04-digits-k2-pairflip m09-bc-10-majority m10-bc-10-gauss-corrupt m11-pneumonia-10-dir05}
 SITE_DIR=${SITE_DIR:-/tmp/site}
 WORK_DIR=${WORK_DIR:-/tmp/device-kit-work}
@@ -171,7 +173,7 @@ fi
 MX="$WORK_DIR/mx$MATRIX_ROUNDS"
 mkdir -p "$MX"
 MXARGS=(--rounds "$MATRIX_ROUNDS" --seeds $MATRIX_SEEDS --out "$MX" --only $MATRIX_ONLY
-        --fedaudit "$WORK_DIR/bin/fedaudit")
+        --scenarios "$MATRIX_SCENARIOS" --fedaudit "$WORK_DIR/bin/fedaudit")
 run_matrix() {
 budget=$(( $(left) - PACK_RESERVE_S ))
 if [ "$budget" -lt 30 ]; then

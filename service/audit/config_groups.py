@@ -28,6 +28,7 @@ from service.audit._validation import (
     check_int,
 )
 from service.audit.aggregators.weight_cap import DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
+from service.audit.anchor_mode import ANCHOR_LEAD_ONLY_ROUNDS, ANCHORED_MIN_ERROR_EXCESS
 from service.audit.detectors.fednoro import SEPARATION_GROUPS, SEPARATION_STATISTICS
 from service.audit.evidence import EvidenceDetector
 
@@ -186,7 +187,10 @@ class EvidenceSettings:
     min_error_sites : int
         Sites a round needs for the error counts to enter (>= 3).
     min_error_dispersion : float
-        The error counts' dispersion floor below 10 sites, in [0, 1].
+        The error counts' dispersion floor below 10 sites (and phi in anchored mode), in [0, 1].
+    anchored_min_error_excess : float
+        The error counts' floor above the anchors' rate in anchored mode, in [0, 1]
+        (:mod:`service.audit.anchor_mode`).
     """
 
     q: float = 0.01
@@ -202,6 +206,7 @@ class EvidenceSettings:
     min_error_excess: float = 0.05
     min_error_sites: int = 5
     min_error_dispersion: float = 0.5
+    anchored_min_error_excess: float = ANCHORED_MIN_ERROR_EXCESS
 
     def __post_init__(self) -> None:
         """Build the detector once: it checks its own parameters (the values stay as given)."""
@@ -373,12 +378,22 @@ class AggregationSettings:
         4.0 by default: nothing changes up to 4 clients; >= 1); the excess goes to the others
         by water-filling (:func:`~service.audit.aggregators.weight_cap.cap_weights`). None: no
         cap.
+    anchor_lead : bool
+        Flat key ``anchor_lead`` (default true): once the evidence detector has taken the trust
+        anchors as its reference after the warm-up, the aggregate is FedAvg over the anchors
+        (and later the sites the anchored audit clears) instead of the rule
+        (:mod:`service.audit.anchor_mode`). No effect without anchors.
+    anchor_lead_only_rounds : int
+        Flat key ``anchor_lead_only_rounds`` (default 2, >= 0): anchor-led rounds aggregated
+        from the anchors alone before cleared sites join.
     """
 
     daagg_variant: str = "paper"
     trim_fraction: float = 0.1
     flags: str = "status"
     max_client_weight_factor: float | None = DEFAULT_MAX_CLIENT_WEIGHT_FACTOR
+    anchor_lead: bool = True
+    anchor_lead_only_rounds: int = ANCHOR_LEAD_ONLY_ROUNDS
 
     def __post_init__(self) -> None:
         """Check every value; the numbers become floats."""
@@ -392,6 +407,8 @@ class AggregationSettings:
         _set(self, "trim_fraction", trim)
         check_choice("daagg_variant", self.daagg_variant, ("paper", "reference"))
         check_choice("aggregation_flags", self.flags, AGGREGATION_FLAGS)
+        check_bool("anchor_lead", self.anchor_lead)
+        check_int("anchor_lead_only_rounds", self.anchor_lead_only_rounds, min_value=0)
         if self.max_client_weight_factor is not None:
             factor = check_float(
                 "max_client_weight_factor", self.max_client_weight_factor, min_value=1.0

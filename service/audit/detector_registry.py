@@ -73,6 +73,9 @@ class DetectorCall:
     majority_rounds: int = 0
     """Earlier rounds (after the warm-up) in which the evidence detector abstained because the
     group it would flag was not a clear minority (:mod:`service.audit.majority_memory`)."""
+    anchor_led: bool = False
+    """The federation's aggregate is led by the trust anchors: the evidence detector takes them as
+    its reference (:mod:`service.audit.anchor_mode`)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         train_accuracy=accuracy,
         num_samples=None if accuracy is None else data.num_samples,
         per_class_errors=wrong,
+        anchor_led=call.anchor_led,
     )
     return _with_geometry(call, remember_majority(result, call.majority_rounds))
 

@@ -73,23 +73,11 @@ prior, sites that disagree far beyond sampling error, a flagged group that is no
 minority (by the evidence or by FedNoRo's loss mixture), or evidence that points both ways. The
 rules and their reasons: :mod:`service.audit.evidence_abstention`.
 
-**Trust anchors** (beyond the papers): sites an admin marks as curated. Anchors are never flagged.
-When the consensus verdict is inconclusive, or the anchors look noisy against the consensus (each
-anchor's site-level z (Stouffer's below 10 sites) positive and its site p-value passing BH at
-``q`` among the anchors), the
-anchors become the reference: each
-class's centre is the anchors' precision-weighted mean loss, the noisy direction is away from the
-anchors (*lower* loss than the anchors when the anchors look noisy to the consensus: the global
-model learned inverted labels), and the sites significantly away from the anchors in that
-direction are flagged by the same rule (no minority rule: with the orientation settled by the
-anchors, a noisy majority can be flagged). The verdict stays inconclusive when some anchors look
-noisy and others do not, when the spreads were not sent, or when no anchor holds a class. The
-admin's word is the only thing that tells an inverted consensus from a noisy anchor (the labels
-are the mirror image of each other): **a mistaken anchor, noisy itself, turns the audit upside
-down** and flags the clean sites. Limits: with fewer than three anchors holding a class,
-the between-site spread ``tau_c`` is not estimable from clean sites and is taken as 0, so sites
-whose data differ from the anchors' (not only their labels) can look noisy; a class no anchor
-holds gives no evidence in anchor mode.
+**Trust anchors** (beyond the papers): sites an admin marks as curated, never flagged. When the
+consensus is inconclusive or the anchors look noisy against it, the anchors become the reference
+(anchored mode), with the error counts measured against the anchors' rates; a corrupted
+consensus hands the aggregation to the anchors. Both, with their limits:
+:mod:`service.audit.anchor_mode`.
 """
 
 from __future__ import annotations
@@ -102,6 +90,11 @@ from scipy.special import ndtr, ndtri
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, check_bool, check_float, check_int
+from service.audit.anchor_mode import (
+    ANCHORED_MIN_ERROR_EXCESS,
+    anchored_error_evidence,
+    anchored_pass,
+)
 from service.audit.class_null import (
     benjamini_hochberg,
     class_evidence,
@@ -207,7 +200,11 @@ class EvidenceDetector:
         Sites a round needs for the error counts to enter.
     min_error_dispersion : float, default=0.5
         phi's floor below ``SITE_LEVEL_MIN_SITES`` sites: a handful of sites' lower tail cannot
-        tell how much clean sites differ (docs/algorithms.md, "Error counts", measured).
+        tell how much clean sites differ (docs/algorithms.md, "Error counts", measured); in
+        anchored mode phi itself.
+    anchored_min_error_excess : float, default=0.10
+        The floor on a site's error rate above the anchors' in anchored mode
+        (:mod:`service.audit.anchor_mode`: the generalisation gap allowed).
     """
 
     method = "evidence"
@@ -229,6 +226,7 @@ class EvidenceDetector:
         min_error_excess: float = 0.05,
         min_error_sites: int = 5,
         min_error_dispersion: float = 0.5,
+        anchored_min_error_excess: float = ANCHORED_MIN_ERROR_EXCESS,
     ) -> None:
         self.q = check_float("q", q, min_value=0.0, max_value=0.5, min_inclusive=False)
         self.min_clients = check_int("min_clients", min_clients, min_value=2)
@@ -263,12 +261,21 @@ class EvidenceDetector:
         self.min_error_dispersion = check_float(
             "min_error_dispersion", min_error_dispersion, min_value=0.0, max_value=1.0
         )
+        anchored_excess = check_float(
+            "anchored_min_error_excess", anchored_min_error_excess, min_value=0.0, max_value=1.0
+        )
         self._counted = partial(
             error_evidence,
             min_holders=self.min_holders,
             min_excess=self.min_error_excess,
             min_class_count=self.min_class_count,
         )
+        self._anchor_counted = partial(
+            anchored_error_evidence,
+            min_excess=anchored_excess,
+            min_dispersion=self.min_error_dispersion,
+        )
+        self.anchored_min_error_excess = anchored_excess
 
     # ----------------------------------------------------------------------------------------
 
@@ -331,6 +338,9 @@ class EvidenceDetector:
         if wrong is not None and reference is None:  # phi's floor: the spread of difficulty
             floor = self.min_error_dispersion if site is None else site.count_dispersion()
             counted = counted_on(wrong, counts, exclude, self._counted, min_dispersion=floor)
+        elif wrong is not None and reference is not None and direction > 0:  # anchored
+            counted = counted_on(wrong, counts, ~reference, self._anchor_counted)
+        if wrong is not None and counted is not None:
             both = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
             p_high = np.where(wrong.reporting, both, p_loss)
         p_high = np.where(never, 1.0, p_high)
@@ -350,41 +360,6 @@ class EvidenceDetector:
             score,
             counted,
         )
-
-    def _anchored(
-        self,
-        loss: FloatArray,
-        counts: IntArray,
-        sd: FloatArray | None,
-        anchor: BoolArray,
-        consensus: EvidencePass,
-        reason: str | None,
-    ) -> tuple[EvidencePass | None, bool, str | None]:
-        """Anchor mode (module docstring, "Trust anchors"): the anchored pass when it replaces the
-        consensus (else None), whether the anchors look noisy to the consensus, and the reason
-        the verdict abstains (None: it does not)."""
-        # An anchor "looks noisy" to the consensus when its z (site-level, or Stouffer's below
-        # SITE_LEVEL_MIN_SITES sites) is positive and its
-        # loss p-value passes BH among the anchors.
-        anchor_p, anchor_z = consensus.p_loss[anchor], consensus.z_high[anchor]
-        looks_noisy = benjamini_hochberg(anchor_p, self.q)[0] & (anchor_z > 0)
-        inverted = bool(looks_noisy.any())
-        if inverted and not looks_noisy.all():
-            return (
-                None,
-                inverted,
-                f"the trust anchors disagree: {int(looks_noisy.sum())} of {int(anchor.sum())} "
-                "look noisy against the consensus, the others do not; check the anchors",
-            )
-        if reason is None and not inverted:
-            return None, inverted, None
-        anchored = self._pass(loss, counts, sd, None, anchor, -1.0 if inverted else 1.0, anchor)
-        why = reason or "an anchor looks noisy against the consensus"
-        if sd is None:
-            return None, inverted, why + "; anchored mode needs the sites' per_class_loss_sd"
-        if not np.isfinite(anchored.evidence.mu).any():
-            return None, inverted, why + "; no anchor holds a class the others hold"
-        return anchored, inverted, None
 
     def _too_few_sites(
         self, loss: FloatArray, counts: IntArray, sd: FloatArray | None, anchor: BoolArray
@@ -467,6 +442,7 @@ class EvidenceDetector:
         entropy: float,
         informativeness: float,
         mixture: DetectionResult | None,
+        anchor_led: bool = False,
     ) -> _Decision:
         """The consensus passes, the abstention rules, then anchored mode where it applies."""
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
@@ -486,7 +462,14 @@ class EvidenceDetector:
         )
         if not (anchor.any() and entropy > 0):
             return _Decision(second, "consensus", 1.0, reason, heterogeneity, split, False)
-        anchored, inverted, reason = self._anchored(loss, counts, sd, anchor, second, reason)
+        anchored, inverted, reason = anchored_pass(
+            partial(self._pass, loss, counts, sd, None, wrong=wrong),
+            sd,
+            anchor,
+            second,
+            reason or ("the aggregate is led by the trust anchors" if anchor_led else None),
+            self.q,
+        )
         if anchored is None:
             return _Decision(second, "consensus", 1.0, reason, heterogeneity, split, inverted)
         direction = -1.0 if inverted else 1.0
@@ -509,6 +492,7 @@ class EvidenceDetector:
         train_accuracy: Any = None,
         num_samples: Any = None,
         per_class_errors: Any = None,
+        anchor_led: bool = False,
     ) -> DetectionResult:
         """Judge one round.
 
@@ -531,6 +515,9 @@ class EvidenceDetector:
         per_class_errors : array-like of int of shape (K, C), optional
             Every site's error counts of the global model per given label: with
             ``error_check``, the consensus pass combines them with the loss evidence.
+        anchor_led : bool, default=False
+            The federation's aggregate is led by the anchors: anchored mode whenever an anchor
+            takes part (:mod:`service.audit.anchor_mode`).
 
         Returns
         -------
@@ -552,7 +539,7 @@ class EvidenceDetector:
 
         wrong = self._error_counts(per_class_errors, counts)
         decision = self._decide(
-            loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture
+            loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture, anchor_led
         )
         chosen, mode, reason = decision.chosen, decision.mode, decision.reason
         status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"

@@ -33,7 +33,7 @@ the round's inputs and their checks (:mod:`service.audit.round_inputs`) and the 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -49,6 +49,7 @@ from service.audit._validation import (
 from service.audit.aggregation import NOISY_SET_RULES, aggregate, with_fallback_context
 from service.audit.aggregators.common import AggregationResult
 from service.audit.aggregators.fedavg import planned_fedavg_weights
+from service.audit.anchor_mode import anchor_led_clients
 from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
@@ -243,6 +244,7 @@ def run_audit(
     status_history: Sequence[StatusHistory] | None = None,
     anchors: Sequence[bool] | None = None,
     majority_rounds: int = 0,
+    anchor_led_rounds: int | None = None,
 ) -> AuditOutcome:
     """Audit one round and aggregate its updates.
 
@@ -284,6 +286,11 @@ def run_audit(
         abstained because the group it would flag was not a clear minority (its summary's
         ``majority_suspected``); from ``MAJORITY_MEMORY`` on, a consensus verdict of ``ok`` is
         ``inconclusive`` (:mod:`service.audit.majority_memory`).
+    anchor_led_rounds : int or None, default=None
+        Earlier rounds of the federation whose aggregate was anchor-led
+        (:mod:`service.audit.anchor_mode`); None: anchor-led aggregation is not considered this
+        round (the coordinator passes None during the warm-up). Off with
+        ``config.aggregation_settings.anchor_lead`` false.
 
     Returns
     -------
@@ -305,7 +312,10 @@ def run_audit(
     rnd, data = _checked_round(config, round_index, clients, status_history, anchors)
 
     shared = _round_pass(global_state, data, config, status_history)
-    detections = run_detectors(data, config, shared, status_history, anchors, majority_rounds)
+    lead = config.aggregation_settings.anchor_lead and bool(anchor_led_rounds)
+    detections = run_detectors(
+        data, config, shared, status_history, anchors, majority_rounds, lead and any(anchors or ())
+    )
     primary = detections[config.primary_detector]
     primary_flags = primary.flags
 
@@ -325,6 +335,13 @@ def run_audit(
     )
     if flag_overrides is not None:
         effective_flags = _apply_overrides(flag_overrides, primary_flags, noisy, probability)
+    led = _anchor_led(
+        global_state, data, config, anchors, detections, effective_flags, anchor_led_rounds
+    )
+    if led is not None:
+        return _outcome(
+            detections, config, data, previous_centroids, neighbor_info, effective_flags, None, led
+        )
     aggregation = aggregate(
         config.aggregation,
         global_state,
@@ -342,11 +359,34 @@ def run_audit(
             aggregation, f"primary detector {primary.method!r} {primary.status} ({primary.reason})"
         )
 
+    return _outcome(
+        detections,
+        config,
+        data,
+        previous_centroids,
+        neighbor_info,
+        effective_flags,
+        noisy.tolist() if noisy is not None and config.aggregation in NOISY_SET_RULES else None,
+        aggregation,
+    )
+
+
+def _outcome(
+    detections: dict[str, DetectionResult],
+    config: AuditConfig,
+    data: CheckedClients,
+    previous_centroids: Any,
+    neighbor_info: tuple[dict[str, list[dict[str, Any]]], dict[str, float]] | None,
+    effective_flags: list[bool | None] | None,
+    aggregation_flags: list[bool] | None,
+    aggregation: AggregationResult,
+) -> AuditOutcome:
+    """The outcome of ``run_audit`` once the aggregate is made: the centroids added."""
     centroid_result = _centroids(data, previous_centroids)
     return AuditOutcome(
         detections=detections,
         primary=config.primary_detector,
-        primary_flags=primary_flags,
+        primary_flags=detections[config.primary_detector].flags,
         expertise=_expertise_values(detections),
         neighbors=None if neighbor_info is None else neighbor_info[0],
         self_weights=None if neighbor_info is None else neighbor_info[1],
@@ -355,9 +395,64 @@ def run_audit(
         client_ids=data.ids,
         centroid_weights=None if centroid_result is None else centroid_result[1],
         effective_flags=effective_flags,
-        aggregation_flags=(
-            noisy.tolist() if noisy is not None and config.aggregation in NOISY_SET_RULES else None
+        aggregation_flags=aggregation_flags,
+    )
+
+
+def _anchor_led(
+    global_state: StateReader,
+    data: CheckedClients,
+    config: AuditConfig,
+    anchors: Sequence[bool] | None,
+    detections: Mapping[str, DetectionResult],
+    effective_flags: list[bool | None] | None,
+    rounds: int | None,
+) -> AggregationResult | None:
+    """The anchor-led aggregate (:mod:`service.audit.anchor_mode`): FedAvg over the clients it
+    takes, the weight cap over them, the others weigh 0, the reason recorded as the fallback's;
+    None when the round is not anchor-led."""
+    settings = config.aggregation_settings
+    flags = (
+        detections[config.primary_detector].flags if effective_flags is None else effective_flags
+    )
+    chosen = anchor_led_clients(
+        anchors,
+        detections.get("evidence"),
+        flags,
+        rounds if settings.anchor_lead else None,
+        settings.anchor_lead_only_rounds,
+    )
+    if chosen is None:
+        return None
+    rounds_led = rounds or 0
+    keep = np.flatnonzero(chosen)
+    result = aggregate(
+        "fedavg",
+        global_state,
+        [data.states[i] for i in keep],
+        np.asarray(data.num_samples, dtype=np.float64)[keep],
+        max_client_weight_factor=config.aggregation_settings.max_client_weight_factor,
+    )
+    weights = np.zeros(len(data.ids))
+    weights[keep] = result.weights
+    cap = result.weight_cap
+    if cap is not None:
+        cap = {**cap, "capped": [{**c, "index": int(keep[c["index"]])} for c in cap["capped"]]}
+    only = rounds_led < config.aggregation_settings.anchor_lead_only_rounds
+    who = "the trust anchors alone" if only else "the trust anchors and the sites it cleared"
+    return replace(
+        result,
+        weights=weights,
+        requested_rule=config.aggregation,
+        fallback_reason=(
+            f"anchor-led aggregation, round {rounds_led + 1} of the lead: FedAvg over {who} "
+            f"({keep.size} of {len(data.ids)} sites: the audit took the anchors as its reference)"
         ),
+        details={
+            **result.details,
+            "anchor_led": {"round": rounds_led + 1, "sites": int(keep.size)},
+        },
+        weight_cap=cap,
     )
 
 

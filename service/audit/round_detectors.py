@@ -36,10 +36,12 @@ def run_detectors(
     history: Sequence[StatusHistory] | None,
     anchors: Sequence[bool] | None,
     majority_rounds: int = 0,
+    anchor_led: bool = False,
 ) -> dict[str, DetectionResult]:
     """Every configured detector's result, by name (``config.detectors``; None: the primary one
     and every detector whose inputs some client sent). ``majority_rounds``: earlier rounds the
-    evidence detector abstained for a majority (:mod:`service.audit.majority_memory`)."""
+    evidence detector abstained for a majority (:mod:`service.audit.majority_memory`);
+    ``anchor_led``: the aggregate is led by the trust anchors (:mod:`service.audit.anchor_mode`)."""
     names = config.detectors
     if names is None:
         names = tuple(
@@ -58,7 +60,7 @@ def run_detectors(
             detections[name] = DetectionResult(name, "undetermined", reason, undetermined, {})
             continue
         call = DetectorCall(
-            data, config, shared, history, anchors, dict(detections), majority_rounds
+            data, config, shared, history, anchors, dict(detections), majority_rounds, anchor_led
         )
         detections[name] = spec.run(call)
     return detections

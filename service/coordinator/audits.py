@@ -30,7 +30,7 @@ from service.audit import (
 )
 from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
-from service.coordinator.round_events import majority_rounds
+from service.coordinator.round_events import anchor_led_rounds, majority_rounds
 from service.coordinator.signal_policy import policy_of
 from service.coordinator.stored_audit import flag_entries, read_neighbors
 from service.coordinator.tensors import SafetensorsReader, write_state
@@ -244,6 +244,9 @@ def audit_round(
         anchors=[bool(c.anchor) for c in round_clients],
         status_history=[status_history(c, rnd.index, config) for c in round_clients],
         majority_rounds=majority_rounds(session, federation.id, rnd.index),
+        anchor_led_rounds=(
+            None if in_warmup else anchor_led_rounds(session, federation.id, rnd.index)
+        ),
     )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]

@@ -79,7 +79,10 @@ METHOD_WARMUP: dict[str, tuple[int, int] | None] = {
 # Fed-NCL's mean + 1 sigma rule, which flags about two clients of a clean federation in every round,
 # kept one clean client of V4 (seed 2) penalised for 24 of the 27 rounds after the warm-up, against
 # the 9 rounds it was flagged in with the round's flags.
+# FedAvg is the plain baseline (the simulator's and the stress matrix's reference): its aggregate
+# is every site's, anchors or not, so it is never anchor-led (service/audit/anchor_mode.py).
 METHOD_AUDIT: dict[str, dict[str, Any]] = {
+    "fedavg": {"anchor_lead": False},
     "fedncl": {"aggregation_flags": "round"},
 }
 

@@ -1,6 +1,8 @@
 """The audit trail's events of a closed round's audit, each one INFO line of ``fedaudit.events``
 (:mod:`service.store.event_log`): ``client.flagged`` for every site the primary detector flagged,
-``audit.inconclusive`` / ``audit.undetermined`` when it gave no verdict.
+``audit.inconclusive`` / ``audit.undetermined`` when it gave no verdict, ``audit.anchor_led``
+when the round's aggregate was led by the trust anchors (:mod:`service.audit.anchor_mode`; their
+count makes the lead last).
 
 Both only after the warm-up, as the status rule: a flag in the warm-up counts toward no status
 and an abstention there is expected (the global model is barely trained); the round page and
@@ -18,7 +20,13 @@ from service.coordinator.stored_audit import StoredAudit, client_audit_in
 from service.store import repositories as repo
 from service.store.tables import Client, Round
 
-__all__ = ["majority_rounds", "record_abstention", "record_flags"]
+__all__ = [
+    "anchor_led_rounds",
+    "majority_rounds",
+    "record_abstention",
+    "record_anchor_lead",
+    "record_flags",
+]
 
 MAJORITY_SCAN = 1000
 """At most this many of a federation's latest ``audit.inconclusive`` events are read."""
@@ -68,6 +76,40 @@ def majority_rounds(session: Session, federation_id: uuid.UUID, before_index: in
         if int((e.data or {}).get("index", before_index)) < before_index
         and _for_majority(e.data or {})
     )
+
+
+def record_anchor_lead(
+    session: Session, federation_id: uuid.UUID, rnd: Round, result: dict[str, object]
+) -> None:
+    """An event ``audit.anchor_led`` when the round's aggregate was anchor-led: the aggregation's
+    ``details.anchor_led`` (which round of the lead, how many sites)."""
+    aggregation = result.get("aggregation")
+    details = aggregation.get("details") if isinstance(aggregation, dict) else None
+    lead = details.get("anchor_led") if isinstance(details, dict) else None
+    if not isinstance(lead, dict):
+        return
+    repo.add_event(
+        session,
+        kind="audit.anchor_led",
+        actor="system",
+        message=(
+            f"round {rnd.index}: aggregate led by the trust anchors (round {lead.get('round')} "
+            f"of the lead, {lead.get('sites')} sites aggregated)"
+        ),
+        federation_id=federation_id,
+        round_id=rnd.id,
+        data={"index": rnd.index, **lead},
+    )
+
+
+def anchor_led_rounds(session: Session, federation_id: uuid.UUID, before_index: int) -> int:
+    """Rounds before ``before_index`` whose aggregate was anchor-led (``audit.anchor_led``
+    events; at most ``MAJORITY_SCAN`` of the latest are read: the lead only asks whether there
+    was one and whether it is past its first rounds)."""
+    events = repo.latest_events(
+        session, federation_id, kind="audit.anchor_led", limit=MAJORITY_SCAN
+    )
+    return sum(1 for e in events if int((e.data or {}).get("index", before_index)) < before_index)
 
 
 def _for_majority(data: dict[str, object]) -> bool:

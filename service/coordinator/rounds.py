@@ -364,6 +364,7 @@ def _close_claimed(
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
     round_events.record_flags(session, rnd, clients, stored, outcome.result)
     round_events.record_abstention(session, federation.id, rnd, stored)
+    round_events.record_anchor_lead(session, federation.id, rnd, outcome.result)
     _finish_or_open_next(session, federation, rnd, model_out, now, audit_row)
     retention.prune_after_close(services, session, federation, now)
     rnd.coordinator_seconds = time.perf_counter() - started

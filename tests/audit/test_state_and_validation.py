@@ -149,6 +149,7 @@ def test_public_api_matches_all():
     submodules = {
         "accuracy_evidence",
         "aggregation",
+        "anchor_mode",
         "aggregators",
         "audit_config",
         "block_source",
