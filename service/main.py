@@ -26,7 +26,7 @@ from service.api.routes import (
     participation,
     reports,
 )
-from service.audit._blas import one_blas_thread_in_this_process
+from service.audit import one_blas_thread_in_this_process
 from service.config import Settings, get_settings
 from service.coordinator.housekeeping import sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper

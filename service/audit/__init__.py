@@ -7,6 +7,7 @@ database or configuration layers, and nothing reads settings: the coordinator pa
 hyper-parameter explicitly (:class:`AuditConfig`).
 """
 
+from service.audit._blas import one_blas_thread_in_this_process
 from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.aggregation import AGGREGATION_RULES, NOISY_SET_RULES, aggregate
@@ -123,6 +124,7 @@ __all__ = [
     "k_reliable_neighbors",
     "next_status",
     "null_separation_threshold",
+    "one_blas_thread_in_this_process",
     "probe_similarity",
     "raised_by_geometry",
     "reliability_scores",
