@@ -97,9 +97,11 @@ class Settings(BaseSettings):
         description=(
             "What wakes long-polls when a round opens or closes. auto: PostgreSQL LISTEN/NOTIFY "
             "on a PostgreSQL database when psycopg 3 (the postgres extra) is installed "
-            "(replicas wake each other's waiting sites), otherwise in-process signals, with a "
-            "warning on PostgreSQL; local: in-process signals only (a site waiting on another "
-            "replica learns of a change at its 15-second re-check); postgres: LISTEN/NOTIFY or "
+            "(replicas wake each other's waiting sites), a signal file beside a SQLite "
+            "database file (the workers of fedaudit serve --workers N wake each other's "
+            "waiting sites), otherwise in-process signals, with a warning on PostgreSQL; "
+            "local: in-process signals only (a site waiting on another replica or worker "
+            "learns of a change at its 15-second re-check); postgres: LISTEN/NOTIFY or "
             "refuse to start (no psycopg 3, or not a PostgreSQL database)."
         ),
     )

@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.coordinator.file_notify import FileNotifier, signal_file_for
 from service.coordinator.notify import ChangeNotifier, CommitHook, LocalNotifier
 from service.coordinator.ratelimit import EventBudget, FailureThrottle
 from service.errors import MissingExtraError, StartupError
@@ -73,9 +74,11 @@ def change_notifier(settings: Settings) -> ChangeNotifier:
 
     - ``local``: in-process signals;
     - ``auto`` (the default): PostgreSQL LISTEN/NOTIFY on a PostgreSQL database (replicas wake
-      each other's waiters) when psycopg 3 (the ``postgres`` extra) is installed; in-process
-      signals on SQLite, and on PostgreSQL without psycopg 3 (a database URL of another driver,
-      ``postgresql+psycopg2://``), with a warning naming the setting and the extra;
+      each other's waiters) when psycopg 3 (the ``postgres`` extra) is installed; a signal file
+      beside a SQLite database file (:mod:`service.coordinator.file_notify`: the processes of
+      ``fedaudit serve --workers N`` wake each other's waiters); in-process signals on an
+      in-memory SQLite database, and on PostgreSQL without psycopg 3 (a database URL of another
+      driver, ``postgresql+psycopg2://``), with a warning naming the setting and the extra;
     - ``postgres``: LISTEN/NOTIFY, or :class:`StartupError` (:class:`MissingExtraError`
       without psycopg 3) naming what to install or set.
     """
@@ -91,6 +94,9 @@ def change_notifier(settings: Settings) -> ChangeNotifier:
                 f"is {backend}: set FEDAUDIT_DATABASE_URL to a PostgreSQL URL, or "
                 "FEDAUDIT_CHANGE_NOTIFIER=auto"
             )
+        database = make_url(url).database
+        if backend == "sqlite" and database and database != ":memory:" and mode == "auto":
+            return FileNotifier(signal_file_for(database))
         return LocalNotifier()
     try:
         from service.coordinator.pg_notify import PgNotifier

@@ -166,7 +166,7 @@ async def test_health_and_readiness(api: httpx.AsyncClient, app: FastAPI) -> Non
     assert health["status"] == "ok"
     # the notifier the database calls for (not started here: this client runs no lifespan)
     url = str(app.state.services.settings.resolved_database_url)
-    expected = "postgres" if url.startswith("postgresql") else "local"
+    expected = "postgres" if url.startswith("postgresql") else "file"  # a SQLite file
     assert health["change_notifier"]["kind"] == expected
     assert (await api.get("/readyz")).json() == {"status": "ready"}
     metrics = await api.get("/metrics")

@@ -58,9 +58,13 @@ def test_a_listener_that_cannot_connect_says_so() -> None:
 
 
 @pytest.mark.anyio
-async def test_on_sqlite_healthz_shows_local_signals(tmp_path: Path) -> None:
+async def test_on_sqlite_healthz_shows_local_signals_when_asked(tmp_path: Path) -> None:
     settings = Settings(
-        _env_file=None, data_dir=tmp_path, admin_token=SecretStr("t" * 20), check_migrations=False
+        _env_file=None,
+        data_dir=tmp_path,
+        admin_token=SecretStr("t" * 20),
+        check_migrations=False,
+        change_notifier="local",
     )
     app = create_app(settings, run_reaper=False)
     try:
@@ -116,3 +120,28 @@ async def test_healthz_and_the_gauge_follow_the_postgresql_listener(settings: Se
         assert health["listening"] is True
         assert health["last_error"] is not None
         assert gauge_value((await api.get("/metrics")).text) == 1.0
+
+
+@pytest.mark.anyio
+async def test_on_a_sqlite_file_healthz_shows_the_signal_file(tmp_path: Path) -> None:
+    # auto on a SQLite database file: the signal file beside it (service.coordinator.file_notify);
+    # the test transport runs no lifespan, so its watcher is not started.
+    settings = Settings(
+        _env_file=None, data_dir=tmp_path, admin_token=SecretStr("t" * 20), check_migrations=False
+    )
+    app = create_app(settings, run_reaper=False)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as api:
+            health = (await api.get("/healthz")).json()
+        notifier = app.state.services.notifier
+    finally:
+        app.state.services.close()
+    assert health["change_notifier"] == {
+        "kind": "file",
+        "listening": False,
+        "last_error": None,
+        "last_error_at": None,
+    }
+    assert notifier.path.name == "fedaudit.db.signals"
+    assert notifier.path.parent == tmp_path

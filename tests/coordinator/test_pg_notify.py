@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from sqlalchemy import make_url, text
 
 from service.config import Settings
+from service.coordinator.file_notify import FileNotifier
 from service.coordinator.notify import LocalNotifier, mark_changed
 from service.coordinator.pg_notify import PgNotifier, libpq_dsn
 from service.coordinator.resources import Services, change_notifier
@@ -208,5 +209,9 @@ def test_postgresql_urls_get_the_pg_notifier_unless_forced_local(tmp_path: Path)
     assert isinstance(chosen, PgNotifier)
     chosen.close()  # never started: nothing to stop
     assert type(change_notifier(settings(pg, "local"))) is LocalNotifier
-    assert type(change_notifier(settings(None))) is LocalNotifier  # SQLite
+    on_sqlite = change_notifier(settings(None))  # the SQLite file in the data directory
+    assert type(on_sqlite) is FileNotifier
+    assert on_sqlite.path == tmp_path / "fedaudit.db.signals"
+    assert type(change_notifier(settings(None, "local"))) is LocalNotifier
+    assert type(change_notifier(settings("sqlite://"))) is LocalNotifier  # in memory
     assert libpq_dsn(pg) == "postgresql://fedaudit:pw@db-host:5432/fedaudit"

@@ -33,3 +33,23 @@ def replicas(tmp_path: Path, database_url: str) -> Iterator[tuple[CoordinatorPro
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.fixture
+def sqlite_replicas(tmp_path: Path) -> Iterator[tuple[CoordinatorProcess, ...]]:
+    """Two `fedaudit serve` processes on one SQLite database file (as the workers of
+    ``fedaudit serve --workers N`` are), blobs in the database, rounds closed inline."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = {"FEDAUDIT_BLOB_BACKEND": "database", "FEDAUDIT_CLOSE_ROUNDS_INLINE": "true"}
+    token = f"worker-admin-{uuid.uuid4().hex}"
+    servers = tuple(
+        CoordinatorProcess(tmp_path / name, admin_token=token, database_url=url, extra_env=env)
+        for name in ("worker-a", "worker-b")
+    )
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()

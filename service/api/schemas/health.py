@@ -10,17 +10,19 @@ from pydantic import BaseModel, Field
 class ChangeNotifierState(BaseModel):
     """What wakes this process's long-polls when a round opens or closes."""
 
-    kind: Literal["local", "postgres"] = Field(
+    kind: Literal["local", "file", "postgres"] = Field(
         description=(
-            "local: in-process signals (SQLite, or FEDAUDIT_CHANGE_NOTIFIER=local, or no "
-            "psycopg 3); postgres: PostgreSQL LISTEN/NOTIFY between replicas."
+            "local: in-process signals (FEDAUDIT_CHANGE_NOTIFIER=local, an in-memory SQLite "
+            "database, or no psycopg 3); file: a signal file beside the SQLite database file "
+            "between the processes that share it; postgres: PostgreSQL LISTEN/NOTIFY between "
+            "replicas."
         )
     )
     listening: bool | None = Field(
         description=(
             "postgres: whether the LISTEN connection is up now (false while it reconnects: "
             "other replicas' changes then reach this process's waiting sites at their 15-second "
-            "re-check). local: null."
+            "re-check). file: whether the watcher of the signal file runs. local: null."
         )
     )
     last_error: str | None = Field(
