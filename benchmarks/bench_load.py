@@ -273,7 +273,7 @@ def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 @contextmanager
 def coordinators(
-    data_dir: Path, database_url: str | None, replicas: int, blob_backend: str
+    data_dir: Path, database_url: str | None, replicas: int, blob_backend: str, workers: int = 1
 ) -> Iterator[list[CoordinatorProcess]]:
     """``replicas`` coordinator processes on one database (one admin token), each with its own
     data directory and log; the blobs where ``blob_backend`` says (``database``: no shared disk
@@ -292,6 +292,7 @@ def coordinators(
                 database_url=database_url,
                 admin_token=token,
                 extra_env=env,
+                workers=workers,
             )
             server.start()
             stack.callback(server.stop)
@@ -438,6 +439,25 @@ def coordinator_pid(server: CoordinatorProcess) -> int | None:
     return None if process is None else int(process.pid)
 
 
+def coordinator_pids(servers: list[CoordinatorProcess]) -> list[int]:
+    """Every process of the coordinators: each ``fedaudit serve`` and, with ``--workers N``, its
+    worker processes (children found through /proc; Linux)."""
+    roots = [pid for pid in (coordinator_pid(s) for s in servers) if pid is not None]
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return sorted(found)
+
+
 def children_cpu_seconds() -> float:
     """User + system CPU seconds of this process's exited and joined children."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -537,6 +557,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--postgres-url", default=None, help="default: SQLite in a temp dir")
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="uvicorn worker processes of each coordinator (fedaudit serve --workers N; on "
+        "SQLite they wake each other's waiting sites through the database's signal file)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -564,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sites, args.rounds = 4, 2
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     if args.sites < 1 or args.rounds < 1 or args.sites_per_process < 1 or args.replicas < 1:
         parser.error("--sites, --rounds, --sites-per-process and --replicas must be at least 1")
     if args.replicas > 1 and not args.postgres_url:
@@ -582,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load: {args.sites} sites x {args.rounds} rounds, {len(groups)} site processes "
         f"({args.sites_per_process} site(s) per process), "
         f"{'PostgreSQL' if args.postgres_url else 'SQLite'}, {args.replicas} coordinator "
-        f"process(es), blobs: {blob_backend}, poll wait_s={args.poll_wait_s}; "
+        f"process(es) of {args.workers} worker(s), blobs: {blob_backend}, "
+        f"poll wait_s={args.poll_wait_s}; "
         f"{machine['cpu_count']} cores, {machine['memory_gib']} GiB",
         flush=True,
     )
@@ -592,7 +622,9 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = Path(tmp) / "coordinator"
         out_dir = Path(tmp) / "sites"
         out_dir.mkdir()
-        with coordinators(data_dir, args.postgres_url, args.replicas, blob_backend) as servers:
+        with coordinators(
+            data_dir, args.postgres_url, args.replicas, blob_backend, args.workers
+        ) as servers:
             server = servers[0]  # the admin's replica
             database_url = args.postgres_url or f"sqlite:///{(data_dir / 'fedaudit.db').resolve()}"
             with AdminClient(server.url, server.admin_token) as admin:
@@ -631,10 +663,8 @@ def main(argv: list[str] | None = None) -> int:
                     p.start()
                     processes.append(p)
                 fork_s = time.perf_counter() - fork_started
-                coordinator_cpu_before = sum(
-                    process_cpu_seconds(coordinator_pid(one)) for one in servers
-                )
-                pids = [coordinator_pid(one) for one in servers]
+                pids = coordinator_pids(servers)
+                coordinator_cpu_before = sum(process_cpu_seconds(pid) for pid in pids)
                 memory_before = sum(memory_mib(pid).get("rss", 0.0) for pid in pids)
                 sampler = MemorySampler(pids)
                 sampler.start()
@@ -658,8 +688,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 wall_s = time.monotonic() - started
                 coordinator_cpu_s = (
-                    sum(process_cpu_seconds(coordinator_pid(one)) for one in servers)
-                    - coordinator_cpu_before
+                    sum(process_cpu_seconds(pid) for pid in pids) - coordinator_cpu_before
                 )
                 sites_cpu_s = children_cpu_seconds() - children_before
                 memory = {
@@ -775,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
             "poll_wait_s": args.poll_wait_s,
             "database": "postgresql" if args.postgres_url else "sqlite",
             "replicas": args.replicas,
+            "workers": args.workers,
             "blob_backend": blob_backend,
             "model_parameters": int(sum(int(np.prod(s)) for s in SHAPES.values())),
             "config": FEDNCL_FEDAVG_CONFIG,

@@ -21,7 +21,8 @@
 # Ends within DEADLINE_S (default 540) seconds of its start and exits 0 (see SUMMARY at the end).
 #
 # Knobs (environment): PYTHON, DEADLINE_S, GPU_CHECK_MAX_S (default 260), PACK_RESERVE_S (20),
-# SKIP_GPU_CHECK=1, FORCE_UNZIP=1, PARALLEL=1, MATRIX_ROUNDS (100), MATRIX_SEEDS ("0 1 2"),
+# SKIP_GPU_CHECK=1, SKIP_MATRIX=1, AFTER_INSTALL (a command run after the install), FORCE_UNZIP=1,
+# PARALLEL=1, MATRIX_ROUNDS (100), MATRIX_SEEDS ("0 1 2"),
 # MATRIX_JOBS (15), MATRIX_ONLY (the five rows below), MATRIX_SCENARIOS (docs/eval/matrix: the
 # folder of scenario files), SITE_DIR (/tmp/site),
 # WORK_DIR (/tmp/device-kit-work), DEVICE_KIT (runs/device-kit).
@@ -168,6 +169,16 @@ else
   note "WARNING: 'python -m service.cli simulate --help' fails:"; "$PY" -m service.cli simulate --help 2>&1 | tail -20
 fi
 
+# AFTER_INSTALL: one more bash command, run here with $PY set (e.g. a benchmark writing under
+# $OUT), cut before the deadline; its output goes to $OUT/after_install.log
+if [ -n "${AFTER_INSTALL:-}" ]; then
+  log "=== after install: $AFTER_INSTALL"
+  t0=$(date +%s)
+  PY="$PY" run_capped $(( $(left) - PACK_RESERVE_S )) bash -c "$AFTER_INSTALL" \
+    > "$OUT/after_install.log" 2>&1
+  note "after install: exit $? after $(( $(date +%s) - t0 ))s (after_install.log)"
+fi
+
 # ---------------------------------------------------------------------------------------------
 # 3. the matrix at 100 rounds, cut hard before the deadline
 MX="$WORK_DIR/mx$MATRIX_ROUNDS"
@@ -220,6 +231,8 @@ fi
 if [ "${PARALLEL:-0}" = 1 ]; then
   wait "$MATRIX_PID"; cat "$WORK_DIR/matrix_step.log"
   note "matrix (background): $(grep -h 'matrix: ' "$WORK_DIR/matrix_step.log" | tail -1)"
+elif [ "${SKIP_MATRIX:-0}" = 1 ]; then
+  note "matrix: skipped (SKIP_MATRIX=1)"
 else
   run_matrix
 fi
