@@ -41,15 +41,21 @@ docs/evaluation.md, "One trust anchor in the corrupted consensus"). So, from the
 after the warm-up in which the evidence detector had to take the anchors as its reference, the
 aggregate is no longer the configured rule over every site but FedAvg over the anchors alone for
 ``only_rounds`` rounds (default 2: the model learns the anchors' labels), then over the anchors
-and the sites the round's anchored audit cleared (flag ``False``; an admin's pin wins), for as
-long as anchors take part: once the consensus has contradicted the curated labels, the
-federation does not go back to it by itself (an admin who removes the anchors does). The weight
-cap applies over the sites aggregated. Limits: the model is then only as good as the anchors'
+and the sites the round's anchored audit (the evidence detector, whatever the primary detector
+is) cleared, its flag ``False``; an admin's pin wins: a site pinned noisy is never aggregated,
+an anchor included, one pinned trusted counts as cleared. The lead lasts while the anchors take
+part in every round: once the consensus has contradicted the curated labels, the federation does
+not go back to it by itself; a round without a led aggregate (the admin removed the anchors, or
+none took part) ends it, and it starts again only where the evidence detector takes the anchors
+as its reference once more. In led rounds the evidence detector takes the anchors as its
+reference wherever it can (spreads sent, anchors that agree). The weight cap applies over the
+sites aggregated. Limits: the model is then only as good as the anchors'
 data (and the sites cleared): an anchor holding one class of two teaches the model nothing about
 the other, and nothing in that class can be audited; the anchors' errors are in-sample (the
 floor above); a federation that is healthy but whose consensus was once inconclusive while
 anchors took part is led by the anchors from then on (the anchored audit clears its clean sites,
-which then take part again).
+which then take part again); without spreads the anchored audit abstains, so a lead aggregates
+the anchors alone.
 """
 
 from __future__ import annotations
@@ -176,7 +182,7 @@ def anchored_error_evidence(
 def anchor_led_clients(
     anchors: Sequence[bool] | None,
     evidence: DetectionResult | None,
-    flags: Sequence[bool | None],
+    pins: Sequence[bool | None] | None,
     rounds_led: int | None,
     only_rounds: int = ANCHOR_LEAD_ONLY_ROUNDS,
 ) -> BoolArray | None:
@@ -187,11 +193,13 @@ def anchor_led_clients(
     anchors : sequence of bool, optional
         The round's trust anchors (aligned with the clients).
     evidence : DetectionResult, optional
-        The round's ``evidence`` detector result (None where it did not run).
-    flags : sequence of bool or None
-        The primary flags with an admin's pins applied (False: cleared).
+        The round's ``evidence`` detector result (None where it did not run): its flags are the
+        anchored audit's (False: cleared), whatever the primary detector is.
+    pins : sequence of bool or None, optional
+        An admin's pins (True: noisy, False: trusted, None: none): a site pinned noisy is never
+        aggregated, an anchor included; one pinned trusted counts as cleared.
     rounds_led : int or None
-        Earlier anchor-led rounds of the federation; None: anchor-led aggregation is not
+        The anchor-led rounds just before this one, in a row; None: anchor-led aggregation is not
         considered this round (the warm-up, or switched off).
     only_rounds : int
         Anchor-led rounds aggregated from the anchors alone.
@@ -200,15 +208,19 @@ def anchor_led_clients(
     -------
     ndarray of bool or None
         The clients aggregated (the anchors, plus from round ``only_rounds`` of the lead the
-        clients whose flag is False); None when the round is not anchor-led: no anchor takes
-        part, or none has led yet and the evidence detector did not take the anchors as its
-        reference this round.
+        clients cleared); None when the round is not anchor-led: no anchor takes part, none has
+        led in the rounds just before and the evidence detector did not take the anchors as its
+        reference this round, or every anchor is pinned noisy.
     """
     if rounds_led is None or anchors is None or not any(anchors):
         return None
     if rounds_led == 0 and (evidence is None or evidence.summary.get("mode") != "anchored"):
         return None
+    k = len(anchors)
+    pinned = [None] * k if pins is None else list(pins)
+    flags = [None] * k if evidence is None else evidence.flags
     chosen = np.asarray(anchors, dtype=bool).copy()
     if rounds_led >= only_rounds:
-        chosen |= np.array([flag is False for flag in flags], dtype=bool)
-    return chosen
+        chosen |= np.array([f is False or p is False for f, p in zip(flags, pinned, strict=True)])
+    chosen &= np.array([p is not True for p in pinned], dtype=bool)
+    return chosen if bool((chosen & np.asarray(anchors, dtype=bool)).any()) else None

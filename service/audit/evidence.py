@@ -290,9 +290,10 @@ class EvidenceDetector:
         never: BoolArray,
         wrong: ReportedCounts | None = None,
     ) -> EvidencePass:
-        """One fit and its flags (module docstring, "One p-value per site"); with ``wrong``
-        (consensus mode only) the site's p-value is the Bonferroni combination of the loss and
-        the error-count evidence."""
+        """One fit and its flags (module docstring, "One p-value per site"); with ``wrong`` the
+        site's p-value is the Bonferroni combination of the loss and the error-count evidence
+        (in anchored mode, oriented as the consensus, the counts against the anchors' rates:
+        :mod:`service.audit.anchor_mode`)."""
         ev = class_evidence(
             loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
         )

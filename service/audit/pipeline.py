@@ -336,7 +336,7 @@ def run_audit(
     if flag_overrides is not None:
         effective_flags = _apply_overrides(flag_overrides, primary_flags, noisy, probability)
     led = _anchor_led(
-        global_state, data, config, anchors, detections, effective_flags, anchor_led_rounds
+        global_state, data, config, anchors, detections, flag_overrides, anchor_led_rounds
     )
     if led is not None:
         return _outcome(
@@ -405,20 +405,17 @@ def _anchor_led(
     config: AuditConfig,
     anchors: Sequence[bool] | None,
     detections: Mapping[str, DetectionResult],
-    effective_flags: list[bool | None] | None,
+    pins: Sequence[bool | None] | None,
     rounds: int | None,
 ) -> AggregationResult | None:
     """The anchor-led aggregate (:mod:`service.audit.anchor_mode`): FedAvg over the clients it
     takes, the weight cap over them, the others weigh 0, the reason recorded as the fallback's;
     None when the round is not anchor-led."""
     settings = config.aggregation_settings
-    flags = (
-        detections[config.primary_detector].flags if effective_flags is None else effective_flags
-    )
     chosen = anchor_led_clients(
         anchors,
         detections.get("evidence"),
-        flags,
+        pins,
         rounds if settings.anchor_lead else None,
         settings.anchor_lead_only_rounds,
     )

@@ -16,11 +16,12 @@ learned of a round that another worker opened or closed at its 15-second re-chec
   has grown, reads the new whole lines and wakes its own waiters of those federations (lines it
   wrote itself too: a spurious signal costs a waiter one short query).
 - The file does not grow without bound: a writer that finds it past `max_bytes` (64 KiB, about
-  1,700 signals) renames it to ``<database>.signals.old`` and starts a new one. A watcher that
-  finds a new file (another inode) or a shorter one wakes every waiter of its process, since
-  lines appended just before the switch may never reach it, and reads the new file from its
-  start. A signal that is still lost (a writer that appended to the old file after a watcher had
-  moved on) costs the site its re-check, as a missed PostgreSQL notification does.
+  1,700 signals) before its write renames it to ``<database>.signals.old`` and writes its line
+  to a new one. A watcher that finds a new file (another inode), a shorter one, or none where it
+  had one wakes every waiter of its process, since lines appended just before the switch may
+  never reach it, and reads the new file from its start. A signal that is still lost (a writer
+  that appended to the old file after a watcher had moved on) costs the site its re-check, as a
+  missed PostgreSQL notification does.
 
 The cost: one ``stat`` per process every `poll_s`, one open, write and close per change.
 """
@@ -72,7 +73,9 @@ class FileNotifier:
         self._offset = 0
         self._partial = b""
         self._last_error: tuple[str, str] | None = None
+        self._error_logged: str | None = None
         self._callbacks: list[Callable[[bool], None]] = []
+        self._lock = threading.Lock()  # the watcher's position in the file
 
     # --- ChangeNotifier -----------------------------------------------------------------------
 
@@ -96,9 +99,10 @@ class FileNotifier:
 
     def start(self) -> None:
         """Start the watcher (from the file's current end: earlier signals are history)."""
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             return
-        self._seek_end()
+        with self._lock:
+            self._seek_end()
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._watch, name="fedaudit-signal-file", daemon=True
@@ -111,7 +115,11 @@ class FileNotifier:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                return  # still in a look at the file: start() will not run a second one
             self._thread = None
+            for callback in list(self._callbacks):
+                callback(False)
 
     def state(self) -> dict[str, Any]:
         """``kind`` "file", ``listening`` while the watcher runs, its last error."""
@@ -131,17 +139,17 @@ class FileNotifier:
     # --- the file -----------------------------------------------------------------------------
 
     def _append(self, line: bytes) -> None:
+        try:
+            if os.stat(self.path).st_size > self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".old"))
+        except FileNotFoundError:
+            pass  # no file yet, or another writer switched it first
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line)
-            size = os.fstat(fd).st_size
         finally:
             os.close(fd)
-        if size > self.max_bytes:
-            try:
-                os.replace(self.path, self.path.with_name(self.path.name + ".old"))
-            except FileNotFoundError:
-                pass  # another writer started the new file first
+        self._error_logged = None
 
     def _seek_end(self) -> None:
         try:
@@ -161,22 +169,33 @@ class FileNotifier:
 
     def check(self) -> None:
         """One look at the file (the watcher's step; tests call it directly)."""
-        try:
-            info = os.stat(self.path)
-        except FileNotFoundError:
-            return  # no signal yet, or between a switch and the next line
-        if info.st_ino != self._inode or info.st_size < self._offset:
-            # A new file, read from its start; where it replaced another, what was appended to
-            # the old one since the last look may be lost: every waiter re-checks.
-            switched = self._inode is not None
-            self._inode, self._offset, self._partial = info.st_ino, 0, b""
-            if switched:
-                self._local.notify_all()
-        if info.st_size == self._offset:
-            return
-        with open(self.path, "rb") as handle:
-            handle.seek(self._offset)
-            data = handle.read(info.st_size - self._offset)
+        with self._lock:
+            try:
+                handle = open(self.path, "rb")  # noqa: SIM115 (closed below)
+            except FileNotFoundError:
+                if self._inode is not None:  # renamed away and no new line yet: a switch
+                    self._switched(None)
+                return
+            with handle:
+                info = os.fstat(handle.fileno())
+                if info.st_ino != self._inode or info.st_size < self._offset:
+                    self._switched(info.st_ino)
+                if info.st_size == self._offset:
+                    return
+                handle.seek(self._offset)
+                data = handle.read(info.st_size - self._offset)
+            self._relay(data)
+        self._error_logged = None
+
+    def _switched(self, inode: int | None) -> None:
+        """A new file (or none), read from its start; where it replaced another, what was
+        appended to the old one since the last look may be lost: every waiter re-checks."""
+        had_one = self._inode is not None
+        self._inode, self._offset, self._partial = inode, 0, b""
+        if had_one:
+            self._local.notify_all()
+
+    def _relay(self, data: bytes) -> None:
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in set(lines):
@@ -188,4 +207,6 @@ class FileNotifier:
 
     def _failed(self, exc: OSError) -> None:
         self._last_error = (type(exc).__name__, datetime.now(UTC).isoformat())
-        log.warning("change signal file %s: %s", self.path, exc)
+        if self._error_logged != type(exc).__name__:  # once per kind of failure, not every look
+            self._error_logged = type(exc).__name__
+            log.warning("change signal file %s: %s", self.path, exc)

@@ -94,8 +94,9 @@ def change_notifier(settings: Settings) -> ChangeNotifier:
                 f"is {backend}: set FEDAUDIT_DATABASE_URL to a PostgreSQL URL, or "
                 "FEDAUDIT_CHANGE_NOTIFIER=auto"
             )
-        database = make_url(url).database
-        if backend == "sqlite" and database and database != ":memory:" and mode == "auto":
+        # a URI filename ("file:path?mode=rwc") names its path before the query
+        database = (make_url(url).database or "").split("?")[0].removeprefix("file:")
+        if backend == "sqlite" and database not in ("", ":memory:") and mode == "auto":
             return FileNotifier(signal_file_for(database))
         return LocalNotifier()
     try:

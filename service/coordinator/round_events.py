@@ -1,8 +1,8 @@
 """The audit trail's events of a closed round's audit, each one INFO line of ``fedaudit.events``
 (:mod:`service.store.event_log`): ``client.flagged`` for every site the primary detector flagged,
 ``audit.inconclusive`` / ``audit.undetermined`` when it gave no verdict, ``audit.anchor_led``
-when the round's aggregate was led by the trust anchors (:mod:`service.audit.anchor_mode`; their
-count makes the lead last).
+when the round's aggregate was led by the trust anchors (:mod:`service.audit.anchor_mode`; the
+led rounds just before, in a row, make the lead last).
 
 Both only after the warm-up, as the status rule: a flag in the warm-up counts toward no status
 and an abstention there is expected (the global model is barely trained); the round page and
@@ -103,13 +103,19 @@ def record_anchor_lead(
 
 
 def anchor_led_rounds(session: Session, federation_id: uuid.UUID, before_index: int) -> int:
-    """Rounds before ``before_index`` whose aggregate was anchor-led (``audit.anchor_led``
-    events; at most ``MAJORITY_SCAN`` of the latest are read: the lead only asks whether there
-    was one and whether it is past its first rounds)."""
+    """The anchor-led rounds in a row just before ``before_index`` (``audit.anchor_led`` events of
+    rounds ``before_index - 1``, ``before_index - 2``, ...): 0 when the round before was not led
+    (the anchors left it, or it was never led), so that a lead, once broken, starts again only
+    where the evidence detector takes the anchors as its reference. At most ``MAJORITY_SCAN``
+    events are read."""
     events = repo.latest_events(
         session, federation_id, kind="audit.anchor_led", limit=MAJORITY_SCAN
     )
-    return sum(1 for e in events if int((e.data or {}).get("index", before_index)) < before_index)
+    led = {int((e.data or {}).get("index", -1)) for e in events}
+    run = 0
+    while before_index - 1 - run in led:
+        run += 1
+    return run
 
 
 def _for_majority(data: dict[str, object]) -> bool:

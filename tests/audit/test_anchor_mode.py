@@ -8,14 +8,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from service.audit import AuditConfig, DictStateReader, run_audit
+from service.audit import AuditConfig, DictStateReader, EvidenceDetector, run_audit
 from service.audit.anchor_mode import (
     ANCHOR_LEAD_ONLY_ROUNDS,
     ANCHORED_MIN_ERROR_EXCESS,
     anchor_led_clients,
     anchored_error_evidence,
 )
-from service.audit.detection import DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.round_inputs import ClientRoundData
 from tests.audit._synthetic import loss_clients, synthetic_federation
 
@@ -90,36 +90,56 @@ def test_the_anchors_rates_are_pooled_and_the_order_of_sites_does_not_matter():
     assert np.array_equal(swapped.p_value, ev.p_value[order])
 
 
-def _evidence(mode: str) -> DetectionResult:
-    return DetectionResult("evidence", "ok", None, [None] * 4, {"mode": mode})
+def _evidence(mode: str, flags: list[bool | None] | None = None) -> DetectionResult:
+    verdicts: list[ClientVerdict | None] = [
+        None if f is None else ClientVerdict(score=0.0, flag=f) for f in (flags or [None] * 4)
+    ]
+    return DetectionResult("evidence", "ok", None, verdicts, {"mode": mode})
 
 
 def test_the_lead_starts_only_where_the_anchors_are_the_reference():
     anchors = [True, False, False, False]
     flags: list[bool | None] = [False, False, True, None]
-    assert anchor_led_clients(anchors, _evidence("anchored"), flags, None) is None
-    assert anchor_led_clients([False] * 4, _evidence("anchored"), flags, 3) is None
-    assert anchor_led_clients(None, _evidence("anchored"), flags, 3) is None
-    assert anchor_led_clients(anchors, _evidence("consensus"), flags, 0) is None
-    assert anchor_led_clients(anchors, None, flags, 0) is None
-    first = anchor_led_clients(anchors, _evidence("anchored"), flags, 0)
+    anchored = _evidence("anchored", flags)
+    assert anchor_led_clients(anchors, anchored, None, None) is None  # warm-up, or off
+    assert anchor_led_clients([False] * 4, anchored, None, 3) is None
+    assert anchor_led_clients(None, anchored, None, 3) is None
+    assert anchor_led_clients(anchors, _evidence("consensus", flags), None, 0) is None
+    assert anchor_led_clients(anchors, None, None, 0) is None
+    first = anchor_led_clients(anchors, anchored, None, 0)
     assert first is not None
     assert first.tolist() == [True, False, False, False]
 
 
-def test_the_lead_lasts_and_admits_the_cleared_sites_after_its_first_rounds():
+def test_the_lead_lasts_and_admits_the_sites_the_anchored_audit_cleared():
     anchors = [True, False, False, False]
     flags: list[bool | None] = [False, False, True, None]
     # Once it has led, the mode of the round no longer matters (the lead lasts).
-    second = anchor_led_clients(anchors, _evidence("consensus"), flags, 1)
+    second = anchor_led_clients(anchors, _evidence("consensus", flags), None, 1)
     assert second is not None
     assert second.tolist() == [True, False, False, False]
-    later = anchor_led_clients(anchors, None, flags, 2)
+    later = anchor_led_clients(anchors, _evidence("anchored", flags), None, 2)
     assert later is not None
     assert later.tolist() == [True, True, False, False]  # flagged and undetermined stay out
-    at_once = anchor_led_clients(anchors, _evidence("anchored"), flags, 0, only_rounds=0)
+    nobody = anchor_led_clients(anchors, None, None, 2)  # no evidence: the anchors alone
+    assert nobody is not None
+    assert nobody.tolist() == [True, False, False, False]
+    at_once = anchor_led_clients(anchors, _evidence("anchored", flags), None, 0, only_rounds=0)
     assert at_once is not None
     assert at_once.tolist() == [True, True, False, False]
+
+
+def test_an_admin_s_pins_win_over_the_anchored_audit():
+    anchors = [True, True, False, False]
+    flags: list[bool | None] = [False, False, False, True]
+    pins: list[bool | None] = [True, None, True, False]  # an anchor pinned noisy, too
+    chosen = anchor_led_clients(anchors, _evidence("anchored", flags), pins, 2)
+    assert chosen is not None
+    assert chosen.tolist() == [False, True, False, True]
+    # Every anchor pinned noisy: nobody to lead, the round is not anchor-led.
+    assert (
+        anchor_led_clients([True, False, False, False], None, [True, None, None, None], 5) is None
+    )
 
 
 def _clients() -> list[ClientRoundData]:
@@ -174,3 +194,43 @@ def test_run_audit_adds_the_sites_the_anchored_audit_cleared():
     if share.max() <= cap:  # no cap applied: FedAvg over the cleared sites
         expected = float(np.dot(share, np.array(cleared, dtype=np.float64)))
         assert led.aggregation.state["w"][0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_in_anchored_mode_the_error_counts_find_what_the_losses_cannot():
+    # Six sites with the same losses; site 3 has 30 errors of 100 where the anchor has none.
+    loss = np.full((6, 2), 0.3)
+    counts = np.full((6, 2), 50)
+    sd = np.full((6, 2), 0.5)
+    errors = np.array([[0, 0], [1, 1], [1, 0], [15, 15], [0, 1], [1, 1]])
+    anchors = [True] + [False] * 5
+    detector = EvidenceDetector()
+    led = detector.fit(loss, counts, sd, anchors=anchors, per_class_errors=errors, anchor_led=True)
+    assert led.summary["mode"] == "anchored"
+    assert led.flags == [False, False, False, True, False, False]
+    losses_only = detector.fit(loss, counts, sd, anchors=anchors, anchor_led=True)
+    assert losses_only.summary["mode"] == "anchored"
+    assert not any(losses_only.flags)
+
+
+def test_a_capped_anchor_led_round_names_the_capped_sites_in_the_round_s_order():
+    clients = _clients()
+    anchors = [False] * 11 + [True]
+    state = DictStateReader({"w": np.zeros(2, dtype=np.float32)})
+    config = AuditConfig.from_json(
+        {
+            **AuditConfig(detectors=("fednoro", "evidence"), primary_detector="evidence").to_json(),
+            "max_client_weight_factor": 1.0,  # cap = 1 / (sites aggregated): above-average capped
+        }
+    )
+    led = run_audit(state, clients, config, round_index=9, anchors=anchors, anchor_led_rounds=5)
+    cap = led.aggregation.weight_cap
+    assert cap is not None
+    weights = led.aggregation.weights
+    aggregated = np.flatnonzero(weights > 0)
+    assert len(aggregated) >= 3
+    assert cap["cap"] == pytest.approx(1.0 / len(aggregated))
+    assert cap["capped"]  # the sample counts differ: somebody was above the equal share
+    for entry in cap["capped"]:
+        assert entry["index"] in aggregated.tolist()
+        assert weights[entry["index"]] == pytest.approx(entry["after"])
+    assert weights.sum() == pytest.approx(1.0)

@@ -59,19 +59,37 @@ async def test_a_partial_line_waits_for_its_end_and_garbage_is_ignored(tmp_path:
 
 async def test_a_new_file_wakes_every_waiter_and_is_read_from_its_start(tmp_path: Path) -> None:
     path = tmp_path / "db.signals"
-    writer = FileNotifier(path, max_bytes=100)  # 37 bytes a line: the third one switches
+    writer = FileNotifier(path, max_bytes=100)  # 37 bytes a line: the fourth starts a new file
     reader = FileNotifier(path)
     first, second, bystander = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     writer.notify(first)
     reader.check()
     with reader.subscribe(second) as waiting, reader.subscribe(bystander) as other:
         writer.notify(first)
-        writer.notify(first)  # past 100 bytes: renamed away
-        assert not path.exists()
+        writer.notify(first)
+        assert path.stat().st_size == 111
+        writer.notify(second)  # past 100 bytes before this write: renamed away first
         assert (tmp_path / "db.signals.old").stat().st_size == 111
-        writer.notify(second)  # the new file
+        assert path.read_bytes() == f"{second}\n".encode()  # the line that switched it
         reader.check()
         assert await other.wait(1.0) is True  # lines may have been lost: everyone re-checks
+        assert await waiting.wait(1.0) is True
+
+
+async def test_a_file_renamed_away_with_no_new_line_yet_is_a_switch(tmp_path: Path) -> None:
+    path = tmp_path / "db.signals"
+    writer, reader = FileNotifier(path), FileNotifier(path)
+    fid = uuid.uuid4()
+    writer.notify(fid)
+    reader.check()
+    with reader.subscribe(fid) as waiting:
+        path.rename(tmp_path / "db.signals.old")  # as a writer does before its line
+        reader.check()
+        assert await waiting.wait(1.0) is True
+        reader.check()  # still no file: nothing more
+        assert await waiting.wait(0.05) is False
+        writer.notify(fid)  # the new file, read from its start
+        reader.check()
         assert await waiting.wait(1.0) is True
 
 
@@ -96,6 +114,7 @@ async def test_the_watcher_thread_relays_without_being_asked(tmp_path: Path) -> 
     finally:
         reader.close()
     assert reader.state()["listening"] is False
+    assert seen == [False, True, False]
 
 
 def test_a_file_that_cannot_be_written_is_reported_not_raised(tmp_path: Path) -> None:
