@@ -10,11 +10,11 @@ from typing import Any, cast
 import pytest
 
 from service.config import Settings
-from service.coordinator import federations
 from service.coordinator.federation_config import FederationConfigInput, resolve_config
 from service.coordinator.resources import Services
 from service.coordinator.round_events import anchor_led_rounds, record_anchor_lead
 from service.store.session import make_engine, make_sessionmaker
+from tests.coordinator._federations import new_federation
 
 pytestmark = pytest.mark.db
 
@@ -24,23 +24,7 @@ def test_the_lead_counts_the_led_rounds_just_before_in_a_row(settings: Settings)
         settings, make_sessionmaker(make_engine(settings.resolved_database_url))
     )
     with services.sessions.begin() as session:
-        fid, other = (
-            federations.create_federation(
-                session,
-                name=name,
-                num_classes=2,
-                input_shape=[2],
-                class_names=None,
-                rounds=30,
-                min_clients=1,
-                max_clients=None,
-                round_deadline_s=600,
-                config=FederationConfigInput(method="fednoro"),
-                seed=1,
-                actor="admin",
-            ).id
-            for name in ("led", "other")
-        )
+        fid, other = (new_federation(session, name, method="fednoro") for name in ("led", "other"))
         led = {"aggregation": {"details": {"anchor_led": {"round": 1, "sites": 1}}}}
         plain: dict[str, Any] = {"aggregation": {"details": {}}}
         # rounds 4-6 led, 7 not (the anchor missed it), 9-11 led; another federation's 8

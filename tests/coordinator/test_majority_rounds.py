@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from service.config import Settings
-from service.coordinator import federations
-from service.coordinator.federation_config import FederationConfigInput
 from service.coordinator.resources import Services
 from service.coordinator.round_events import majority_rounds
 from service.store import repositories
 from service.store.session import make_engine, make_sessionmaker
+from tests.coordinator._federations import new_federation
 
 pytestmark = pytest.mark.db
 
@@ -30,23 +29,7 @@ def test_majority_rounds_counts_the_majority_abstentions_of_earlier_rounds(setti
         settings, make_sessionmaker(make_engine(settings.resolved_database_url))
     )
     with services.sessions.begin() as session:
-        fid, other = (
-            federations.create_federation(
-                session,
-                name=name,
-                num_classes=2,
-                input_shape=[2],
-                class_names=None,
-                rounds=20,
-                min_clients=1,
-                max_clients=None,
-                round_deadline_s=600,
-                config=FederationConfigInput(method="fedavg"),
-                seed=1,
-                actor="admin",
-            ).id
-            for name in ("memory", "other")
-        )
+        fid, other = (new_federation(session, name) for name in ("memory", "other"))
         # (federation, round, reason, kind, the event's "majority": None = not recorded, as
         # in events written before the field existed: then the reason's text decides)
         for federation_id, index, reason, kind, majority in (

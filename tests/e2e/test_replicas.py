@@ -104,10 +104,11 @@ def woken_on(
     return answer, answered_at - changed
 
 
-def test_a_site_waiting_on_a_wakes_when_b_opens_and_closes_the_round(
-    replicas: tuple[CoordinatorProcess, ...],
+def waiter_on_a_wakes_when_b_changes_the_round(
+    a: CoordinatorProcess, b: CoordinatorProcess
 ) -> None:
-    a, b = replicas
+    """A site long-polling on ``a`` is answered within ``WAKE_S`` of ``b`` opening round 0 (the
+    last join) and of ``b`` closing it and opening round 1 (the last upload)."""
     with AdminClient(b.url, b.admin_token) as admin:
         fid, tokens = setup_federation(admin, ["x", "y"])
     join(b.url, fid, tokens["x"])
@@ -129,6 +130,12 @@ def test_a_site_waiting_on_a_wakes_when_b_opens_and_closes_the_round(
     assert answer.round is not None
     assert answer.round.index == 1
     assert seconds < WAKE_S
+
+
+def test_a_site_waiting_on_a_wakes_when_b_opens_and_closes_the_round(
+    replicas: tuple[CoordinatorProcess, ...],
+) -> None:
+    waiter_on_a_wakes_when_b_changes_the_round(*replicas)
 
 
 def test_killing_a_replica_mid_round_loses_no_acknowledged_update(
