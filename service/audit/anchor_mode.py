@@ -67,7 +67,12 @@ import numpy as np
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import DetectionResult
-from service.audit.error_evidence import ErrorEvidence, ndtri_clipped, upper_p
+from service.audit.error_evidence import (
+    ErrorEvidence,
+    ndtri_clipped,
+    rate_dispersion,
+    upper_p,
+)
 from service.audit.evidence_verdicts import EvidencePass
 
 __all__ = [
@@ -161,8 +166,7 @@ def anchored_error_evidence(
     expected = (n_in * rate).sum(axis=1)
     observed = np.where(entered, errors, 0).sum(axis=1)
     # The anchors' estimated rates' own variance, as a dispersion: Var(sum n p_hat) / (sum n p)^2.
-    support = np.where(enters, held_by_anchor + 1.0, 1.0)
-    extra = (n_in**2 * rate / support).sum(axis=1) / np.maximum(expected, 1e-12) ** 2
+    extra = rate_dispersion(n_in, rate, np.where(enters, held_by_anchor + 1.0, 1.0))
     judged = entered.any(axis=1) & ~anchor
     p = upper_p(observed, np.maximum(expected, 1e-12), min_dispersion + extra)
     above = observed - expected >= min_excess * np.maximum(n_in.sum(axis=1), 1)

@@ -113,6 +113,7 @@ __all__ = [
     "checked_error_counts",
     "error_evidence",
     "fit_dispersion",
+    "rate_dispersion",
     "upper_p",
     "ndtri_clipped",
 ]
@@ -312,6 +313,15 @@ def _lower_tail(x: FloatArray, mu: FloatArray, phi: FloatArray) -> tuple[FloatAr
     return (x <= t).astype(np.float64), np.asarray(chance, dtype=np.float64)
 
 
+def rate_dispersion(n_in: Any, rates: Any, support: Any) -> FloatArray:
+    """Per site, the estimated rates' own variance as a dispersion on its total:
+    ``Var(sum_c n p_hat_c) / (sum_c n p_c)^2``, each rate estimated from ``support`` samples
+    (``n_in`` 0 where a class does not enter)."""
+    expected = (n_in * rates).sum(axis=1)
+    variance = (n_in**2 * rates / support).sum(axis=1)
+    return np.asarray(variance / np.maximum(expected, 1e-12) ** 2, dtype=np.float64)
+
+
 def fit_dispersion(observed: FloatArray, mean: FloatArray, extra: FloatArray) -> float:
     """The site factor's dispersion phi, from the **lower tail** only: the smallest phi in
     [0, ``_MAX_PHI``] at which as many sites are in their lower tail (mid-CDF below
@@ -427,11 +437,7 @@ def error_evidence(
         mean = n_in * np.nan_to_num(rates)
         observed = np.where(entered, errors, 0).sum(axis=1)
         expected = mean.sum(axis=1)
-        # The estimated rates' own variance as a dispersion: Var(sum n p_hat) / (sum n p)^2.
-        est_var = np.where(
-            entered, n_in**2 * np.nan_to_num(rates) / np.nan_to_num(support, nan=1.0), 0.0
-        )
-        extra = est_var.sum(axis=1) / np.maximum(expected, 1e-12) ** 2
+        extra = rate_dispersion(n_in, np.nan_to_num(rates), np.nan_to_num(support, nan=1.0))
         if stage == "dispersion":
             fit = fit_sites & has
             phi = max(fit_dispersion(observed[fit], expected[fit], extra[fit]), min_dispersion)
