@@ -32,6 +32,7 @@ from service.coordinator.signal_policy import policy_of
 from service.coordinator.stored_audit import read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
+from service.store.poll_state import poll_state
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,17 @@ WAIT_DEFAULT_S = 2.0
 
 
 @dataclass(frozen=True)
+class OpenRound:
+    """The open round a site is told to train in."""
+
+    id: uuid.UUID
+    index: int
+    deadline_at: datetime
+
+
+@dataclass(frozen=True)
 class Train:
-    round: Round
+    round: OpenRound
     instructions: dict[str, Any]
 
 
@@ -230,48 +240,44 @@ def current_for(services: Services, client_id: uuid.UUID) -> Train | Wait | Fini
 
 
 def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wait | Finished:
-    client = repo.get_client(session, client_id)
-    if client is None:
+    """What the client should do now, from one read of its federation's state
+    (:func:`service.store.poll_state.poll_state`)."""
+    state = poll_state(session, client_id)
+    if state is None:
         raise NotFoundError(f"client {client_id} does not exist")
-    return current_for_client(session, client)
-
-
-def current_for_client(session: Session, client: Client) -> Train | Wait | Finished:
-    federation = repo.get_federation(session, client.federation_id)
-    assert federation is not None
-    if federation.status == "finished":
-        return Finished(final_model_id=federation.current_model_id)
-    if federation.status == "failed":
+    if state.federation_status == "finished":
+        return Finished(final_model_id=state.current_model_id)
+    if state.federation_status == "failed":
         raise FederationStateError(
-            f"federation {federation.name!r} failed: {federation.status_reason}"
+            f"federation {state.federation_name!r} failed: {state.status_reason}"
         )
-    if federation.status == "created":
+    if state.federation_status == "created":
         return Wait(WAIT_DEFAULT_S, "the federation has not started (no initial model yet)")
-    if federation.status == "waiting":
-        counts = repo.federation_counts(session, [federation.id])[federation.id]
+    if state.federation_status == "waiting":
         return Wait(
             WAIT_DEFAULT_S,
-            f"the federation has not started: {counts['joined_clients']} of {counts['clients']} "
+            f"the federation has not started: {state.joined_clients} of {state.clients} "
             "sites joined",
         )
-    if client.joined_at is None:
+    if not state.joined:
         return Wait(WAIT_DEFAULT_S, "join the federation first")
-    rnd = repo.open_round_of(session, federation.id)
-    if rnd is None:
+    if state.round_id is None or state.round_index is None or state.deadline_at is None:
         return Wait(WAIT_AGGREGATING_S, "the last round is being aggregated")
-    participant = repo.participant(session, rnd.id, client.id)
-    if participant is None:
-        return Wait(WAIT_DEFAULT_S, f"not selected for round {rnd.index}")
-    if repo.has_update(session, rnd.id, client.id):
-        total, sent = repo.participation_counts(session, rnd.id)
+    if not state.selected or state.instructions is None:
+        return Wait(WAIT_DEFAULT_S, f"not selected for round {state.round_index}")
+    if state.has_update:
+        total, sent = state.sites_selected, state.sites_submitted
         return Wait(
             WAIT_AGGREGATING_S,
-            f"update for round {rnd.index} received; {sent} of {total} sites sent theirs, "
-            f"waiting for {total - sent}",
+            f"update for round {state.round_index} received; {sent} of {total} sites sent "
+            f"theirs, waiting for {total - sent}",
             sites_selected=total,
             sites_submitted=sent,
         )
-    return Train(round=rnd, instructions=participant.instructions)
+    return Train(
+        round=OpenRound(state.round_id, state.round_index, state.deadline_at),
+        instructions=state.instructions,
+    )
 
 
 # --- closing -----------------------------------------------------------------------------------
