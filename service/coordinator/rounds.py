@@ -256,7 +256,7 @@ def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wai
     if state.federation_status == "waiting":
         return Wait(
             WAIT_DEFAULT_S,
-            f"the federation has not started: {state.joined_clients} of {state.clients} "
+            f"the federation has not started: {state.joined_clients or 0} of {state.clients or 0} "
             "sites joined",
         )
     if not state.joined:
@@ -266,7 +266,7 @@ def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wai
     if not state.selected or state.instructions is None:
         return Wait(WAIT_DEFAULT_S, f"not selected for round {state.round_index}")
     if state.has_update:
-        total, sent = state.sites_selected, state.sites_submitted
+        total, sent = state.sites_selected or 0, state.sites_submitted or 0
         return Wait(
             WAIT_AGGREGATING_S,
             f"update for round {state.round_index} received; {sent} of {total} sites sent "

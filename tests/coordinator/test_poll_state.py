@@ -10,13 +10,15 @@ import pytest
 from sqlalchemy import delete, update
 
 from service.config import Settings
-from service.coordinator import federations, rounds
+from service.coordinator import clients, federations, rounds
+from service.coordinator.federation_config import FederationConfigInput
 from service.errors import NotFoundError
 from service.store import repositories as repo
 from service.store.poll_state import poll_state
 from service.store.tables import Round, RoundParticipant
 from tests.coordinator._federations import new_federation
-from tests.coordinator.test_close_once import make_services, prepare_round, submit
+from tests.coordinator.test_close_once import make_services, prepare_round, staged, submit
+from tests.factories import state_bytes, tiny_state
 
 pytestmark = pytest.mark.db
 
@@ -35,12 +37,14 @@ def test_the_poll_state_follows_the_round(settings: Settings) -> None:
         state = poll_state(session, members["a"].id)
         assert state is not None
         assert (state.federation_name, state.federation_status) == ("race", "running")
-        assert (state.clients, state.joined_clients) == (4, 3)
+        # counted only where the answer quotes them: the registered sites while the federation
+        # waits for them, the round's while the site's own update is in
+        assert (state.clients, state.joined_clients) == (None, None)
         assert (state.round_id, state.round_index) == (round_id, 0)
         assert state.joined
         assert state.selected
         assert not state.has_update
-        assert (state.sites_selected, state.sites_submitted) == (3, 0)
+        assert (state.sites_selected, state.sites_submitted) == (None, None)
         stored = repo.participant(session, round_id, members["a"].id)
         assert stored is not None
         assert state.instructions == stored.instructions
@@ -100,7 +104,7 @@ def test_the_poll_state_follows_the_round(settings: Settings) -> None:
         assert (state.round_id, state.round_index, state.deadline_at) == (None, None, None)
         assert not state.selected
         assert not state.has_update
-        assert (state.sites_selected, state.sites_submitted) == (0, 0)
+        assert (state.sites_selected, state.sites_submitted) == (None, None)
         assert rounds.current_for_client_id(session, members["b"].id) == rounds.Wait(
             0.5, "the last round is being aggregated"
         )
@@ -109,4 +113,48 @@ def test_the_poll_state_follows_the_round(settings: Settings) -> None:
         assert poll_state(session, unknown) is None
         with pytest.raises(NotFoundError):
             rounds.current_for_client_id(session, unknown)
+    services.close()
+
+
+def test_a_waiting_federation_counts_its_sites(settings: Settings) -> None:
+    services = make_services(settings)
+    with services.sessions.begin() as session:
+        federation = federations.create_federation(
+            session,
+            name="gathering",
+            num_classes=2,
+            input_shape=[2],
+            class_names=None,
+            rounds=3,
+            min_clients=3,
+            max_clients=None,
+            round_deadline_s=600,
+            config=FederationConfigInput(method="fedavg"),
+            seed=1,
+            actor="admin",
+        )
+        upload = staged(settings, state_bytes(tiny_state(0.0)))
+        federations.upload_initial_model(
+            services,
+            session,
+            federation.id,
+            staged=upload.path,
+            sha256=upload.sha256,
+            size=upload.size,
+            actor="admin",
+        )
+        a, b, c = (
+            federations.add_client(session, federation.id, name=n, actor="admin")[0]
+            for n in ("a", "b", "c")
+        )
+        for site in (a, b):
+            clients.join(session, site, num_samples=10, class_counts=[5, 5], now=services.clock())
+    with services.sessions() as session:
+        state = poll_state(session, a.id)
+        assert state is not None
+        assert (state.federation_status, state.clients, state.joined_clients) == ("waiting", 3, 2)
+        assert state.round_id is None
+        assert rounds.current_for_client_id(session, c.id) == rounds.Wait(
+            2.0, "the federation has not started: 2 of 3 sites joined"
+        )
     services.close()
