@@ -1,6 +1,13 @@
-"""ORM objects to wire models."""
+"""ORM objects and the reports' typed values (:mod:`service.report_views`) to wire models.
+
+A report value becomes its wire model by ``dataclasses.asdict`` and ``model_validate``: every
+field of the value is set on the wire model, so ``response_model_exclude_unset`` leaves out only
+what the value does not hold (the report's ``latest`` before the first audit).
+"""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from sqlalchemy.orm import Session
 
@@ -12,10 +19,17 @@ from service.api.schemas.federations import (
     PlanSpec,
     TaskSpec,
 )
+from service.api.schemas.reports import ClientDiagnostics, ClientHistory, NoisyClientReport
 from service.api.schemas.rounds import RoundRead
 from service.coordinator.federations import federation_summary
 from service.coordinator.retention import pruned_clients
 from service.coordinator.rounds import participation
+from service.report_views import (
+    ClientHistoryView,
+    DiagnosticsView,
+    FlagRound,
+    ReportView,
+)
 from service.store.tables import Client, Event, Federation, ModelVersion, Round
 
 
@@ -115,3 +129,34 @@ def event_read(event: Event) -> EventRead:
         data=event.data,
         created_at=event.created_at,
     )
+
+
+def noisy_client_report(view: ReportView) -> NoisyClientReport:
+    """The report on the wire: ``latest`` empty before the first audit (its fields unset, so
+    left out), each detector's flag in a flag-history round a key of its own."""
+    data = asdict(view)
+    data["latest"] = data["latest"] or {}
+    for row, client in zip(data["clients"], view.clients, strict=True):
+        row["flag_history"] = [_flag_round(entry) for entry in client.flag_history]
+    return NoisyClientReport.model_validate(data)
+
+
+def _flag_round(entry: FlagRound) -> dict[str, object]:
+    """A round of a client's flag history on the wire: the detectors' flags beside the rest."""
+    return {
+        "round": entry.round,
+        "in_warmup": entry.in_warmup,
+        "primary": entry.primary,
+        "verdict": entry.verdict,
+        **entry.detectors,
+    }
+
+
+def client_history(view: ClientHistoryView) -> ClientHistory:
+    """A client's history on the wire."""
+    return ClientHistory.model_validate(asdict(view))
+
+
+def client_diagnostics(view: DiagnosticsView) -> ClientDiagnostics:
+    """A client's own diagnostics on the wire."""
+    return ClientDiagnostics.model_validate(asdict(view))

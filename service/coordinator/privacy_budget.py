@@ -35,6 +35,7 @@ from fedaudit_privacy.accounting import (
 from fedaudit_privacy.accounting import epsilon as shared_epsilon
 from service.coordinator.signal_policy import SignalPolicy, policy_of
 from service.errors import DpAccountingUnavailableError
+from service.report_views import PrivacySummary
 
 __all__ = [
     "ACCOUNTANT",
@@ -88,7 +89,7 @@ def round_privacy(
     return round_account(sigma, delta, k, totals, epsilon_of=epsilon)
 
 
-def report_privacy(config: Mapping[str, Any]) -> dict[str, Any] | None:
+def report_privacy(config: Mapping[str, Any]) -> PrivacySummary | None:
     """The report's ``privacy``: a federation's mechanism, and the epsilon of one round (None
     when it has none)."""
     policy = policy_of(config)
@@ -97,12 +98,12 @@ def report_privacy(config: Mapping[str, Any]) -> dict[str, Any] | None:
     assert policy.dp_delta is not None  # both required with the mechanism (SignalPolicy)
     assert policy.dp_clip_loss is not None
     k = releases_per_update(config["signals"])
-    return {
-        "noise_multiplier": policy.dp_noise_multiplier,
-        "clip_loss": policy.dp_clip_loss,
-        "clip_probe": policy.dp_clip_probe,
-        "delta": policy.dp_delta,
-        "accountant": ACCOUNTANT,
-        "releases_per_update": k,
-        "epsilon_per_round": epsilon(policy.dp_noise_multiplier, policy.dp_delta, k),
-    }
+    return PrivacySummary(
+        noise_multiplier=policy.dp_noise_multiplier,
+        clip_loss=policy.dp_clip_loss,
+        clip_probe=policy.dp_clip_probe,
+        delta=policy.dp_delta,
+        accountant=ACCOUNTANT,
+        releases_per_update=k,
+        epsilon_per_round=epsilon(policy.dp_noise_multiplier, policy.dp_delta, k),
+    )

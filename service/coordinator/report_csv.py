@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from collections.abc import Callable
+
+from service.report_views import ClassEvidenceEntry, ReportRow, ReportView
 
 EVIDENCE_PARTS = (
     "p_value",
@@ -60,71 +62,67 @@ CSV_COLUMNS = (
 """The columns: new ones go at the end, so that a script reading by position keeps working."""
 
 
-def report_csv(report: dict[str, Any]) -> str:
+def report_csv(report: ReportView) -> str:
     """One row per client. ``primary_detector`` is the federation's, ``primary_status`` what it
     answered in the client's latest audit (ok, undetermined, inconclusive; empty when it did not
     run), ``primary_score`` its score there (empty when it gave none), ``flag_basis`` what the
     latest primary flag rests on (empty when not flagged); then each detector's evidence beside the
     verdict in that audit (:func:`_evidence_cells`)."""
-    primary = report["primary_detector"]
+    primary = report.primary_detector
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for row in report["clients"]:
-        scores = row["latest_scores"] or {}
-        statuses = row.get("latest_statuses") or {}
+    for row in report.clients:
+        scores = row.latest_scores or {}
+        statuses = row.latest_statuses or {}
         writer.writerow(
             [
-                row["client_id"],
-                csv_text(row["name"]),
-                row["status"],
-                row["pinned_status"] or "",
-                row["num_samples"] if row["num_samples"] is not None else "",
-                row["times_flagged"],
-                row["rounds_audited"],
-                "" if row["latest_round"] is None else row["latest_round"],
+                row.client_id,
+                csv_text(row.name),
+                row.status,
+                row.pinned_status or "",
+                row.num_samples if row.num_samples is not None else "",
+                row.times_flagged,
+                row.rounds_audited,
+                "" if row.latest_round is None else row.latest_round,
                 _csv_number(scores.get("fednoro")),
                 _csv_number(scores.get("fedncl")),
-                _csv_number(row["reliability"]),
-                csv_text(" ".join(row["noisy_classes"])),
-                _csv_number(row["last_weight"]),
-                csv_text(
-                    " ".join(f"{n['name']}:{n['weight']:.3f}" for n in row["neighbors"] or [])
-                ),
-                row["inconsistent_updates"],
-                ""
-                if row["last_inconsistent_at"] is None
-                else row["last_inconsistent_at"].isoformat(),
-                _csv_number(row["epsilon_round"]),
-                _csv_number(row["epsilon_total"]),
+                _csv_number(row.reliability),
+                csv_text(" ".join(row.noisy_classes)),
+                _csv_number(row.last_weight),
+                csv_text(" ".join(f"{n.name}:{n.weight:.3f}" for n in row.neighbors or [])),
+                row.inconsistent_updates,
+                "" if row.last_inconsistent_at is None else row.last_inconsistent_at.isoformat(),
+                _csv_number(row.epsilon_round),
+                _csv_number(row.epsilon_total),
                 csv_text(primary),
                 statuses.get(primary) or "",
                 _csv_number(scores.get(primary)),
-                row.get("flag_basis") or "",
+                row.flag_basis or "",
                 *_evidence_cells(row),
-                "true" if row.get("anchor") else "false",
+                "true" if row.anchor else "false",
             ]
         )
     return buffer.getvalue()
 
 
-def _evidence_cells(row: dict[str, Any]) -> list[str]:
+def _evidence_cells(row: ReportRow) -> list[str]:
     """The evidence columns of a client's row: empty where the detector gave no verdict or the
     audit holds no value; the per-class ones as ``label:value`` pairs, in class order."""
-    found = row.get("latest_detector_evidence") or {}
-    evidence = found.get("evidence") or {}
-    fedncl = found.get("fedncl") or {}
-    classes = row.get("latest_class_evidence") or []
+    found = row.latest_detector_evidence
+    evidence = (found["evidence"] if found else None) or {}
+    fedncl = (found["fedncl"] if found else None) or {}
+    classes = row.latest_class_evidence
 
-    def pairs(key: str) -> str:
-        shown = [c for c in classes if c.get(key) is not None]
-        return csv_text(" ".join(f"{c['label']}:{_csv_number(c[key])}" for c in shown))
+    def pairs(value: Callable[[ClassEvidenceEntry], float | None]) -> str:
+        shown = [(c["label"], value(c)) for c in classes if value(c) is not None]
+        return csv_text(" ".join(f"{label}:{_csv_number(v)}" for label, v in shown))
 
     return [
         *(_csv_number(evidence.get(part)) for part in EVIDENCE_PARTS),
         *(_csv_number(fedncl.get(part)) for part in FEDNCL_PARTS),
-        pairs("evidence_z"),
-        pairs("fednoro_normalised_loss"),
+        pairs(lambda c: c["evidence_z"]),
+        pairs(lambda c: c["fednoro_normalised_loss"]),
     ]
 
 
@@ -138,5 +136,5 @@ def csv_text(value: str) -> str:
     return "'" + value if value.startswith(FORMULA_PREFIXES) else value
 
 
-def _csv_number(value: Any) -> str:
+def _csv_number(value: float | None) -> str:
     return "" if value is None else f"{float(value):.6g}"

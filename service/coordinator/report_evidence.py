@@ -6,7 +6,8 @@
 where the audit holds no value: an older audit, a part not used that round); :func:`class_evidence`
 into its ``class_evidence`` (per class: the evidence detector's class z, FedNoRo's normalised loss,
 and which detectors name the class noisy). The API's ``DetectorEvidence`` and ``ClassEvidence``
-(service.api.schemas.evidence) are their wire types.
+(service.api.schemas.evidence) are their wire types; ``ClassEvidenceEntry`` and
+``DetectorEvidenceEntry`` (:mod:`service.report_views`) their types here.
 """
 
 from __future__ import annotations
@@ -14,28 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 
-from typing_extensions import TypedDict
-
 from service.coordinator.stored_evidence import ClientEvidence
-
-
-class ClassEvidenceEntry(TypedDict):
-    """One class of a client's ``class_evidence``."""
-
-    index: int
-    label: str
-    evidence_z: float | None
-    fednoro_normalised_loss: float | None
-    noisy_by: list[str]
-
-
-class DetectorEvidenceEntry(TypedDict):
-    """A client's ``detector_evidence``: each detector's parts (None: no verdict on the client)."""
-
-    evidence: dict[str, float | None] | None
-    fednoro: dict[str, float | None] | None
-    fedncl: dict[str, float | None] | None
-    expertise: dict[str, float | None] | None
+from service.report_views import ClassEvidenceEntry, DetectorEvidenceEntry
 
 
 def detector_evidence(found: ClientEvidence) -> DetectorEvidenceEntry:

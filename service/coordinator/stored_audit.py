@@ -34,6 +34,7 @@ from typing_extensions import TypedDict
 
 from service.audit import DETECTOR_REGISTRY, DETECTORS
 from service.coordinator.stored_evidence import ClientEvidence, read_parts
+from service.report_views import NeighborWeight
 from service.store.audit_json import JsonPath, audit_values
 
 CLASS_DETECTORS = tuple(name for name, spec in DETECTOR_REGISTRY.items() if spec.classes)
@@ -51,13 +52,6 @@ NoneIsEmptyList = BeforeValidator(lambda value: _none_is_empty(value, []))
 """A stored null read as an empty list, as the reports always read it."""
 NoneIsEmptyDict = BeforeValidator(lambda value: _none_is_empty(value, {}))
 """A stored null read as an empty mapping, as the reports always read it."""
-
-
-class NeighborWeight(TypedDict):
-    """One of a client's reliable neighbors (R'), as stored and as the reports show it."""
-
-    client_id: str
-    weight: float
 
 
 class _Stored(BaseModel):

@@ -79,7 +79,7 @@ def test_the_preview_and_the_coordinator_account_alike() -> None:
     assert report is not None
     assert stored is not None
     shown = preview_privacy(DP, SIGNALS, 10)
-    assert shown["epsilon_round"] == report["epsilon_per_round"] == stored["epsilon_round"]
+    assert shown["epsilon_round"] == report.epsilon_per_round == stored["epsilon_round"]
     assert shown["epsilon_total"] == stored["epsilon_total"][0]
 
 

@@ -43,30 +43,30 @@ def test_the_primary_detectors_classes_are_the_reports() -> None:
     entry = _client_entry(
         FEDERATION, 7, client_audit(fields("evidence", evidence="ok", fednoro="ok"))
     )
-    assert entry["round"] == 7
-    assert entry["noisy_classes"] == ["eel"]
-    assert entry["classes_by_detector"] == {"evidence": ["eel"], "fednoro": ["dog", "eel"]}
-    assert set(entry["flags"]) == {"evidence", "fednoro"}  # the two not run are left out
+    assert entry.round == 7
+    assert entry.noisy_classes == ["eel"]
+    assert entry.classes_by_detector == {"evidence": ["eel"], "fednoro": ["dog", "eel"]}
+    assert set(entry.flags) == {"evidence", "fednoro"}  # the two not run are left out
 
     entry = _client_entry(
         FEDERATION, 7, client_audit(fields("fednoro", evidence="ok", fednoro="ok"))
     )
-    assert entry["noisy_classes"] == ["dog", "eel"]
+    assert entry.noisy_classes == ["dog", "eel"]
 
 
 def test_a_primary_that_judges_sites_only_shows_fednoros_classes() -> None:
     entry = _client_entry(FEDERATION, 7, client_audit(fields("fedncl", fedncl="ok", fednoro="ok")))
-    assert entry["noisy_classes"] == ["dog", "eel"]
-    assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
+    assert entry.noisy_classes == ["dog", "eel"]
+    assert entry.classes_by_detector == {"fednoro": ["dog", "eel"]}
 
 
 def test_an_abstaining_primary_names_no_class() -> None:
     entry = _client_entry(
         FEDERATION, 7, client_audit(fields("evidence", evidence="inconclusive", fednoro="ok"))
     )
-    assert entry["noisy_classes"] == []
-    assert entry["classes_by_detector"] == {"fednoro": ["dog", "eel"]}
-    assert entry["flags"]["evidence"] is None
-    assert entry["scores"]["evidence"] is None
+    assert entry.noisy_classes == []
+    assert entry.classes_by_detector == {"fednoro": ["dog", "eel"]}
+    assert entry.flags["evidence"] is None
+    assert entry.scores["evidence"] is None
     # what each detector that ran answered, so that a missing score can say why
-    assert entry["statuses"] == {"evidence": "inconclusive", "fednoro": "ok"}
+    assert entry.statuses == {"evidence": "inconclusive", "fednoro": "ok"}

@@ -96,7 +96,7 @@ def test_a_sites_epsilon_composes_its_updates_releases() -> None:
     assert round_privacy(SignalPolicy(), signals, ["a"], {"a": 1}) is None
     report = report_privacy({"privacy": policy.model_dump(), "signals": signals})
     assert report is not None
-    assert report["epsilon_per_round"] == pytest.approx(stored["epsilon_round"])
+    assert report.epsilon_per_round == pytest.approx(stored["epsilon_round"])
 
 
 @pytest.mark.parametrize(

@@ -5,44 +5,37 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from dataclasses import replace
 
 from service.coordinator.report_csv import report_csv
+from service.report_views import ReportRow
+from tests.report_views import report, report_row
 
 
-def row(name: str, scores: dict[str, Any] | None, statuses: dict[str, str] | None) -> dict:
-    return {
-        "client_id": f"id-{name}",
-        "name": name,
-        "status": "trusted",
-        "pinned_status": None,
-        "num_samples": 10,
-        "times_flagged": 0,
-        "rounds_audited": 2,
-        "latest_round": None if scores is None else 3,
-        "latest_scores": scores,
-        "latest_statuses": statuses,
-        "reliability": None,
-        "noisy_classes": [],
-        "last_weight": None,
-        "neighbors": None,
-        "inconsistent_updates": 0,
-        "last_inconsistent_at": None,
-        "epsilon_round": None,
-        "epsilon_total": None,
-    }
+def row(
+    name: str, scores: dict[str, float | None] | None, statuses: dict[str, str] | None
+) -> ReportRow:
+    return report_row(
+        client_id=f"id-{name}",
+        name=name,
+        num_samples=10,
+        rounds_audited=2,
+        latest_round=None if scores is None else 3,
+        latest_scores=scores,
+        latest_statuses=statuses,
+    )
 
 
 def test_the_primary_detectors_score_has_its_own_column() -> None:
-    report = {
-        "primary_detector": "evidence",
-        "clients": [
+    shown = report(
+        primary_detector="evidence",
+        clients=[
             row("a", {"evidence": -1.25, "fednoro": 0.5}, {"evidence": "ok", "fednoro": "ok"}),
             row("=b", {"evidence": None}, {"evidence": "inconclusive"}),
             row("c", None, None),  # never audited
         ],
-    }
-    parsed = {r["client_id"]: r for r in csv.DictReader(io.StringIO(report_csv(report)))}
+    )
+    parsed = {r["client_id"]: r for r in csv.DictReader(io.StringIO(report_csv(shown)))}
     a, b, c = parsed["id-a"], parsed["id-=b"], parsed["id-c"]
     assert (a["primary_detector"], a["primary_status"], a["primary_score"]) == (
         "evidence",
@@ -58,7 +51,7 @@ def test_the_primary_detectors_score_has_its_own_column() -> None:
 
 def test_new_columns_come_last() -> None:
     # a script that reads the CSV by position keeps its columns (the ones before 27 November)
-    header = report_csv({"primary_detector": "evidence", "clients": []}).splitlines()[0]
+    header = report_csv(report(primary_detector="evidence")).splitlines()[0]
     assert header.split(",")[:8] == [
         "client_id",
         "name",
@@ -97,9 +90,9 @@ def test_new_columns_come_last() -> None:
 
 
 def test_each_detectors_evidence_has_its_cells() -> None:
-    with_evidence = {
-        **row("a", {"evidence": 3.25, "fedncl": 144.0}, {"evidence": "ok", "fedncl": "ok"}),
-        "latest_detector_evidence": {
+    with_evidence = replace(
+        row("a", {"evidence": 3.25, "fedncl": 144.0}, {"evidence": "ok", "fedncl": "ok"}),
+        latest_detector_evidence={
             "evidence": {
                 "p_value": 0.0012,
                 "q_value": 0.0024,
@@ -116,7 +109,7 @@ def test_each_detectors_evidence_has_its_cells() -> None:
             "fedncl": {"q": 144.0, "divergence": 72.0, "data_quality": 20.0, "deviation": 1.0},
             "expertise": None,
         },
-        "latest_class_evidence": [
+        latest_class_evidence=[
             {
                 "index": 0,
                 "label": "=cat",  # a class label is not run as a formula either
@@ -132,14 +125,13 @@ def test_each_detectors_evidence_has_its_cells() -> None:
                 "noisy_by": ["evidence"],
             },
         ],
-    }
-    report = {
-        "primary_detector": "evidence",
-        # b: never audited; c: a row of a report without these keys (an older caller's)
-        "clients": [with_evidence, {**row("b", None, None), "latest_detector_evidence": None}]
-        + [row("c", None, None)],
-    }
-    parsed = {r["client_id"]: r for r in csv.DictReader(io.StringIO(report_csv(report)))}
+    )
+    shown = report(
+        primary_detector="evidence",
+        # b and c: never audited
+        clients=[with_evidence, row("b", None, None), row("c", None, None)],
+    )
+    parsed = {r["client_id"]: r for r in csv.DictReader(io.StringIO(report_csv(shown)))}
     a = parsed["id-a"]
     assert [a[f"evidence_{part}"] for part in ("p_value", "q_value", "site_z", "site_factor")] == [
         "0.0012",
@@ -159,9 +151,9 @@ def test_each_detectors_evidence_has_its_cells() -> None:
 
 
 def test_the_anchor_column_says_which_sites_are_trust_anchors() -> None:
-    report = {
-        "primary_detector": "evidence",
-        "clients": [{**row("a", None, None), "anchor": True}, row("b", None, None)],
-    }
-    rows = list(csv.DictReader(io.StringIO(report_csv(report))))
+    shown = report(
+        primary_detector="evidence",
+        clients=[replace(row("a", None, None), anchor=True), row("b", None, None)],
+    )
+    rows = list(csv.DictReader(io.StringIO(report_csv(shown))))
     assert [(r["name"], r["anchor"]) for r in rows] == [("a", "true"), ("b", "false")]

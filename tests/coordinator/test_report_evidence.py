@@ -11,6 +11,7 @@ from typing import Any
 
 from service.coordinator.reports import _client_entry
 from service.coordinator.stored_audit import client_audit_in
+from service.report_views import ClientRound
 
 FEDERATION: Any = SimpleNamespace(class_names=["cat", "dog", "<eel>"])
 
@@ -97,13 +98,13 @@ RESULT: dict[str, Any] = {
 }
 
 
-def entry(result: dict[str, Any], position: int) -> dict[str, Any]:
+def entry(result: dict[str, Any], position: int) -> ClientRound:
     client_id = result["client_ids"][position]
     return _client_entry(FEDERATION, 4, client_audit_in(result, position, client_id))
 
 
 def test_each_detectors_evidence_is_the_stored_value() -> None:
-    found = entry(RESULT, 0)["detector_evidence"]
+    found = entry(RESULT, 0).detector_evidence
     assert found["evidence"] == {
         "p_value": 0.0012,
         "q_value": 0.0024,
@@ -139,7 +140,7 @@ def test_each_detectors_evidence_is_the_stored_value() -> None:
 
 
 def test_per_class_rows_hold_each_detectors_value_and_who_names_the_class() -> None:
-    assert entry(RESULT, 0)["class_evidence"] == [
+    assert entry(RESULT, 0).class_evidence == [
         {
             "index": 0,
             "label": "cat",
@@ -160,7 +161,7 @@ def test_per_class_rows_hold_each_detectors_value_and_who_names_the_class() -> N
 
 def test_an_older_verdict_and_a_missing_one_read_as_null() -> None:
     second = entry(RESULT, 1)
-    found = second["detector_evidence"]
+    found = second.detector_evidence
     assert found["evidence"]["p_value"] == 0.8
     assert found["evidence"]["site_z"] is None
     assert found["evidence"]["geometry_z"] is None
@@ -172,7 +173,7 @@ def test_an_older_verdict_and_a_missing_one_read_as_null() -> None:
         "data_quality": None,
         "deviation": None,
     }
-    assert second["class_evidence"] == []
+    assert second.class_evidence == []
 
 
 def test_a_detector_not_run_and_an_audit_without_evidence_show_nothing() -> None:
@@ -183,14 +184,14 @@ def test_a_detector_not_run_and_an_audit_without_evidence_show_nothing() -> None
                 del verdict["evidence"]
     del older["detections"]["fedncl"]
     first = entry(older, 0)
-    assert first["detector_evidence"] == {
+    assert first.detector_evidence == {
         "evidence": None,
         "fednoro": None,
         "fedncl": None,
         "expertise": None,
     }
-    assert first["class_evidence"] == []
-    assert first["scores"]["evidence"] == 3.25  # the verdict itself still reads
+    assert first.class_evidence == []
+    assert first.scores["evidence"] == 3.25  # the verdict itself still reads
 
 
 def test_an_inconclusive_detector_still_shows_its_evidence() -> None:
@@ -199,7 +200,7 @@ def test_an_inconclusive_detector_still_shows_its_evidence() -> None:
     for verdict in abstained["detections"]["evidence"]["verdicts"]:
         verdict["flag"] = None
     first = entry(abstained, 0)
-    assert first["scores"]["evidence"] is None
-    assert first["detector_evidence"]["evidence"]["site_z"] == 3.25
+    assert first.scores["evidence"] is None
+    assert first.detector_evidence["evidence"]["site_z"] == 3.25
     # the classes it would name are not named: it abstained
-    assert [c["noisy_by"] for c in first["class_evidence"]] == [["fednoro"], ["fednoro"]]
+    assert [c["noisy_by"] for c in first.class_evidence] == [["fednoro"], ["fednoro"]]

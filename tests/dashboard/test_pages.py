@@ -1,35 +1,57 @@
-"""Page builders of the dashboard, from literal report dictionaries."""
+"""Page builders of the dashboard, from literal report values."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Any
 
 from service.api.dashboard import pages, plots, svg
+from service.report_views import (
+    ClientPageView,
+    ClientRound,
+    DetectorState,
+    FlagRound,
+    NamedNeighbor,
+    ReportRow,
+    ReportView,
+)
+from tests.report_views import (
+    client_page,
+    client_round,
+    flag_round,
+    latest_audit,
+    page_round,
+    report,
+    report_row,
+    round_row,
+    round_view,
+)
 
 NS = "{http://www.w3.org/2000/svg}"
 
 
-def client(name: str, status: str, history: list[dict], neighbors: list[dict] | None = None):
-    return {
-        "client_id": f"id-{name}",
-        "name": name,
-        "status": status,
-        "flag_history": history,
-        "neighbors": neighbors,
-    }
+def client(
+    name: str,
+    status: str,
+    history: list[FlagRound],
+    neighbors: list[NamedNeighbor] | None = None,
+) -> ReportRow:
+    return report_row(
+        client_id=f"id-{name}", name=name, status=status, flag_history=history, neighbors=neighbors
+    )
 
 
 def test_neighbor_matrix_has_one_cell_per_known_neighbor_noisy_sites_first() -> None:
     clients = [
-        client("a", "trusted", [], [{"client_id": "id-b", "weight": 0.8, "name": "b"}]),
+        client("a", "trusted", [], [NamedNeighbor(client_id="id-b", weight=0.8, name="b")]),
         client(
             "b",
             "noisy",
             [],
             [
-                {"client_id": "id-a", "weight": 0.4, "name": "a"},
-                {"client_id": "id-gone", "weight": 0.9, "name": "gone"},  # not in the report
+                NamedNeighbor(client_id="id-a", weight=0.4, name="a"),
+                NamedNeighbor(client_id="id-gone", weight=0.9, name="gone"),  # not in the report
             ],
         ),
     ]
@@ -60,12 +82,12 @@ def test_flag_grid_kinds_follow_the_history() -> None:
             "a",
             "suspect",
             [
-                {"round": 0, "in_warmup": True, "primary": True},
-                {"round": 1, "in_warmup": False, "primary": True},
-                {"round": 3, "in_warmup": False, "primary": None},
+                flag_round(0, True, in_warmup=True),
+                flag_round(1, True),
+                flag_round(3, None),
             ],
         ),
-        client("b", "trusted", [{"round": 1, "in_warmup": False, "primary": False}]),
+        client("b", "trusted", [flag_round(1, False)]),
     ]
     root = ET.fromstring(plots.flag_grid(clients))
     kinds = [r.get("class") for r in root.iter(f"{NS}rect") if "flag" in (r.get("class") or "")]
@@ -87,26 +109,17 @@ def test_number_formatting_and_escaping() -> None:
 
 
 def test_round_page_escapes_names() -> None:
-    view = {
-        "round": 2,
-        "state": "failed",
-        "state_reason": "<img src=x onerror=alert(1)>",
-        "audited": False,
-        "in_warmup": None,
-        "aggregation_rule": None,
-        "fallback_reason": None,
-        "classes": ["<cat>", "dog"],
-        "clients": [
-            {
-                "client_id": "id-x",
-                "name": "<x>",
-                "num_samples": 3,
-                "per_class_loss": [1.0, None],
-                "weight": None,
-                "primary_flag": None,
-            }
-        ],
-    }
+    view = round_view(
+        2,
+        [round_row("id-x", "<x>", num_samples=3, per_class_loss=[1.0, None])],
+        state="failed",
+        state_reason="<img src=x onerror=alert(1)>",
+        audited=False,
+        in_warmup=None,
+        aggregation_rule=None,
+        fallback_reason=None,
+        classes=["<cat>", "dog"],
+    )
     html = pages.round_page("fid", "<fed>", view)
     assert "<img" not in html
     assert "<x>" not in html
@@ -114,26 +127,17 @@ def test_round_page_escapes_names() -> None:
     assert "&lt;fed&gt;" in html
 
 
-def federation_report(latest: dict) -> dict:
+def federation_report(latest: dict[str, Any]) -> ReportView:
     """A report with no client and the given latest-audit summary."""
-    return {
-        "federation_id": "fid",
-        "federation": "fed",
-        "status": "running",
-        "primary_detector": "fednoro",
-        "warmup_rounds": 1,
-        "rounds_audited": 2,
-        "latest": {"round": 1, "primary_status": "ok", **latest},
-        "clients": [],
-    }
+    return report(latest=latest_audit(round=1, primary_status="ok", **latest))
 
 
 def test_federation_page_shows_the_latest_audits_warnings_escaped():
-    report = federation_report({"warnings": ["hold 57% <of> the data"]})
-    html = pages.federation_page(report, None)
+    shown = federation_report({"warnings": ["hold 57% <of> the data"]})
+    html = pages.federation_page(shown, None)
     assert "<dt>warning</dt><dd>hold 57% &lt;of&gt; the data</dd>" in html
-    report["latest"]["warnings"] = []
-    assert "<dt>warning</dt>" not in pages.federation_page(report, None)
+    shown = replace(shown, latest=latest_audit(warnings=[]))
+    assert "<dt>warning</dt>" not in pages.federation_page(shown, None)
 
 
 def test_federation_page_shows_the_separation_guards_verdict():
@@ -148,23 +152,23 @@ def test_federation_page_shows_the_separation_guards_verdict():
 def test_client_table_shows_inconsistent_claims():
     from datetime import UTC, datetime
 
-    row: dict[str, object] = {
-        "client_id": "c1",
-        "name": "site-a",
-        "status": "trusted",
-        "pinned_status": None,
-        "noisy_classes": [],
-        "times_flagged": 0,
-        "rounds_audited": 1,
-        "latest_scores": None,
-        "latest_flags": None,
-        "reliability": None,
-        "neighbors": None,
-        "last_weight": 0.4,
-        "num_samples": 100,
-        "inconsistent_updates": 2,
-        "last_inconsistent_at": datetime(2026, 11, 25, 9, 12, tzinfo=UTC),
-    }
+    row = report_row(
+        client_id="c1",
+        name="site-a",
+        status="trusted",
+        pinned_status=None,
+        noisy_classes=[],
+        times_flagged=0,
+        rounds_audited=1,
+        latest_scores=None,
+        latest_flags=None,
+        reliability=None,
+        neighbors=None,
+        last_weight=0.4,
+        num_samples=100,
+        inconsistent_updates=2,
+        last_inconsistent_at=datetime(2026, 11, 25, 9, 12, tzinfo=UTC),
+    )
     html = pages.client_table("f1", [row])
     assert "inconsistent claims</th>" in html
     assert '<td><a href="/admin/federations/f1/clients/c1">site-a</a></td>' in html
@@ -173,29 +177,14 @@ def test_client_table_shows_inconsistent_claims():
         in html
     )
     clean = pages.client_table(
-        "f1", [{**row, "inconsistent_updates": 0, "last_inconsistent_at": None}]
+        "f1", [replace(row, inconsistent_updates=0, last_inconsistent_at=None)]
     )
     assert '<td class="num"><span class="muted">0</span></td>' in clean
 
 
-def _report_row(**fields: object) -> dict[str, object]:
+def _report_row(**fields: Any) -> ReportRow:
     """A trusted site's row of the report's client table, with ``fields`` on top."""
-    return {
-        "client_id": "c1",
-        "name": "site-a",
-        "status": "trusted",
-        "pinned_status": None,
-        "noisy_classes": [],
-        "times_flagged": 0,
-        "rounds_audited": 1,
-        "reliability": None,
-        "neighbors": None,
-        "last_weight": 0.4,
-        "num_samples": 100,
-        "inconsistent_updates": 0,
-        "last_inconsistent_at": None,
-        **fields,
-    }
+    return report_row(last_weight=0.4, **fields)
 
 
 def test_the_report_table_marks_a_secondary_detectors_flag_as_such() -> None:
@@ -218,48 +207,37 @@ def test_a_score_the_detector_did_not_give_says_why() -> None:
     html = pages.client_table("f1", [row], "evidence")
     assert 'fednoro: <span class="muted" title="too few sites or signals to decide">' in html
     assert "n/a (undetermined)</span>" in html
-    report = federation_report(
+    shown = federation_report(
         {
             "primary_detector": "evidence",
             "detectors": {
-                "evidence": {"status": "ok", "reason": None},
-                "fednoro": {"status": "undetermined", "reason": "3 clients, fewer than 4"},
+                "evidence": DetectorState(status="ok", reason=None),
+                "fednoro": DetectorState(status="undetermined", reason="3 clients, fewer than 4"),
             },
         }
     )
-    report["clients"] = [row]
-    page = pages.federation_page(report, None)
+    page = pages.federation_page(replace(shown, clients=[row]), None)
     assert "<dt>fednoro verdict</dt><dd>undetermined: 3 clients, fewer than 4</dd>" in page
     assert "<dt>evidence verdict</dt>" not in page  # the primary's verdict has its own line
     assert "n/a (undetermined): too few sites or signals to decide" in page  # the legend
     assert "n/a (inconclusive):" not in page
 
 
-def _trusted_site_view(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """A trusted site's client page view with these history ``rounds`` and nothing else."""
-    return {
-        "federation_id": "f1",
-        "federation": "fed",
-        "name": "site-a",
-        "status": "trusted",
-        "detected_status": "trusted",
-        "rounds": rounds,
-        "site_errors": [],
-        "per_class_loss": {},
-        "classes": ["0", "1"],
-    }
+def _trusted_site_view(rounds: list[ClientRound], **fields: Any) -> ClientPageView:
+    """A trusted site's client page view with these history ``rounds`` (after the warm-up) and
+    nothing else."""
+    return client_page([page_round(r) for r in rounds], **fields)
 
 
 def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
     rounds = [
-        {
-            "round": 4,
-            "in_warmup": False,
-            "primary_flag": None,
-            "flags": {"evidence": None},
-            "scores": {"evidence": None},
-            "statuses": {"evidence": "inconclusive"},
-        }
+        client_round(
+            4,
+            primary_flag=None,
+            flags={"evidence": None},
+            scores={"evidence": None},
+            statuses={"evidence": "inconclusive"},
+        )
     ]
     html = pages.client_page(_trusted_site_view(rounds), "evidence")
     assert "n/a (inconclusive)</span></td>" in html
@@ -272,23 +250,21 @@ def test_the_client_page_marks_an_abstaining_detector_inconclusive() -> None:
 def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
     # round 5: evidence undetermined (too few sites); fedncl not run that round (no status);
     # round 6: fedncl answered ok but gave this site no flag (None)
-    rounds: list[dict[str, Any]] = [
-        {
-            "round": 5,
-            "in_warmup": False,
-            "primary_flag": None,
-            "flags": {"evidence": None, "fedncl": None},
-            "scores": {"evidence": None, "fedncl": None},
-            "statuses": {"evidence": "undetermined"},
-        },
-        {
-            "round": 6,
-            "in_warmup": False,
-            "primary_flag": False,
-            "flags": {"evidence": False, "fedncl": None},
-            "scores": {"evidence": 0.1, "fedncl": 0.2},
-            "statuses": {"evidence": "ok", "fedncl": "ok"},
-        },
+    rounds = [
+        client_round(
+            5,
+            primary_flag=None,
+            flags={"evidence": None, "fedncl": None},
+            scores={"evidence": None, "fedncl": None},
+            statuses={"evidence": "undetermined"},
+        ),
+        client_round(
+            6,
+            primary_flag=False,
+            flags={"evidence": False, "fedncl": None},
+            scores={"evidence": 0.1, "fedncl": 0.2},
+            statuses={"evidence": "ok", "fedncl": "ok"},
+        ),
     ]
     html = pages.client_page(_trusted_site_view(rounds), "evidence")
     root = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
@@ -300,8 +276,7 @@ def test_the_client_page_tells_undetermined_from_no_verdict() -> None:
 
 
 def test_every_section_of_a_federation_page_before_its_first_audit_has_a_title() -> None:
-    report = {**federation_report({}), "latest": None, "rounds_audited": 0}
-    html = pages.federation_page(report, None)
+    html = pages.federation_page(report(latest=None, rounds_audited=0), None)
     assert "No audited round yet" in html
     sections = html.split("<section>")[1:]
     assert sections
@@ -309,16 +284,15 @@ def test_every_section_of_a_federation_page_before_its_first_audit_has_a_title()
     assert untitled == []
 
 
-def _round_with_evidence() -> dict[str, Any]:
+def _round_with_evidence() -> ClientRound:
     """A round of a client's history with hand-written evidence beside the verdict."""
-    return {
-        "round": 7,
-        "in_warmup": False,
-        "primary_flag": True,
-        "flags": {"evidence": True, "fedncl": False},
-        "scores": {"evidence": 3.25, "fedncl": 0.8},
-        "statuses": {"evidence": "ok", "fedncl": "ok"},
-        "detector_evidence": {
+    return client_round(
+        7,
+        primary_flag=True,
+        flags={"evidence": True, "fedncl": False},
+        scores={"evidence": 3.25, "fedncl": 0.8},
+        statuses={"evidence": "ok", "fedncl": "ok"},
+        detector_evidence={
             "evidence": {
                 "p_value": 0.0012,
                 "q_value": 0.0024,
@@ -341,7 +315,7 @@ def _round_with_evidence() -> dict[str, Any]:
             "fedncl": {"q": 0.8, "divergence": 72.0, "data_quality": 20.0, "deviation": -0.5},
             "expertise": None,
         },
-        "class_evidence": [
+        class_evidence=[
             {
                 "index": 1,
                 "label": "<b>dog</b>",
@@ -350,11 +324,11 @@ def _round_with_evidence() -> dict[str, Any]:
                 "noisy_by": ["evidence"],
             }
         ],
-    }
+    )
 
 
 def test_the_client_page_shows_each_detectors_evidence_and_a_per_class_table() -> None:
-    view = {**_trusted_site_view([_round_with_evidence()]), "class_counts": {7: [40, 12]}}
+    view = _trusted_site_view([_round_with_evidence()], class_counts={7: [40, 12]})
     html = pages.client_page(view, "evidence")
     section = html[html.index("Evidence beside the verdict, round 7") :]
     section = section[: section.index("</section>")]
@@ -389,14 +363,13 @@ def test_the_client_page_shows_each_detectors_evidence_and_a_per_class_table() -
 
 
 def test_the_client_page_of_an_older_audit_says_it_holds_no_evidence() -> None:
-    older = {
-        "round": 3,
-        "in_warmup": False,
-        "primary_flag": False,
-        "flags": {"evidence": False},
-        "scores": {"evidence": 0.1},
-        "statuses": {"evidence": "ok"},
-    }
+    older = client_round(
+        3,
+        primary_flag=False,
+        flags={"evidence": False},
+        scores={"evidence": 0.1},
+        statuses={"evidence": "ok"},
+    )
     html = pages.client_page(_trusted_site_view([older]), "evidence")
     assert "holds no detector evidence for the site" in html
     assert pages.client_page(_trusted_site_view([]), "evidence").count("Evidence beside") == 0

@@ -5,8 +5,11 @@ saying what was left out."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 from service.api.dashboard import plots
+from service.report_views import NamedNeighbor, ReportRow
+from tests.report_views import flag_round, report_row, round_row, round_view
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -23,20 +26,26 @@ def row_indices(html: str) -> set[str]:
     }
 
 
-def site(i: int, status: str = "trusted", neighbors: list[dict] | None = None) -> dict:
-    return {
-        "client_id": f"id-{i:03d}",
-        "name": f"s{i:03d}",
-        "status": status,
-        "flag_history": [],
-        "neighbors": neighbors,
-    }
+def site(
+    i: int, status: str = "trusted", neighbors: list[NamedNeighbor] | None = None
+) -> ReportRow:
+    return report_row(
+        client_id=f"id-{i:03d}",
+        name=f"s{i:03d}",
+        status=status,
+        flag_history=[],
+        neighbors=neighbors,
+    )
+
+
+def neighbor(i: int, weight: float) -> NamedNeighbor:
+    return NamedNeighbor(client_id=f"id-{i:03d}", weight=weight, name=f"s{i:03d}")
 
 
 def test_the_neighbor_matrix_keeps_sixty_sites_the_noisy_ones_first() -> None:
     # 70 sites; the last five are noisy, each the neighbor of site 0 (weight 0.5)
     sites = [site(i, "noisy" if i >= 65 else "trusted") for i in range(70)]
-    sites[0]["neighbors"] = [{"client_id": f"id-{i:03d}", "weight": 0.5} for i in range(65, 70)]
+    sites[0] = replace(sites[0], neighbors=[neighbor(i, 0.5) for i in range(65, 70)])
     html = plots.neighbor_matrix(sites)
     assert plots.MATRIX_SITES == 60
     assert row_indices(html) == {str(i) for i in range(60)}  # 60 rows
@@ -52,16 +61,16 @@ def test_the_neighbor_matrix_keeps_sixty_sites_the_noisy_ones_first() -> None:
 def test_a_cut_matrix_whose_rows_have_no_neighbor_says_so_with_the_cut() -> None:
     # 70 sites; only site 69 (not among the first 60 rows) was given a neighbor
     sites = [site(i) for i in range(70)]
-    sites[69]["neighbors"] = [{"client_id": "id-000", "weight": 1.0}]
+    sites[69] = replace(sites[69], neighbors=[neighbor(0, 1.0)])
     html = plots.neighbor_matrix(sites)
     assert "No neighbor relation among the sites shown" in html
     assert "The first 60 of 70 sites" in html
 
 
 def test_the_flag_grid_keeps_two_hundred_sites_and_the_latest_rounds() -> None:
-    history = [{"round": r, "primary": False} for r in range(210)]
-    sites = [{**site(i), "flag_history": history} for i in range(230)]
-    sites[229]["status"] = "noisy"
+    history = [flag_round(r, False) for r in range(210)]
+    sites = [replace(site(i), flag_history=history) for i in range(230)]
+    sites[229] = replace(sites[229], status="noisy")
     html = plots.flag_grid(sites)
     cells = [
         r.findtext(f"{NS}title") or ""
@@ -78,18 +87,15 @@ def test_the_flag_grid_keeps_two_hundred_sites_and_the_latest_rounds() -> None:
 
 
 def test_a_small_federation_is_shown_whole_without_a_note() -> None:
-    sites = [site(i, neighbors=[{"client_id": "id-000", "weight": 1.0}]) for i in range(5)]
+    sites = [site(i, neighbors=[neighbor(0, 1.0)]) for i in range(5)]
     html = plots.neighbor_matrix(sites)
     assert row_indices(html) == {str(i) for i in range(5)}
     assert "The first" not in html
 
 
 def test_the_loss_heat_map_puts_the_given_noisy_site_first() -> None:
-    rows = [
-        {"client_id": f"id-{i:03d}", "name": f"s{i:03d}", "per_class_loss": [0.1, 0.2]}
-        for i in range(205)
-    ]
-    view = {"round": 3, "classes": ["0", "1"], "clients": rows}
+    rows = [round_row(f"id-{i:03d}", f"s{i:03d}", per_class_loss=[0.1, 0.2]) for i in range(205)]
+    view = round_view(3, rows, classes=["0", "1"])
     html = plots.class_loss_heatmap(view, {"id-204": "noisy"})
     assert len(row_indices(html)) == 200
     labels = [t.text for t in svg_root(html).iter(f"{NS}text")]

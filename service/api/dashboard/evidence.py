@@ -11,7 +11,6 @@ attribute.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -23,6 +22,7 @@ from service.api.schemas.evidence import (
     FedNCLParts,
     FedNoRoParts,
 )
+from service.report_views import ClassEvidenceEntry, ClientPageView, DetectorEvidenceEntry
 
 PARTS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("evidence", EvidenceParts),
@@ -53,7 +53,19 @@ def meaning(model: type[BaseModel], part: str) -> str:
     return model.model_fields[part].description or part
 
 
-def _detector_rows(found: Mapping[str, Any], primary: str | None) -> str:
+def _by_name(found: DetectorEvidenceEntry) -> dict[str, dict[str, float | None] | None]:
+    """Each detector's parts under its name."""
+    return {
+        "evidence": found["evidence"],
+        "fednoro": found["fednoro"],
+        "fedncl": found["fedncl"],
+        "expertise": found["expertise"],
+    }
+
+
+def _detector_rows(
+    found: Mapping[str, Mapping[str, float | None] | None], primary: str | None
+) -> str:
     rows = []
     for name, model in PARTS:
         parts = found.get(name)
@@ -75,37 +87,36 @@ def _detector_rows(found: Mapping[str, Any], primary: str | None) -> str:
     return "".join(rows)
 
 
-def _class_rows(classes: Sequence[Mapping[str, Any]], counts: Sequence[Any] | None) -> str:
+def _class_rows(classes: Sequence[ClassEvidenceEntry], counts: Sequence[int] | None) -> str:
     rows = []
     for c in classes:
-        index = c.get("index")
+        index = c["index"]
         count = (
             counts[index]
             if counts is not None and isinstance(index, int) and 0 <= index < len(counts)
             else None
         )
-        noisy = ", ".join(str(d) for d in c.get("noisy_by") or [])
+        noisy = ", ".join(str(d) for d in c["noisy_by"])
         noisy_cell = esc(noisy) if noisy else '<span class="muted">-</span>'
         rows.append(
-            f"<tr><td>{esc(c.get('label'))}</td>"
+            f"<tr><td>{esc(c['label'])}</td>"
             f'<td class="num">{number(count)}</td>'
-            f'<td class="num">{number(c.get("evidence_z"))}</td>'
-            f'<td class="num">{number(c.get("fednoro_normalised_loss"))}</td>'
+            f'<td class="num">{number(c["evidence_z"])}</td>'
+            f'<td class="num">{number(c["fednoro_normalised_loss"])}</td>'
             f"<td>{noisy_cell}</td></tr>"
         )
     return "".join(rows)
 
 
-def evidence_section(view: Mapping[str, Any], primary: str | None) -> str:
+def evidence_section(view: ClientPageView, primary: str | None) -> str:
     """The section of the client page: the latest audited round's evidence per detector and per
     class (a note where the round's audit holds none, e.g. one stored by an older version)."""
-    rounds = view.get("rounds") or []
-    if not rounds:
+    if not view.rounds:
         return ""
-    latest = rounds[-1]
-    index = latest.get("round")
-    found = latest.get("detector_evidence") or {}
-    classes = latest.get("class_evidence") or []
+    latest = view.rounds[-1].audit
+    index = latest.round
+    found = _by_name(latest.detector_evidence)
+    classes = latest.class_evidence
     title = f"<h2>Evidence beside the verdict, round {esc(index)}</h2>"
     if not any(found.get(name) for name, _ in PARTS) and not classes:
         return (
@@ -116,7 +127,7 @@ def evidence_section(view: Mapping[str, Any], primary: str | None) -> str:
         "<table><thead><tr><th>detector</th><th>evidence</th><th>value</th><th>meaning</th>"
         f"</tr></thead><tbody>{_detector_rows(found, primary)}</tbody></table>"
     )
-    counts = (view.get("class_counts") or {}).get(index)
+    counts = view.class_counts.get(index)
     per_class = (
         "<h2>Per class</h2><table><thead><tr><th>class</th><th>samples</th>"
         f'<th title="{esc(meaning(ClassEvidence, "evidence_z"))}">evidence class z</th>'

@@ -1,4 +1,4 @@
-"""HTML pages of the admin dashboard, built from the report dictionaries of the use cases.
+"""HTML pages of the admin dashboard, built from the reports' typed values (service.report_views).
 
 Plain f-strings: every value that reaches the page goes through `esc` (names, reasons and class
 labels come from clients and admins); markup built here is trusted. No script anywhere, and the
@@ -7,7 +7,7 @@ routes send a Content-Security-Policy that would block one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +22,16 @@ from service.api.dashboard.plots import (
     weight_bars,
 )
 from service.api.dashboard.svg import ICON_SVG, esc, number
+from service.report_views import (
+    ClientPageView,
+    ClientRound,
+    NamedNeighbor,
+    PageRound,
+    ReportRow,
+    ReportView,
+    RoundView,
+    SiteError,
+)
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
@@ -156,25 +166,29 @@ def _no_score(status: Any) -> str:
     return f'<span class="muted" title="{esc(STATUS_MEANINGS[status])}">n/a ({esc(status)})</span>'
 
 
-def _marker_legend(entries: Sequence[Mapping[str, Any]], scores: str, statuses: str) -> list[str]:
-    """What each "n/a (...)" marker shown in ``entries`` means (their ``scores`` and
-    ``statuses`` keys), in words."""
+ScoresAndStatuses = tuple[Mapping[str, float | None] | None, Mapping[str, str] | None]
+"""Each detector's score and status in one row (a client's latest audit, or a round)."""
+
+
+def _marker_legend(entries: Iterable[ScoresAndStatuses]) -> list[str]:
+    """What each "n/a (...)" marker shown in ``entries`` (scores and statuses) means, in
+    words."""
     shown = {
         status
-        for e in entries
-        for name, status in (e.get(statuses) or {}).items()
-        if status in STATUS_MEANINGS and (e.get(scores) or {}).get(name) is None
+        for scores, statuses in entries
+        for name, status in (statuses or {}).items()
+        if status in STATUS_MEANINGS and (scores or {}).get(name) is None
     }
     return [f"n/a ({m}): {STATUS_MEANINGS[m]}" for m in sorted(shown)]
 
 
-def _score_legend(clients: Sequence[Mapping[str, Any]]) -> str:
+def _score_legend(clients: Sequence[ReportRow]) -> str:
     """What each score in the table means, in words, and each "n/a (...)" marker shown."""
-    shown = sorted({d for c in clients for d in (c.get("latest_scores") or {})})
+    shown = sorted({d for c in clients for d in (c.latest_scores or {})})
     if not shown:
         return ""
     lines = [SCORE_MEANINGS.get(d, d) for d in shown]
-    lines += _marker_legend(clients, "latest_scores", "latest_statuses")
+    lines += _marker_legend((c.latest_scores, c.latest_statuses) for c in clients)
     return '<p class="muted">' + "<br>".join(esc(line) for line in lines) + "</p>"
 
 
@@ -186,14 +200,14 @@ def _flag_mark(name: str, flag: Any, primary: str | None) -> str:
     return " \u2691" if name == primary else ' <span class="muted">\u2691 (secondary)</span>'
 
 
-def _scores(client: Mapping[str, Any], primary: str | None) -> str:
+def _scores(client: ReportRow, primary: str | None) -> str:
     """Each detector's latest score ("n/a (why)" where it did not answer ok); a flag marked
     \u2691, a secondary detector's as such (it does not set the status)."""
-    scores = client.get("latest_scores")
+    scores = client.latest_scores
     if not scores:
         return '<span class="muted">-</span>'
-    flags = client.get("latest_flags") or {}
-    statuses = client.get("latest_statuses") or {}
+    flags = client.latest_flags or {}
+    statuses = client.latest_statuses or {}
     parts = []
     for name, score in sorted(scores.items()):
         mark = _flag_mark(name, flags.get(name), primary)
@@ -202,18 +216,18 @@ def _scores(client: Mapping[str, Any], primary: str | None) -> str:
     return "<br>".join(parts)
 
 
-def _neighbors(neighbors: Sequence[Mapping[str, Any]] | None) -> str:
+def _neighbors(neighbors: Sequence[NamedNeighbor] | None) -> str:
     if not neighbors:
         return '<span class="muted">-</span>'
-    return ", ".join(f"{esc(n.get('name'))} ({number(n.get('weight'))})" for n in neighbors)
+    return ", ".join(f"{esc(n.name)} ({number(n.weight)})" for n in neighbors)
 
 
-def _refused(client: Mapping[str, Any]) -> str:
+def _refused(client: ReportRow) -> str:
     """Updates refused as inconsistent with the site's join: how many, and the last one's time."""
-    count = client.get("inconsistent_updates") or 0
+    count = client.inconsistent_updates or 0
     if not count:
         return '<span class="muted">0</span>'
-    last = client.get("last_inconsistent_at")
+    last = client.last_inconsistent_at
     when = last.strftime("%Y-%m-%d %H:%M UTC") if isinstance(last, datetime) else str(last or "")
     return (
         f'<span class="badge noisy">{esc(count)}</span>'
@@ -221,11 +235,11 @@ def _refused(client: Mapping[str, Any]) -> str:
     )
 
 
-def _epsilon_cells(entry: Mapping[str, Any]) -> str:
+def _epsilon_cells(epsilon_round: float | None, epsilon_total: float | None) -> str:
     """The Gaussian mechanism's epsilon of a round and of every round so far."""
     return (
-        f'<td class="num">{number(entry.get("epsilon_round"), 3)}</td>'
-        f'<td class="num">{number(entry.get("epsilon_total"), 3)}</td>'
+        f'<td class="num">{number(epsilon_round, 3)}</td>'
+        f'<td class="num">{number(epsilon_total, 3)}</td>'
     )
 
 
@@ -239,7 +253,7 @@ EPSILON_HEADERS = (
 
 def client_table(
     federation_id: str,
-    clients: Sequence[Mapping[str, Any]],
+    clients: Sequence[ReportRow],
     primary: str | None = None,
     *,
     dp: bool = False,
@@ -248,25 +262,26 @@ def client_table(
     rows = []
     for c in clients:
         pinned = (
-            f'<br><span class="muted">pinned: {esc(c["pin_reason"] or "")}'
-            f" (detected {esc(c['detected_status'])})</span>"
-            if c["pinned_status"]
+            f'<br><span class="muted">pinned: {esc(c.pin_reason or "")}'
+            f" (detected {esc(c.detected_status)})</span>"
+            if c.pinned_status
             else ""
         )
-        classes = esc(_classes_text(c))
+        classes = esc(_classes_text(c.noisy_classes, c.flag_basis))
         classes = '<span class="muted">-</span>' if classes == "-" else classes
+        epsilons = _epsilon_cells(c.epsilon_round, c.epsilon_total) if dp else ""
         rows.append(
             "<tr>"
-            f'<td><a href="{esc(client_url(federation_id, c["client_id"]))}">{esc(c["name"])}</a>'
-            f"</td><td>{badge(c['status'])}{pinned}</td>"
-            f'<td class="num">{esc(c["times_flagged"])} / {esc(c["rounds_audited"])}</td>'
+            f'<td><a href="{esc(client_url(federation_id, c.client_id))}">{esc(c.name)}</a>'
+            f"</td><td>{badge(c.status)}{pinned}</td>"
+            f'<td class="num">{esc(c.times_flagged)} / {esc(c.rounds_audited)}</td>'
             f"<td>{_scores(c, primary)}</td>"
-            f'<td>{classes}</td><td class="num">{number(c["reliability"])}</td>'
-            f"<td>{_neighbors(c['neighbors'])}</td>"
-            f'<td class="num">{number(c["last_weight"])}</td>'
-            f'<td class="num">{number(c["num_samples"])}</td>'
+            f'<td>{classes}</td><td class="num">{number(c.reliability)}</td>'
+            f"<td>{_neighbors(c.neighbors)}</td>"
+            f'<td class="num">{number(c.last_weight)}</td>'
+            f'<td class="num">{number(c.num_samples)}</td>'
             f'<td class="num">{_refused(c)}</td>'
-            f"{_epsilon_cells(c) if dp else ''}"
+            f"{epsilons}"
             "</tr>"
         )
     return (
@@ -279,51 +294,50 @@ def client_table(
     )
 
 
-def _summary(report: Mapping[str, Any]) -> str:
-    latest = report["latest"] or {}
-    status = esc(report["status"])
-    if report.get("status_reason"):
-        status += f" ({esc(report['status_reason'])})"
+def _summary(report: ReportView) -> str:
+    latest = report.latest
+    status = esc(report.status)
+    if report.status_reason:
+        status += f" ({esc(report.status_reason)})"
     items = [
         ("status", status),
-        ("primary detector", esc(report["primary_detector"])),
-        ("warm-up rounds", esc(report["warmup_rounds"])),
-        ("rounds audited", esc(report["rounds_audited"])),
+        ("primary detector", esc(report.primary_detector)),
+        ("warm-up rounds", esc(report.warmup_rounds)),
+        ("rounds audited", esc(report.rounds_audited)),
     ]
-    privacy = report.get("privacy")
-    if privacy:
+    privacy = report.privacy
+    if privacy is not None:
         items.append(
             (
                 "Gaussian mechanism",
-                f"\u03c3 = {number(privacy['noise_multiplier'])}, loss clip "
-                f"{number(privacy['clip_loss'])}, probe clip {number(privacy['clip_probe'])}; "
-                f"\u03b5 = {number(privacy['epsilon_per_round'], 3)} per round at "
-                f"\u03b4 = {esc(privacy['delta'])} ({esc(privacy['accountant'])})",
+                f"\u03c3 = {number(privacy.noise_multiplier)}, loss clip "
+                f"{number(privacy.clip_loss)}, probe clip {number(privacy.clip_probe)}; "
+                f"\u03b5 = {number(privacy.epsilon_per_round, 3)} per round at "
+                f"\u03b4 = {esc(privacy.delta)} ({esc(privacy.accountant)})",
             )
         )
-    if latest:
+    if latest is not None:
         items += [
-            ("latest audited round", esc(latest.get("round"))),
+            ("latest audited round", esc(latest.round)),
             (
                 "primary verdict",
-                f"{esc(latest.get('primary_status'))} {esc(latest.get('primary_reason') or '')}",
+                f"{esc(latest.primary_status)} {esc(latest.primary_reason or '')}",
             ),
-            ("aggregation", esc(latest.get("aggregation_rule") or "-")),
+            ("aggregation", esc(latest.aggregation_rule or "-")),
         ]
-        if latest.get("fallback_reason"):
-            items.append(("fallback", esc(latest["fallback_reason"])))
-        for name, outcome in sorted((latest.get("detectors") or {}).items()):
-            if name != latest.get("primary_detector") and outcome.get("status") != "ok":
-                why = f": {outcome['reason']}" if outcome.get("reason") else ""
-                items.append((f"{esc(name)} verdict", esc(f"{outcome.get('status')}{why}")))
-        guard = (latest.get("primary_summary") or {}).get("guard")
-        if guard:
-            items.append(("separation guard", esc(guard)))
-        items += [("warning", esc(w)) for w in latest.get("warnings") or []]
+        if latest.fallback_reason:
+            items.append(("fallback", esc(latest.fallback_reason)))
+        for name, outcome in sorted(latest.detectors.items()):
+            if name != latest.primary_detector and outcome.status != "ok":
+                why = f": {outcome.reason}" if outcome.reason else ""
+                items.append((f"{esc(name)} verdict", esc(f"{outcome.status}{why}")))
+        if latest.guard:
+            items.append(("separation guard", esc(latest.guard)))
+        items += [("warning", esc(w)) for w in latest.warnings]
     return _definitions(items)
 
 
-def _round_links(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> str:
+def _round_links(federation_id: str, clients: Sequence[ReportRow]) -> str:
     rounds = audited_rounds(clients)
     if not rounds:
         return ""
@@ -332,15 +346,15 @@ def _round_links(federation_id: str, clients: Sequence[Mapping[str, Any]]) -> st
     return f"<p>Rounds: {links}</p>"
 
 
-def site_error_table(errors: list[Mapping[str, Any]]) -> str:
+def site_error_table(errors: Sequence[SiteError]) -> str:
     """The latest errors the sites reported (nothing when there is none)."""
     if not errors:
         return ""
     rows = "".join(
         "<tr>"
-        f"<td>{esc(e['at'])}</td><td>{esc(e['name'])}</td>"
-        f'<td class="num">{esc(e["round"])}</td><td>{esc(e["stage"])}</td>'
-        f"<td>{esc(e['error_type'])}: {esc(e['message'])}</td>"
+        f"<td>{esc(e.at)}</td><td>{esc(e.name)}</td>"
+        f'<td class="num">{esc(e.round)}</td><td>{esc(e.stage)}</td>'
+        f"<td>{esc(e.error_type)}: {esc(e.message)}</td>"
         "</tr>"
         for e in errors
     )
@@ -351,11 +365,11 @@ def site_error_table(errors: list[Mapping[str, Any]]) -> str:
     )
 
 
-def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] | None) -> str:
+def federation_page(report: ReportView, latest_round: RoundView | None) -> str:
     """The noisy-client report of one federation, with its plots."""
-    clients = report["clients"]
-    statuses = {c["client_id"]: c["status"] for c in clients}
-    dp = bool(report.get("privacy"))
+    clients = report.clients
+    statuses = {c.client_id: c.status for c in clients}
+    dp = report.privacy is not None
     if latest_round is None:
         round_plots = (
             "<section><h2>Per-class loss and aggregation weights</h2>"
@@ -363,7 +377,7 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
             "</section>"
         )
     else:
-        index = latest_round["round"]
+        index = latest_round.round
         round_plots = (
             f"<section><h2>Per-class loss, round {esc(index)}</h2>"
             f"{class_loss_heatmap(latest_round, statuses)}</section>"
@@ -371,72 +385,75 @@ def federation_page(report: Mapping[str, Any], latest_round: Mapping[str, Any] |
             f"{weight_bars(latest_round, statuses)}</section>"
         )
     body = (
-        f"<section><h1>{esc(report['federation'])}</h1>{_summary(report)}"
-        f"{_round_links(report['federation_id'], clients)}</section>"
-        f"{site_error_table(report.get('site_errors') or [])}"
+        f"<section><h1>{esc(report.federation)}</h1>{_summary(report)}"
+        f"{_round_links(report.federation_id, clients)}</section>"
+        f"{site_error_table(report.site_errors)}"
         f"<section><h2>Noisy-client report</h2>"
-        f"{client_table(report['federation_id'], clients, report['primary_detector'], dp=dp)}"
+        f"{client_table(report.federation_id, clients, report.primary_detector, dp=dp)}"
         f"{_score_legend(clients)}</section>"
         f"<section><h2>Primary flags over rounds</h2>{flag_grid(clients)}</section>"
         f'<div class="plots">{round_plots}'
         f"<section><h2>Reliable neighbors (latest audit)</h2>{neighbor_matrix(clients)}</section>"
         "</div>"
     )
-    return layout(str(report["federation"]), body)
+    return layout(str(report.federation), body)
 
 
-def round_page(federation_id: str, federation_name: str, view: Mapping[str, Any]) -> str:
+FLAG_WORDS: dict[bool | None, str] = {True: "flagged", False: "clear"}
+"""A round's primary flag in a word (a dash where there is none)."""
+
+
+def round_page(federation_id: str, federation_name: str, view: RoundView) -> str:
     """One round: state, the primary verdict, aggregation, per-class losses and weights."""
     rows = "".join(
         "<tr>"
-        f'<td>{esc(r["name"])}</td><td class="num">{esc(r["num_samples"])}</td>'
-        f"<td>{esc({True: 'flagged', False: 'clear'}.get(r['primary_flag'], '-'))}</td>"
-        f'<td class="num">{number(r["weight"])}</td>'
+        f'<td>{esc(r.name)}</td><td class="num">{esc(r.num_samples)}</td>'
+        f"<td>{esc(FLAG_WORDS.get(r.primary_flag, '-'))}</td>"
+        f'<td class="num">{number(r.weight)}</td>'
         "</tr>"
-        for r in view["clients"]
+        for r in view.clients
     )
-    flagged = {r["client_id"]: "noisy" for r in view["clients"] if r["primary_flag"] is True}
+    flagged = {r.client_id: "noisy" for r in view.clients if r.primary_flag is True}
     details = [
         (
             "state",
-            esc(view["state"])
-            + (f" ({esc(view['state_reason'])})" if view["state_reason"] else ""),
+            esc(view.state) + (f" ({esc(view.state_reason)})" if view.state_reason else ""),
         ),
-        ("audited", "yes" if view["audited"] else "no"),
-        ("warm-up", ("yes" if view["in_warmup"] else "no") if view["audited"] else "-"),
+        ("audited", "yes" if view.audited else "no"),
+        ("warm-up", ("yes" if view.in_warmup else "no") if view.audited else "-"),
     ]
-    if view["audited"]:
+    if view.audited:
         details.append(
             (
                 "primary verdict",
-                f"{esc(view['primary_detector'])}: {esc(view['primary_status'])} "
-                f"{esc(view['primary_reason'] or '')}",
+                f"{esc(view.primary_detector)}: {esc(view.primary_status)} "
+                f"{esc(view.primary_reason or '')}",
             )
         )
-        if view["guard"]:
-            details.append(("separation guard", esc(view["guard"])))
-    details.append(("aggregation", esc(view["aggregation_rule"] or "-")))
-    if view["fallback_reason"]:
-        details.append(("fallback", esc(view["fallback_reason"])))
-    pruned = sum(1 for r in view["clients"] if r.get("pruned"))
+        if view.guard:
+            details.append(("separation guard", esc(view.guard)))
+    details.append(("aggregation", esc(view.aggregation_rule or "-")))
+    if view.fallback_reason:
+        details.append(("fallback", esc(view.fallback_reason)))
+    pruned = sum(1 for r in view.clients if r.pruned)
     if pruned:
         details.append(
             (
                 "retention",
-                f"{pruned} of {len(view['clients'])} model updates pruned (the flags, weights "
+                f"{pruned} of {len(view.clients)} model updates pruned (the flags, weights "
                 "and losses shown stay; a what-if of this round needs them left out)",
             )
         )
     body = (
         f'<section><p><a href="{esc(federation_url(federation_id))}">{esc(federation_name)}</a>'
-        f"</p><h1>Round {esc(view['round'])}</h1>{_definitions(details)}</section>"
+        f"</p><h1>Round {esc(view.round)}</h1>{_definitions(details)}</section>"
         "<section><h2>Updates</h2><table><thead><tr><th>client</th><th>samples</th>"
         f"<th>primary flag</th><th>weight</th></tr></thead><tbody>{rows}</tbody></table></section>"
         '<div class="plots"><section><h2>Per-class loss</h2>'
         f"{class_loss_heatmap(view, flagged)}</section>"
         f"<section><h2>Aggregation weights</h2>{weight_bars(view, {})}</section></div>"
     )
-    return layout(f"{federation_name}: round {view['round']}", body)
+    return layout(f"{federation_name}: round {view.round}", body)
 
 
 SCORE_MEANINGS = {
@@ -451,11 +468,11 @@ SCORE_MEANINGS = {
 """What each detector's score means, shown beside it on the client page."""
 
 
-def _detector_cell(name: str, entry: Mapping[str, Any], primary: str | None) -> str:
-    value = (entry.get("scores") or {}).get(name)
-    status = (entry.get("statuses") or {}).get(name)
+def _detector_cell(name: str, entry: ClientRound, primary: str | None) -> str:
+    value = entry.scores.get(name)
+    status = entry.statuses.get(name)
     score = _no_score(status) if value is None else number(value)
-    mark = _flag_mark(name, (entry.get("flags") or {}).get(name), primary)
+    mark = _flag_mark(name, entry.flags.get(name), primary)
     return f'<td class="num">{score}{mark}</td>'
 
 
@@ -467,43 +484,44 @@ def _detector_flag_kind(flag: Any, in_warmup: bool, status: Any = None) -> str:
     return "flagged" if flag is True else "clear" if flag is False else "noverdict"
 
 
-def _primary_text(entry: Mapping[str, Any]) -> str:
-    primary = entry.get("primary_flag")
+def _primary_text(entry: PageRound) -> str:
+    primary = entry.audit.primary_flag
     flag = "flagged" if primary is True else "clear" if primary is False else "-"
-    return f'{flag} <span class="muted">(warm-up)</span>' if entry.get("in_warmup") else flag
+    return f'{flag} <span class="muted">(warm-up)</span>' if entry.in_warmup else flag
 
 
-def client_page(view: Mapping[str, Any], primary: str | None) -> str:
+def client_page(view: ClientPageView, primary: str | None) -> str:
     """One client: status and pins, scores and flags per detector over rounds, each detector's
     evidence beside the latest verdict (per detector and per class), per-class loss over rounds,
     neighbors, weights and its site errors."""
-    rounds = view["rounds"]
-    detectors = sorted({d for r in rounds for d in (r.get("scores") or {})})
+    rounds = view.rounds
+    detectors = sorted({d for r in rounds for d in r.audit.scores})
     if primary in detectors:
         detectors = [primary, *[d for d in detectors if d != primary]]
-    status = badge(view["status"])
-    if view.get("pinned_status"):
+    status = badge(view.status)
+    if view.pinned_status:
         status += (
-            f' <span class="muted">pinned by {esc(view.get("pinned_by") or "an admin")}: '
-            f"{esc(view.get('pin_reason') or '')} (detected {esc(view['detected_status'])})</span>"
+            f' <span class="muted">pinned by {esc(view.pinned_by or "an admin")}: '
+            f"{esc(view.pin_reason or '')} (detected {esc(view.detected_status)})</span>"
         )
     details = [("status", status)]
-    if view.get("anchor"):
-        details.append(("trust anchor", esc(view.get("anchor_reason") or "yes")))
+    if view.anchor:
+        details.append(("trust anchor", esc(view.anchor_reason or "yes")))
     details += [(f"{esc(d)} score", esc(SCORE_MEANINGS.get(d, d))) for d in detectors]
-    details += [("n/a", esc(line)) for line in _marker_legend(rounds, "scores", "statuses")]
+    legend = _marker_legend((r.audit.scores, r.audit.statuses) for r in rounds)
+    details += [("n/a", esc(line)) for line in legend]
     header = "".join(f"<th>{esc(d)}</th>" for d in detectors)
-    dp = any(r.get("epsilon_round") is not None for r in rounds)
+    dp = any(r.audit.epsilon_round is not None for r in rounds)
     rows = "".join(
         "<tr>"
-        f'<td class="num">{esc(r["round"])}</td>'
+        f'<td class="num">{esc(r.audit.round)}</td>'
         f"<td>{_primary_text(r)}</td>"
-        + "".join(_detector_cell(d, r, primary) for d in detectors)
-        + f"<td>{esc(_classes_text(r))}</td>"
-        f'<td class="num">{number(r.get("reliability"))}</td>'
-        f'<td class="num">{number(r.get("weight"))}</td>'
-        f"<td>{_neighbors(r.get('neighbors'))}</td>"
-        f"{_epsilon_cells(r) if dp else ''}"
+        + "".join(_detector_cell(d, r.audit, primary) for d in detectors)
+        + f"<td>{esc(_classes_text(r.audit.noisy_classes, r.audit.flag_basis))}</td>"
+        f'<td class="num">{number(r.audit.reliability)}</td>'
+        f'<td class="num">{number(r.audit.weight)}</td>'
+        f"<td>{_neighbors(r.neighbors)}</td>"
+        f"{_epsilon_cells(r.audit.epsilon_round, r.audit.epsilon_total) if dp else ''}"
         "</tr>"
         for r in rounds
     )
@@ -516,44 +534,40 @@ def client_page(view: Mapping[str, Any], primary: str | None) -> str:
         else '<p class="muted">No audited round yet.</p>'
     )
     body = (
-        f'<section><p><a href="{esc(federation_url(view["federation_id"]))}">'
-        f"{esc(view['federation'])}</a></p><h1>{esc(view['name'])}</h1>"
+        f'<section><p><a href="{esc(federation_url(view.federation_id))}">'
+        f"{esc(view.federation)}</a></p><h1>{esc(view.name)}</h1>"
         f"{_definitions(details)}</section>"
-        f"{site_error_table([{**e, 'name': view['name']} for e in view['site_errors']])}"
+        f"{site_error_table(view.site_errors)}"
         f"<section><h2>Scores and flags over rounds (\u2691 flagged)</h2>{history}</section>"
         f"{evidence_section(view, primary)}"
         f'<div class="plots"><section><h2>Flags per detector</h2>'
         f"{_detector_flags(rounds, detectors)}</section>"
         f"<section><h2>Per-class loss over rounds</h2>{_loss_over_rounds(view)}</section></div>"
     )
-    return layout(f"{view['federation']}: {view['name']}", body)
+    return layout(f"{view.federation}: {view.name}", body)
 
 
-def _detector_flags(rounds: Sequence[Mapping[str, Any]], detectors: Sequence[str]) -> str:
+def _detector_flags(rounds: Sequence[PageRound], detectors: Sequence[str]) -> str:
     if not rounds or not detectors:
         return '<p class="muted">No audited round yet.</p>'
     cells = [
         [
-            _detector_flag_kind(
-                (r.get("flags") or {}).get(d),
-                bool(r.get("in_warmup")),
-                (r.get("statuses") or {}).get(d),
-            )
+            _detector_flag_kind(r.audit.flags.get(d), r.in_warmup, r.audit.statuses.get(d))
             for r in rounds
         ]
         for d in detectors
     ]
     return svg.flag_grid(
-        list(detectors), [int(r["round"]) for r in rounds], cells, label="flags per detector"
+        list(detectors), [int(r.audit.round) for r in rounds], cells, label="flags per detector"
     )
 
 
-def _loss_over_rounds(view: Mapping[str, Any]) -> str:
-    per_round = view["per_class_loss"]
+def _loss_over_rounds(view: ClientPageView) -> str:
+    per_round = view.per_class_loss
     if not per_round:
         return '<p class="muted">No per-class loss sent.</p>'
     rounds = sorted(per_round)
-    classes = view["classes"]
+    classes = view.classes
     values = [[per_round[r][c] for r in rounds] for c in range(len(classes))]
     return (
         "<p class=\"muted\">The global model's mean cross-entropy (nats) on the site's samples "
@@ -569,10 +583,10 @@ def _loss_over_rounds(view: Mapping[str, Any]) -> str:
 _BASIS_WORDS = {"update_direction": "update direction", "accuracy": "own-label accuracy"}
 
 
-def _classes_text(row: Mapping[str, Any]) -> str:
+def _classes_text(noisy_classes: Sequence[str], flag_basis: str | None) -> str:
     """The noisy classes, and what a flag rests on when not the losses (service's report)."""
-    classes = ", ".join(str(c) for c in row.get("noisy_classes") or [])
-    basis = _BASIS_WORDS.get(row.get("flag_basis") or "")
+    classes = ", ".join(str(c) for c in noisy_classes)
+    basis = _BASIS_WORDS.get(flag_basis or "")
     if basis is None:
         return classes or "-"
     return f"{classes} ({basis})".strip()

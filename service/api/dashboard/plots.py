@@ -7,9 +7,9 @@ matrix. Each stays a size a browser renders: a plot of every site shows at most
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from service.api.dashboard import svg
+from service.report_views import FlagRound, ReportRow, RoundRow, RoundView
 
 __all__ = [
     "MATRIX_SITES",
@@ -24,22 +24,20 @@ __all__ = [
 ]
 
 
-def _flag_kind(entry: Mapping[str, Any] | None) -> str:
+def _flag_kind(entry: FlagRound | None) -> str:
     if entry is None:
         return "absent"
-    if entry.get("in_warmup"):
+    if entry.in_warmup:
         return "warmup"
-    primary = entry.get("primary")
-    if primary is None and entry.get("verdict") == "inconclusive":
+    primary = entry.primary
+    if primary is None and entry.verdict == "inconclusive":
         return "inconclusive"
     return "flagged" if primary is True else "clear" if primary is False else "undetermined"
 
 
-def audited_rounds(clients: Sequence[Mapping[str, Any]]) -> list[int]:
+def audited_rounds(clients: Sequence[ReportRow]) -> list[int]:
     """Every round that appears in some client's flag history, in order."""
-    return sorted(
-        {h["round"] for c in clients for h in c["flag_history"] if h.get("round") is not None}
-    )
+    return sorted({h.round for c in clients for h in c.flag_history if h.round is not None})
 
 
 STATUS_ORDER = {"noisy": 0, "suspect": 1, "trusted": 2}
@@ -53,9 +51,14 @@ PLOT_ROUNDS = 200
 """At most this many rounds (the latest) in the flag grid."""
 
 
-def by_status(clients: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def by_status(clients: Sequence[ReportRow]) -> list[ReportRow]:
     """The clients noisy first, then suspect, then trusted, each group by name."""
-    return sorted(clients, key=lambda c: (STATUS_ORDER.get(c.get("status") or "", 3), c["name"]))
+    return sorted(clients, key=lambda c: _status_key(c.status, c.name))
+
+
+def _status_key(status: str | None, name: str) -> tuple[int, str]:
+    """Noisy first, then suspect, then trusted, then any other; each group by name."""
+    return (STATUS_ORDER.get(status or "", 3), name)
 
 
 def _shown_note(shown: int, total: int, what: str) -> str:
@@ -69,7 +72,7 @@ def _shown_note(shown: int, total: int, what: str) -> str:
     )
 
 
-def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
+def flag_grid(clients: Sequence[ReportRow]) -> str:
     """Clients x rounds of the primary detector's flags, from each client's flag history: at
     most :data:`PLOT_SITES` sites (noisy first) and the latest :data:`PLOT_ROUNDS` rounds."""
     every_round = audited_rounds(clients)
@@ -79,12 +82,12 @@ def flag_grid(clients: Sequence[Mapping[str, Any]]) -> str:
     shown = by_status(clients)[:PLOT_SITES] if len(clients) > PLOT_SITES else list(clients)
     cells = []
     for client in shown:
-        by_round = {h["round"]: h for h in client["flag_history"]}
+        by_round = {h.round: h for h in client.flag_history}
         cells.append([_flag_kind(by_round.get(r)) for r in rounds])
     note = _shown_note(len(shown), len(clients), "sites")
     if len(rounds) < len(every_round):
         note += f'<p class="muted">The latest {len(rounds)} of {len(every_round)} rounds.</p>'
-    grid = svg.flag_grid([c["name"] for c in shown], rounds, cells, label="flags over rounds")
+    grid = svg.flag_grid([c.name for c in shown], rounds, cells, label="flags over rounds")
     return grid + note
 
 
@@ -95,49 +98,45 @@ LOSS_CAPTION = (
 )
 
 
-def class_loss_heatmap(
-    round_view: Mapping[str, Any], statuses: Mapping[str, str] | None = None
-) -> str:
+def class_loss_heatmap(round_view: RoundView, statuses: Mapping[str, str] | None = None) -> str:
     """Sites x classes of the round's per-class losses; beyond :data:`PLOT_SITES` sites, the
     first of them by ``statuses`` (client id -> status; noisy first)."""
-    every_row = round_view["clients"]
-    classes = round_view["classes"]
+    every_row = round_view.clients
+    classes = round_view.classes
     if not every_row:
         return '<p class="muted">No update in this round.</p>'
-    rows = every_row
+    rows: Sequence[RoundRow] = every_row
     if len(every_row) > PLOT_SITES:
         known = statuses or {}
-        rows = by_status([{**r, "status": known.get(r["client_id"])} for r in every_row])
+        rows = sorted(every_row, key=lambda r: _status_key(known.get(r.client_id), r.name))
         rows = rows[:PLOT_SITES]
-    values = [r["per_class_loss"] or [None] * len(classes) for r in rows]
+    values = [r.per_class_loss or [None] * len(classes) for r in rows]
     return (
         LOSS_CAPTION
         + svg.heatmap(
             values,
-            [r["name"] for r in rows],
+            [r.name for r in rows],
             classes,
-            label=f"per-class loss, round {round_view['round']}",
+            label=f"per-class loss, round {round_view.round}",
         )
         + _shown_note(len(rows), len(every_row), "sites of the round")
     )
 
 
-def weight_bars(round_view: Mapping[str, Any], statuses: Mapping[str, str]) -> str:
-    rows = round_view["clients"]
+def weight_bars(round_view: RoundView, statuses: Mapping[str, str]) -> str:
+    rows = round_view.clients
     if not rows:
         return '<p class="muted">No update in this round.</p>'
-    colors = [
-        svg.STATUS_COLORS.get(statuses.get(r["client_id"], ""), svg.UNKNOWN_COLOR) for r in rows
-    ]
+    colors = [svg.STATUS_COLORS.get(statuses.get(r.client_id, ""), svg.UNKNOWN_COLOR) for r in rows]
     return svg.bar_chart(
-        [r["name"] for r in rows],
-        [r["weight"] for r in rows],
+        [r.name for r in rows],
+        [r.weight for r in rows],
         colors=colors,
-        label=f"aggregation weights, round {round_view['round']}",
+        label=f"aggregation weights, round {round_view.round}",
     )
 
 
-def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
+def neighbor_matrix(clients: Sequence[ReportRow]) -> str:
     """FedRN's reliable neighbors as a sites x sites matrix: row = the site, column = a
     neighbor it was given, colour = that neighbor's weight; the sites sorted by status (noisy
     first), then name, so that a noisy site's row and column stand together. Readable at 50
@@ -150,25 +149,25 @@ def neighbor_matrix(clients: Sequence[Mapping[str, Any]]) -> str:
     if len(everyone) <= MATRIX_SITES:
         columns = rows_shown
     else:
-        given = {n.get("client_id") for c in rows_shown for n in c["neighbors"] or []}
-        columns = [c for c in everyone if c["client_id"] in given][:MATRIX_SITES]
-    position = {c["client_id"]: j for j, c in enumerate(columns)}
+        given = {n.client_id for c in rows_shown for n in c.neighbors or []}
+        columns = [c for c in everyone if c.client_id in given][:MATRIX_SITES]
+    position = {c.client_id: j for j, c in enumerate(columns)}
     values: list[list[float | None]] = [[None] * len(columns) for _ in rows_shown]
     for i, c in enumerate(rows_shown):
-        for n in c["neighbors"] or []:
-            j = position.get(n.get("client_id"))
+        for n in c.neighbors or []:
+            j = position.get(n.client_id)
             if j is not None:
-                values[i][j] = float(n.get("weight") or 0.0)
+                values[i][j] = float(n.weight or 0.0)
     note = _shown_note(len(rows_shown), len(everyone), "sites as rows, their neighbors as columns")
     if not any(v is not None for row in values for v in row):
         where = "among the sites shown" if note else "in the latest audit"
         return f'<p class="muted">No neighbor relation {where}.</p>' + note
-    rows = [f"{c['status']}: {c['name']}" for c in rows_shown]
+    rows = [f"{c.status}: {c.name}" for c in rows_shown]
     return (
         '<p class="muted">Row: a site (its status first); column: a reliable neighbor FedRN gave '
         "it, in the same order; colour: the neighbor's weight in the site's local model (from "
         "the smallest to the largest shown); grey: not its neighbor. Sites sorted by status, "
         "noisy first.</p>"
-        + svg.heatmap(values, rows, [c["name"] for c in columns], label="reliable-neighbor matrix")
+        + svg.heatmap(values, rows, [c.name for c in columns], label="reliable-neighbor matrix")
         + note
     )

@@ -193,7 +193,7 @@ def federation_report(federation_id: str, refused: Refusal, session: SessionDep)
     try:
         federation = queries.federation_of(session, _federation_id(federation_id))
         report = reports.noisy_client_report(session, federation)
-        latest = report["latest"].get("round")
+        latest = None if report.latest is None else report.latest.round
         view = None if latest is None else reports.round_view(session, federation, latest)
     except NotFoundError as exc:
         return _html(pages.not_found_page(exc.detail), status=404)

@@ -60,7 +60,7 @@ def get_report(
             media_type="text/csv",
             headers={"Content-Disposition": f'attachment; filename="report-{federation_id}.csv"'},
         )
-    return report
+    return convert.noisy_client_report(report)
 
 
 @router.get(
@@ -71,10 +71,10 @@ def get_report(
 )
 def get_client_history(
     federation_id: uuid.UUID, client_id: uuid.UUID, session: SessionDep, _: AdminDep
-) -> dict[str, Any]:
+) -> ClientHistory:
     federation = queries.federation_of(session, federation_id)
     client = queries.get_client(session, federation_id, client_id)
-    return reports.client_history(session, federation, client)
+    return convert.client_history(reports.client_history(session, federation, client))
 
 
 @router.put(
@@ -173,9 +173,9 @@ async def recompute_round(
 )
 def get_diagnostics(
     federation_id: uuid.UUID, session: SessionDep, client: CurrentClient
-) -> dict[str, Any]:
+) -> ClientDiagnostics:
     client_use_cases.check_scope(client, federation_id)
-    return reports.client_diagnostics(session, client)
+    return convert.client_diagnostics(reports.client_diagnostics(session, client))
 
 
 __all__ = ["router", "Response"]
