@@ -8,6 +8,7 @@ as the limit is crossed (or at once when Content-Length already says so).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
@@ -26,7 +27,13 @@ FLUSH_BYTES = 1024 * 1024  # disk writes and hashing leave the event loop in 1 M
 
 
 class _TempWriter:
-    """A temporary file fed from the event loop; the disk work runs in the thread pool."""
+    """A temporary file fed from the event loop; the disk work runs in the thread pool.
+
+    One batch is written (and hashed) in the thread pool while the event loop receives and
+    parses the next: :meth:`flush` waits for the previous batch's write before it starts the
+    next one, so the batches reach the file and the hash in order, and at most two batches
+    (``2 * FLUSH_BYTES``) are held in memory.
+    """
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -35,6 +42,7 @@ class _TempWriter:
         self._file = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
         self._pending = bytearray()
+        self._writing: asyncio.Future[None] | None = None
         self.size = 0
 
     @classmethod
@@ -56,12 +64,20 @@ class _TempWriter:
         self._digest.update(data)
 
     async def flush(self) -> None:
+        """Start writing the queued bytes, once the previous batch is written."""
         if self._pending:
             data, self._pending = bytes(self._pending), bytearray()
-            await run_in_threadpool(self._write, data)
+            await self._written()
+            self._writing = asyncio.ensure_future(run_in_threadpool(self._write, data))
+
+    async def _written(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
 
     async def close(self) -> StagedUpload:
         await self.flush()
+        await self._written()
         return await run_in_threadpool(self.finish)
 
     def finish(self) -> StagedUpload:
@@ -71,6 +87,23 @@ class _TempWriter:
         return StagedUpload(path=self.path, sha256=self._digest.hexdigest(), size=self.size)
 
     def discard(self) -> None:
+        """Remove the file; where a batch is still being written, once that write ends (its
+        outcome no longer matters)."""
+        writing, self._writing = self._writing, None
+        if writing is not None and not writing.done():
+            writing.add_done_callback(self._discard_after)
+            return
+        if writing is not None:
+            self._discard_after(writing)
+        else:
+            self._remove()
+
+    def _discard_after(self, writing: asyncio.Future[None]) -> None:
+        if not writing.cancelled():
+            writing.exception()  # retrieved: a failed write of a discarded upload is no news
+        self._remove()
+
+    def _remove(self) -> None:
         if not self._file.closed:
             self._file.close()
         self.path.unlink(missing_ok=True)
