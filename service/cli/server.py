@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
@@ -101,6 +101,7 @@ def serve(
             f"[yellow]FEDAUDIT_ADMIN_TOKEN is not set; this run's admin token is:[/] {token}",
             soft_wrap=True,
         )
+    loop, http = server_stack()
     # From here every line has the configured format, the app's start-up included.
     replaced = _configure_logging(logs)
     try:
@@ -115,6 +116,8 @@ def serve(
                     host=bind_host,
                     port=bind_port,
                     log_config=logs,
+                    loop=loop,
+                    http=http,
                     **tls,
                 )
             else:
@@ -124,6 +127,8 @@ def serve(
                     host=bind_host,
                     port=bind_port,
                     log_config=logs,
+                    loop=loop,
+                    http=http,
                     **tls,
                 )
     except (MigrationsNotAtHeadError, StartupError) as exc:
@@ -184,6 +189,28 @@ def _metrics_directory(workers: int) -> Iterator[None]:
     finally:
         os.environ.pop(METRICS_DIR_VARIABLE, None)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def server_stack() -> tuple[Literal["uvloop", "asyncio"], Literal["httptools", "h11"]]:
+    """uvicorn's event loop and HTTP parser: uvloop and httptools (dependencies of fedaudit;
+    uvloop not on Windows), else asyncio and h11, said on stderr rather than chosen silently.
+    """
+    import importlib.util
+
+    loop: Literal["uvloop", "asyncio"] = (
+        "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    )
+    http: Literal["httptools", "h11"] = (
+        "httptools" if importlib.util.find_spec("httptools") else "h11"
+    )
+    missing = [fast for fast, used in (("uvloop", loop), ("httptools", http)) if fast != used]
+    if missing:
+        err.print(
+            f"[yellow]serving with {loop} and {http}:[/] {' and '.join(missing)} not installed "
+            "(slower requests; docs/performance.md)",
+            soft_wrap=True,
+        )
+    return loop, http
 
 
 def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:
