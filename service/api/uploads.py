@@ -9,6 +9,7 @@ as the limit is crossed (or at once when Content-Length already says so).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import tempfile
@@ -19,6 +20,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from service.coordinator.finite_scan import FiniteScan
 from service.coordinator.updates import StagedUpload
 from service.errors import BadRequestError, PayloadTooLargeError
 
@@ -35,8 +37,9 @@ class _TempWriter:
     (``2 * FLUSH_BYTES``) are held in memory.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, scan: bool = False) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self._scan = FiniteScan() if scan else None
         fd, name = tempfile.mkstemp(dir=directory, prefix="upload-", suffix=".part")
         self.path = Path(name)
         self._file = os.fdopen(fd, "wb")
@@ -46,9 +49,10 @@ class _TempWriter:
         self.size = 0
 
     @classmethod
-    async def open(cls, directory: Path) -> _TempWriter:
-        """Create the file in the thread pool: mkdir and mkstemp touch the disk."""
-        return await run_in_threadpool(cls, directory)
+    async def open(cls, directory: Path, *, scan: bool = False) -> _TempWriter:
+        """Create the file in the thread pool: mkdir and mkstemp touch the disk. ``scan``: look
+        for non-finite floats on the way (:class:`FiniteScan`), a safetensors state."""
+        return await run_in_threadpool(functools.partial(cls, directory, scan=scan))
 
     def add(self, data: bytes) -> None:
         """Queue bytes (cheap, on the event loop); `flush` writes them."""
@@ -62,6 +66,8 @@ class _TempWriter:
     def _write(self, data: bytes) -> None:
         self._file.write(data)
         self._digest.update(data)
+        if self._scan is not None:
+            self._scan.feed(data)
 
     async def flush(self) -> None:
         """Start writing the queued bytes, once the previous batch is written."""
@@ -84,7 +90,12 @@ class _TempWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        return StagedUpload(path=self.path, sha256=self._digest.hexdigest(), size=self.size)
+        return StagedUpload(
+            path=self.path,
+            sha256=self._digest.hexdigest(),
+            size=self.size,
+            non_finite=None if self._scan is None else self._scan.result(),
+        )
 
     def discard(self) -> None:
         """Remove the file; where a batch is still being written, once that write ends (its
@@ -211,7 +222,7 @@ async def receive_update(
             "an update must be multipart/form-data with the parts 'metadata' and 'state'"
         )
     _check_declared_length(request, limit)
-    writer = await _TempWriter.open(directory)
+    writer = await _TempWriter.open(directory, scan=True)
     parts = _Parts(writer)
     total = 0
     parser = MultipartParser(params[b"boundary"], parts.callbacks())

@@ -56,6 +56,9 @@ class StagedUpload:
     path: Path
     sha256: str
     size: int
+    non_finite: list[str] | None = None
+    """The float tensors holding NaN or infinity, found while the bytes streamed in
+    (:class:`service.coordinator.finite_scan.FiniteScan`); None: not known, read the file."""
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,11 @@ def _check_state_file(metadata: dict[str, Any], staged: StagedUpload, expected: 
             f"the state does not match the global model: {'; '.join(differences[:5])}",
             errors=[problem(["state"], d) for d in differences[:50]],
         )
-    bad = non_finite_tensors(staged.path, manifest)
+    bad = (
+        staged.non_finite
+        if staged.non_finite is not None
+        else non_finite_tensors(staged.path, manifest)
+    )
     if bad:
         raise UpdateRejectedError(
             f"non-finite values (NaN or infinity) in {', '.join(bad[:5])}",

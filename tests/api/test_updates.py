@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from service.coordinator import updates
 from service.main import create_app
 from tests.api.conftest import make_federation
 from tests.api.test_rounds import current, submit
@@ -287,3 +288,24 @@ async def test_rejection_event_reason_is_readable(api) -> None:
     assert json.dumps(event["data"]["errors"])  # serialisable, names the tensor
     assert event["data"]["errors"][0]["loc"] == ["state"]
     assert (await current(api, fed, "a"))["status"] == "train"  # the client may still submit
+
+
+@pytest.mark.parametrize(("state", "status"), [(with_nan(), 422), (tiny_state(1.0), 201)])
+async def test_the_upload_is_checked_for_nan_without_a_second_read(
+    api, settings, monkeypatch, state, status
+) -> None:
+    # The route's check for NaN and infinity answers from the bytes as they streamed in
+    # (service.coordinator.finite_scan); the stored file is not read again for it.
+    def second_read(*args: object) -> list[str]:
+        raise AssertionError("the state was read a second time")
+
+    monkeypatch.setattr(updates, "non_finite_tensors", second_read)
+    fed = await make_federation(api)
+    response = await api.post(
+        f"/api/v1/federations/{fed.id}/rounds/0/updates",
+        files=update_parts(state, num_samples=10),
+        headers={**fed.headers("a"), "Idempotency-Key": "k-scan"},
+    )
+    assert response.status_code == status, response.text
+    if status == 422:
+        assert "non-finite values (NaN or infinity) in layer.weight" in response.json()["detail"]

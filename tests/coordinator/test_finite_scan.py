@@ -1,0 +1,103 @@
+"""The streaming check for NaN and infinity (``FiniteScan``) against the check that reads the
+stored file (``tensors.non_finite_tensors``): literal cases, then random states, dtypes, bad
+values and batch cuts (a fixed seed), then the bytes it must give up on."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from service.coordinator.finite_scan import FiniteScan
+from service.coordinator.tensors import non_finite_tensors, read_manifest
+
+
+def _scanned(data: bytes, cuts: list[int]) -> list[str] | None:
+    scan = FiniteScan()
+    edges = [0, *sorted(cuts), len(data)]
+    for low, high in zip(edges, edges[1:], strict=False):
+        scan.feed(data[low:high])
+    return scan.result()
+
+
+def _raw(header: bytes, data_bytes: int) -> bytes:
+    """A safetensors-shaped file: the header's length, the header, zeros."""
+    return struct.pack("<Q", len(header)) + header + b"\x00" * data_bytes
+
+
+def test_literal_states() -> None:
+    state: dict[str, np.ndarray] = {
+        "a.weight": np.array([[1.0, np.nan], [2.0, 3.0]], dtype=np.float32),
+        "b.bias": np.array([0.5, -np.inf], dtype=np.float16),
+        "c.steps": np.array([7], dtype=np.int64),
+        "d.scale": np.array([1e300, -1e300], dtype=np.float64),
+        "e.empty": np.zeros((0, 3), dtype=np.float32),
+    }
+    data = save(state)
+    for cuts in ([], [1], [8], [9, 10, 11], list(range(1, len(data)))):
+        assert _scanned(data, cuts) == ["a.weight", "b.bias"]
+    clean = save({"w": np.ones((3, 5), dtype=np.float32), "n": np.arange(4, dtype=np.int32)})
+    assert _scanned(clean, [13]) == []
+
+
+def test_random_states_agree_with_the_second_read(tmp_path: Path) -> None:
+    rng = np.random.default_rng(20261127)
+    kinds = [np.float32, np.float16, np.float64, np.int32, np.uint8]
+    for case in range(60):
+        state = {}
+        for index in range(int(rng.integers(1, 7))):
+            kind = kinds[int(rng.integers(len(kinds)))]
+            shape = tuple(int(d) for d in rng.integers(0, 9, size=int(rng.integers(1, 3))))
+            values = rng.normal(size=shape).astype(kind)
+            if values.size and np.issubdtype(kind, np.floating) and rng.random() < 0.4:
+                values.flat[int(rng.integers(values.size))] = rng.choice([np.nan, np.inf, -np.inf])
+            state[f"t{index}.{case}"] = values
+        data = save(state)
+        path = tmp_path / f"{case}.safetensors"
+        path.write_bytes(data)
+        expected = non_finite_tensors(path, read_manifest(path))
+        cuts = [int(c) for c in rng.integers(1, len(data), size=int(rng.integers(0, 6)))]
+        assert _scanned(data, cuts) == expected, (case, cuts)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",  # nothing
+        b"\x05\x00\x00",  # a cut length
+        struct.pack("<Q", 200 * 1024 * 1024) + b"{}",  # a header beyond the limit
+        struct.pack("<Q", 4) + b"nope",  # not JSON
+        struct.pack("<Q", 2) + b"[]",  # not an object
+        # not contiguous: the second tensor starts past the first's end
+        _raw(
+            b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+            b'"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}',
+            12,
+        ),
+        # a float tensor of 6 bytes: not a whole number of F32 elements
+        _raw(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,6]}}', 6),
+    ],
+)
+def test_it_gives_up_where_it_cannot_follow(data: bytes) -> None:
+    assert _scanned(data, []) is None
+    assert _scanned(data, [max(1, len(data) // 2)]) is None
+
+
+def test_the_same_bytes_well_formed_are_answered() -> None:
+    """The give-up cases above differ from these only where they say."""
+    contiguous = _raw(
+        b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+        b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}',
+        12,
+    )
+    assert _scanned(contiguous, []) == []
+    assert _scanned(_raw(b'{"a":{"dtype":"F16","shape":[3],"data_offsets":[0,6]}}', 6), []) == []
+
+
+def test_a_file_cut_short_is_not_answered() -> None:
+    data = save({"w": np.ones(100, dtype=np.float32)})
+    assert _scanned(data[:-4], [50]) is None
+    assert _scanned(data + b"\x00" * 4, [50]) is None
