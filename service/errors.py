@@ -1,7 +1,8 @@
 """Domain errors of the coordinator, each carrying its HTTP status and problem type.
 
 No web or database imports: the API layer renders these as RFC 9457 problem details
-(``service/api/problems.py``). Extensions (``errors``, ``open_round`` ...) travel in `extensions`.
+(``service/api/problems.py``). Extensions (``errors``, ``open_round`` ...) travel in `extensions`;
+``errors`` lists the refused input's problems, each a :class:`Problem`.
 
     CoordinatorError
     ├── BadRequestError              400 bad-request
@@ -27,20 +28,43 @@ No web or database imports: the API layer renders these as RFC 9457 problem deta
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired
+
+from typing_extensions import TypedDict
+
+
+class Problem(TypedDict):
+    """One problem of a refused input (an update, a join, a federation spec, its
+    hyper-parameters, a model file): where (``loc``, the path of keys and indices to the field)
+    and what (``msg``); ``type`` where a check names its kind (``head_outputs``, a schema rule's
+    ``missing`` ...). Answered in a problem's ``errors`` and recorded in events as it is."""
+
+    loc: list[str | int]
+    msg: str
+    type: NotRequired[str]
+
+
+def problem(loc: list[str | int], msg: str) -> Problem:
+    """A problem at ``loc``, saying ``msg``."""
+    return {"loc": loc, "msg": msg}
 
 
 class CoordinatorError(Exception):
-    """Base of every expected error; `status`, `title` and `type_slug` describe the problem type."""
+    """Base of every expected error; `status`, `title` and `type_slug` describe the problem type.
+
+    ``errors``, when given, is the first of the `extensions` (the problems of a refused input).
+    """
 
     status: ClassVar[int] = 500
     title: ClassVar[str] = "Internal error"
     type_slug: ClassVar[str] = "internal"
 
-    def __init__(self, detail: str, **extensions: Any) -> None:
+    def __init__(
+        self, detail: str, *, errors: list[Problem] | None = None, **extensions: Any
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
-        self.extensions = extensions
+        self.extensions = extensions if errors is None else {"errors": errors, **extensions}
 
 
 class BadRequestError(CoordinatorError):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import CoordinatorError
+from service.errors import CoordinatorError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,11 @@ async def _coordinator_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [
+    errors: list[Problem] = [
         {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in exc.errors()
     ]
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    first: Problem = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     return problem_response(
         request,

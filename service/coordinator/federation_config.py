@@ -22,6 +22,7 @@ from service.audit import (
 )
 from service.coordinator.hyperparameters import hyperparameter_errors
 from service.coordinator.signal_policy import SignalPolicy
+from service.errors import Problem
 from service.inputs import INT32_MAX, BoundedJson
 
 Method = Literal["fedavg", "fedprox", "fednoro", "fedrn", "fedncl", "rofl", "flr"]
@@ -110,7 +111,7 @@ COMMON_HYPERPARAMETERS: dict[str, Any] = {
 class InvalidHyperparametersError(ValueError):
     """The hyper-parameters do not fit the recipe; `errors` locate each problem inside them."""
 
-    def __init__(self, recipe: str, errors: list[dict[str, Any]]) -> None:
+    def __init__(self, recipe: str, errors: list[Problem]) -> None:
         first = errors[0]
         where = ".".join(str(part) for part in first["loc"])
         super().__init__(f"hyperparameters.{where}: {first['msg']} (recipe {recipe})")

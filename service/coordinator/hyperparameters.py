@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.errors import Problem
 from service.inputs import INT32_MAX, Name
 
 MAX_LOCAL_EPOCHS = 10_000
@@ -107,14 +108,14 @@ HYPERPARAMETERS: dict[str, type[CommonHyperparameters]] = {
 """The hyper-parameters each recipe reads, by recipe name (the SDK's registry names)."""
 
 
-def hyperparameter_errors(recipe: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+def hyperparameter_errors(recipe: str, values: Mapping[str, Any]) -> list[Problem]:
     """The problems of `values` for `recipe`, each ``{"loc", "msg", "type"}`` with ``loc`` the
     key (and index) inside the hyper-parameters; empty when they are valid."""
     model = HYPERPARAMETERS[recipe]
     try:
         model.model_validate(dict(values))
     except ValidationError as exc:
-        errors = []
+        errors: list[Problem] = []
         for error in exc.errors(include_url=False):
             msg = str(error["msg"])
             if error["type"] == "extra_forbidden":

@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from service.coordinator.tensors import Manifest
+from service.errors import Problem
 
 SHOWN = 5
 """How many tensors a refusal lists."""
@@ -65,11 +66,11 @@ def fit_problems(
     num_classes: int,
     hyperparameters: Mapping[str, Any] | None = None,
     input_shape: Sequence[int] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Problem]:
     """The reasons the model cannot fit a ``num_classes`` task whose samples have
     ``input_shape``, each ``{"loc", "msg", "type"}`` with ``loc`` naming the tensor; empty when
     nothing is certainly wrong."""
-    problems: list[dict[str, Any]] = []
+    problems: list[Problem] = []
     if input_shape:
         problems += input_problems(manifest, [int(d) for d in input_shape])
     head = (hyperparameters or {}).get("head_name")
@@ -135,7 +136,7 @@ def _first_layer(manifest: Manifest) -> tuple[str, bool] | None:
         return None
 
 
-def input_problems(manifest: Manifest, input_shape: list[int]) -> list[dict[str, Any]]:
+def input_problems(manifest: Manifest, input_shape: list[int]) -> list[Problem]:
     """A first layer that certainly cannot take samples of ``input_shape`` (see the module's
     docstring for when that is certain); empty otherwise."""
     found = _first_layer(manifest)

@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedaudit_privacy.accounting import NOISED_SIGNALS
+from service.errors import Problem, problem
 from service.inputs import INT32_MAX
 
 __all__ = ["NOISED_SIGNALS", "SignalPolicy", "count_problems", "dp_problems", "policy_of"]
@@ -174,9 +175,9 @@ def count_problems(
     class_counts: Sequence[int | None],
     policy: SignalPolicy,
     *,
-    samples_loc: list[str],
-    counts_loc: list[str],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    samples_loc: list[str | int],
+    counts_loc: list[str | int],
+) -> tuple[list[Problem], list[Problem]]:
     """(what the policy forbids, what does not add up) in a join's or an update's counts; both
     empty when they are fine. ``class_counts`` has one entry per class (checked before);
     ``samples_loc`` and ``counts_loc`` locate the two fields in the request.
@@ -185,32 +186,32 @@ def count_problems(
     the event trail, which must not keep the exact count the policy withholds.
     """
     m, b = policy.min_class_count, policy.count_bucket
-    forbidden: list[dict[str, Any]] = []
+    forbidden: list[Problem] = []
     where = counts_loc
     for c, count in enumerate(class_counts):
         if count is None:
             if m <= 1:
                 forbidden.append(
-                    _problem([*where, c], "null, but this federation suppresses no class")
+                    problem([*where, c], "null, but this federation suppresses no class")
                 )
         elif 0 < count < m:
             forbidden.append(
-                _problem(
+                problem(
                     [*where, c],
                     f"a count below the federation's min_class_count {m} must be sent as null",
                 )
             )
         elif count % b:
             forbidden.append(
-                _problem([*where, c], f"not a multiple of the federation's count_bucket {b}")
+                problem([*where, c], f"not a multiple of the federation's count_bucket {b}")
             )
     if num_samples % b:
         forbidden.append(
-            _problem(samples_loc, f"not a multiple of the federation's count_bucket {b}")
+            problem(samples_loc, f"not a multiple of the federation's count_bucket {b}")
         )
     if m > 1 and not any(count for count in class_counts):
         forbidden.append(
-            _problem(
+            problem(
                 where,
                 f"every class this site holds has fewer than the federation's min_class_count "
                 f"{m} samples: nothing is left to report, the site cannot take part",
@@ -222,12 +223,15 @@ def count_problems(
 
 
 def _sum_problems(
-    num_samples: int, class_counts: Sequence[int | None], policy: SignalPolicy, where: list[str]
-) -> list[dict[str, Any]]:
+    num_samples: int,
+    class_counts: Sequence[int | None],
+    policy: SignalPolicy,
+    where: list[str | int],
+) -> list[Problem]:
     if not policy.active:
         total = sum(int(c or 0) for c in class_counts)
         if total != num_samples:
-            return [_problem(where, f"sums to {total} but num_samples is {num_samples}")]
+            return [problem(where, f"sums to {total} but num_samples is {num_samples}")]
         return []
     ranges = [_held_range(count, policy) for count in class_counts]
     low, high = sum(r[0] for r in ranges), sum(r[1] for r in ranges)
@@ -235,7 +239,7 @@ def _sum_problems(
     total_low = max(num_samples - policy.count_bucket + 1, 1)
     if max(low, total_low) > min(high, num_samples):
         return [
-            _problem(
+            problem(
                 where,
                 f"the class counts stand for {low} to {high} samples in all, num_samples "
                 f"{num_samples} for {total_low} to {num_samples}: they cannot both hold",
@@ -244,7 +248,7 @@ def _sum_problems(
     return []
 
 
-def dp_problems(signals: Mapping[str, Any], policy: SignalPolicy) -> list[dict[str, Any]]:
+def dp_problems(signals: Mapping[str, Any], policy: SignalPolicy) -> list[Problem]:
     """What the Gaussian mechanism forbids in an update's ``signals`` (its metadata's): the
     spread and the error counts, which it does not send, and a per-class loss above the clip
     bound (the site clamps its noised means to [0, B]). Empty when the mechanism is off. The
@@ -252,7 +256,7 @@ def dp_problems(signals: Mapping[str, Any], policy: SignalPolicy) -> list[dict[s
     if not policy.dp_active:
         return []
     found = [
-        _problem(
+        problem(
             ["metadata", "signals", name],
             "not sent under the federation's Gaussian mechanism (dp_noise_multiplier)",
         )
@@ -263,13 +267,9 @@ def dp_problems(signals: Mapping[str, Any], policy: SignalPolicy) -> list[dict[s
     for c, value in enumerate(signals.get("per_class_loss") or []):
         if value is not None and bound is not None and value > bound:
             found.append(
-                _problem(
+                problem(
                     ["metadata", "signals", "per_class_loss", c],
                     f"above the federation's dp_clip_loss {bound}",
                 )
             )
     return found
-
-
-def _problem(loc: list[Any], msg: str) -> dict[str, Any]:
-    return {"loc": loc, "msg": msg}

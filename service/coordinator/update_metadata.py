@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.coordinator.signal_policy import count_problems, dp_problems, policy_of
-from service.errors import PrivacyPolicyError, UpdateRejectedError
+from service.errors import PrivacyPolicyError, Problem, UpdateRejectedError, problem
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
 from service.store.tables import Federation
 
@@ -112,11 +112,6 @@ class UpdateMetadata(BaseModel):
     )
 
 
-def problem(loc: list[Any], msg: str) -> dict[str, Any]:
-    """One problem of a refused update: where (``loc``) and what (``msg``)."""
-    return {"loc": loc, "msg": msg}
-
-
 def parse_metadata(raw: str | bytes) -> dict[str, Any]:
     too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
     try:
@@ -157,11 +152,11 @@ def validate_signals(
     except ValidationError as exc:
         _refuse([problem(["metadata", *e["loc"]], e["msg"]) for e in exc.errors(include_url=False)])
     signals = typed.signals
-    errors: list[dict[str, Any]] = []
+    errors: list[Problem] = []
     for key in federation.config["signals"]:
         if getattr(signals, key, None) is None:
             errors.append(problem(["metadata", "signals", key], "required by this federation"))
-    forbidden: list[dict[str, Any]] = []
+    forbidden: list[Problem] = []
     counts = _check_class_counts(errors, forbidden, typed.num_samples, signals, federation)
     _check_per_class_signals(errors, forbidden, signals, counts, federation.num_classes)
     forbidden.extend(dp_problems(signals.model_dump(), policy_of(federation.config)))
@@ -183,7 +178,7 @@ not a response larger than the upload."""
 
 
 def _refuse(
-    errors: list[dict[str, Any]], error: type[UpdateRejectedError] = UpdateRejectedError
+    errors: list[Problem], error: type[UpdateRejectedError] = UpdateRejectedError
 ) -> NoReturn:
     shown = "" if len(errors) <= MAX_PROBLEMS_SHOWN else f", the first {MAX_PROBLEMS_SHOWN} listed"
     raise error(
@@ -194,8 +189,8 @@ def _refuse(
 
 
 def _check_class_counts(
-    errors: list[dict[str, Any]],
-    forbidden: list[dict[str, Any]],
+    errors: list[Problem],
+    forbidden: list[Problem],
     n: int,
     signals: UpdateSignals,
     federation: Federation,
@@ -225,8 +220,8 @@ def _check_class_counts(
 
 
 def _check_per_class_signals(
-    errors: list[dict[str, Any]],
-    forbidden: list[dict[str, Any]],
+    errors: list[Problem],
+    forbidden: list[Problem],
     signals: UpdateSignals,
     counts: list[int | None] | None,
     num_classes: int,
@@ -263,7 +258,7 @@ def _check_per_class_signals(
 
 
 def _check_per_class(
-    errors: list[dict[str, Any]],
+    errors: list[Problem],
     name: str,
     values: list[float | None] | list[int | None],
     counts: list[int | None] | None,
@@ -288,14 +283,14 @@ def _check_per_class(
 
 
 def _check_probe(
-    errors: list[dict[str, Any]], probe: list[list[float]] | None, federation: Federation
+    errors: list[Problem], probe: list[list[float]] | None, federation: Federation
 ) -> None:
     """probe_softmax, where sent: ``probe_size`` rows of one probability per class, each row
     summing to 1 (within ``PROBABILITY_TOLERANCE``)."""
     if probe is None:
         return
     num_classes = federation.num_classes
-    loc = ["metadata", "signals", "probe_softmax"]
+    loc: list[str | int] = ["metadata", "signals", "probe_softmax"]
     size = int(federation.config["probe_size"])
     if len(probe) != size or any(len(row) != num_classes for row in probe):
         errors.append(problem(loc, f"must be {size} rows of {num_classes} probabilities"))
@@ -306,7 +301,7 @@ def _check_probe(
 
 
 def _check_centroids(
-    errors: list[dict[str, Any]], centroids: list[list[float]] | None, num_classes: int
+    errors: list[Problem], centroids: list[list[float]] | None, num_classes: int
 ) -> None:
     """centroids (RoFL), where sent: one row per class, all rows of the same length."""
     if centroids is None:

@@ -40,6 +40,7 @@ from service.errors import (
     IdempotencyKeyReusedError,
     InconsistentUpdateError,
     NotFoundError,
+    Problem,
     RoundClosedError,
     UpdateRejectedError,
 )
@@ -76,7 +77,7 @@ def join_drift_errors(
     joined_samples: int,
     joined_counts: list[int | None],
     drift: float,
-) -> list[dict[str, Any]]:
+) -> list[Problem]:
     """How an update's counts leave the drift allowed from the join (empty: within it).
 
     With n the joined num_samples and d the drift: ``|num_samples - n| <= d n``, and the class
@@ -85,7 +86,7 @@ def join_drift_errors(
     privacy policy suppresses (null) counts as 0 here: null on both sides is no change.
     """
     allowed = drift * joined_samples
-    errors: list[dict[str, Any]] = []
+    errors: list[Problem] = []
     if abs(num_samples - joined_samples) > allowed:
         errors.append(
             problem(
