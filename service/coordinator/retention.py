@@ -32,9 +32,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.orm import Session
+from typing_extensions import TypedDict
 
 from service.coordinator.resources import Services
 from service.errors import BadRequestError, GoneError, NotFoundError
@@ -47,6 +47,37 @@ PRUNED_SIGNALS = ("probe_softmax", "centroids")
 them, and they are the large ones (a probe's softmax rows, a site's class centroids)."""
 
 
+class PrunedCounts(TypedDict):
+    """What a prune removed (or, in a dry run, would remove)."""
+
+    rounds: list[int]
+    updates: int
+    blobs: int
+    bytes: int
+    signals: list[str]
+
+
+class KeptCounts(TypedDict):
+    """What a prune kept of the rounds it looked at, and what earlier prunes removed."""
+
+    rounds: list[int]
+    latest_updates: int
+    neighbor_updates: int
+    global_models: int
+    already_pruned: int
+
+
+class RetentionReport(TypedDict):
+    """A prune's report: answered as it is (``PruneReport`` on the wire) and recorded as the
+    ``federation.pruned`` event's data."""
+
+    federation_id: str
+    keep_rounds: int
+    dry_run: bool
+    pruned: PrunedCounts
+    kept: KeptCounts
+
+
 def prune_federation(
     session: Session,
     blobs: BlobStore,
@@ -56,7 +87,7 @@ def prune_federation(
     actor: str,
     now: datetime,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> RetentionReport:
     """Prune the updates of the federation's finished rounds older than its last `keep_rounds`
     (a step: it flushes, the caller commits; the caller holds the federation's lock). Returns
     what was pruned and what was kept; with `dry_run` the rows are changed all the same and the
@@ -86,7 +117,7 @@ def prune_federation(
     sizes = {u.blob_key: int(u.size_bytes) for u in pruned}
     needed = referenced_by_rows(session, list(sizes))  # the same content kept by another row
     removed = sorted(key for key in sizes if key not in needed)
-    report = {
+    report: RetentionReport = {
         "federation_id": str(federation.id),
         "keep_rounds": keep_rounds,
         "dry_run": dry_run,
@@ -120,7 +151,7 @@ def _assigned_neighbor_models(session: Session, federation_id: uuid.UUID) -> set
     }
 
 
-def _record(session: Session, federation: Federation, report: dict[str, Any], actor: str) -> None:
+def _record(session: Session, federation: Federation, report: RetentionReport, actor: str) -> None:
     pruned, kept = report["pruned"], report["kept"]
     rounds = pruned["rounds"]
     span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
@@ -136,7 +167,7 @@ def _record(session: Session, federation: Federation, report: dict[str, Any], ac
             f"{kept['neighbor_updates']} assigned neighbour model(s) and every global model"
         ),
         federation_id=federation.id,
-        data=report,
+        data=dict(report),
     )
 
 
@@ -147,7 +178,7 @@ def prune(
     keep_rounds: int | None,
     dry_run: bool,
     actor: str,
-) -> dict[str, Any]:
+) -> RetentionReport:
     """Prune a federation's old updates (`prune_federation`) and commit; `keep_rounds` None:
     the ``retention_rounds`` setting. A dry run changes nothing: it answers what a prune would
     remove and rolls back."""
@@ -185,7 +216,7 @@ def _locked(session: Session, federation_id: uuid.UUID) -> Federation:
 
 def prune_after_close(
     services: Services, session: Session, federation: Federation, now: datetime
-) -> dict[str, Any] | None:
+) -> RetentionReport | None:
     """With the ``retention_rounds`` setting, prune in the transaction that closes a round."""
     keep_rounds = services.settings.retention_rounds
     if keep_rounds is None:

@@ -187,7 +187,7 @@ def stop_federation(
 )
 def prune_federation(
     federation_id: uuid.UUID, body: PruneRequest, services: ServicesDep, actor: AdminDep
-) -> dict[str, object]:
+) -> retention.RetentionReport:
     """Removes the blobs, and the probe softmax and centroids, of the model updates of the
     finished rounds older than the last `keep_rounds`, except each site's latest update and the
     neighbour models an open round hands out. Rows, audit results, reports and every global
