@@ -1,4 +1,5 @@
-"""ORM objects and the reports' typed values (:mod:`service.report_views`) to wire models.
+"""ORM objects, the reports' typed values (:mod:`service.report_views`) and a what-if's
+(:class:`~service.coordinator.overrides.RecomputedRound`) to wire models.
 
 A report value becomes its wire model by :func:`plain` and ``model_validate``: every field of the
 value is set on the wire model, so ``response_model_exclude_unset`` leaves out only what the value
@@ -19,9 +20,15 @@ from service.api.schemas.federations import (
     PlanSpec,
     TaskSpec,
 )
-from service.api.schemas.reports import ClientDiagnostics, ClientHistory, NoisyClientReport
+from service.api.schemas.reports import (
+    ClientDiagnostics,
+    ClientHistory,
+    NoisyClientReport,
+    RecomputeResult,
+)
 from service.api.schemas.rounds import RoundRead
 from service.coordinator.federations import federation_summary
+from service.coordinator.overrides import RecomputedRound
 from service.coordinator.retention import pruned_clients
 from service.coordinator.rounds import participation
 from service.report_views import (
@@ -161,6 +168,11 @@ def client_history(view: ClientHistoryView) -> ClientHistory:
 def client_diagnostics(view: DiagnosticsView) -> ClientDiagnostics:
     """A client's own diagnostics on the wire."""
     return ClientDiagnostics.model_validate(plain(view))
+
+
+def recompute_result(value: RecomputedRound) -> RecomputeResult:
+    """A what-if of a past round on the wire."""
+    return RecomputeResult.model_validate(plain(value))
 
 
 def plain(value: object) -> object:

@@ -9,6 +9,7 @@ of its own; those that take a ``Session`` are their steps and leave the commit t
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,46 @@ from service.store import repositories as repo
 from service.store.base import utcnow
 from service.store.tables import Client, Federation
 
-__all__ = ["anchor", "pin", "recompute", "recompute_round", "set_anchor", "set_pin"]
+__all__ = [
+    "ModelDistance",
+    "RecomputedRound",
+    "anchor",
+    "pin",
+    "recompute",
+    "recompute_round",
+    "set_anchor",
+    "set_pin",
+]
+
+
+@dataclass(frozen=True)
+class ModelDistance:
+    """How far a recomputed global model is from the one its round produced: the Euclidean
+    distance over every tensor, and per tensor name."""
+
+    total: float
+    per_tensor: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RecomputedRound:
+    """A closed round's audit and aggregation re-run with other settings or without some sites
+    (nothing stored); the API answers it as ``RecomputeResult``."""
+
+    round: int
+    audit_settings: dict[str, Any]
+    """The audit configuration that was run (``AuditConfig.to_json``)."""
+    excluded_clients: list[str]
+    aggregation_rule: str
+    """The rule applied, after any fallback."""
+    fallback_reason: str | None
+    weights: dict[str, float]
+    """The aggregation weight per client id."""
+    flags: dict[str, dict[str, bool | None]]
+    """Per client id: the primary flag, the effective one (pins) and each detector's."""
+    audit: dict[str, Any]
+    """The audit result, shaped as a round's stored audit."""
+    distance_to_actual_model: ModelDistance
 
 
 def set_pin(
@@ -98,7 +138,7 @@ def recompute_round(
     *,
     audit_overrides: dict[str, Any] | None = None,
     exclude_clients: list[uuid.UUID] | None = None,
-) -> dict[str, Any]:
+) -> RecomputedRound:
     """Re-run the audit (and aggregation) of a closed round from its stored updates; store nothing.
 
     `audit_overrides` changes audit settings (e.g. ``{"aggregation": "median"}``);
@@ -150,17 +190,17 @@ def recompute_round(
         diff = float(np.sum((value.astype(np.float64) - actual.get(name).astype(np.float64)) ** 2))
         distances[name] = diff**0.5
         total += diff
-    return {
-        "round": index,
-        "audit_settings": config.to_json(),
-        "excluded_clients": sorted(str(c) for c in excluded),
-        "aggregation_rule": outcome.rule,
-        "fallback_reason": outcome.fallback_reason,
-        "weights": outcome.weights_by_client,
-        "flags": outcome.flags_by_client,
-        "audit": outcome.result,
-        "distance_to_actual_model": {"total": total**0.5, "per_tensor": distances},
-    }
+    return RecomputedRound(
+        round=index,
+        audit_settings=config.to_json(),
+        excluded_clients=sorted(str(c) for c in excluded),
+        aggregation_rule=outcome.rule,
+        fallback_reason=outcome.fallback_reason,
+        weights=outcome.weights_by_client,
+        flags=outcome.flags_by_client,
+        audit=outcome.result,
+        distance_to_actual_model=ModelDistance(total=total**0.5, per_tensor=distances),
+    )
 
 
 # --- use cases: one session or transaction each -----------------------------------------------
@@ -210,7 +250,7 @@ def recompute(
     *,
     audit_overrides: dict[str, Any] | None = None,
     exclude_clients: list[uuid.UUID] | None = None,
-) -> dict[str, Any]:
+) -> RecomputedRound:
     """`recompute_round` in a session of its own; nothing is stored."""
     with services.sessions() as session:
         federation = queries.federation_of(session, federation_id)

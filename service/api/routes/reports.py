@@ -139,14 +139,15 @@ def unanchor_client(
 
 def _recompute(
     services: Services, federation_id: uuid.UUID, index: int, body: RecomputeRequest
-) -> dict[str, Any]:
-    return overrides.recompute(
+) -> RecomputeResult:
+    recomputed = overrides.recompute(
         services,
         federation_id,
         index,
         audit_overrides=body.audit,
         exclude_clients=list(body.exclude_clients),
     )
+    return convert.recompute_result(recomputed)
 
 
 @router.post(
@@ -161,7 +162,7 @@ async def recompute_round(
     services: ServicesDep,
     _: AdminDep,
     index: int = Path(ge=0, le=INT32_MAX),
-) -> dict[str, Any]:
+) -> RecomputeResult:
     return await run_in_threadpool(_recompute, services, federation_id, index, body)
 
 
