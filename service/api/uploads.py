@@ -34,7 +34,8 @@ class _TempWriter:
     One batch is written (and hashed) in the thread pool while the event loop receives and
     parses the next: :meth:`flush` waits for the previous batch's write before it starts the
     next one, so the batches reach the file and the hash in order, and at most two batches
-    (``2 * FLUSH_BYTES``) are held in memory.
+    (``2 * FLUSH_BYTES``) are held in memory. A batch is the received pieces themselves (views
+    of the request's chunks, which are immutable): the event loop copies nothing.
     """
 
     def __init__(self, directory: Path, *, scan: bool = False) -> None:
@@ -44,7 +45,8 @@ class _TempWriter:
         self.path = Path(name)
         self._file = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
-        self._pending = bytearray()
+        self._pending: list[bytes | memoryview] = []
+        self._pending_bytes = 0
         self._writing: asyncio.Future[None] | None = None
         self.size = 0
 
@@ -54,27 +56,30 @@ class _TempWriter:
         for non-finite floats on the way (:class:`FiniteScan`), a safetensors state."""
         return await run_in_threadpool(functools.partial(cls, directory, scan=scan))
 
-    def add(self, data: bytes) -> None:
-        """Queue bytes (cheap, on the event loop); `flush` writes them."""
-        self._pending += data
+    def add(self, data: bytes | memoryview) -> None:
+        """Queue bytes (no copy, on the event loop: ``data`` must not change); `flush` writes
+        them."""
+        self._pending.append(data)
+        self._pending_bytes += len(data)
         self.size += len(data)
 
     @property
     def should_flush(self) -> bool:
-        return len(self._pending) >= FLUSH_BYTES
+        return self._pending_bytes >= FLUSH_BYTES
 
-    def _write(self, data: bytes) -> None:
-        self._file.write(data)
-        self._digest.update(data)
-        if self._scan is not None:
-            self._scan.feed(data)
+    def _write(self, pieces: list[bytes | memoryview]) -> None:
+        for piece in pieces:
+            self._file.write(piece)
+            self._digest.update(piece)
+            if self._scan is not None:
+                self._scan.feed(piece)
 
     async def flush(self) -> None:
         """Start writing the queued bytes, once the previous batch is written."""
         if self._pending:
-            data, self._pending = bytes(self._pending), bytearray()
+            pieces, self._pending, self._pending_bytes = self._pending, [], 0
             await self._written()
-            self._writing = asyncio.ensure_future(run_in_threadpool(self._write, data))
+            self._writing = asyncio.ensure_future(run_in_threadpool(self._write, pieces))
 
     async def _written(self) -> None:
         writing, self._writing = self._writing, None
@@ -200,7 +205,9 @@ class _Parts:
         self.name = name
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
-        chunk = data[start:end]
+        # A view of the request's chunk, not a copy, where it is immutable (bytes: uvicorn's and
+        # the ASGI spec's); a buffer that may change after this call is copied.
+        chunk = memoryview(data)[start:end] if isinstance(data, bytes) else bytes(data[start:end])
         if self.name == "metadata":
             if len(self.metadata) + len(chunk) > MAX_METADATA_BYTES:
                 raise PayloadTooLargeError(

@@ -54,7 +54,7 @@ class FiniteScan:
         self._bad: set[str] = set()
         self._failed = False
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """The next bytes of the file."""
         if self._failed:
             return
@@ -63,7 +63,7 @@ class FiniteScan:
             if not self._parse_header():
                 return
             data, self._head = bytes(self._head[self._position :]), bytearray()
-        self._scan(data)
+        self._scan(memoryview(data))
 
     def result(self) -> list[str] | None:
         """The float tensors with a non-finite value (sorted), None when unknown."""
@@ -90,7 +90,7 @@ class FiniteScan:
         self._spans, self._position, self._end = spans, 8 + length, 8 + length + size
         return True
 
-    def _scan(self, data: bytes) -> None:
+    def _scan(self, data: memoryview) -> None:
         assert self._spans is not None
         start = self._position
         self._position += len(data)
@@ -102,19 +102,34 @@ class FiniteScan:
                     return
                 self._next += 1
                 continue
-            cut = memoryview(data)[low - start : high - start]
-            piece = self._carry + cut if self._carry else cut
-            whole = len(piece) - len(piece) % span.dtype.itemsize
-            values = np.frombuffer(piece, dtype=span.dtype, count=whole // span.dtype.itemsize)
-            if not np.isfinite(values).all():
-                self._bad.add(span.name)
-            self._carry = bytes(piece[whole:])
+            self._check(span, data[low - start : high - start])
             if high < span.end:
                 return  # the batch ends inside this tensor
             if self._carry:
                 self._failed = True  # not a whole number of elements
                 return
             self._next += 1
+
+    def _check(self, span: _Span, cut: memoryview) -> None:
+        """Look at the next bytes of ``span``'s tensor: first the element the previous bytes
+        cut (its start in the carry), then the whole elements, keeping a cut one's start."""
+        size = span.dtype.itemsize
+        if self._carry:
+            head = self._carry + bytes(cut[: size - len(self._carry)])
+            cut = cut[size - len(self._carry) :]
+            if len(head) < size:
+                self._carry = head
+                return
+            self._carry = b""
+            self._look(span, head)
+        whole = len(cut) - len(cut) % size
+        self._look(span, cut[:whole])
+        self._carry = bytes(cut[whole:])
+
+    def _look(self, span: _Span, data: bytes | memoryview) -> None:
+        values = np.frombuffer(data, dtype=span.dtype)
+        if not np.isfinite(values).all():
+            self._bad.add(span.name)
 
 
 def _spans_of(header: object, data_start: int) -> tuple[list[_Span], int]:
