@@ -32,37 +32,51 @@ def staged(settings: Settings, data: bytes) -> updates.StagedUpload:
     return updates.StagedUpload(path=path, sha256=digest, size=size)
 
 
+def federation_with_model(
+    services: Services,
+    session: Session,
+    *,
+    name: str,
+    min_clients: int = 1,
+    deadline_s: float = 600,
+    config: FederationConfigInput | None = None,
+) -> tables.Federation:
+    """A three-round, two-class federation with its initial model (no clients)."""
+    federation = federations.create_federation(
+        session,
+        name=name,
+        num_classes=2,
+        input_shape=[2],
+        class_names=None,
+        rounds=3,
+        min_clients=min_clients,
+        max_clients=None,
+        round_deadline_s=deadline_s,
+        config=config
+        or FederationConfigInput(method="fedavg", detectors=["fedncl"], primary_detector="fedncl"),
+        seed=1,
+        actor="admin",
+    )
+    upload = staged(services.settings, state_bytes(tiny_state(0.0)))
+    federations.upload_initial_model(
+        services,
+        session,
+        federation.id,
+        staged=upload.path,
+        sha256=upload.sha256,
+        size=upload.size,
+        actor="admin",
+    )
+    return federation
+
+
 def prepare_round(
     services: Services, names: list[str], *, min_clients: int = 1, deadline_s: float = 600
 ):
     """A federation with round 0 open and every client joined: (fid, round id, clients)."""
-    settings = services.settings
     with services.sessions.begin() as session:
-        federation = federations.create_federation(
-            session,
-            name="race",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=3,
-            min_clients=min_clients,
-            max_clients=None,
-            round_deadline_s=deadline_s,
-            config=FederationConfigInput(
-                method="fedavg", detectors=["fedncl"], primary_detector="fedncl"
-            ),
-            seed=1,
-            actor="admin",
-        )
-        upload = staged(settings, state_bytes(tiny_state(0.0)))
-        federations.upload_initial_model(
-            services,
-            session,
-            federation.id,
-            staged=upload.path,
-            sha256=upload.sha256,
-            size=upload.size,
-            actor="admin",
+        federation = federation_with_model(
+            services, session, name="race", min_clients=min_clients, deadline_s=deadline_s
         )
         created = [
             federations.add_client(session, federation.id, name=n, actor="admin")[0] for n in names

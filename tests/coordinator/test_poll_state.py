@@ -17,8 +17,12 @@ from service.store import repositories as repo
 from service.store.poll_state import poll_state
 from service.store.tables import Round, RoundParticipant
 from tests.coordinator._federations import new_federation
-from tests.coordinator.test_close_once import make_services, prepare_round, staged, submit
-from tests.factories import state_bytes, tiny_state
+from tests.coordinator.test_close_once import (
+    federation_with_model,
+    make_services,
+    prepare_round,
+    submit,
+)
 
 pytestmark = pytest.mark.db
 
@@ -119,29 +123,12 @@ def test_the_poll_state_follows_the_round(settings: Settings) -> None:
 def test_a_waiting_federation_counts_its_sites(settings: Settings) -> None:
     services = make_services(settings)
     with services.sessions.begin() as session:
-        federation = federations.create_federation(
-            session,
-            name="gathering",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=3,
-            min_clients=3,
-            max_clients=None,
-            round_deadline_s=600,
-            config=FederationConfigInput(method="fedavg"),
-            seed=1,
-            actor="admin",
-        )
-        upload = staged(settings, state_bytes(tiny_state(0.0)))
-        federations.upload_initial_model(
+        federation = federation_with_model(
             services,
             session,
-            federation.id,
-            staged=upload.path,
-            sha256=upload.sha256,
-            size=upload.size,
-            actor="admin",
+            name="gathering",
+            min_clients=3,
+            config=FederationConfigInput(method="fedavg"),
         )
         a, b, c = (
             federations.add_client(session, federation.id, name=n, actor="admin")[0]
