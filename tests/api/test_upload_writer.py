@@ -48,10 +48,10 @@ async def test_a_discard_while_a_batch_is_written_removes_the_file_after_it(
     started, release = threading.Event(), threading.Event()
     write = _TempWriter._write
 
-    def held(self: _TempWriter, data: bytes) -> None:
+    def held(self: _TempWriter, pieces: list[bytes | memoryview]) -> None:
         started.set()
         release.wait(10)
-        write(self, data)
+        write(self, pieces)
 
     monkeypatch.setattr(uploads._TempWriter, "_write", held)
     writer = await _TempWriter.open(tmp_path)
@@ -72,7 +72,7 @@ async def test_a_discard_while_a_batch_is_written_removes_the_file_after_it(
 async def test_a_failed_write_fails_the_close_and_the_discard_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: _TempWriter, data: bytes) -> None:
+    def broken(self: _TempWriter, pieces: list[bytes | memoryview]) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(uploads._TempWriter, "_write", broken)
