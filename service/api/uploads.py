@@ -47,7 +47,7 @@ class _TempWriter:
         self._digest = hashlib.sha256()
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
-        self._writing: asyncio.Future[None] | None = None
+        self._writing: asyncio.Future[Any] | None = None
         self.size = 0
 
     @classmethod
@@ -82,14 +82,25 @@ class _TempWriter:
             self._writing = asyncio.ensure_future(run_in_threadpool(self._write, pieces))
 
     async def _written(self) -> None:
-        writing, self._writing = self._writing, None
+        """Wait for the batch in flight. The write itself is shielded: a cancelled wait (the
+        request's task cancelled) leaves it in flight and recorded, so :meth:`discard` removes
+        the file only once it ends instead of closing it under the worker thread."""
+        writing = self._writing
         if writing is not None:
-            await writing
+            await asyncio.shield(writing)
+            self._writing = None
 
     async def close(self) -> StagedUpload:
         await self.flush()
         await self._written()
-        return await run_in_threadpool(self.finish)
+        # finish (fsync, close) is tracked like a write, for the same reason
+        finishing: asyncio.Future[StagedUpload] = asyncio.ensure_future(
+            run_in_threadpool(self.finish)
+        )
+        self._writing = finishing
+        staged = await asyncio.shield(finishing)
+        self._writing = None
+        return staged
 
     def finish(self) -> StagedUpload:
         self._file.flush()
@@ -114,7 +125,7 @@ class _TempWriter:
         else:
             self._remove()
 
-    def _discard_after(self, writing: asyncio.Future[None]) -> None:
+    def _discard_after(self, writing: asyncio.Future[Any]) -> None:
         if not writing.cancelled():
             writing.exception()  # retrieved: a failed write of a discarded upload is no news
         self._remove()
@@ -232,8 +243,9 @@ async def receive_update(
     writer = await _TempWriter.open(directory, scan=True)
     parts = _Parts(writer)
     total = 0
-    parser = MultipartParser(params[b"boundary"], parts.callbacks())
     try:
+        # inside the try: a boundary the parser refuses (over 256 bytes) is a 400 and no file
+        parser = MultipartParser(params[b"boundary"], parts.callbacks())
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
@@ -251,6 +263,9 @@ async def receive_update(
             raise BadRequestError("the 'state' part is empty")
         return bytes(parts.metadata), await writer.close()
     except (BadRequestError, PayloadTooLargeError):
+        writer.discard()
+        raise
+    except OSError:  # a failed write (ENOSPC, EIO) is the server's, not the client's 400
         writer.discard()
         raise
     except Exception as exc:  # the parser's own errors: a malformed body

@@ -84,7 +84,7 @@ class FiniteScan:
         try:
             header = json.loads(bytes(self._head[8 : 8 + length]))
             spans, size = _spans_of(header, 8 + length)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             self._failed = True
             return False
         self._spans, self._position, self._end = spans, 8 + length, 8 + length + size
@@ -98,10 +98,10 @@ class FiniteScan:
             span = self._spans[self._next]
             low, high = max(span.start, start), min(span.end, self._position)
             if low >= high:
-                if span.start >= self._position:
-                    return
-                self._next += 1
-                continue
+                if span.end <= start:  # finished before these bytes (not reached: spans
+                    self._next += 1  # are passed as they finish)
+                    continue
+                return  # starts after these bytes, or no bytes (an empty piece)
             self._check(span, data[low - start : high - start])
             if high < span.end:
                 return  # the batch ends inside this tensor

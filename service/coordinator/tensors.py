@@ -56,6 +56,18 @@ class SafetensorsFormatError(ValueError):
     """The bytes are not a well-formed safetensors file we can use."""
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object without a repeated key: json keeps the last, other readers may not."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key appears twice")
+    return found
+
+
 def read_manifest(path: Path) -> Manifest:
     """Parse and check the header of a safetensors file: ``{name: {"dtype", "shape"}}``."""
     size = path.stat().st_size
@@ -67,12 +79,22 @@ def read_manifest(path: Path) -> Manifest:
         if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
             raise SafetensorsFormatError("safetensors header length is out of range")
         try:
-            header = json.loads(handle.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            # strict UTF-8 (no BOM, no UTF-16/32 guess) and no NaN/Infinity literals: only what
+            # the safetensors library itself reads (the upload's scan trusts this parse)
+            header = json.loads(
+                handle.read(header_len).decode("utf-8"),
+                parse_constant=_no_constant,
+                object_pairs_hook=_unique_keys,
+            )
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise SafetensorsFormatError(f"safetensors header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError("safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise SafetensorsFormatError("__metadata__ must map strings to strings")
     if not header:
         raise SafetensorsFormatError("the file holds no tensors")
     manifest: Manifest = {}
@@ -83,17 +105,17 @@ def read_manifest(path: Path) -> Manifest:
         dtype = entry.get("dtype")
         shape = entry.get("shape")
         offsets = entry.get("data_offsets")
-        if dtype not in NUMPY_DTYPES:
+        if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
             raise SafetensorsFormatError(
                 f"tensor {name!r}: dtype {dtype!r} is not supported "
                 f"(use one of {', '.join(sorted(NUMPY_DTYPES))}; convert bfloat16 to float32)"
             )
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
             raise SafetensorsFormatError(f"tensor {name!r}: shape {shape!r} is invalid")
         if not (
             isinstance(offsets, list)
             and len(offsets) == 2
-            and all(isinstance(o, int) for o in offsets)
+            and all(type(o) is int for o in offsets)
             and 0 <= offsets[0] <= offsets[1]
         ):
             raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {offsets!r} are invalid")

@@ -83,3 +83,49 @@ async def test_a_failed_write_fails_the_close_and_the_discard_cleans_up(
         await writer.close()
     writer.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_cancelled_upload_does_not_close_the_file_under_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    write = _TempWriter._write
+    outcomes: list[str] = []
+
+    def held(self: _TempWriter, data: list[bytes | memoryview]) -> None:
+        started.set()
+        release.wait(10)
+        try:
+            write(self, data)
+            outcomes.append("written")
+        except ValueError as exc:
+            outcomes.append(str(exc))
+            raise
+
+    monkeypatch.setattr(uploads._TempWriter, "_write", held)
+    writer = await _TempWriter.open(tmp_path)
+
+    async def upload() -> None:
+        try:
+            writer.add(b"a" * FLUSH_BYTES)
+            await writer.flush()
+            writer.add(b"b" * FLUSH_BYTES)
+            await writer.flush()  # waits for the first batch: cancelled here
+        except BaseException:
+            writer.discard()
+            raise
+
+    task = asyncio.ensure_future(upload())
+    assert await asyncio.to_thread(started.wait, 10)
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert writer.path.exists()  # the write in flight still holds it
+    release.set()
+    for _ in range(200):
+        if not writer.path.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert outcomes == ["written"]
+    assert list(tmp_path.iterdir()) == []

@@ -101,3 +101,14 @@ def test_a_file_cut_short_is_not_answered() -> None:
     data = save({"w": np.ones(100, dtype=np.float32)})
     assert _scanned(data[:-4], [50]) is None
     assert _scanned(data + b"\x00" * 4, [50]) is None
+
+
+def test_an_empty_piece_inside_a_tensor_changes_nothing() -> None:
+    data = save({"w": np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)})
+    middle = len(data) - 8  # inside w's data
+    scan = FiniteScan()
+    scan.feed(data[:middle])
+    scan.feed(b"")
+    scan.feed(memoryview(data)[middle:middle])
+    scan.feed(data[middle:])
+    assert scan.result() == ["w"]
