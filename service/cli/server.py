@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -191,23 +192,30 @@ def _metrics_directory(workers: int) -> Iterator[None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def server_stack() -> tuple[Literal["uvloop", "asyncio"], Literal["httptools", "h11"]]:
-    """uvicorn's event loop and HTTP parser: uvloop and httptools (dependencies of fedaudit;
-    uvloop not on Windows), else asyncio and h11, said on stderr rather than chosen silently.
-    """
+def server_stack() -> tuple[Literal["uvloop", "asyncio"], type[asyncio.Protocol] | Literal["h11"]]:
+    """uvicorn's event loop and HTTP protocol: uvloop and httptools (dependencies of fedaudit;
+    uvloop not on Windows), httptools with a cap on a request's head
+    (:class:`service.http_protocol.BoundedHttpToolsProtocol`); else asyncio and h11, said on
+    stderr rather than chosen silently."""
     import importlib.util
 
     loop: Literal["uvloop", "asyncio"] = (
         "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     )
-    http: Literal["httptools", "h11"] = (
-        "httptools" if importlib.util.find_spec("httptools") else "h11"
-    )
-    missing = [fast for fast, used in (("uvloop", loop), ("httptools", http)) if fast != used]
+    http: type[asyncio.Protocol] | Literal["h11"] = "h11"
+    if importlib.util.find_spec("httptools"):
+        from service.http_protocol import BoundedHttpToolsProtocol
+
+        http = BoundedHttpToolsProtocol
+    missing = [
+        fast
+        for fast, present in (("uvloop", loop == "uvloop"), ("httptools", http != "h11"))
+        if not present
+    ]
     if missing:
         err.print(
-            f"[yellow]serving with {loop} and {http}:[/] {' and '.join(missing)} not installed "
-            "(slower requests; docs/performance.md)",
+            f"[yellow]serving with {loop} and {'h11' if http == 'h11' else 'httptools'}:[/] "
+            f"{' and '.join(missing)} not installed (slower requests; docs/performance.md)",
             soft_wrap=True,
         )
     return loop, http

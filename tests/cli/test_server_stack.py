@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from service.cli import server
+from service.http_protocol import BoundedHttpToolsProtocol
 
 
 def _without(monkeypatch: pytest.MonkeyPatch, *absent: str) -> None:
@@ -25,7 +26,7 @@ def test_the_fast_stack_is_installed_and_chosen(capsys: pytest.CaptureFixture[st
     assert importlib.util.find_spec("httptools") is not None  # a dependency of fedaudit
     if sys.platform != "win32":
         assert importlib.util.find_spec("uvloop") is not None
-        assert server.server_stack() == ("uvloop", "httptools")
+        assert server.server_stack() == ("uvloop", BoundedHttpToolsProtocol)
         assert capsys.readouterr().err == ""
 
 
