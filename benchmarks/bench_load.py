@@ -63,7 +63,7 @@ import numpy as np
 from _common import benchmark_parser, machine_info, write_result
 from _coordinator import FEDNCL_FEDAVG_CONFIG, NUM_CLASSES, state_bytes
 from safetensors.numpy import load
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, distinct, func, select
 
 from client_sdk import AdminClient, FederationClient
 from client_sdk._client import DEFAULT_TIMEOUT
@@ -272,17 +272,60 @@ def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 @contextmanager
+def s3_store(endpoint_url: str | None) -> Iterator[dict[str, str]]:
+    """The coordinators' environment for an S3 bucket of this run's own: at ``endpoint_url``
+    (credentials from the environment), or on moto's server started here on loopback (the dev
+    extra's ``moto[server]``, throw-away credentials)."""
+    import boto3
+
+    env: dict[str, str] = {}
+    server = None
+    if endpoint_url is None:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        endpoint_url = f"http://{host}:{port}"
+        env |= {"AWS_ACCESS_KEY_ID": "bench-load", "AWS_SECRET_ACCESS_KEY": "bench-load-secret"}
+    bucket = f"fedaudit-load-{secrets.token_hex(6)}"
+    env |= {
+        "FEDAUDIT_S3_BUCKET": bucket,
+        "FEDAUDIT_S3_ENDPOINT_URL": endpoint_url,
+        "FEDAUDIT_S3_REGION": "us-east-1",
+        "FEDAUDIT_S3_ADDRESSING_STYLE": "path",
+    }
+    credentials = {
+        "aws_access_key_id": env.get("AWS_ACCESS_KEY_ID"),
+        "aws_secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
+    }
+    client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1", **credentials)
+    client.create_bucket(Bucket=bucket)
+    try:
+        yield env
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@contextmanager
 def coordinators(
-    data_dir: Path, database_url: str | None, replicas: int, blob_backend: str, workers: int = 1
+    data_dir: Path,
+    database_url: str | None,
+    replicas: int,
+    blob_backend: str,
+    workers: int = 1,
+    blob_env: Mapping[str, str] | None = None,
 ) -> Iterator[list[CoordinatorProcess]]:
     """``replicas`` coordinator processes on one database (one admin token), each with its own
     data directory and log; the blobs where ``blob_backend`` says (``database``: no shared disk
-    between the replicas)."""
+    between the replicas; ``s3``: the object store ``blob_env`` describes)."""
     token = secrets.token_urlsafe(24)
     env = {
         # INFO would write one access line per request; WARNING keeps errors (and tracebacks).
         "FEDAUDIT_LOG_LEVEL": "WARNING",
         "FEDAUDIT_BLOB_BACKEND": blob_backend,
+        **(blob_env or {}),
     }
     with ExitStack() as stack:
         servers = []
@@ -403,18 +446,27 @@ def monitor(
     return problems
 
 
-def stored_updates(database_url: str) -> list[dict[str, Any]]:
-    """Per round (one federation in this database): rows in model_update and distinct sites."""
+def stored_updates(database_url: str, federation_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Per round of the federation: rows in model_update and distinct sites (other federations
+    in the same database, an earlier run's, are left out)."""
+    from service.store.tables import ModelUpdate, Round
+
     engine = create_engine(database_url)
+    query = (
+        select(
+            Round.index,
+            Round.state,
+            func.count(ModelUpdate.id),
+            func.count(distinct(ModelUpdate.client_id)),
+        )
+        .outerjoin(ModelUpdate, ModelUpdate.round_id == Round.id)
+        .where(Round.federation_id == federation_id)
+        .group_by(Round.index, Round.state)
+        .order_by(Round.index)
+    )
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    'SELECT r."index", r.state, COUNT(u.id), COUNT(DISTINCT u.client_id) '
-                    "FROM round r LEFT JOIN model_update u ON u.round_id = r.id "
-                    'GROUP BY r."index", r.state ORDER BY r."index"'
-                )
-            ).all()
+            rows = conn.execute(query).all()
     finally:
         engine.dispose()
     return [
@@ -572,10 +624,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--blob-backend",
-        choices=("directory", "database"),
+        choices=("directory", "database", "s3"),
         default=None,
         help="where the coordinators keep the models (default: files in a directory for one "
-        "replica, the database for several, which share no disk)",
+        "replica, the database for several, which share no disk; s3: an S3-compatible store, "
+        "moto's server on loopback unless --s3-endpoint-url)",
+    )
+    parser.add_argument(
+        "--s3-endpoint-url",
+        default=None,
+        help="with --blob-backend s3: an S3-compatible endpoint (credentials from the "
+        "environment); default: moto's server started on loopback by the benchmark",
     )
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="for the whole run")
     parser.add_argument(
@@ -622,9 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = Path(tmp) / "coordinator"
         out_dir = Path(tmp) / "sites"
         out_dir.mkdir()
-        with coordinators(
-            data_dir, args.postgres_url, args.replicas, blob_backend, args.workers
-        ) as servers:
+        blobs = ExitStack()
+        blob_env = (
+            blobs.enter_context(s3_store(args.s3_endpoint_url)) if blob_backend == "s3" else None
+        )
+        with (
+            blobs,
+            coordinators(
+                data_dir, args.postgres_url, args.replicas, blob_backend, args.workers, blob_env
+            ) as servers,
+        ):
             server = servers[0]  # the admin's replica
             database_url = args.postgres_url or f"sqlite:///{(data_dir / 'fedaudit.db').resolve()}"
             with AdminClient(server.url, server.admin_token) as admin:
@@ -711,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                     (one["first_traceback"] for one in logs if one["first_traceback"]), None
                 ),
             }
-        stored = stored_updates(database_url)
+        stored = stored_updates(database_url, uuid.UUID(str(federation_id)))
         site_results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
 
     # --- figures and checks ---
