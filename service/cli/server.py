@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -195,27 +196,29 @@ def _metrics_directory(workers: int) -> Iterator[None]:
 def server_stack() -> tuple[Literal["uvloop", "asyncio"], type[asyncio.Protocol] | Literal["h11"]]:
     """uvicorn's event loop and HTTP protocol: uvloop and httptools (dependencies of fedaudit;
     uvloop not on Windows), httptools with a cap on a request's head
-    (:class:`service.http_protocol.BoundedHttpToolsProtocol`); else asyncio and h11, said on
-    stderr rather than chosen silently."""
-    import importlib.util
+    (:class:`service.http_protocol.BoundedHttpToolsProtocol`); where one does not import, asyncio
+    or h11, said on stderr rather than chosen silently (on Windows, asyncio without a word)."""
+    import importlib
 
-    loop: Literal["uvloop", "asyncio"] = (
-        "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    )
+    missing: list[str] = []
+    loop: Literal["uvloop", "asyncio"] = "asyncio"
+    try:
+        importlib.import_module("uvloop")
+        loop = "uvloop"
+    except ImportError as exc:
+        if sys.platform != "win32":
+            missing.append(f"uvloop ({exc})")
     http: type[asyncio.Protocol] | Literal["h11"] = "h11"
-    if importlib.util.find_spec("httptools"):
+    try:
         from service.http_protocol import BoundedHttpToolsProtocol
 
         http = BoundedHttpToolsProtocol
-    missing = [
-        fast
-        for fast, present in (("uvloop", loop == "uvloop"), ("httptools", http != "h11"))
-        if not present
-    ]
+    except ImportError as exc:
+        missing.append(f"httptools ({exc})")
     if missing:
         err.print(
             f"[yellow]serving with {loop} and {'h11' if http == 'h11' else 'httptools'}:[/] "
-            f"{' and '.join(missing)} not installed (slower requests; docs/performance.md)",
+            f"{escape('; '.join(missing))} (slower requests; docs/performance.md)",
             soft_wrap=True,
         )
     return loop, http
