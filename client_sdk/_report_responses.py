@@ -36,6 +36,10 @@ class EvidenceParts(_Model):
     errors_expected: float | None = None
     errors_z: float | None = None
     errors_p_value: float | None = None
+    confident_errors: int | None = None
+    confident_errors_expected: float | None = None
+    confident_errors_z: float | None = None
+    confident_errors_p_value: float | None = None
     accuracy_z: float | None = None
     accuracy_p_value: float | None = None
     accuracy_gap: float | None = None

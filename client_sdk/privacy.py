@@ -8,7 +8,8 @@ site's data-protection officer.
 
 - ``min_class_count`` m (0 or 1: off): a class the site holds 1 to m-1 samples of is
   *suppressed*: its class count is sent as ``None`` (JSON ``null``, meaning "fewer than m"), and
-  its ``per_class_loss``, ``per_class_loss_sd`` and ``per_class_errors`` as ``None``.
+  its ``per_class_loss``, ``per_class_loss_sd``, ``per_class_errors`` and
+  ``per_class_confident_errors`` as ``None``.
 - ``count_bucket`` b (1: off): ``num_samples`` and every class count are sent rounded up to a
   multiple of b; 0 stays 0.
 
@@ -23,7 +24,7 @@ is raised before anything is sent.
   distance R of the uniform row, N(0, (sigma sqrt(P) min(2R, sqrt 2))^2) is added to every entry
   of the P rows, and each row is projected back onto the probability simplex. The clamp and the
   projection act on noised values only (post-processing: they cost no privacy).
-  ``per_class_loss_sd`` and ``per_class_errors`` are not sent. The noise comes from
+  ``per_class_loss_sd`` and the two error counts are not sent. The noise comes from
   ``numpy.random.default_rng()`` (seeded from the operating system's entropy) unless a
   generator is given. docs/what-leaves-the-site.md states the sensitivities and what the
   coordinator's (epsilon, delta) covers.
@@ -53,7 +54,12 @@ __all__ = [
     "project_to_simplex",
 ]
 
-PER_CLASS_SIGNALS = ("per_class_loss", "per_class_loss_sd", "per_class_errors")
+PER_CLASS_SIGNALS = (
+    "per_class_loss",
+    "per_class_loss_sd",
+    "per_class_errors",
+    "per_class_confident_errors",
+)
 """The signals with one entry per class that a suppressed class sends as None."""
 
 
@@ -222,7 +228,7 @@ def gaussian_signals(
     rng: np.random.Generator | None = None,
 ) -> dict[str, Any]:
     """``signals`` under the policy's Gaussian mechanism: the per-class loss and the probe
-    softmax noised, the spread and the error counts left out (the mechanism does not noise
+    softmax noised, the spread and both error counts left out (the mechanism does not noise
     them, so it does not send them). ``exact_counts``: the site's class counts (the noise of a
     class's mean depends on it)."""
     if not policy.dp_active:

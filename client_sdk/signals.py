@@ -11,6 +11,11 @@
 - ``per_class_errors``: sent with ``per_class_loss``: per given label, how many of the samples the
   same model (theta_G) assigns to another class (argmax of its logits); ``None`` for a class with
   no sample. The audit's error-count evidence (``service/audit/error_evidence.py``) counts them.
+- ``per_class_confident_errors``: sent with ``per_class_errors``: of those errors, the ones the
+  same model makes confidently, giving the given label a probability of at most
+  :data:`CONFIDENT_ERROR_PROBABILITY` (0.1). A clean site's hard samples are mostly errors of low
+  confidence; a wrong label the model has learned to contradict is a confident one. The audit
+  counts them beside the errors (``service/audit/evidence.py``, "Error counts").
 - ``train_loss``: the mean training cross-entropy reported by the recipe (Fed-NCL h_k,
   eq. 8).
 - ``train_accuracy``: accuracy of theta_k on its own training set against the given labels, eval
@@ -54,6 +59,7 @@ from client_sdk.recipes.model_io import check_logits, class_counts
 from client_sdk.recipes.training import accumulator_dtype
 
 __all__ = [
+    "CONFIDENT_ERROR_PROBABILITY",
     "OPTIONAL_SIGNALS",
     "Signals",
     "compute_signals",
@@ -64,6 +70,13 @@ OPTIONAL_SIGNALS = frozenset(
     {"per_class_loss", "train_loss", "train_accuracy", "probe_softmax", "centroids"}
 )
 """Signal names a server may require (num_samples and class_counts are always sent)."""
+
+CONFIDENT_ERROR_PROBABILITY = 0.1
+"""An error is confident when the global model gives the given label at most this probability
+(``per_class_confident_errors``). On a binary task: the other class at 0.9 or more. Chosen on
+simulated digit and breast-cancer federations (docs/algorithms.md, "Error counts"): at 0.2 the
+clean sites' hard samples entered and clean rounds saw false flags, at 0.05 the errors of a
+model that has partly learned a pair flip dropped out."""
 
 
 def make_probe(seed: int, num_inputs: int, input_shape: Sequence[int]) -> torch.Tensor:
@@ -118,6 +131,9 @@ class Signals:
         Standard deviation (ddof 0) of the same per-sample losses; None where the count is 0.
     per_class_errors : list of (int or None) or None
         Samples per given label that theta_G assigns to another class; None where the count is 0.
+    per_class_confident_errors : list of (int or None) or None
+        Of those, the ones theta_G gives the label a probability of at most
+        :data:`CONFIDENT_ERROR_PROBABILITY`; None where the count is 0.
     train_loss : float or None
         Mean training cross-entropy of the recipe.
     train_accuracy : float or None
@@ -133,6 +149,7 @@ class Signals:
     per_class_loss: list[float | None] | None = None
     per_class_loss_sd: list[float | None] | None = None
     per_class_errors: list[int | None] | None = None
+    per_class_confident_errors: list[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: list[list[float]] | None = None
@@ -141,11 +158,15 @@ class Signals:
     def to_json(self) -> dict[str, Any]:
         """Return the signals as a JSON object, leaving out those that were not computed."""
         out: dict[str, Any] = {"num_samples": self.num_samples, "class_counts": self.class_counts}
-        for name in sorted(OPTIONAL_SIGNALS | {"per_class_loss_sd", "per_class_errors"}):
+        for name in sorted(OPTIONAL_SIGNALS | _SENT_WITH_LOSS):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
         return out
+
+
+_SENT_WITH_LOSS = frozenset({"per_class_loss_sd", "per_class_errors", "per_class_confident_errors"})
+"""The signals computed with (and only with) ``per_class_loss``."""
 
 
 def _channels_last_helps(model: nn.Module, inputs: torch.Tensor) -> bool:
@@ -268,9 +289,12 @@ def compute_signals(
 
     if "per_class_loss" in required:
         logits = _batched_logits(global_model, d.inputs, batch_size, num_classes)
-        signals.per_class_loss, signals.per_class_loss_sd, signals.per_class_errors = (
-            _per_class_loss_signals(logits, d.labels, counts, num_classes, dev, loss_clip)
-        )
+        (
+            signals.per_class_loss,
+            signals.per_class_loss_sd,
+            signals.per_class_errors,
+            signals.per_class_confident_errors,
+        ) = _per_class_loss_signals(logits, d.labels, counts, num_classes, dev, loss_clip)
 
     if "train_loss" in required:
         signals.train_loss = _finite("train_loss", float(train_report.train_loss))
@@ -309,11 +333,11 @@ def _per_class_loss_signals(
     num_classes: int,
     dev: torch.device,
     loss_clip: float | None = None,
-) -> tuple[list[float | None], list[float | None], list[int | None]]:
+) -> tuple[list[float | None], list[float | None], list[int | None], list[int | None]]:
     """theta_G's per-class mean loss (FedNoRo section 4.1, eq. 3's input), its standard
-    deviation (ddof 0) and its error count per given label, from theta_G's ``logits`` (module
-    docstring); None for a class with no sample. (per_class_loss, per_class_loss_sd,
-    per_class_errors)."""
+    deviation (ddof 0), its error count and its confident error count per given label, from
+    theta_G's ``logits`` (module docstring); None for a class with no sample. (per_class_loss,
+    per_class_loss_sd, per_class_errors, per_class_confident_errors)."""
     losses = F.cross_entropy(logits, labels, reduction="none")
     if loss_clip is not None:
         losses = losses.clamp(max=float(loss_clip))  # cross-entropy is >= 0 already
@@ -332,13 +356,35 @@ def _per_class_loss_signals(
         None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
         for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
     ]
-    wrong = torch.zeros(num_classes, dtype=torch.int64, device=dev)
-    wrong.index_add_(0, labels, (logits.argmax(dim=1) != labels).to(torch.int64))
-    per_class_errors: list[int | None] = [
+    is_error = logits.argmax(dim=1) != labels
+    # The unclipped loss: p(label) <= t exactly when the cross-entropy is >= -log t.
+    confident = is_error & (
+        F.cross_entropy(logits.float(), labels, reduction="none")
+        >= -math.log(CONFIDENT_ERROR_PROBABILITY)
+    )
+    return (
+        per_class,
+        per_class_sd,
+        _count_per_class(is_error, labels, counts, num_classes, dev),
+        _count_per_class(confident, labels, counts, num_classes, dev),
+    )
+
+
+def _count_per_class(
+    which: torch.Tensor,
+    labels: torch.Tensor,
+    counts: torch.Tensor,
+    num_classes: int,
+    dev: torch.device,
+) -> list[int | None]:
+    """How many of the samples ``which`` marks each given label has; None for a class with no
+    sample."""
+    per_class = torch.zeros(num_classes, dtype=torch.int64, device=dev)
+    per_class.index_add_(0, labels, which.to(torch.int64))
+    return [
         None if count == 0 else int(e)
-        for e, count in zip(wrong.tolist(), counts.tolist(), strict=True)
+        for e, count in zip(per_class.tolist(), counts.tolist(), strict=True)
     ]
-    return per_class, per_class_sd, per_class_errors
 
 
 def _train_accuracy(logits: torch.Tensor, data: LocalData, train_report: TrainReport) -> float:

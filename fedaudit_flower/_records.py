@@ -6,7 +6,7 @@ metrics (one ``MetricRecord``). The message-API strategies (``FedAvg`` and the o
 every list a ``MetricRecord`` holds, so fedaudit's signals travel in a ``ConfigRecord`` under
 its own key (:data:`SIGNALS_KEY`), which those strategies ignore. Flower's records hold flat,
 homogeneous lists and no ``None``: a class without samples is NaN in ``per_class_loss`` and
-``per_class_loss_sd`` and -1 in ``per_class_errors``, a class count the privacy policy
+``per_class_loss_sd`` and -1 in the two error counts, a class count the privacy policy
 suppresses (``None``, "fewer than min_class_count") is -1 in ``class_counts``, and a matrix
 (``probe_softmax``, ``centroids``) is sent row-major with its shape under ``<name>_shape``.
 
@@ -21,6 +21,7 @@ key                    type          meaning (``client_sdk.signals.Signals``)
 ``per_class_loss``     list of float theta_G's mean cross-entropy per given label (NaN: absent)
 ``per_class_loss_sd``  list of float its standard deviation, ddof 0 (NaN: absent)
 ``per_class_errors``   list of int   theta_G's errors per given label (-1: absent)
+``per_class_confident_errors`` list of int  of those, theta_G's confident errors (-1: absent)
 ``train_loss``         float         mean training cross-entropy
 ``train_accuracy``     float         theta_k's accuracy on its own labels
 ``probe_softmax``      list of float (P, C) softmax on the probe, row-major
@@ -61,6 +62,7 @@ PRIVACY_PREFIX = "fedaudit.privacy."
 (``fedaudit.privacy.min_class_count``, ...; 0 for an unset clip or delta)."""
 
 _MATRICES = ("probe_softmax", "centroids")
+_COUNTS = ("per_class_errors", "per_class_confident_errors")
 
 
 class SignalsFormatError(ValueError):
@@ -77,7 +79,7 @@ class WireSignals:
     class_counts : list of (int or None)
         None: suppressed by the privacy policy (fewer than its ``min_class_count``).
     per_class_loss, per_class_loss_sd : list of (float or None), or None
-    per_class_errors : list of (int or None), or None
+    per_class_errors, per_class_confident_errors : list of (int or None), or None
     train_loss, train_accuracy : float or None
     probe_softmax, centroids : list of list of float, or None
     """
@@ -87,6 +89,7 @@ class WireSignals:
     per_class_loss: list[float | None] | None = None
     per_class_loss_sd: list[float | None] | None = None
     per_class_errors: list[int | None] | None = None
+    per_class_confident_errors: list[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: list[list[float]] | None = None
@@ -119,9 +122,10 @@ def encode_signals(signals: Any) -> ConfigRecord:
         value = getattr(signals, name)
         if value is not None:
             entries[name] = _nan_for_none(value)
-    errors = getattr(signals, "per_class_errors", None)
-    if errors is not None:
-        entries["per_class_errors"] = [-1 if v is None else int(v) for v in errors]
+    for name in _COUNTS:
+        errors = getattr(signals, name, None)
+        if errors is not None:
+            entries[name] = [-1 if v is None else int(v) for v in errors]
     for name in ("train_loss", "train_accuracy"):
         value = getattr(signals, name)
         if value is not None:
@@ -180,6 +184,20 @@ def _matrix(record: Mapping[str, Any], name: str) -> list[list[float]] | None:
     return [flat[i * width : (i + 1) * width] for i in range(rows)]
 
 
+def _counts(record: Mapping[str, Any], name: str, classes: int) -> list[int | None] | None:
+    """A per-class count list (-1: absent, None in the result); None when not sent."""
+    values = record.get(name)
+    if values is None:
+        return None
+    if (
+        not isinstance(values, list)
+        or not all(isinstance(e, int) and not isinstance(e, bool) and e >= -1 for e in values)
+        or len(values) != classes
+    ):
+        raise SignalsFormatError(f"{name}: expected {classes} ints, -1 or more (-1: absent)")
+    return [None if e < 0 else e for e in values]
+
+
 def decode_signals(record: Mapping[str, Any]) -> WireSignals:
     """Read a signals record written by :func:`encode_signals` (NaN becomes ``None``).
 
@@ -205,21 +223,14 @@ def decode_signals(record: Mapping[str, Any]) -> WireSignals:
         if values is not None and len(values) != len(counts):
             raise SignalsFormatError(f"{name}: {len(values)} classes, expected {len(counts)}")
         per_class[name] = None if values is None else [None if math.isnan(v) else v for v in values]
-    errors = record.get("per_class_errors")
-    if errors is not None and (
-        not isinstance(errors, list)
-        or not all(isinstance(e, int) and not isinstance(e, bool) and e >= -1 for e in errors)
-        or len(errors) != len(counts)
-    ):
-        raise SignalsFormatError(
-            f"per_class_errors: expected {len(counts)} ints, -1 or more (-1: absent)"
-        )
+    errors = {name: _counts(record, name, len(counts)) for name in _COUNTS}
     return WireSignals(
         num_samples=_int(record, "num_samples"),
         class_counts=[None if c < 0 else c for c in counts],
         per_class_loss=per_class["per_class_loss"],
         per_class_loss_sd=per_class["per_class_loss_sd"],
-        per_class_errors=None if errors is None else [None if e < 0 else e for e in errors],
+        per_class_errors=errors["per_class_errors"],
+        per_class_confident_errors=errors["per_class_confident_errors"],
         train_loss=_float(record, "train_loss"),
         train_accuracy=_float(record, "train_accuracy"),
         probe_softmax=_matrix(record, "probe_softmax"),

@@ -344,6 +344,7 @@ def audit_inputs(site: SiteReply, policy: SignalPolicy | None = None) -> ClientR
         per_class_loss=signals.per_class_loss,
         per_class_loss_sd=spread,
         per_class_errors=signals.per_class_errors if exact_counts else None,
+        per_class_confident_errors=signals.per_class_confident_errors if exact_counts else None,
         train_loss=signals.train_loss,
         train_accuracy=signals.train_accuracy,
         probe_softmax=signals.probe_softmax,

@@ -61,6 +61,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from client_sdk._responses import SignalPolicy
 from client_sdk.flower_report import FLOWER_REPORT_FORMAT
+from client_sdk.privacy import PER_CLASS_SIGNALS
 from fedaudit_flower._records import (
     SIGNALS_KEY,
     SignalsFormatError,
@@ -403,13 +404,13 @@ def policy_problems(signals: WireSignals, policy: SignalPolicy) -> list[str]:
             found.append(f"class_counts[{c}]: not a multiple of count_bucket {b}")
     if signals.num_samples % b:
         found.append(f"num_samples: not a multiple of count_bucket {b}")
-    for name in ("per_class_loss", "per_class_loss_sd", "per_class_errors"):
+    for name in PER_CLASS_SIGNALS:
         values = getattr(signals, name) or []
         for c, count in enumerate(signals.class_counts):
             if count is None and c < len(values) and values[c] is not None:
                 found.append(f"{name}[{c}]: sent for a suppressed class")
     if policy.dp_active:
-        for name in ("per_class_loss_sd", "per_class_errors"):
+        for name in PER_CLASS_SIGNALS[1:]:
             if getattr(signals, name) is not None:
                 found.append(f"{name}: not sent under the Gaussian mechanism")
         bound = policy.dp_clip_loss

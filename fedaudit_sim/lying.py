@@ -25,7 +25,7 @@ from torch import nn
 from client_sdk import Participant
 from client_sdk._responses import Instructions
 from client_sdk.recipes import TrainReport
-from client_sdk.signals import Signals
+from client_sdk.signals import CONFIDENT_ERROR_PROBABILITY, Signals
 
 __all__ = ["LossLyingParticipant", "true_label_errors", "true_label_losses"]
 
@@ -68,21 +68,28 @@ def true_label_errors(
     inputs: torch.Tensor,
     true_labels: torch.Tensor,
     declared_counts: list[int],
-) -> list[int | None]:
-    """per_class_errors as a clean site would report them: for each declared class, the global
-    model's error rate on the samples truly in it (on all samples when none is) times the
-    declared count, rounded; None for an undeclared class."""
+) -> tuple[list[int | None], list[int | None]]:
+    """per_class_errors and per_class_confident_errors as a clean site would report them: for
+    each declared class, the global model's (confident) error rate on the samples truly in it
+    (on all samples when none is) times the declared count, rounded; None for an undeclared
+    class."""
     with torch.no_grad():
-        wrong = (global_model(inputs).argmax(dim=1) != true_labels).double()
-    out: list[int | None] = []
+        logits = global_model(inputs)
+        wrong = logits.argmax(dim=1) != true_labels
+        loss = F.cross_entropy(logits.float(), true_labels, reduction="none")
+        sure = wrong & (loss >= -math.log(CONFIDENT_ERROR_PROBABILITY))
+    errors: list[int | None] = []
+    confident: list[int | None] = []
     for c, count in enumerate(declared_counts):
         if count == 0:
-            out.append(None)
+            errors.append(None)
+            confident.append(None)
             continue
-        chosen = wrong[true_labels == c]
-        rate = float((chosen if chosen.numel() else wrong).mean())
-        out.append(min(count, max(0, round(rate * count))))
-    return out
+        mask = true_labels == c
+        for out, which in ((errors, wrong), (confident, sure)):
+            chosen = which[mask] if bool(mask.any()) else which
+            out.append(min(count, max(0, round(float(chosen.double().mean()) * count))))
+    return errors, confident
 
 
 class LossLyingParticipant(Participant):
@@ -104,7 +111,7 @@ class LossLyingParticipant(Participant):
         means, sds, mean = true_label_losses(
             global_model, self.data.inputs, true_labels, signals.class_counts
         )
-        errors = true_label_errors(
+        errors, confident = true_label_errors(
             global_model, self.data.inputs, true_labels, signals.class_counts
         )
         global_model.train(was_training)
@@ -113,6 +120,8 @@ class LossLyingParticipant(Participant):
             signals.per_class_loss_sd = sds
         if signals.per_class_errors is not None:
             signals.per_class_errors = errors
+        if signals.per_class_confident_errors is not None:
+            signals.per_class_confident_errors = confident
         if signals.train_loss is not None and math.isfinite(mean):
             signals.train_loss = mean
         return signals

@@ -23,6 +23,7 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,8 @@ def _with_class_part() -> EvidenceDetector:
     """The default detector with the error counts' per-class part on (off in the product:
     ``service.audit.error_evidence``'s docstring says why); replays only."""
     detector = EvidenceDetector(error_check=True)
-    detector._counted = partial(detector._counted, class_part=True)
+    counts = detector._counts
+    detector._counts = replace(counts, counted=partial(counts.counted, class_part=True))
     return detector
 
 

@@ -161,6 +161,14 @@ def _run_fednoro(call: DetectorCall) -> DetectionResult:
     return result
 
 
+def _count_rows(rows: list[IntArray | None], width: int) -> FloatArray | None:
+    """The round's counts as one matrix, a NaN row for a client that sent none; None when no
+    client sent any."""
+    if all(v is None for v in rows):
+        return None
+    return np.stack([np.full(width, np.nan) if v is None else v.astype(np.float64) for v in rows])
+
+
 def _run_evidence(call: DetectorCall) -> DetectionResult:
     data = call.data
     # The reported spreads are used only when every client sent them (a round mixes no models).
@@ -173,12 +181,8 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
     accuracy = None if missing(data.ids, data.train_accuracy) else data.train_accuracy
     # The error counts of the clients that sent them (NaN rows for the others: judged on their
     # losses alone, service.audit.error_evidence.reported_counts).
-    width = data.class_counts.shape[1]
-    wrong = (
-        None
-        if all(v is None for v in data.per_class_errors)
-        else np.stack([np.full(width, np.nan) if v is None else v for v in data.per_class_errors])
-    )
+    wrong = _count_rows(data.per_class_errors, data.class_counts.shape[1])
+    confident = _count_rows(data.per_class_confident_errors, data.class_counts.shape[1])
     result = evidence_detector(call.config.evidence).fit(
         _losses(data),
         data.class_counts,
@@ -188,6 +192,7 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
         train_accuracy=accuracy,
         num_samples=None if accuracy is None else data.num_samples,
         per_class_errors=wrong,
+        per_class_confident_errors=confident,
         anchor_led=call.anchor_led,
     )
     return _with_geometry(call, remember_majority(result, call.majority_rounds))

@@ -532,7 +532,9 @@ class ReportedCounts:
     """(K,) the sites that sent their counts."""
 
 
-def reported_counts(value: Any, counts: IntArray, min_sites: int) -> ReportedCounts | None:
+def reported_counts(
+    value: Any, counts: IntArray, min_sites: int, name: str = "per_class_errors"
+) -> ReportedCounts | None:
     """The round's error counts (K, C), NaN (or None) everywhere in a held class's place for a
     site that did not send them; None when fewer than ``min_sites`` sites did. A site that sent
     some held classes' counts and not others' is refused (:func:`checked_error_counts`).
@@ -540,16 +542,14 @@ def reported_counts(value: Any, counts: IntArray, min_sites: int) -> ReportedCou
     A site that leaves its counts out is judged on its losses alone (its p-value is the loss
     evidence's, without the factor of two): leaving them out gains it nothing, and the other
     sites are still judged on both."""
-    array = as_float_array("per_class_errors", value, ndim=2, allow_nan=True)
+    array = as_float_array(name, value, ndim=2, allow_nan=True)
     if array.shape != counts.shape:
-        raise InvalidInputError(
-            f"per_class_errors: shape {array.shape} differs from class_counts {counts.shape}"
-        )
+        raise InvalidInputError(f"{name}: shape {array.shape}, class_counts {counts.shape}")
     held = counts > 0
     absent: BoolArray = np.asarray((~np.isfinite(array) | ~held).all(axis=1) & held.any(axis=1))
     if int((~absent).sum()) < min_sites:
         return None
-    errors = checked_error_counts("per_class_errors", np.where(absent[:, None], 0.0, array), counts)
+    errors = checked_error_counts(name, np.where(absent[:, None], 0.0, array), counts)
     return ReportedCounts(errors, ~absent)
 
 

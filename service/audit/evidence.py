@@ -62,10 +62,11 @@ sites differ in difficulty (measured: docs/algorithms.md, "Calibrated evidence",
 The status rule across rounds (:func:`~service.audit.detection.next_status`) then needs several
 flagged rounds before the aggregation treats a site as noisy.
 
-**Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites,
-consensus mode): ``p_k = min(1, 2 min(p_loss, p_errors))``; their dispersion phi is at least the
-one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`), and at
-least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites, where no spread is fitted.
+**Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites):
+``p_k = min(1, 2 min(p_loss, p_errors))``, or with the confident errors too
+(:mod:`service.audit.confident_errors`) ``min(1, 3 min(p_loss, p_errors, p_confident))``; phi is
+at least the one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`),
+and at least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites.
 
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
 the evidence is measured against is suspect: too few sites, a model that does not beat the label
@@ -101,13 +102,11 @@ from service.audit.class_null import (
     class_p_values,
     site_p_values,
 )
+from service.audit.confident_errors import CountTests, RoundCounts, round_counts
 from service.audit.detection import DetectionResult
 from service.audit.error_evidence import (
-    ErrorEvidence,
-    ReportedCounts,
     counted_on,
     error_evidence,
-    reported_counts,
 )
 from service.audit.evidence_abstention import (
     class_heterogeneity,
@@ -264,16 +263,27 @@ class EvidenceDetector:
         anchored_excess = check_float(
             "anchored_min_error_excess", anchored_min_error_excess, min_value=0.0, max_value=1.0
         )
-        self._counted = partial(
-            error_evidence,
-            min_holders=self.min_holders,
+        self._counts = CountTests(
+            counted=partial(
+                counted_on,
+                evidence=partial(
+                    error_evidence,
+                    min_holders=self.min_holders,
+                    min_excess=self.min_error_excess,
+                    min_class_count=self.min_class_count,
+                ),
+            ),
+            anchor_counted=partial(
+                counted_on,
+                evidence=partial(
+                    anchored_error_evidence,
+                    min_excess=anchored_excess,
+                    min_dispersion=self.min_error_dispersion,
+                ),
+            ),
+            floor=self.min_error_dispersion,
             min_excess=self.min_error_excess,
-            min_class_count=self.min_class_count,
-        )
-        self._anchor_counted = partial(
-            anchored_error_evidence,
-            min_excess=anchored_excess,
-            min_dispersion=self.min_error_dispersion,
+            anchored_min_excess=anchored_excess,
         )
         self.anchored_min_error_excess = anchored_excess
 
@@ -288,7 +298,7 @@ class EvidenceDetector:
         reference: BoolArray | None,
         direction: float,
         never: BoolArray,
-        wrong: ReportedCounts | None = None,
+        wrong: RoundCounts | None = None,
     ) -> EvidencePass:
         """One fit and its flags (module docstring, "One p-value per site"); with ``wrong`` the
         site's p-value is the Bonferroni combination of the loss and the error-count evidence
@@ -334,16 +344,10 @@ class EvidenceDetector:
         )
         class_score = -ndtri(np.clip(2.0 * p_class, 1e-300, 1.0))  # -inf where p is 1
         score = np.maximum(z_high, class_score)
-        counted: ErrorEvidence | None = None
-        p_high = p_loss
-        if wrong is not None and reference is None:  # phi's floor: the spread of difficulty
-            floor = self.min_error_dispersion if site is None else site.count_dispersion()
-            counted = counted_on(wrong, counts, exclude, self._counted, min_dispersion=floor)
-        elif wrong is not None and reference is not None and direction > 0:  # anchored
-            counted = counted_on(wrong, counts, ~reference, self._anchor_counted)
-        if wrong is not None and counted is not None:
-            both = np.minimum(1.0, 2.0 * np.minimum(p_loss, counted.p_value))
-            p_high = np.where(wrong.reporting, both, p_loss)
+        floor = None if site is None else site.count_dispersion()  # the spread of difficulty
+        p_high, counted, confident = self._counts.p_values(
+            p_loss, wrong, counts, exclude, reference, direction, floor
+        )
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
         low, _ = benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)
@@ -360,6 +364,7 @@ class EvidenceDetector:
             p_loss,
             score,
             counted,
+            confident,
         )
 
     def _too_few_sites(
@@ -438,7 +443,7 @@ class EvidenceDetector:
         counts: IntArray,
         sd: FloatArray | None,
         anchor: BoolArray,
-        wrong: ReportedCounts | None,
+        wrong: RoundCounts | None,
         sizes: FloatArray,
         entropy: float,
         informativeness: float,
@@ -476,12 +481,14 @@ class EvidenceDetector:
         direction = -1.0 if inverted else 1.0
         return _Decision(anchored, "anchored", direction, reason, heterogeneity, split, inverted)
 
-    def _error_counts(self, per_class_errors: Any, counts: IntArray) -> ReportedCounts | None:
-        """The checked error counts when they enter (``error_check``, and at least
-        ``min_error_sites`` sites sent them, to estimate their spread); else None."""
+    def _error_counts(
+        self, per_class_errors: Any, confident: Any, counts: IntArray
+    ) -> RoundCounts | None:
+        """The checked counts where ``error_check`` is on and ``min_error_sites`` sites sent
+        them (to estimate their spread), else None (:func:`round_counts`)."""
         if not self.error_check or per_class_errors is None:
             return None
-        return reported_counts(per_class_errors, counts, self.min_error_sites)
+        return round_counts(per_class_errors, confident, counts, self.min_error_sites)
 
     def fit(
         self,
@@ -494,6 +501,7 @@ class EvidenceDetector:
         num_samples: Any = None,
         per_class_errors: Any = None,
         anchor_led: bool = False,
+        per_class_confident_errors: Any = None,
     ) -> DetectionResult:
         """Judge one round.
 
@@ -519,6 +527,9 @@ class EvidenceDetector:
         anchor_led : bool, default=False
             The federation's aggregate is led by the anchors: anchored mode whenever an anchor
             takes part (:mod:`service.audit.anchor_mode`).
+        per_class_confident_errors : array-like of int of shape (K, C), optional
+            Of those errors, the confident ones (:mod:`service.audit.confident_errors`),
+            combined with the two others where the site sent them.
 
         Returns
         -------
@@ -538,7 +549,7 @@ class EvidenceDetector:
 
         entropy, site_loss, informativeness = model_informativeness(loss, counts, sizes)
 
-        wrong = self._error_counts(per_class_errors, counts)
+        wrong = self._error_counts(per_class_errors, per_class_confident_errors, counts)
         decision = self._decide(
             loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture, anchor_led
         )

@@ -57,6 +57,8 @@ class EvidencePass:
     score: FloatArray
     """(K,) the site z, or the z-equivalent of its per-class part where that is larger."""
     errors: ErrorEvidence | None = None
+    confident: ErrorEvidence | None = None
+    """The confident errors' evidence (:mod:`service.audit.confident_errors`), where counted."""
 
 
 def checked_inputs(
@@ -115,18 +117,21 @@ def noisy_classes(
     return out
 
 
-def error_entry(counted: ErrorEvidence | None, i: int) -> dict[str, Any]:
-    """The error-count evidence's part of a site's verdict (nothing when it was not used)."""
+def error_entry(counted: ErrorEvidence | None, i: int, name: str = "errors") -> dict[str, Any]:
+    """The error-count evidence's part of a site's verdict (nothing when it was not used), its
+    keys ``name``, ``name_expected``, ``name_z`` and ``name_p_value``."""
     if counted is None:
         return {}
+    keys = (name, f"{name}_expected", f"{name}_z", f"{name}_p_value")
     if counted.reported is not None and not counted.reported[i]:
-        return {"errors": None, "errors_expected": None, "errors_z": None, "errors_p_value": None}
-    return {
-        "errors": int(counted.observed[i]),
-        "errors_expected": float(counted.expected[i]),
-        "errors_z": float(counted.z[i]),
-        "errors_p_value": float(counted.p_value[i]),
-    }
+        return dict.fromkeys(keys)
+    values = (
+        int(counted.observed[i]),
+        float(counted.expected[i]),
+        float(counted.z[i]),
+        float(counted.p_value[i]),
+    )
+    return dict(zip(keys, values, strict=True))
 
 
 def accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
@@ -156,8 +161,10 @@ def site_verdicts(
 ) -> list[ClientVerdict | None]:
     """One verdict per site; ``flags`` None: the round abstained (every flag None, so that
     the status rule does not count an inconclusive round as a clean one)."""
-    # The loss evidence's score, or the error counts' z where that is larger.
-    score = chosen.score if chosen.errors is None else np.maximum(chosen.score, chosen.errors.z)
+    # The loss evidence's score, or a count's z where that is larger.
+    score = chosen.score
+    for counted in (chosen.errors, chosen.confident):
+        score = score if counted is None else np.maximum(score, counted.z)
     site = chosen.site
     relative = None if site is None else np.exp(site.x - site.centre)
     # Shown: each class against its consensus, as reported (where the site's loss is high);
@@ -193,6 +200,7 @@ def site_verdicts(
                     "anchor": bool(anchor[i]),
                     "significant": bool(chosen.flags[i]),
                     **error_entry(chosen.errors, i),
+                    **error_entry(chosen.confident, i, "confident_errors"),
                     **accuracy_entry(accuracy, i, bool(accuracy_flags[i])),
                 },
             )
@@ -210,6 +218,7 @@ def pass_summary(chosen: EvidencePass) -> dict[str, Any]:
         "significant_low": int(chosen.low.sum()),
         "errors_counted": chosen.errors is not None,
         "errors_dispersion": None if chosen.errors is None else chosen.errors.dispersion,
+        "confident_errors_counted": chosen.confident is not None,
         "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
         "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
         "site_tau": None if site is None else math.sqrt(site.tau2),

@@ -44,6 +44,9 @@ class ClientRoundData:
     per_class_errors : array-like of int of shape (n_classes,), optional
         Samples per given label that theta_G assigns to another class, 0 to the class's count;
         NaN/None where the count is 0 (``service.audit.error_evidence``).
+    per_class_confident_errors : array-like of int of shape (n_classes,), optional
+        Of those, the samples theta_G gives the label a probability of at most 0.1 (at most the
+        class's errors); NaN/None where the count is 0 (``service.audit.evidence``).
     train_loss : float, optional
         Mean training cross-entropy (Fed-NCL h_k).
     train_accuracy : float, optional
@@ -63,6 +66,7 @@ class ClientRoundData:
     per_class_loss: FloatArray | Sequence[float | None] | None = None
     per_class_loss_sd: FloatArray | Sequence[float | None] | None = None
     per_class_errors: FloatArray | Sequence[int | None] | None = None
+    per_class_confident_errors: FloatArray | Sequence[int | None] | None = None
     train_loss: float | None = None
     train_accuracy: float | None = None
     probe_softmax: FloatArray | Sequence[Sequence[float]] | None = None
@@ -100,11 +104,28 @@ class CheckedClients:
     per_class_loss: list[FloatArray | None]
     per_class_loss_sd: list[FloatArray | None]
     per_class_errors: list[IntArray | None]
+    per_class_confident_errors: list[IntArray | None]
     train_loss: list[float | None]
     train_accuracy: list[float | None]
     probes: list[FloatArray | None]
     centroids: list[FloatArray | None]
     states: list[StateReader]
+
+
+def _confident_errors(
+    where: str, value: Any, errors: IntArray | None, counts: IntArray
+) -> IntArray | None:
+    """A site's confident error counts, checked like its error counts and at most them; they
+    come only with the error counts."""
+    if value is None:
+        return None
+    name = f"{where}.per_class_confident_errors"
+    if errors is None:
+        raise InvalidInputError(f"{name}: given without per_class_errors")
+    confident = checked_error_counts(name, value, counts)
+    if (confident > errors).any():
+        raise InvalidInputError(f"{name}: a count exceeds the class's errors")
+    return confident
 
 
 def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClients:
@@ -115,6 +136,7 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
     losses: list[FloatArray | None] = []
     spreads: list[FloatArray | None] = []
     wrong: list[IntArray | None] = []
+    confident: list[IntArray | None] = []
     train_loss: list[float | None] = []
     accuracy: list[float | None] = []
     probes: list[FloatArray | None] = []
@@ -151,6 +173,9 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
             if client.per_class_errors is None
             else checked_error_counts(f"{where}.per_class_errors", client.per_class_errors, row)
         )
+        confident.append(
+            _confident_errors(where, client.per_class_confident_errors, wrong[-1], row)
+        )
         train_loss.append(_optional_scalar(f"{where}.train_loss", client.train_loss, 0.0, None))
         accuracy.append(
             _optional_scalar(f"{where}.train_accuracy", client.train_accuracy, 0.0, 1.0)
@@ -168,6 +193,7 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
         per_class_loss=losses,
         per_class_loss_sd=spreads,
         per_class_errors=wrong,
+        per_class_confident_errors=confident,
         train_loss=train_loss,
         train_accuracy=accuracy,
         probes=probes,

@@ -111,6 +111,9 @@ def client_round_data(
             else _array(signals.get("per_class_loss_sd"))
         ),
         per_class_errors=_array(signals.get("per_class_errors")) if exact_counts else None,
+        per_class_confident_errors=(
+            _array(signals.get("per_class_confident_errors")) if exact_counts else None
+        ),
         train_loss=signals.get("train_loss"),
         train_accuracy=signals.get("train_accuracy"),
         probe_softmax=_matrix(signals.get("probe_softmax")),

@@ -26,6 +26,8 @@ EVIDENCE_PARTS = (
     "geometry_z",
 )
 """The evidence detector's parts written as columns (``evidence_<part>``)."""
+LATER_EVIDENCE_PARTS = ("confident_errors_z", "confident_errors_p_value")
+"""The same, for the parts added on 28 November 2026 (columns after ``anchor``)."""
 FEDNCL_PARTS = ("divergence", "data_quality")
 """Fed-NCL's terms beside its q (``fedncl_<part>``; q is ``fedncl_score``)."""
 
@@ -58,6 +60,7 @@ CSV_COLUMNS = (
     "evidence_class_z",
     "fednoro_normalised_loss",
     "anchor",
+    *(f"evidence_{part}" for part in LATER_EVIDENCE_PARTS),
 )
 """The columns: new ones go at the end, so that a script reading by position keeps working."""
 
@@ -101,6 +104,7 @@ def report_csv(report: ReportView) -> str:
                 row.flag_basis or "",
                 *_evidence_cells(row),
                 "true" if row.anchor else "false",
+                *_later_evidence_cells(row),
             ]
         )
     return buffer.getvalue()
@@ -124,6 +128,13 @@ def _evidence_cells(row: ReportRow) -> list[str]:
         pairs(lambda c: c["evidence_z"]),
         pairs(lambda c: c["fednoro_normalised_loss"]),
     ]
+
+
+def _later_evidence_cells(row: ReportRow) -> list[str]:
+    """The evidence columns added after ``anchor``: empty where the audit holds no value."""
+    found = row.latest_detector_evidence
+    evidence = (found["evidence"] if found else None) or {}
+    return [_csv_number(evidence.get(part)) for part in LATER_EVIDENCE_PARTS]
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")

@@ -6,7 +6,7 @@ with its task and its round instructions; the SDK applies it before anything lea
 
 - ``min_class_count`` m (0: off): a class a site holds fewer than m samples of is *suppressed*.
   Its entry of ``class_counts`` is ``null`` (meaning "at least 1 and fewer than m"), and its
-  ``per_class_loss``, ``per_class_loss_sd`` and ``per_class_errors`` are ``null``. A count
+  ``per_class_loss``, ``per_class_loss_sd`` and both error counts are ``null``. A count
   below m is refused, and so is a site whose every class is suppressed (it would leave the
   detectors no class to compare).
 - ``count_bucket`` b (1: off): every count a site reports (``num_samples`` and each entry of
@@ -22,7 +22,7 @@ behind the reported ``num_samples``. Without a policy that is the exact sum, as 
   before the per-class mean and adds N(0, (sigma B / n_c)^2) to the mean of class c; it clips
   each probe softmax row to within R (L2) of the uniform row and adds
   N(0, (sigma sqrt(P) min(2R, sqrt 2))^2) to every entry (docs/what-leaves-the-site.md, the
-  sensitivities). ``per_class_loss_sd`` and ``per_class_errors`` are not sent under it. The
+  sensitivities). ``per_class_loss_sd`` and the two error counts are not sent under it. The
   coordinator cannot see the noise; it refuses what the mechanism never sends (the spread, the
   error counts, a mean above B) and accounts for the rounds
   (:mod:`service.coordinator.privacy_budget`).
@@ -47,7 +47,7 @@ MAX_COUNT_BUCKET = 1_000_000
 MAX_NOISE_MULTIPLIER = 1e6
 MAX_CLIP = 1e6
 
-WITHHELD_UNDER_DP = ("per_class_loss_sd", "per_class_errors")
+WITHHELD_UNDER_DP = ("per_class_loss_sd", "per_class_errors", "per_class_confident_errors")
 """Sent with the per-class loss, but not under the Gaussian mechanism (not noised, so not sent)."""
 
 

@@ -48,6 +48,10 @@ class EvidenceParts:
     errors_expected: float | None = None
     errors_z: float | None = None
     errors_p_value: float | None = None
+    confident_errors: int | None = None
+    confident_errors_expected: float | None = None
+    confident_errors_z: float | None = None
+    confident_errors_p_value: float | None = None
     accuracy_z: float | None = None
     accuracy_p_value: float | None = None
     accuracy_gap: float | None = None
@@ -106,7 +110,7 @@ class ClientEvidence:
 
 
 _EVIDENCE_NUMBERS = tuple(
-    f.name for f in fields(EvidenceParts) if f.name not in ("errors", "class_z")
+    f.name for f in fields(EvidenceParts) if f.name not in ("errors", "confident_errors", "class_z")
 )
 """The evidence detector's parts stored as plain numbers (read as floats)."""
 
@@ -115,6 +119,7 @@ def _evidence(found: dict[str, object]) -> EvidenceParts:
     return EvidenceParts(
         **{name: _float(found.get(name)) for name in _EVIDENCE_NUMBERS},
         errors=_int(found.get("errors")),
+        confident_errors=_int(found.get("confident_errors")),
         class_z=_floats(found.get("class_z")),
     )
 

@@ -79,6 +79,14 @@ class UpdateSignals(BaseModel):
         max_length=MAX_ENTRIES,
         description="The global model's errors per given label, at most the class's count",
     )
+    per_class_confident_errors: list[Count | None] | None = Field(
+        None,
+        max_length=MAX_ENTRIES,
+        description=(
+            "Of those errors, the ones where the global model gives the given label a "
+            "probability of at most 0.1; at most the class's errors"
+        ),
+    )
     train_loss: NonNegative | None = Field(None, description="Mean local training loss (Fed-NCL)")
     train_accuracy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)] | None = (
         Field(None, description="The local model's accuracy on the site's own labels (FedRN)")
@@ -219,6 +227,18 @@ def _check_class_counts(
     return counts
 
 
+_PER_CLASS = (
+    "per_class_loss",
+    "per_class_loss_sd",
+    "per_class_errors",
+    "per_class_confident_errors",
+)
+"""The signals with one entry per class; all but the first are sent with per_class_loss only."""
+
+_COUNTS = frozenset({"per_class_errors", "per_class_confident_errors"})
+"""The per-class signals that count samples (at most the class's count)."""
+
+
 def _check_per_class_signals(
     errors: list[Problem],
     forbidden: list[Problem],
@@ -230,7 +250,7 @@ def _check_per_class_signals(
     per class, null exactly where the site holds no sample or its count is suppressed (a value
     there is what the privacy policy forbids), errors at most the class's count."""
     if counts is not None:
-        for name in ("per_class_loss", "per_class_loss_sd", "per_class_errors"):
+        for name in _PER_CLASS:
             values = getattr(signals, name)
             for c, count in enumerate(counts):
                 if (
@@ -247,7 +267,7 @@ def _check_per_class_signals(
                     )
     if signals.per_class_loss is not None:
         _check_per_class(errors, "per_class_loss", signals.per_class_loss, counts, num_classes)
-    for name in ("per_class_loss_sd", "per_class_errors"):
+    for name in _PER_CLASS[1:]:
         values = getattr(signals, name)
         if values is None:
             continue
@@ -255,6 +275,22 @@ def _check_per_class_signals(
             errors.append(problem(["metadata", "signals", name], "sent without per_class_loss"))
         else:
             _check_per_class(errors, name, values, counts, num_classes)
+    _check_confident(errors, signals.per_class_errors, signals.per_class_confident_errors)
+
+
+def _check_confident(
+    errors: list[Problem], wrong: list[int | None] | None, confident: list[int | None] | None
+) -> None:
+    """per_class_confident_errors: sent with per_class_errors, at most the class's errors."""
+    if confident is None:
+        return
+    loc: list[str | int] = ["metadata", "signals", "per_class_confident_errors"]
+    if wrong is None:
+        errors.append(problem(loc, "sent without per_class_errors"))
+        return
+    for c, (e, k) in enumerate(zip(wrong, confident, strict=False)):
+        if e is not None and k is not None and k > e:
+            errors.append(problem([*loc, c], f"exceeds the class's errors {e}"))
 
 
 def _check_per_class(
@@ -278,7 +314,7 @@ def _check_per_class(
             errors.append(problem([*loc, c], "null for a class the client holds"))
         elif value is not None and count == 0:
             errors.append(problem([*loc, c], "must be null for a class with no sample"))
-        elif name == "per_class_errors" and value is not None and value > count:
+        elif name in _COUNTS and value is not None and value > count:
             errors.append(problem([*loc, c], f"exceeds the class's count {count}"))
 
 

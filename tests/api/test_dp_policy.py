@@ -85,9 +85,13 @@ def dp_signals(loss: float, **overrides: Any) -> dict[str, Any]:
     [
         ({"per_class_loss_sd": [0.1, 0.1]}, ["metadata", "signals", "per_class_loss_sd"]),
         ({"per_class_errors": [1, 0]}, ["metadata", "signals", "per_class_errors"]),
+        (
+            {"per_class_errors": [1, 0], "per_class_confident_errors": [1, 0]},
+            ["metadata", "signals", "per_class_confident_errors"],
+        ),
         ({"per_class_loss": [4.5, 0.5]}, ["metadata", "signals", "per_class_loss", 0]),
     ],
-    ids=["spread", "errors", "above-clip"],
+    ids=["spread", "errors", "confident-errors", "above-clip"],
 )
 async def test_what_the_mechanism_never_sends_is_refused(api, overrides, loc) -> None:
     pytest.importorskip("dp_accounting")

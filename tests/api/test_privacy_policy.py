@@ -145,9 +145,13 @@ def policy_signals(**overrides: Any) -> dict[str, Any]:
             ["metadata", "signals", "per_class_loss_sd", 1],
         ),
         ({"per_class_errors": [2, 1, None]}, ["metadata", "signals", "per_class_errors", 1]),
+        (
+            {"per_class_errors": [2, 1, None], "per_class_confident_errors": [1, 1, None]},
+            ["metadata", "signals", "per_class_confident_errors", 1],
+        ),
         ({"class_counts": [30, 3, 0]}, ["metadata", "signals", "class_counts", 1]),
     ],
-    ids=["loss", "spread", "errors", "exact-count"],
+    ids=["loss", "spread", "errors", "confident-errors", "exact-count"],
 )
 async def test_an_update_finer_than_the_policy_is_refused_and_not_stored(
     api, settings, overrides, loc

@@ -80,6 +80,31 @@ def extra_tensor() -> dict[str, np.ndarray]:
             {"signal_overrides": {"per_class_loss": None, "per_class_errors": [1, 0]}},
             "without per_class_loss",
         ),
+        (
+            tiny_state(1.0),
+            {"signal_overrides": {"per_class_confident_errors": [1, 0]}},
+            "without per_class_errors",
+        ),
+        (
+            tiny_state(1.0),
+            {
+                "signal_overrides": {
+                    "per_class_errors": [2, 1],
+                    "per_class_confident_errors": [3, 0],
+                }
+            },
+            "exceeds the class's errors 2",
+        ),
+        (
+            tiny_state(1.0),
+            {
+                "signal_overrides": {
+                    "per_class_errors": [5, 5],
+                    "per_class_confident_errors": [0, 6],
+                }
+            },
+            "count 5",
+        ),
         (tiny_state(1.0), {"extra": {"surprise": 1}}, "Extra inputs are not permitted"),
         (tiny_state(1.0), {"signal_overrides": {"train_loss": "0.5"}}, "valid number"),
         (tiny_state(1.0), {"signal_overrides": {"train_loss": float("nan")}}, "finite number"),
@@ -100,6 +125,9 @@ def extra_tensor() -> dict[str, np.ndarray]:
         "errors-above-count",
         "errors-not-integer",
         "errors-without-loss",
+        "confident-without-errors",
+        "confident-above-errors",
+        "confident-above-count",
         "unknown-field",
         "number-as-string",
         "nan",

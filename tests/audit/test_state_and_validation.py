@@ -156,6 +156,7 @@ def test_public_api_matches_all():
         "blocks",
         "centroids",
         "class_null",
+        "confident_errors",
         "config_groups",
         "detection",
         "detector_registry",

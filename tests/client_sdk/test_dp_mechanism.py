@@ -37,8 +37,8 @@ def test_clipping_bounds_each_sample_loss_before_the_mean() -> None:
     logits = torch.tensor([[m, 0.0] for m in margins0] + [[0.0, m] for m in margins1])
     labels = torch.tensor([0, 0, 0, 1, 1])
     counts = torch.tensor([3, 2])
-    plain, _, _ = _per_class_loss_signals(logits, labels, counts, 2, torch.device("cpu"))
-    clipped, _, errors = _per_class_loss_signals(
+    plain, _, _, _ = _per_class_loss_signals(logits, labels, counts, 2, torch.device("cpu"))
+    clipped, _, errors, confident = _per_class_loss_signals(
         logits, labels, counts, 2, torch.device("cpu"), loss_clip=2.0
     )
     losses0 = [_loss(m) for m in margins0]
@@ -49,6 +49,8 @@ def test_clipping_bounds_each_sample_loss_before_the_mean() -> None:
     assert clipped[1] == pytest.approx(sum(losses1) / 2, rel=1e-6)
     assert clipped[1] == pytest.approx(plain[1], rel=1e-9)
     assert errors == [2, 0]  # the error counts do not depend on the clip
+    # nor the confident ones: p(label) = 1 / (1 + e^2.95) = 0.050 and 1 / (1 + e^8), both <= 0.1
+    assert confident == [2, 0]
 
 
 def test_a_probe_row_is_clipped_towards_uniform_to_the_radius() -> None:
@@ -120,6 +122,7 @@ def test_an_update_under_the_mechanism_sends_no_spread_and_no_error_counts() -> 
         "per_class_loss": [0.5, 1.0, None],
         "per_class_loss_sd": [0.1, 0.2, None],
         "per_class_errors": [3, 1, None],
+        "per_class_confident_errors": [2, 0, None],
         "probe_softmax": [[0.2, 0.5, 0.3]],
         "train_loss": 0.4,
     }
@@ -130,6 +133,7 @@ def test_an_update_under_the_mechanism_sends_no_spread_and_no_error_counts() -> 
     assert n == 33
     assert "per_class_loss_sd" not in sent
     assert "per_class_errors" not in sent
+    assert "per_class_confident_errors" not in sent
     assert sent["class_counts"] == [30, None, 0]
     assert sent["per_class_loss"][1:] == [None, None]  # suppressed, not held
     assert sent["per_class_loss"][0] != 0.5  # noised

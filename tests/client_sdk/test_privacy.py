@@ -42,6 +42,7 @@ def test_a_suppressed_class_sends_no_per_class_signal() -> None:
         "per_class_loss": [0.5, 2.25, None],
         "per_class_loss_sd": [0.1, 0.75, None],
         "per_class_errors": [4, 3, None],
+        "per_class_confident_errors": [2, 1, None],
         "train_loss": 0.4,
         "probe_softmax": [[0.2, 0.3, 0.5]],
     }
@@ -52,6 +53,7 @@ def test_a_suppressed_class_sends_no_per_class_signal() -> None:
         "per_class_loss": [0.5, None, None],
         "per_class_loss_sd": [0.1, None, None],
         "per_class_errors": [4, None, None],
+        "per_class_confident_errors": [2, None, None],
         "train_loss": 0.4,
         "probe_softmax": [[0.2, 0.3, 0.5]],
     }

@@ -80,6 +80,27 @@ def test_per_class_errors_by_hand_with_the_global_model() -> None:
     assert out.to_json()["per_class_errors"] == [2, 1, None]
 
 
+def test_confident_errors_by_hand_with_the_global_model() -> None:
+    # theta_G = identity, labels all 0. Softmax of [0, a, 0] gives label 0 the probability
+    # 1 / (2 + e^a): a = 2.5 -> 0.070 (an error, confident: <= 0.1); a = 2.0 -> 0.106 (an
+    # error, not confident); a = 10 -> 4.5e-5 (confident). [1, 0, 0]: right. [0, 0, 0]: argmax 0.
+    a = [2.5, 2.0, 10.0]
+    x = torch.tensor([[0.0, v, 0.0] for v in a] + [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    data = LocalData(x, torch.tensor([0, 0, 0, 0, 0]))
+    out = signals_for({"per_class_loss"}, data=data, local_model=Exploding())
+    assert out.per_class_errors == [3, None, None]
+    assert out.per_class_confident_errors == [2, None, None]
+    assert out.to_json()["per_class_confident_errors"] == [2, None, None]
+
+
+def test_the_confident_errors_do_not_depend_on_the_loss_clip() -> None:
+    # Clipping the losses (the Gaussian mechanism's bound) must not hide a confident error.
+    x = torch.tensor([[0.0, 10.0, 0.0], [0.0, 2.0, 0.0]])
+    data = LocalData(x, torch.tensor([0, 0]))
+    out = signals_for({"per_class_loss"}, data=data, local_model=Exploding(), loss_clip=1.0)
+    assert out.per_class_confident_errors == [1, None, None]
+
+
 def test_train_accuracy_by_hand_with_the_local_model() -> None:
     # theta_k = identity: predictions = argmax x = [0, 1, 2, 0]; labels [0, 1, 0, 2]
     # -> correct, correct, wrong, wrong = 2 / 4 = 0.5

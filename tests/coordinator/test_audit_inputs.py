@@ -34,6 +34,7 @@ def test_rounded_counts_leave_the_error_counts_out() -> None:
         "class_counts": [10, None, 10],
         "per_class_loss": [0.2, None, 0.4],
         "per_class_errors": [1, None, 2],
+        "per_class_confident_errors": [0, None, 2],
     }
     exact = client_round_data(_update(signals), reader=None)
     assert exact.per_class_errors is not None
@@ -41,6 +42,11 @@ def test_rounded_counts_leave_the_error_counts_out() -> None:
     assert exact.class_counts.tolist() == [10, 0, 10]  # a suppressed class is not held
     rounded = client_round_data(_update(signals), reader=None, exact_counts=False)
     assert rounded.per_class_errors is None
+    assert exact.per_class_confident_errors is not None
+    assert np.array_equal(
+        np.asarray(exact.per_class_confident_errors), [0.0, np.nan, 2.0], equal_nan=True
+    )
+    assert rounded.per_class_confident_errors is None
     assert rounded.per_class_loss is not None
 
 

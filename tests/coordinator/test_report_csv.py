@@ -69,9 +69,14 @@ def test_new_columns_come_last() -> None:
         "primary_score",
         "flag_basis",
     ]
-    # then each detector's evidence beside the verdict, then whether the site is an anchor
-    assert header.split(",")[-1] == "anchor"
-    assert header.split(",")[22:-1] == [
+    # then each detector's evidence beside the verdict, then whether the site is an anchor, then
+    # the evidence parts added later (28 November: the confident errors)
+    assert header.split(",")[-3:] == [
+        "anchor",
+        "evidence_confident_errors_z",
+        "evidence_confident_errors_p_value",
+    ]
+    assert header.split(",")[22:-3] == [
         "evidence_p_value",
         "evidence_q_value",
         "evidence_site_z",
@@ -101,6 +106,8 @@ def test_each_detectors_evidence_has_its_cells() -> None:
                 "stouffer_z": -2.5,
                 "errors_z": 2.75,
                 "errors_p_value": 0.003,
+                "confident_errors_z": 3.5,
+                "confident_errors_p_value": 0.0004,
                 "accuracy_z": None,  # the accuracy check off
                 "geometry_cosine": 0.125,
                 "geometry_z": 11.5,
@@ -141,13 +148,18 @@ def test_each_detectors_evidence_has_its_cells() -> None:
     ]
     assert a["evidence_stouffer_z"] == "-2.5"  # a number, its minus sign kept
     assert (a["evidence_errors_z"], a["evidence_errors_p_value"]) == ("2.75", "0.003")
+    assert (a["evidence_confident_errors_z"], a["evidence_confident_errors_p_value"]) == (
+        "3.5",
+        "0.0004",
+    )
     assert a["evidence_accuracy_z"] == ""
     assert (a["evidence_geometry_cosine"], a["evidence_geometry_z"]) == ("0.125", "11.5")
     assert (a["fedncl_divergence"], a["fedncl_data_quality"]) == ("72", "20")
     assert a["evidence_class_z"] == "'=cat:-0.25 eel:4.5"
     assert a["fednoro_normalised_loss"] == "eel:0.875"
     for empty in (parsed["id-b"], parsed["id-c"]):
-        assert [empty[c] for c in list(empty)[22:-1]] == [""] * 14
+        assert [empty[c] for c in list(empty)[22:-3]] == [""] * 14
+        assert [empty[c] for c in list(empty)[-2:]] == ["", ""]
 
 
 def test_the_anchor_column_says_which_sites_are_trust_anchors() -> None:

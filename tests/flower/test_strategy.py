@@ -226,6 +226,7 @@ def test_the_signals_record_round_trips_none_as_nan():
         per_class_loss=[0.5, None, 1.5],
         per_class_loss_sd=[0.1, None, 0.0],
         per_class_errors=[1, None, 0],
+        per_class_confident_errors=[1, None, 0],
         train_loss=0.7,
         train_accuracy=2 / 3,
         probe_softmax=[[0.25, 0.25, 0.5], [1.0, 0.0, 0.0]],
@@ -233,6 +234,7 @@ def test_the_signals_record_round_trips_none_as_nan():
     record = encode_signals(signals)
     assert isinstance(record, ConfigRecord)
     assert record["per_class_errors"] == [1, -1, 0]
+    assert record["per_class_confident_errors"] == [1, -1, 0]
     assert record["probe_softmax"] == [0.25, 0.25, 0.5, 1.0, 0.0, 0.0]
     assert record["probe_softmax_shape"] == [2, 3]
     assert math.isnan(float(record["per_class_loss"][1]))

@@ -52,10 +52,20 @@ def test_a_declared_class_without_true_samples_gets_the_overall_loss() -> None:
 def test_errors_are_those_of_the_true_labels_scaled_to_the_declared_counts() -> None:
     # argmax of the logits: [0, 1, 0]; against TRUE [0, 1, 1] only the third sample is wrong.
     # True class 0: no error (0 of the 3 declared); true class 1: 1 of 2 wrong, times 4 declared.
-    assert true_label_errors(identity_model(), INPUTS, TRUE, [3, 4]) == [0, 2]
+    # That error gives the true label 1 / (1 + e^2) = 0.119 > 0.1: not a confident one.
+    assert true_label_errors(identity_model(), INPUTS, TRUE, [3, 4]) == ([0, 2], [0, 0])
     # An undeclared class gets None; a declared class truly empty gets the overall rate (1/3).
     only_zero = torch.tensor([0, 0, 0])
-    assert true_label_errors(identity_model(), INPUTS, only_zero, [0, 6]) == [None, 2]
+    assert true_label_errors(identity_model(), INPUTS, only_zero, [0, 6]) == ([None, 2], [None, 0])
+
+
+def test_confident_errors_are_those_the_model_gives_the_true_label_at_most_a_tenth() -> None:
+    # Logits [3, 0] against true label 1: p = 1 / (1 + e^3) = 0.047, a confident error; [2, 0]
+    # against label 1: 0.119, an error but not a confident one; [0, 2] against 1: right.
+    inputs = torch.tensor([[3.0, 0.0], [2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])
+    true = torch.tensor([1, 1, 1, 1])
+    # True class 1: 2 of 4 wrong, 1 of 4 confidently; declared 8 of class 1.
+    assert true_label_errors(identity_model(), inputs, true, [0, 8]) == ([None, 4], [None, 2])
 
 
 def test_lying_needs_a_positive_count_and_noise() -> None:

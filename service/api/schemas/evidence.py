@@ -48,6 +48,22 @@ class EvidenceParts(BaseModel):
     errors_expected: float | None = _number("The errors a clean site of this class mix would have")
     errors_z: float | None = _number("The error count's excess in standard errors")
     errors_p_value: float | None = _number("The error count's one-sided p-value")
+    confident_errors: int | None = Field(
+        default=None,
+        description=(
+            "Of those errors, the confident ones: the global model gives the site's label a "
+            "probability of at most 0.1 (null: not counted)"
+        ),
+    )
+    confident_errors_expected: float | None = _number(
+        "The confident errors a clean site's share would give the site's errors"
+    )
+    confident_errors_z: float | None = _number(
+        "The confident share's excess as a normal quantile of its p-value"
+    )
+    confident_errors_p_value: float | None = _number(
+        "The confident share's one-sided p-value, given the site's errors"
+    )
     accuracy_z: float | None = _number(
         "The local model's error on its own labels against the others', in standard errors "
         "(null: the accuracy check off or not made)"

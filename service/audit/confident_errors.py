@@ -1,0 +1,255 @@
+"""Confident errors: the share of a site's errors that contradict its labels outright.
+
+The error counts (:mod:`service.audit.error_evidence`) count every sample the global model
+(theta_G, the model received this round) assigns to another class. A clean site's errors are
+mostly its hard samples, on which the model hesitates; a wrong label the model has learned to
+contradict is an error it makes with confidence. With the error counts the SDK sends
+``per_class_confident_errors``: the errors where theta_G gives the given label a probability of at
+most 0.1 (``client_sdk.signals.CONFIDENT_ERROR_PROBABILITY``; on a binary task, the other class
+at 0.9 or more).
+
+**The test: the share, given the errors.** Of a clean site's ``e[k, c]`` errors in class c, each
+is confident with the class's share ``s_c`` of the clean sites: the site's confident errors, given
+its errors, are a sum of binomials with mean ``sum_c e[k, c] s_c``. ``s_c`` is pooled over the
+*other* sites of the fit set, ``(T_c + s) / (N_c + 1)`` for their ``T_c`` confident errors among
+``N_c`` errors (``s`` the fit set's overall share: a class with no error elsewhere takes it). The
+p-value is the upper tail of the site's ``E_k`` errors at the mean share, beta-binomial with an
+intra-site correlation rho (:data:`SHARE_DISPERSION`, 0.02; :data:`SMALL_SHARE_DISPERSION`, 0.05,
+below 10 sites and in anchored mode): clean sites' shares differ a little (a sum of binomials
+with the same mean has at most the binomial's variance, so the spread is all rho's), 1 unless the
+site's confident errors exceed their expectation by ``min_excess`` of its samples (the
+practical-significance floor of the error counts). The fit set starts as every site that sent its
+counts (less the pass's ``exclude``: the first pass's flags, or in anchored mode every site but
+the anchors) and is trimmed, until stable, of the sites significant at ``FIT_TRIM`` (0.05), as
+the error counts' is: a noisy minority's confident errors would otherwise raise ``s_c``.
+
+Why the share and not the confident errors counted like the errors: clean sites' confident
+errors are few and clustered (a handful of odd samples at one site, none at the next), and the
+error counts' negative binomial fitted their spread at its cap, phi = psi = 1 (a round of 20
+digit sites with mild noise, the stress matrix's m06 seed 0: a noisy site's 30 confident errors
+against 3.0 expected got p = 8e-4). The share given the errors does not depend on how many
+errors a site makes (its difficulty), only on how sure the model is of them: on the stored
+signals of the stress matrix's digit rows (fedavg, seed 0, rounds after the warm-up) the share
+test gave p < 0.001 for 0 to 0.2 % of clean site-rounds and for 53-61 % of noisy ones (m03, m05,
+m06), where counting the confident errors reached 3-46 %.
+
+A site's p-value then takes the smallest of three, Bonferroni over the three tests:
+
+    p_k = min(1, 3 min(p_loss, p_errors, p_share))
+
+where the site sent both counts (``min(1, 2 min(p_loss, p_errors))`` where it sent the errors
+only, as before).
+
+**Limits.** A model that has memorised a site's wrong labels contradicts none of them; a clean
+site whose data the model gets confidently wrong (another scanner, a sub-population the other
+sites lack) looks like a noisy one to this test as to the others. rho is fixed, not fitted
+(measured on the stress matrix's rows; a federation whose clean sites' shares differ more will
+see false flags from this test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import betabinom, binom
+
+from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit._validation import InvalidInputError
+from service.audit.error_evidence import (
+    FIT_TRIM,
+    ErrorEvidence,
+    ReportedCounts,
+    ndtri_clipped,
+    reported_counts,
+)
+
+__all__ = [
+    "SHARE_DISPERSION",
+    "SMALL_SHARE_DISPERSION",
+    "CountTests",
+    "RoundCounts",
+    "round_counts",
+    "share_evidence",
+]
+
+SHARE_DISPERSION = 0.02
+"""rho, the intra-site correlation of the confident share (beta-binomial: a site's share varies
+around the pool's with variance rho s (1 - s)), from ``SITE_LEVEL_MIN_SITES`` sites on. Clean
+sites' shares do differ (a site whose samples the model gets confidently wrong, e.g. one class
+held mostly there): on the stored signals of the stress matrix's rows (fedavg, rounds after the
+warm-up) the binomial (rho = 0) gave p < 0.01 for 2.3 % of the clean site-rounds of the 6
+BreastMNIST sites of m15 and flagged one clean digit site of m03; at 0.02, 0-1.4 % and none."""
+
+SMALL_SHARE_DISPERSION = 0.05
+"""rho below ``SITE_LEVEL_MIN_SITES`` sites and in anchored mode (as the error counts' phi has a
+larger floor there: no between-site spread is fitted to go by). At 0.05 m15's clean sites stay
+above p = 0.01 in every round measured."""
+
+_MAX_TRIMS = 10
+"""Most trimming passes of the share's fit set (it stops earlier when nothing changes)."""
+
+
+@dataclass(frozen=True)
+class RoundCounts:
+    """A round's counts: the errors and, where enough sites sent them, the confident errors."""
+
+    errors: ReportedCounts
+    confident: ReportedCounts | None = None
+
+    @property
+    def reporting(self) -> BoolArray:
+        """(K,) the sites that sent their error counts."""
+        return self.errors.reporting
+
+
+def round_counts(
+    errors: Any, confident: Any, counts: IntArray, min_sites: int
+) -> RoundCounts | None:
+    """The round's checked counts (:func:`~service.audit.error_evidence.reported_counts`); the
+    confident ones enter where ``min_sites`` sites sent them, each at most the site's errors.
+    None when fewer than ``min_sites`` sites sent their errors."""
+    wrong = reported_counts(errors, counts, min_sites)
+    if wrong is None or confident is None:
+        return None if wrong is None else RoundCounts(wrong)
+    sure = reported_counts(confident, counts, min_sites, "per_class_confident_errors")
+    if sure is None:
+        return RoundCounts(wrong)
+    if (sure.reporting & ~wrong.reporting).any():
+        raise InvalidInputError("per_class_confident_errors: a site sent them without its errors")
+    if (sure.errors > wrong.errors).any():
+        raise InvalidInputError("per_class_confident_errors: a count exceeds the class's errors")
+    return RoundCounts(wrong, sure)
+
+
+def _share_p(
+    errors: IntArray,
+    confident: IntArray,
+    samples: FloatArray,
+    fit: BoolArray,
+    min_excess: float,
+    rho: float,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(p-value, expected confident errors, per-class share) of every site against the fit
+    set's shares, each fit-set site left out of its own (module docstring)."""
+    in_fit = fit[:, None]
+    pooled_errors = (errors * in_fit).sum(axis=0).astype(np.float64)
+    pooled_sure = (confident * in_fit).sum(axis=0).astype(np.float64)
+    overall = (pooled_sure.sum() + 0.5) / (pooled_errors.sum() + 1.0)
+    own_errors, own_sure = errors * in_fit, confident * in_fit
+    share = (pooled_sure - own_sure + overall) / (pooled_errors - own_errors + 1.0)
+    expected = (errors * share).sum(axis=1)
+    n = errors.sum(axis=1)
+    x = confident.sum(axis=1)
+    mean_share = np.clip(expected / np.maximum(n, 1), 1e-9, 1.0 - 1e-9)
+    if rho > 0.0:
+        tail = betabinom.sf(x - 1, n, mean_share * (1 / rho - 1), (1 - mean_share) * (1 / rho - 1))
+    else:
+        tail = binom.sf(x - 1, n, mean_share)
+    enough = (n > 0) & (x - expected >= min_excess * np.maximum(samples, 1.0))
+    p = np.where(enough, tail, 1.0)
+    return np.asarray(p, dtype=np.float64), expected, (pooled_sure + overall) / (pooled_errors + 1)
+
+
+def share_evidence(
+    errors: IntArray,
+    confident: IntArray,
+    counts: IntArray,
+    *,
+    reporting: BoolArray,
+    exclude: BoolArray | None = None,
+    trim: float = FIT_TRIM,
+    min_excess: float = 0.05,
+    dispersion: float = SHARE_DISPERSION,
+) -> ErrorEvidence:
+    """The share test of one round (module docstring), as an
+    :class:`~service.audit.error_evidence.ErrorEvidence`: ``observed`` the site's confident
+    errors, ``expected`` those its errors would hold at the fit set's shares, ``class_rate`` the
+    shares, ``dispersion`` rho. A site that did not send its confident errors (``reporting`` False)
+    has p-value 1, enters no fit and shows nothing."""
+    base = reporting.copy() if exclude is None else reporting & ~np.asarray(exclude, dtype=bool)
+    samples = counts.sum(axis=1).astype(np.float64)
+    fit = base.copy()
+    seen: list[BoolArray] = []
+    for _ in range(_MAX_TRIMS):
+        p, expected, share = _share_p(errors, confident, samples, fit, min_excess, dispersion)
+        trimmed = base & (p >= trim)
+        if (
+            2 * int(trimmed.sum()) <= int(reporting.sum())
+            or bool((trimmed == fit).all())
+            or any(bool((trimmed == f).all()) for f in seen)
+        ):
+            break
+        seen.append(fit)
+        fit = trimmed
+    p = np.where(reporting, p, 1.0)
+    return ErrorEvidence(
+        p_value=p,
+        z=np.asarray(np.where(reporting, -ndtri_clipped(p), 0.0), dtype=np.float64),
+        expected=np.where(reporting, expected, 0.0),
+        observed=np.where(reporting, confident.sum(axis=1), 0).astype(np.int64),
+        class_rate=share,
+        dispersion=dispersion,
+        class_dispersion=0.0,
+        fit_set=fit,
+        reported=reporting,
+    )
+
+
+@dataclass(frozen=True)
+class CountTests:
+    """How one pass of the evidence detector turns the round's counts into p-values.
+
+    ``counted`` and ``anchor_counted`` fit the error counts against the consensus and against
+    the anchors (:func:`~service.audit.error_evidence.counted_on` bound to
+    :func:`~service.audit.error_evidence.error_evidence` or the anchored variant, called with
+    the counts, the class counts, the sites left out of the fit and, for the consensus, phi's
+    floor); ``floor`` is that floor where the site-level test gives none; ``min_excess`` and
+    ``anchored_min_excess`` the share test's floors in each mode."""
+
+    counted: Callable[..., ErrorEvidence]
+    anchor_counted: Callable[..., ErrorEvidence]
+    floor: float
+    min_excess: float
+    anchored_min_excess: float
+
+    def p_values(
+        self,
+        p_loss: FloatArray,
+        counts: RoundCounts | None,
+        class_counts: IntArray,
+        exclude: BoolArray | None,
+        reference: BoolArray | None,
+        direction: float,
+        site_floor: float | None,
+    ) -> tuple[FloatArray, ErrorEvidence | None, ErrorEvidence | None]:
+        """Each site's p-value from its loss evidence and its counts (module docstring), with
+        the errors' and the shares' evidence; the loss evidence's alone without counts, and in
+        an inverted anchored pass (the counts say nothing about inverted labels)."""
+        if counts is None or (reference is not None and direction < 0):
+            return p_loss, None, None
+        if reference is None:
+            floor = self.floor if site_floor is None else site_floor
+            leave_out, excess = exclude, self.min_excess
+            errors = self.counted(counts.errors, class_counts, exclude, min_dispersion=floor)
+        else:
+            leave_out, excess = ~reference, self.anchored_min_excess
+            errors = self.anchor_counted(counts.errors, class_counts, leave_out)
+        both = np.minimum(1.0, 2.0 * np.minimum(p_loss, errors.p_value))
+        p = np.where(counts.errors.reporting, both, p_loss)
+        if counts.confident is None:
+            return np.asarray(p, dtype=np.float64), errors, None
+        sure = share_evidence(
+            counts.errors.errors,
+            counts.confident.errors,
+            class_counts,
+            reporting=counts.confident.reporting,
+            exclude=leave_out,
+            min_excess=excess,
+            dispersion=SMALL_SHARE_DISPERSION if site_floor is None else SHARE_DISPERSION,
+        )
+        three = np.minimum(1.0, 3.0 * np.minimum(np.minimum(p_loss, errors.p_value), sure.p_value))
+        p = np.where(counts.confident.reporting, three, p)
+        return np.asarray(p, dtype=np.float64), errors, sure
