@@ -4,23 +4,28 @@ An update's state is refused when a float tensor holds a non-finite value
 (:func:`service.coordinator.tensors.non_finite_tensors`, which reads the stored file again, one
 tensor at a time). :class:`FiniteScan` looks at the same bytes as they are written to disk, in
 order (the upload's writer feeds it each batch), so the file need not be read a second time.
-It parses the safetensors header itself and gives up, leaving the answer to the second read,
-wherever the bytes are not a header it can follow (malformed, oversized, tensors not
-contiguous, a tensor size that is not a whole number of elements); the upload's own checks then
-refuse such a file with their usual message. It answers only for a file it followed to its last
-byte; the caller checks the header it parsed is the file's (:func:`read_manifest` on the stored
-file) before trusting the answer, which the header being part of the same bytes guarantees.
+It reads the safetensors header with the same parser as the stored file's check
+(:func:`service.coordinator.tensors.parse_header`, which holds every rule of a header), and
+gives up, leaving the answer to the second read, wherever that parser refuses the header; the
+upload's own check (:func:`read_manifest`) then refuses such a file with the parser's message.
+It answers only for a file it followed to its last byte, whose data section is the size its
+header gives (:meth:`Header.check_data_size`, the stored file's check's own rule); the caller
+checks the header it parsed is the file's (:func:`read_manifest` on the stored file) before
+trusting the answer, which the header being part of the same bytes guarantees.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.coordinator.tensors import MAX_HEADER_BYTES
+from service.coordinator.tensors import (
+    Header,
+    SafetensorsFormatError,
+    header_length,
+    parse_header,
+)
 
 _FLOATS: dict[str, np.dtype[np.floating]] = {
     "F64": np.dtype("<f8"),
@@ -46,11 +51,12 @@ class FiniteScan:
 
     def __init__(self) -> None:
         self._head = bytearray()
-        self._spans: list[_Span] | None = None
+        self._header: Header | None = None
+        self._spans: list[_Span] | None = None  # the float tensors', in data order
         self._next = 0  # the first span not finished
         self._carry = b""  # the start of an element cut by a batch's end
         self._position = 0  # bytes seen
-        self._end = 0  # the file's size by its header
+        self._data_start = 0  # the data section's first byte: 8 + the header's length
         self._bad: set[str] = set()
         self._failed = False
 
@@ -67,27 +73,35 @@ class FiniteScan:
 
     def result(self) -> list[str] | None:
         """The float tensors with a non-finite value (sorted), None when unknown."""
-        if self._failed or self._spans is None or self._position != self._end or self._carry:
+        if self._failed or self._header is None or self._carry:
+            return None
+        try:
+            self._header.check_data_size(self._position - self._data_start)
+        except SafetensorsFormatError:
             return None
         return sorted(self._bad)
 
     def _parse_header(self) -> bool:
-        """Whether the header is complete and understood (sets the spans and the position)."""
+        """Whether the header is complete and passed :func:`parse_header` (sets the spans and
+        the position); a header it refuses ends the scan."""
         if len(self._head) < 8:
             return False
-        (length,) = struct.unpack("<Q", self._head[:8])
-        if length > MAX_HEADER_BYTES:
-            self._failed = True
-            return False
-        if len(self._head) < 8 + length:
-            return False
         try:
-            header = json.loads(bytes(self._head[8 : 8 + length]))
-            spans, size = _spans_of(header, 8 + length)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            length = header_length(bytes(self._head[:8]))
+            if len(self._head) < 8 + length:
+                return False
+            header = parse_header(bytes(self._head[8 : 8 + length]))
+        # OverflowError: a dimension past int64, which parse_header does not catch itself
+        except (SafetensorsFormatError, OverflowError):
             self._failed = True
             return False
-        self._spans, self._position, self._end = spans, 8 + length, 8 + length + size
+        start = 8 + length
+        self._header, self._position, self._data_start = header, start, start
+        self._spans = [
+            _Span(start + span.start, start + span.end, _FLOATS[span.dtype], span.name)
+            for span in header.spans
+            if span.dtype in _FLOATS and span.end > span.start
+        ]
         return True
 
     def _scan(self, data: memoryview) -> None:
@@ -105,8 +119,8 @@ class FiniteScan:
             self._check(span, data[low - start : high - start])
             if high < span.end:
                 return  # the batch ends inside this tensor
-            if self._carry:
-                self._failed = True  # not a whole number of elements
+            if self._carry:  # not a whole number of elements (not reached: parse_header
+                self._failed = True  # checks each tensor's bytes against its shape)
                 return
             self._next += 1
 
@@ -130,30 +144,3 @@ class FiniteScan:
         values = np.frombuffer(data, dtype=span.dtype)
         if not np.isfinite(values).all():
             self._bad.add(span.name)
-
-
-def _spans_of(header: object, data_start: int) -> tuple[list[_Span], int]:
-    """The float tensors' spans, sorted, and the size of the data part; raises ValueError where
-    the tensors do not tile the data part."""
-    if not isinstance(header, dict):
-        raise ValueError("not an object")
-    tiles: list[tuple[int, int, str, str]] = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        first, last = entry["data_offsets"]
-        if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last):
-            raise ValueError("bad offsets")
-        tiles.append((first, last, str(entry["dtype"]), str(name)))
-    tiles.sort()
-    position = 0
-    for first, last, _, _ in tiles:
-        if first != position:
-            raise ValueError("not contiguous")
-        position = last
-    spans = [
-        _Span(data_start + first, data_start + last, _FLOATS[dtype], name)
-        for first, last, dtype, name in tiles
-        if dtype in _FLOATS and last > first
-    ]
-    return spans, position

@@ -13,6 +13,7 @@ import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,73 +69,129 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Parse and check the header of a safetensors file: ``{name: {"dtype", "shape"}}``."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise SafetensorsFormatError("file is shorter than a safetensors header")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-            raise SafetensorsFormatError("safetensors header length is out of range")
-        try:
-            # strict UTF-8 (no BOM, no UTF-16/32 guess) and no NaN/Infinity literals: only what
-            # the safetensors library itself reads (the upload's scan trusts this parse)
-            header = json.loads(
-                handle.read(header_len).decode("utf-8"),
-                parse_constant=_no_constant,
-                object_pairs_hook=_unique_keys,
-            )
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise SafetensorsFormatError(f"safetensors header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
+@dataclass(frozen=True)
+class TensorSpan:
+    """Where a tensor's bytes lie in the data section (after the header): ``[start, end)``."""
+
+    name: str
+    dtype: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    """A safetensors header that passed :func:`parse_header`: the manifest (sorted by name) and
+    each tensor's span, in data order. The spans tile ``[0, data_size)`` with no gap and no
+    overlap, and each holds exactly its shape's bytes."""
+
+    manifest: Manifest
+    spans: tuple[TensorSpan, ...]
+
+    @property
+    def data_size(self) -> int:
+        """The bytes the tensors cover, which the data section must hold exactly."""
+        return self.spans[-1].end
+
+    def check_data_size(self, data_size: int) -> None:
+        """Refuse a data section of another size than the tensors cover, as the safetensors
+        library does: bytes past the last tensor would be stored and hashed but read by nobody,
+        and a section cut short ends inside a tensor."""
+        if data_size != self.data_size:
+            raise SafetensorsFormatError("the file size does not match the tensors in its header")
+
+
+def header_length(prefix: bytes) -> int:
+    """The header's length, from a file's first 8 bytes (little-endian); refused past
+    :data:`MAX_HEADER_BYTES`, so that a hostile length cannot make a reader hold or parse an
+    unbounded header."""
+    if len(prefix) < 8:
+        raise SafetensorsFormatError("file is shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", prefix[:8])
+    if length > MAX_HEADER_BYTES:
+        raise SafetensorsFormatError("safetensors header length is out of range")
+    return int(length)
+
+
+def parse_header(header: bytes) -> Header:
+    """Parse and check a safetensors header (the JSON after the 8-byte length), all of it that
+    does not depend on the file's size: strict JSON, string metadata, at least one tensor, each
+    a supported dtype with a valid shape and exactly its shape's bytes, the tensors contiguous
+    from the data section's first byte. The data section's size is checked apart
+    (:meth:`Header.check_data_size`), by a reader that knows it: :func:`read_manifest` at once,
+    the upload's streaming scan once the last byte has come."""
+    try:
+        # strict UTF-8 (no BOM, no UTF-16/32 guess) and no NaN/Infinity literals: only what
+        # the safetensors library itself reads (the upload's scan trusts this parse)
+        parsed = json.loads(
+            header.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_unique_keys
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SafetensorsFormatError(f"safetensors header is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
         raise SafetensorsFormatError("safetensors header is not a JSON object")
-    metadata = header.pop("__metadata__", None)
+    metadata = parsed.pop("__metadata__", None)
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
     ):
         raise SafetensorsFormatError("__metadata__ must map strings to strings")
-    if not header:
+    if not parsed:
         raise SafetensorsFormatError("the file holds no tensors")
     manifest: Manifest = {}
-    spans: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        if not isinstance(entry, dict):
-            raise SafetensorsFormatError(f"tensor {name!r}: header entry is not an object")
-        dtype = entry.get("dtype")
-        shape = entry.get("shape")
-        offsets = entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
-            raise SafetensorsFormatError(
-                f"tensor {name!r}: dtype {dtype!r} is not supported "
-                f"(use one of {', '.join(sorted(NUMPY_DTYPES))}; convert bfloat16 to float32)"
-            )
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise SafetensorsFormatError(f"tensor {name!r}: shape {shape!r} is invalid")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]
-        ):
-            raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {offsets!r} are invalid")
-        expected = int(np.prod(shape, dtype=np.int64)) * ITEM_SIZES[dtype]
-        if offsets[1] - offsets[0] != expected:
-            raise SafetensorsFormatError(
-                f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype}"
-            )
-        spans.append((offsets[0], offsets[1], name))
-        manifest[name] = {"dtype": dtype, "shape": list(shape)}
-    spans.sort()
+    spans: list[TensorSpan] = []
+    for name, entry in parsed.items():
+        span, shape = _checked_entry(name, entry)
+        spans.append(span)
+        manifest[name] = {"dtype": span.dtype, "shape": shape}
+    spans.sort(key=lambda span: (span.start, span.end, span.name))
     position = 0
-    for start, end, name in spans:
-        if start != position:
-            raise SafetensorsFormatError(f"tensor {name!r}: data is not contiguous")
-        position = end
-    if 8 + header_len + position != size:
-        raise SafetensorsFormatError("the file size does not match the tensors in its header")
-    return dict(sorted(manifest.items()))
+    for span in spans:
+        if span.start != position:
+            raise SafetensorsFormatError(f"tensor {span.name!r}: data is not contiguous")
+        position = span.end
+    return Header(dict(sorted(manifest.items())), tuple(spans))
+
+
+def _checked_entry(name: str, entry: Any) -> tuple[TensorSpan, list[int]]:
+    """One tensor's header entry, checked: its span and its shape."""
+    if not isinstance(entry, dict):
+        raise SafetensorsFormatError(f"tensor {name!r}: header entry is not an object")
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
+        raise SafetensorsFormatError(
+            f"tensor {name!r}: dtype {dtype!r} is not supported "
+            f"(use one of {', '.join(sorted(NUMPY_DTYPES))}; convert bfloat16 to float32)"
+        )
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise SafetensorsFormatError(f"tensor {name!r}: shape {shape!r} is invalid")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {offsets!r} are invalid")
+    expected = int(np.prod(shape, dtype=np.int64)) * ITEM_SIZES[dtype]
+    if offsets[1] - offsets[0] != expected:
+        raise SafetensorsFormatError(
+            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype}"
+        )
+    return TensorSpan(name, dtype, offsets[0], offsets[1]), list(shape)
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Parse and check the header of a safetensors file: ``{name: {"dtype", "shape"}}``
+    (:func:`parse_header`, then the data section's size against the tensors')."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        length = header_length(handle.read(8))
+        if 8 + length > size:
+            raise SafetensorsFormatError("safetensors header length is out of range")
+        header = parse_header(handle.read(length))
+    header.check_data_size(size - 8 - length)
+    return header.manifest
 
 
 def manifest_differences(expected: Manifest, actual: Manifest) -> list[str]:

@@ -1,6 +1,7 @@
 """The streaming check for NaN and infinity (``FiniteScan``) against the check that reads the
 stored file (``tensors.non_finite_tensors``): literal cases, then random states, dtypes, bad
-values and batch cuts (a fixed seed), then the bytes it must give up on."""
+values and batch cuts (a fixed seed), then the bytes it must give up on: every header the
+stored file's check refuses, since both read it with the same ``parse_header``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import pytest
 from safetensors.numpy import save
 
 from service.coordinator.finite_scan import FiniteScan
-from service.coordinator.tensors import non_finite_tensors, read_manifest
+from service.coordinator.tensors import (
+    SafetensorsFormatError,
+    non_finite_tensors,
+    parse_header,
+    read_manifest,
+)
 
 
 def _scanned(data: bytes, cuts: list[int]) -> list[str] | None:
@@ -79,6 +85,8 @@ def test_random_states_agree_with_the_second_read(tmp_path: Path) -> None:
         ),
         # a float tensor of 6 bytes: not a whole number of F32 elements
         _raw(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,6]}}', 6),
+        # a dimension past int64 (2**70)
+        _raw(b'{"a":{"dtype":"F32","shape":[1180591620717411303424],"data_offsets":[0,4]}}', 4),
     ],
 )
 def test_it_gives_up_where_it_cannot_follow(data: bytes) -> None:
@@ -112,3 +120,77 @@ def test_an_empty_piece_inside_a_tensor_changes_nothing() -> None:
     scan.feed(memoryview(data)[middle:middle])
     scan.feed(data[middle:])
     assert scan.result() == ["w"]
+
+
+_A = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+
+
+@pytest.mark.parametrize(
+    ("header", "data_bytes", "message"),
+    [
+        # a gap: b starts 4 bytes past a's end
+        (b"{" + _A + b',"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}', 12, "'b'.*not"),
+        # an overlap: b starts inside a
+        (b"{" + _A + b',"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}}', 6, "'b'.*not"),
+        (b'{"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}}', 2, "not supported"),
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', 4, "4 bytes for shape"),
+        (b'{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', 4, "shape"),
+        (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}', 4, "data_offsets"),
+        (b'{"a":[]}', 4, "not an object"),
+        (b'{"__metadata__":{"k":"v"}}', 0, "no tensors"),
+        (b'{"__metadata__":{"k":1},' + _A + b"}", 4, "strings"),
+        (b"{" + _A + b"," + _A + b"}", 4, "twice"),
+        (b"{" + _A + b',"x":NaN}', 4, "not JSON"),
+        (b"\xef\xbb\xbf{" + _A + b"}", 4, "not valid JSON"),
+        (b"[]", 0, "not a JSON object"),
+    ],
+)
+def test_a_header_refused_is_refused_by_both_paths(
+    tmp_path: Path, header: bytes, data_bytes: int, message: str
+) -> None:
+    """One parser, one message: the stored file's check and the streaming scan refuse the same
+    headers (the scan by giving up, which leaves the answer to the stored file's check)."""
+    with pytest.raises(SafetensorsFormatError, match=message) as parsed:
+        parse_header(header)
+    path = tmp_path / "state.safetensors"
+    path.write_bytes(_raw(header, data_bytes))
+    with pytest.raises(SafetensorsFormatError) as read:
+        read_manifest(path)
+    assert str(read.value) == str(parsed.value)
+    assert _scanned(_raw(header, data_bytes), []) is None
+
+
+def test_parse_header_gives_the_spans_in_data_order() -> None:
+    header = parse_header(
+        b'{"__metadata__":{"k":"v"},"z":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},'
+        b'"e":{"dtype":"I64","shape":[0,2],"data_offsets":[6,6]},'
+        b'"a":{"dtype":"U8","shape":[],"data_offsets":[6,7]}}'
+    )
+    assert header.manifest == {
+        "a": {"dtype": "U8", "shape": []},
+        "e": {"dtype": "I64", "shape": [0, 2]},
+        "z": {"dtype": "F16", "shape": [3]},
+    }
+    assert [(s.name, s.dtype, s.start, s.end) for s in header.spans] == [
+        ("z", "F16", 0, 6),
+        ("e", "I64", 6, 6),
+        ("a", "U8", 6, 7),
+    ]
+    assert header.data_size == 7
+    header.check_data_size(7)
+    for wrong in (6, 8):
+        with pytest.raises(SafetensorsFormatError, match="size does not match"):
+            header.check_data_size(wrong)
+
+
+def test_a_data_section_of_another_size_is_refused_by_both_paths(tmp_path: Path) -> None:
+    header = b"{" + _A + b"}"
+    path = tmp_path / "state.safetensors"
+    for data_bytes in (3, 5):
+        path.write_bytes(_raw(header, data_bytes))
+        with pytest.raises(SafetensorsFormatError, match="size does not match"):
+            read_manifest(path)
+        assert _scanned(_raw(header, data_bytes), [9]) is None
+    path.write_bytes(_raw(header, 4))
+    assert read_manifest(path) == {"a": {"dtype": "F32", "shape": [1]}}
+    assert _scanned(_raw(header, 4), [9]) == []
