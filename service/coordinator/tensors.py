@@ -173,7 +173,9 @@ def _checked_entry(name: str, entry: Any) -> tuple[TensorSpan, list[int]]:
         and 0 <= offsets[0] <= offsets[1]
     ):
         raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {offsets!r} are invalid")
-    expected = int(np.prod(shape, dtype=np.int64)) * ITEM_SIZES[dtype]
+    # Exact integers: numpy's int64 product wrapped ([2**32, 2**32] F32 counted 0 bytes, and a
+    # dimension past int64 raised OverflowError, a 500).
+    expected = math.prod(shape) * ITEM_SIZES[dtype]
     if offsets[1] - offsets[0] != expected:
         raise SafetensorsFormatError(
             f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype}"

@@ -134,6 +134,18 @@ _A = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
         (b"{" + _A + b',"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}}', 6, "'b'.*not"),
         (b'{"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}}', 2, "not supported"),
         (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', 4, "4 bytes for shape"),
+        # 2**32 x 2**32 elements: 0 bytes in int64 arithmetic, which wrapped and accepted it
+        (
+            b'{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}',
+            0,
+            "0 bytes for shape",
+        ),
+        # a dimension past int64 (2**70): refused, not an OverflowError
+        (
+            b'{"a":{"dtype":"F32","shape":[1180591620717411303424],"data_offsets":[0,4]}}',
+            4,
+            "4 bytes for shape",
+        ),
         (b'{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', 4, "shape"),
         (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}', 4, "data_offsets"),
         (b'{"a":[]}', 4, "not an object"),
