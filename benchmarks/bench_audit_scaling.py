@@ -94,6 +94,7 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
     logits = rng.standard_normal((k, PROBE_SIZE, NUM_CLASSES)) * 2.0
     probes = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probes /= probes.sum(axis=-1, keepdims=True)
+    errors = rng.binomial(counts, error_rate)
     return {
         "per_class_loss": loss,
         "class_counts": counts,
@@ -103,7 +104,9 @@ def synthetic_inputs(k: int, seed: int) -> dict[str, NDArray[Any]]:
         "train_accuracy": np.where(noisy, 0.6, 0.9) + rng.uniform(-0.05, 0.05, size=k),
         "probes": probes,
         "per_class_loss_sd": rng.uniform(0.3, 0.8, size=(k, NUM_CLASSES)),
-        "per_class_errors": rng.binomial(counts, error_rate),
+        "per_class_errors": errors,
+        # a clean site's errors a quarter confident, a noisy site's labels' errors mostly
+        "per_class_confident_errors": rng.binomial(errors, np.where(noisy, 0.8, 0.25)[:, None]),
         "cosines": rng.normal(0.5, 0.05, size=k) - np.where(noisy, 0.3, 0.0),
     }
 
@@ -134,6 +137,7 @@ def subjects_for(
             data["per_class_loss_sd"],
             mixture=mixture,
             per_class_errors=data["per_class_errors"],
+            per_class_confident_errors=data["per_class_confident_errors"],
         )
         counts, sizes = data["class_counts"], data["num_samples"]
         return result, geometry_evidence(data["cosines"], counts, sizes, q=0.01)

@@ -143,14 +143,16 @@ def _share_p(
     expected = (errors * share).sum(axis=1)
     n = errors.sum(axis=1)
     x = confident.sum(axis=1)
-    mean_share = np.clip(expected / np.maximum(n, 1), 1e-9, 1.0 - 1e-9)
-    if rho > 0.0:
-        tail = betabinom.sf(x - 1, n, mean_share * (1 / rho - 1), (1 - mean_share) * (1 / rho - 1))
-    else:
-        tail = binom.sf(x - 1, n, mean_share)
+    # The tail only where the floor is cleared (the rest is 1): most sites of a large round.
     enough = (n > 0) & (x - expected >= min_excess * np.maximum(samples, 1.0))
-    p = np.where(enough, tail, 1.0)
-    return np.asarray(p, dtype=np.float64), expected, (pooled_sure + overall) / (pooled_errors + 1)
+    n, x = n[enough], x[enough]
+    s = np.clip(expected[enough] / n, 1e-9, 1.0 - 1e-9)
+    p = np.ones(errors.shape[0], dtype=np.float64)
+    if rho > 0.0:
+        p[enough] = betabinom.sf(x - 1, n, s * (1 / rho - 1), (1 - s) * (1 / rho - 1))
+    else:
+        p[enough] = binom.sf(x - 1, n, s)
+    return p, expected, (pooled_sure + overall) / (pooled_errors + 1)
 
 
 def share_evidence(
