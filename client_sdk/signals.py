@@ -339,6 +339,8 @@ def _per_class_loss_signals(
     theta_G's ``logits`` (module docstring); None for a class with no sample. (per_class_loss,
     per_class_loss_sd, per_class_errors, per_class_confident_errors)."""
     losses = F.cross_entropy(logits, labels, reduction="none")
+    # Before the clip: p(label) <= t exactly when the cross-entropy is >= -log t.
+    confident = losses >= -math.log(CONFIDENT_ERROR_PROBABILITY)
     if loss_clip is not None:
         losses = losses.clamp(max=float(loss_clip))  # cross-entropy is >= 0 already
     acc = accumulator_dtype(dev)
@@ -357,11 +359,7 @@ def _per_class_loss_signals(
         for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
     ]
     is_error = logits.argmax(dim=1) != labels
-    # The unclipped loss: p(label) <= t exactly when the cross-entropy is >= -log t.
-    confident = is_error & (
-        F.cross_entropy(logits.float(), labels, reduction="none")
-        >= -math.log(CONFIDENT_ERROR_PROBABILITY)
-    )
+    confident &= is_error  # beyond 10 classes the predicted class itself may have p <= 0.1
     return (
         per_class,
         per_class_sd,
