@@ -152,6 +152,11 @@ def test_a_federation_under_the_policy_runs_and_sends_only_coarse_counts(
             assert signals["class_counts"] == expected_counts[name]
             assert "per_class_loss" in signals
             for c, count in enumerate(expected_counts[name]):
-                for key in ("per_class_loss", "per_class_loss_sd", "per_class_errors"):
+                for key in (
+                    "per_class_loss",
+                    "per_class_loss_sd",
+                    "per_class_errors",
+                    "per_class_confident_errors",
+                ):
                     if key in signals:
                         assert (signals[key][c] is None) == (count is None or count == 0), name

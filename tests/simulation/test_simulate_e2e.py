@@ -91,6 +91,27 @@ def test_detection_finds_the_planted_noisy_clients(tmp_path: Path):
     assert len(rows) == 2 * 5 * 8
     assert (outcome.data_dir / "fedaudit.db").is_file()
     assert json.loads((out / "scenario.json").read_text())["clients"] == 8
+    # The SDK's confident errors reach the store: at most the errors, class by class; in the
+    # last round a planted site's errors (80 % of its labels flipped) are mostly confident,
+    # a clean site's few.
+    names = {c.client_id.replace("-", ""): c.name for c in fednoro.clients}
+    with sqlite3.connect(outcome.data_dir / "fedaudit.db") as db:
+        stored = db.execute(
+            "SELECT client_id, signals FROM model_update WHERE round_index = 4 "
+            "AND federation_id = ?",
+            (fednoro.federation_id.replace("-", ""),),
+        ).fetchall()
+    assert len(stored) == 8
+    for client_id, text in stored:
+        signals = json.loads(text)
+        errors, confident = signals["per_class_errors"], signals["per_class_confident_errors"]
+        assert all(
+            (e is None) == (k is None) and (k is None or 0 <= k <= e)
+            for e, k in zip(errors, confident, strict=True)
+        )
+        share = sum(k or 0 for k in confident) / max(1, sum(e or 0 for e in errors))
+        if names[client_id] in planted:
+            assert share > 0.5, names[client_id]
 
 
 runner = CliRunner()

@@ -91,6 +91,7 @@ def test_a_simulated_federation_under_the_gaussian_mechanism_reports_its_epsilon
         # the mechanism sends no spread and no error counts; the means stay within the clip
         assert "per_class_loss_sd" not in signals
         assert "per_class_errors" not in signals
+        assert "per_class_confident_errors" not in signals
         assert all(v is None or 0.0 <= v <= 5.0 for v in signals["per_class_loss"])
         assert all(abs(sum(row) - 1.0) < 1e-6 for row in signals["probe_softmax"])
 
