@@ -109,6 +109,7 @@ from service.audit.error_evidence import (
     error_evidence,
 )
 from service.audit.evidence_abstention import (
+    Informativeness,
     class_heterogeneity,
     consensus_reason,
     mixture_split,
@@ -134,8 +135,7 @@ p-value (consensus mode only). Its between-site spread is fitted from the sites 
 Student's t on their number: with 5 to 8 sites the tail is so wide that noisy sites went unfound
 (stress matrix, 3 seeds, measured with m - 1 degrees of freedom, more than the 0.37 (m - 1) used
 now: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites cannot tell a harder
-site from a noisy one anyway. Below it, and in anchored mode, the p-value is
-``min(1, 2 min(p_stouffer, m min_c p_c))`` on the classes as reported."""
+site from a noisy one anyway. Below it, and in anchored mode: the module docstring's 2-part p."""
 
 
 class _Decision(NamedTuple):
@@ -446,7 +446,7 @@ class EvidenceDetector:
         wrong: RoundCounts | None,
         sizes: FloatArray,
         entropy: float,
-        informativeness: float,
+        informativeness: Informativeness,
         mixture: DetectionResult | None,
         anchor_led: bool = False,
     ) -> _Decision:
@@ -528,8 +528,7 @@ class EvidenceDetector:
             The federation's aggregate is led by the anchors: anchored mode whenever an anchor
             takes part (:mod:`service.audit.anchor_mode`).
         per_class_confident_errors : array-like of int of shape (K, C), optional
-            Of those errors, the confident ones (:mod:`service.audit.confident_errors`),
-            combined with the two others where the site sent them.
+            Of those errors, the confident ones (:mod:`service.audit.confident_errors`).
 
         Returns
         -------
@@ -547,9 +546,10 @@ class EvidenceDetector:
         loss = np.where(held, loss, np.nan)
         sizes = counts.sum(axis=1).astype(np.float64)
 
-        entropy, site_loss, informativeness = model_informativeness(loss, counts, sizes)
-
         wrong = self._error_counts(per_class_errors, per_class_confident_errors, counts)
+        entropy, site_loss, informativeness = model_informativeness(
+            loss, counts, sizes, None if wrong is None else wrong.errors
+        )
         decision = self._decide(
             loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture, anchor_led
         )
@@ -578,7 +578,8 @@ class EvidenceDetector:
             "mode": mode,
             "q": self.q,
             "flagged": int(flags.sum()),
-            "informativeness": informativeness,
+            "informativeness": informativeness.loss,
+            "accuracy_informativeness": informativeness.accuracy,
             "heterogeneity": decision.heterogeneity,
             "mixture_flagged": None if decision.split is None else int(decision.split.sum()),
             "label_entropy": entropy,

@@ -8,7 +8,11 @@ import numpy as np
 
 from service.audit import AuditConfig, DictStateReader, run_audit
 from service.audit.detection import ClientVerdict, DetectionResult
-from service.audit.evidence_abstention import consensus_reason, is_majority_reason
+from service.audit.evidence_abstention import (
+    Informativeness,
+    consensus_reason,
+    is_majority_reason,
+)
 from service.audit.majority_memory import MAJORITY_MEMORY, majority_suspected, remember_majority
 from tests.audit._synthetic import loss_clients, synthetic_federation
 
@@ -56,7 +60,13 @@ def test_only_the_majority_reasons_count():
 
     def reason(flags: list[bool], informativeness: float, mixture: object) -> str | None:
         return consensus_reason(
-            cast(Any, _Pass(flags)), sizes, 1.0, informativeness, 0.1, cast(Any, mixture), **kwargs
+            cast(Any, _Pass(flags)),
+            sizes,
+            1.0,
+            Informativeness(informativeness),
+            0.1,
+            cast(Any, mixture),
+            **kwargs,
         )
 
     kwargs: dict[str, Any] = {
