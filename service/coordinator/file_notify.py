@@ -36,11 +36,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.coordinator.notify import LocalNotifier, Subscription
+from service.coordinator.notify import LocalNotifier, NotifierState, Subscription
 
 __all__ = ["FileNotifier", "signal_file_for"]
 
@@ -121,7 +120,7 @@ class FileNotifier:
             for callback in list(self._callbacks):
                 callback(False)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> NotifierState:
         """``kind`` "file", ``listening`` while the watcher runs, its last error."""
         error = self._last_error
         return {

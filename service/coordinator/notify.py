@@ -28,13 +28,30 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+from typing_extensions import TypedDict
 
 _PENDING = "fedaudit.changed_federations"
 _PUBLISHED = "fedaudit.published_federations"
+
+
+class NotifierState(TypedDict):
+    """What ``/healthz`` shows of a change notifier (its ``change_notifier``), key for key."""
+
+    kind: Literal["local", "file", "postgres"]
+    """``local``: signals inside this process only; ``file``: a signal file beside the SQLite
+    database (`FileNotifier`); ``postgres``: PostgreSQL ``LISTEN``/``NOTIFY`` (`PgNotifier`)."""
+    listening: bool | None
+    """Whether other processes' signals reach this one now (the signal file's watcher runs, the
+    ``LISTEN`` connection is up); None when there is nothing to listen to."""
+    last_error: str | None
+    """The type of the listener's last failure (its message, which may name the database's
+    host, is logged); None when none since start-up."""
+    last_error_at: str | None
+    """When it failed (ISO 8601, UTC); None when none."""
 
 
 class Subscription(Protocol):
@@ -78,11 +95,9 @@ class ChangeNotifier(Protocol):
         """Stop relaying and release what `start` opened (app shut-down)."""
         ...
 
-    def state(self) -> dict[str, Any]:
-        """What ``/healthz`` shows of it: ``kind`` (``local`` or ``postgres``), ``listening``
-        (whether other processes' signals reach this one now; None when there is nothing to
-        listen to), ``last_error`` (the type of the listener's last failure, its message is
-        logged) and ``last_error_at`` (ISO 8601), None when none."""
+    def state(self) -> NotifierState:
+        """What ``/healthz`` shows of it: its kind, whether it listens to other processes now,
+        and its listener's last failure."""
         ...
 
     def watch(self, callback: Callable[[bool], None]) -> None:
@@ -161,7 +176,7 @@ class LocalNotifier:
     def close(self) -> None:
         """Nothing to release."""
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> NotifierState:
         """In-process signals: nothing to listen to."""
         return {"kind": "local", "listening": None, "last_error": None, "last_error_at": None}
 

@@ -36,7 +36,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from service.coordinator.notify import LocalNotifier, Subscription
+from service.coordinator.notify import LocalNotifier, NotifierState, Subscription
 from service.store import change_channel
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class PgNotifier:
     def listening(self) -> bool:
         return self._listening.is_set()
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> NotifierState:
         """``kind`` postgres, ``listening``, and the listener's last failure: its exception's
         type (the message, which may name the database's host, is in the log) and when."""
         error = self._last_error

@@ -52,7 +52,9 @@ def test_a_listener_that_cannot_connect_says_so() -> None:
         notifier.close()
     assert state["listening"] is False
     assert state["last_error"] == "OperationalError"  # the type only: no host, no password
-    assert datetime.fromisoformat(state["last_error_at"]) >= before
+    failed_at = state["last_error_at"]
+    assert failed_at is not None
+    assert datetime.fromisoformat(failed_at) >= before
     assert set(seen) == {False}
     assert gauge_value(prometheus.render(registry).decode()) == 0.0
 
