@@ -1,7 +1,8 @@
 """What the reports say, as typed values: the noisy-client report, a client's history and page,
-its diagnostics, a round's view.
+its diagnostics, a round's view, and the dashboard's index of the federations.
 
-:mod:`service.coordinator.reports` builds them from the stored audits; the API converts them into
+:mod:`service.coordinator.reports` builds them from the stored audits (the index's rows,
+:mod:`service.coordinator.queries` from the counts); the API converts them into
 its wire types (``service.api.schemas.reports``, by :mod:`service.api.convert`), the report's CSV
 (:mod:`service.coordinator.report_csv`) and the dashboard (``service.api.dashboard``) read their
 attributes. They live here, beside the coordinator rather than in it, because the dashboard may
@@ -177,6 +178,24 @@ class PrivacySummary:
     accountant: str
     releases_per_update: int
     epsilon_per_round: float
+
+
+@dataclass(frozen=True)
+class FederationOverview:
+    """One federation of the dashboard's index: its status and method, its rounds closed of
+    those planned, its clients, and how many of them are noisy or suspect (a pin counting over
+    the detected status)."""
+
+    id: str
+    name: str
+    status: str
+    method: str | None
+    rounds_planned: int
+    rounds_closed: int
+    clients: int
+    noisy: int
+    suspect: int
+    created_at: datetime
 
 
 @dataclass(frozen=True)

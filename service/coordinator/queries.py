@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service.coordinator.resources import Services
 from service.errors import ForbiddenError, GoneError, NotFoundError
+from service.report_views import FederationOverview
 from service.store import repositories as repo
 from service.store.tables import Client, Event, Federation, ModelUpdate, ModelVersion, Round
 
@@ -19,7 +19,7 @@ def list_federations(session: Session, *, offset: int, limit: int) -> tuple[list
     )
 
 
-def federation_overview(session: Session) -> list[dict[str, Any]]:
+def federation_overview(session: Session) -> list[FederationOverview]:
     """Every federation with its status, client count, noisy and suspect clients (a pin counts
     over the detected status) and rounds closed (the admin index)."""
     counts = repo.federation_counts(session)
@@ -27,18 +27,18 @@ def federation_overview(session: Session) -> list[dict[str, Any]]:
     rows = []
     for federation in repo.list_federations(session, offset=0, limit=None):
         rows.append(
-            {
-                "id": str(federation.id),
-                "name": federation.name,
-                "status": federation.status,
-                "method": federation.config.get("method"),
-                "rounds_planned": federation.rounds,
-                "rounds_closed": counts.get(federation.id, {}).get("rounds_closed", 0),
-                "clients": counts.get(federation.id, {}).get("clients", 0),
-                "noisy": statuses.get(federation.id, {}).get("noisy", 0),
-                "suspect": statuses.get(federation.id, {}).get("suspect", 0),
-                "created_at": federation.created_at,
-            }
+            FederationOverview(
+                id=str(federation.id),
+                name=federation.name,
+                status=federation.status,
+                method=federation.config.get("method"),
+                rounds_planned=federation.rounds,
+                rounds_closed=counts.get(federation.id, {}).get("rounds_closed", 0),
+                clients=counts.get(federation.id, {}).get("clients", 0),
+                noisy=statuses.get(federation.id, {}).get("noisy", 0),
+                suspect=statuses.get(federation.id, {}).get("suspect", 0),
+                created_at=federation.created_at,
+            )
         )
     return rows
 

@@ -25,6 +25,7 @@ from service.api.dashboard.svg import ICON_SVG, esc, number
 from service.report_views import (
     ClientPageView,
     ClientRound,
+    FederationOverview,
     NamedNeighbor,
     PageRound,
     ReportRow,
@@ -129,14 +130,14 @@ def _noisy_count(noisy: int, suspect: int) -> str:
     )
 
 
-def index_page(federations: Sequence[Mapping[str, Any]]) -> str:
+def index_page(federations: Sequence[FederationOverview]) -> str:
     rows = "".join(
         "<tr>"
-        f'<td><a href="{esc(federation_url(f["id"]))}">{esc(f["name"])}</a></td>'
-        f"<td>{esc(f['status'])}</td><td>{esc(f['method'] or '-')}</td>"
-        f'<td class="num">{esc(f["rounds_closed"])} / {esc(f["rounds_planned"])}</td>'
-        f'<td class="num">{esc(f["clients"])}</td>'
-        f"<td>{_noisy_count(f['noisy'], f['suspect'])}</td><td>{_when(f['created_at'])}</td>"
+        f'<td><a href="{esc(federation_url(f.id))}">{esc(f.name)}</a></td>'
+        f"<td>{esc(f.status)}</td><td>{esc(f.method or '-')}</td>"
+        f'<td class="num">{esc(f.rounds_closed)} / {esc(f.rounds_planned)}</td>'
+        f'<td class="num">{esc(f.clients)}</td>'
+        f"<td>{_noisy_count(f.noisy, f.suspect)}</td><td>{_when(f.created_at)}</td>"
         "</tr>"
         for f in federations
     )
