@@ -3,7 +3,7 @@ head) and the counts and figures of `/metrics`."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from service.audit import PRIMARY_DETECTORS
 from service.coordinator.resources import Services
@@ -11,6 +11,7 @@ from service.errors import MigrationsNotAtHeadError, NotReadyError
 from service.store import repositories as repo
 from service.store import stats
 from service.store.migrate import check_at_head
+from service.store.stats import RunningFederationStats
 from service.store.tables import CLIENT_STATUSES, FEDERATION_STATUSES, ROUND_STATES
 
 
@@ -27,16 +28,17 @@ def readiness(services: Services) -> None:
         raise NotReadyError(f"database unreachable: {type(exc).__name__}: {exc}") from None
 
 
-def running_federations(services: Services) -> list[dict[str, Any]]:
+def running_federations(services: Services) -> list[RunningFederationStats]:
     """Per running federation, what its training-quality gauges show (``/metrics``): its sites
     by effective status (every known status present), its latest round, its latest closed
     round's close time and coordinator seconds, its latest audit's verdict and its count of
     site errors."""
     with services.sessions() as session:
         running = stats.running_federation_stats(session, PRIMARY_DETECTORS)
-    for entry in running:
-        entry["sites"] = {**dict.fromkeys(CLIENT_STATUSES, 0), **entry["sites"]}
-    return running
+    return [
+        replace(entry, sites={**dict.fromkeys(CLIENT_STATUSES, 0), **entry.sites})
+        for entry in running
+    ]
 
 
 def metrics_snapshot(services: Services) -> dict[str, dict[str, int]]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -25,7 +26,29 @@ from service.store.tables import (
     Round,
 )
 
-__all__ = ["running_federation_stats", "status_counts"]
+__all__ = ["RunningFederationStats", "running_federation_stats", "status_counts"]
+
+
+@dataclass(frozen=True)
+class RunningFederationStats:
+    """The training-quality figures of one running federation (``/metrics`` shows them as
+    gauges labelled with its id and name)."""
+
+    id: str
+    name: str
+    sites: dict[str, int]
+    """Its sites by effective status (a pin counting over the detected status); a status no
+    site has is absent here (the metrics show it at zero)."""
+    latest_round: int | None
+    """The index of its latest round, open or closed; None before round 0."""
+    last_closed_at: datetime | None
+    """When its latest closed round closed; None before the first."""
+    last_close_seconds: float | None
+    """The coordinator's seconds spent closing that round (aggregation and audit)."""
+    verdict: str | None
+    """The status of the primary detector in its latest audit; None before the first."""
+    site_errors: int
+    """How many ``site.error`` events it holds."""
 
 
 def status_counts(session: Session) -> dict[str, dict[str, int]]:
@@ -64,7 +87,7 @@ def status_counts(session: Session) -> dict[str, dict[str, int]]:
 
 def running_federation_stats(
     session: Session, primary_detectors: Sequence[str]
-) -> list[dict[str, Any]]:
+) -> list[RunningFederationStats]:
     """Per running federation: id, name, its sites by effective status, the index of its latest
     round, the close time and coordinator seconds of its latest closed round (None before the
     first), its latest audit's verdict: the status of its primary detector, one of
@@ -112,16 +135,16 @@ def running_federation_stats(
         ).all()
     )
     return [
-        {
-            "id": str(fid),
-            "name": name,
-            "sites": sites.get(fid, {}),
-            "latest_round": latest.get(fid),
-            "last_closed_at": closed.get(fid, (None, None))[0],
-            "last_close_seconds": closed.get(fid, (None, None))[1],
-            "verdict": verdicts.get(fid),
-            "site_errors": int(site_errors.get(fid, 0)),
-        }
+        RunningFederationStats(
+            id=str(fid),
+            name=name,
+            sites=sites.get(fid, {}),
+            latest_round=latest.get(fid),
+            last_closed_at=closed.get(fid, (None, None))[0],
+            last_close_seconds=closed.get(fid, (None, None))[1],
+            verdict=verdicts.get(fid),
+            site_errors=int(site_errors.get(fid, 0)),
+        )
         for fid, name in running
     ]
 

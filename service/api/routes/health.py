@@ -15,6 +15,7 @@ from service.api.problems import PROBLEM_401, problem
 from service.api.prometheus import MetricFamily, by_label
 from service.api.schemas.health import ChangeNotifierState, Health
 from service.coordinator import monitoring
+from service.store.stats import RunningFederationStats
 
 router = APIRouter(tags=["health"])
 
@@ -55,7 +56,7 @@ AUDIT_VERDICTS = ("ok", "inconclusive", "undetermined")
 """The statuses a detection can have (``service.audit.detection``), one series each."""
 
 
-def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
+def federation_families(running: list[RunningFederationStats]) -> list[MetricFamily]:
     """Training-quality gauges of the running federations only (a finished federation's
     sites leave the series), labelled ``federation`` (id) and ``name``."""
     sites: list[tuple[Mapping[str, str], float]] = []
@@ -65,19 +66,19 @@ def federation_families(running: list[dict[str, Any]]) -> list[MetricFamily]:
     verdicts: list[tuple[Mapping[str, str], float]] = []
     site_errors: list[tuple[Mapping[str, str], float]] = []
     for fed in running:
-        labels = {"federation": fed["id"], "name": fed["name"]}
-        site_errors.append((labels, float(fed["site_errors"])))
-        for status, n in sorted(fed["sites"].items()):
+        labels = {"federation": fed.id, "name": fed.name}
+        site_errors.append((labels, float(fed.site_errors)))
+        for status, n in sorted(fed.sites.items()):
             sites.append(({**labels, "status": status}, float(n)))
-        if fed["latest_round"] is not None:
-            latest.append((labels, float(fed["latest_round"])))
-        if fed["last_closed_at"] is not None:
-            closed_at.append((labels, fed["last_closed_at"].timestamp()))
-        if fed["last_close_seconds"] is not None:
-            close_seconds.append((labels, float(fed["last_close_seconds"])))
-        if fed["verdict"] is not None:
+        if fed.latest_round is not None:
+            latest.append((labels, float(fed.latest_round)))
+        if fed.last_closed_at is not None:
+            closed_at.append((labels, fed.last_closed_at.timestamp()))
+        if fed.last_close_seconds is not None:
+            close_seconds.append((labels, float(fed.last_close_seconds)))
+        if fed.verdict is not None:
             for verdict in AUDIT_VERDICTS:
-                verdicts.append(({**labels, "verdict": verdict}, float(fed["verdict"] == verdict)))
+                verdicts.append(({**labels, "verdict": verdict}, float(fed.verdict == verdict)))
     return [
         MetricFamily(
             "fedaudit_federation_sites",
