@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from typing_extensions import TypedDict
 
 from service.coordinator import rounds
 from service.coordinator.resources import Services
@@ -140,7 +141,15 @@ def request_hash(metadata: dict[str, Any], sha256: str) -> str:
     return hashlib.sha256(f"{canonical}\n{sha256}".encode()).hexdigest()
 
 
-def _open_round_hint(session: Session, federation_id: uuid.UUID) -> dict[str, Any]:
+class OpenRoundHint(TypedDict):
+    """The extension of a refusal for a round that is not open: the index of the round that is,
+    so that a site that fell behind knows where to go on; None when none is (the problem then
+    leaves the key out, as it does every null)."""
+
+    open_round: int | None
+
+
+def _open_round_hint(session: Session, federation_id: uuid.UUID) -> OpenRoundHint:
     open_round = repo.open_round_of(session, federation_id)
     return {"open_round": None if open_round is None else open_round.index}
 
