@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import NotRequired
 
 from sqlalchemy.orm import Session
+from typing_extensions import TypedDict
 
 from service.coordinator import rounds
 from service.coordinator.federations import CLIENT_TOKEN_PREFIX, hash_token
@@ -51,6 +52,15 @@ def authenticate_client(session: Session, token: str | None) -> Client:
     return client
 
 
+class AuthRejectedData(TypedDict):
+    """The data of an ``auth.rejected`` event: the refused request's method and path, and how
+    many refusals before it were counted but not written (only when some were)."""
+
+    method: str
+    path: str
+    left_out_before: NotRequired[int]
+
+
 def record_auth_failure(
     session: Session,
     federation_id: uuid.UUID | None,
@@ -80,7 +90,7 @@ def record_auth_failure(
             )
         return
     message = f"{method} {path} refused: {reason}"
-    data: dict[str, Any] = {"method": method, "path": path}
+    data: AuthRejectedData = {"method": method, "path": path}
     if admission.left_out_before:
         message += (
             f" ({admission.left_out_before} earlier refusal(s) not recorded: more than "

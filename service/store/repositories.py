@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -510,7 +510,7 @@ def add_event(
     federation_id: uuid.UUID | None = None,
     round_id: uuid.UUID | None = None,
     client_id: uuid.UUID | None = None,
-    data: dict[str, Any] | None = None,
+    data: Mapping[str, object] | None = None,
 ) -> Event:
     event = Event(
         kind=kind,
@@ -519,7 +519,7 @@ def add_event(
         federation_id=federation_id,
         round_id=round_id,
         client_id=client_id,
-        data=storable(data or {}),
+        data=storable(dict(data or {})),
         created_at=utcnow(),
     )
     session.add(event)
