@@ -23,8 +23,9 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz", summary="The process is alive; the state of its change listener")
 def healthz(services: ServicesDep) -> Health:
     """Always 200 while the process answers. ``change_notifier``: what wakes its long-polls
-    (``kind`` local or postgres), whether its PostgreSQL listener listens now, and the type and
-    time of the listener's last failure (its message is in the log). A listener that does not
+    (``kind`` local, file or postgres), whether its listener (the file's or PostgreSQL's)
+    listens now, and the type and time of the listener's last failure (its message is in the
+    log). A listener that does not
     listen leaves the process alive and ready: its waiting sites re-check every 15 s."""
     return Health(change_notifier=ChangeNotifierState(**services.notifier.state()))
 
