@@ -164,23 +164,50 @@ def _checked_entry(name: str, entry: Any) -> tuple[TensorSpan, list[int]]:
             f"tensor {name!r}: dtype {dtype!r} is not supported "
             f"(use one of {', '.join(sorted(NUMPY_DTYPES))}; convert bfloat16 to float32)"
         )
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise SafetensorsFormatError(f"tensor {name!r}: shape {shape!r} is invalid")
+    # Every number below 2**63 (the safetensors library reads them as 64-bit integers): JSON
+    # integers may have thousands of digits, and their products cost time quadratic in them.
+    if not (
+        isinstance(shape, list) and all(type(d) is int and 0 <= d < _MAX_NUMBER for d in shape)
+    ):
+        raise SafetensorsFormatError(f"tensor {name!r}: shape {_brief(shape)} is invalid")
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
         and all(type(o) is int for o in offsets)
-        and 0 <= offsets[0] <= offsets[1]
+        and 0 <= offsets[0] <= offsets[1] < _MAX_NUMBER
     ):
-        raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {offsets!r} are invalid")
-    # Exact integers: numpy's int64 product wrapped ([2**32, 2**32] F32 counted 0 bytes, and a
-    # dimension past int64 raised OverflowError, a 500).
-    expected = math.prod(shape) * ITEM_SIZES[dtype]
-    if offsets[1] - offsets[0] != expected:
+        raise SafetensorsFormatError(f"tensor {name!r}: data_offsets {_brief(offsets)} are invalid")
+    span = offsets[1] - offsets[0]
+    if _byte_count(shape, ITEM_SIZES[dtype], span) != span:
         raise SafetensorsFormatError(
-            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype}"
+            f"tensor {name!r}: {span} bytes for shape {_brief(shape)} {dtype}"
         )
     return TensorSpan(name, dtype, offsets[0], offsets[1]), list(shape)
+
+
+_MAX_NUMBER = 2**63
+"""Dimensions and offsets must be below it."""
+
+
+def _byte_count(shape: list[int], item_size: int, span: int) -> int:
+    """The bytes of a tensor of ``shape``, exact (numpy's int64 product wrapped: [2**32, 2**32]
+    F32 counted 0 bytes), or ``span + 1`` as soon as the product passes ``span``: a header of
+    many large dimensions costs a multiplication each of numbers below 2**126, not a product of
+    them all."""
+    if 0 in shape:
+        return 0
+    count = item_size
+    for dim in shape:
+        count *= dim
+        if count > span:
+            return span + 1
+    return count
+
+
+def _brief(value: object) -> str:
+    """A shape or offsets for a message, at most 120 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def read_manifest(path: Path) -> Manifest:

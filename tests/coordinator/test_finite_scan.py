@@ -144,7 +144,28 @@ _A = b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
         (
             b'{"a":{"dtype":"F32","shape":[1180591620717411303424],"data_offsets":[0,4]}}',
             4,
+            "shape .* is invalid",
+        ),
+        # 300 dimensions of 4,000 digits (a product quadratic in them took minutes): refused
+        (
+            b'{"a":{"dtype":"F32","shape":[' + b",".join([b"9" * 4000] * 300) + b"],"
+            b'"data_offsets":[0,4]}}',
+            4,
+            "shape .* is invalid",
+        ),
+        # 3,000 dimensions just below 2**63: the byte count stops as soon as it passes the span
+        (
+            b'{"a":{"dtype":"F32","shape":[' + b",".join([b"4611686018427387904"] * 3000) + b"],"
+            b'"data_offsets":[0,4]}}',
+            4,
             "4 bytes for shape",
+        ),
+        # offsets past 2**63
+        (
+            b'{"a":{"dtype":"U8","shape":[0],"data_offsets":[9223372036854775808,'
+            b"9223372036854775808]}}",
+            0,
+            "data_offsets",
         ),
         (b'{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', 4, "shape"),
         (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}', 4, "data_offsets"),
