@@ -9,14 +9,18 @@ abstains when
 * the global model does not beat the label prior on the median site's own data: the weighted
   median over sites of 1 - L_k / H (L_k the site's mean loss, H the entropy of the federation's
   label histogram, the loss of a model that predicts the prior) is below ``min_informativeness``,
-  and, where the sites sent their error counts, the weighted median of 1 - e_k / e0_k (e_k the
-  site's error rate, e0_k that of always answering the federation's most common label) is below
-  :data:`ACCURACY_INFORMATIVENESS`; the model has not learned yet, or it learned the labels'
-  noise. The loss alone misjudged an *underconfident* model: 50 digit sites of 29 samples (the
-  stress matrix's m02, seed 0) had a global model right on 41-59 % of the samples in rounds 7-11
-  (the prior: 10 %) whose mean loss was still within 2-5 % of H, so the audit abstained there,
-  while the evidence without the rule flagged exactly the one noisy site from round 7, when the
-  accuracy's informativeness crossed 0.25;
+  and, where the sites sent their error counts, the pooled 1 - sum_k E_k / sum_k E0_k over
+  the sites that sent them (E_k the site's errors, E0_k those of always answering the
+  federation's most common label) is below :data:`ACCURACY_INFORMATIVENESS`; the model has not
+  learned yet, or it learned the labels' noise. The loss alone misjudged an *underconfident*
+  model: 50 digit sites of 29 samples (the stress matrix's m02, seed 0) had a global model right
+  on 41-59 % of the samples in rounds 7-11 (the prior: 10 %) whose mean loss was still within
+  2-5 % of H, so the audit abstained there, while the evidence without the rule flagged exactly
+  the one noisy site from round 7, when the errors' informativeness crossed 0.25. Pooled, not a
+  median over sites: a model that sides with an inverted majority by a hair is right on every
+  sample of the median site (its ratio 1) and wrong on every sample of the clean sites, and a
+  model that always answers one label is right on every site holding only that label; summed
+  over the sites both are below 0.25 (an independent review's counter-examples, in the tests);
 * the sites disagree far beyond sampling error (only with reported spreads; without them the
   fitted scale absorbs the spread and I^2 is 0): Higgins and Thompson's I^2 ("Quantifying
   heterogeneity in a meta-analysis", Statistics in Medicine 2002, eq. 9, here tau^2 over tau^2
@@ -67,14 +71,14 @@ __all__ = [
 
 
 ACCURACY_INFORMATIVENESS = 0.25
-"""The median site's 1 - e_k / e0_k at which the model beats the label prior by its errors
-(module docstring): its error rate at most three quarters of always answering the most common
-label's."""
+"""The pooled 1 - sum E_k / sum E0_k at which the model beats the label prior by its errors
+(module docstring): its errors at most three quarters of always answering the most common
+label's. Fixed: ``evidence_min_informativeness`` sets the loss's bar only."""
 
 
 class Informativeness(NamedTuple):
-    """How much the consensus model beats the label prior on the median site (module
-    docstring): by its loss, and by its errors where the sites sent them (else None)."""
+    """How much the consensus model beats the label prior (module docstring): by the median
+    site's loss, and by the pooled errors where the sites sent them (else None)."""
 
     loss: float
     accuracy: float | None = None
@@ -89,10 +93,9 @@ class Informativeness(NamedTuple):
 def model_informativeness(
     loss: FloatArray, counts: IntArray, sizes: FloatArray, errors: ReportedCounts | None = None
 ) -> tuple[float, FloatArray, Informativeness]:
-    """(entropy H of the label histogram, each site's mean loss, the weighted medians over
-    sites of 1 - L_k / H and, with ``errors``, of 1 - e_k / e0_k over the sites that sent them
-    and hold some other label than the most common): how much the consensus model beats the
-    label prior."""
+    """(entropy H of the label histogram, each site's mean loss, the informativeness: the
+    weighted median over sites of 1 - L_k / H and, with ``errors``, the pooled 1 - sum E_k /
+    sum E0_k over the sites that sent them): how much the consensus model beats the prior."""
     totals = counts.sum(axis=0).astype(np.float64)
     prior = totals[totals > 0] / totals.sum()
     entropy = float(-(prior * np.log(prior)).sum())
@@ -101,13 +104,13 @@ def model_informativeness(
     by_loss = weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
     if errors is None:
         return entropy, site_loss, Informativeness(by_loss)
-    n = np.maximum(sizes, 1.0)
-    baseline = 1.0 - counts[:, int(np.argmax(totals))] / n  # always the most common label
-    rows = errors.reporting & (baseline > 0)
-    if not rows.any():
+    rows = errors.reporting
+    # always answering the most common label errs on every other sample
+    baseline = float((sizes[rows] - counts[rows, int(np.argmax(totals))]).sum())
+    if baseline <= 0:
         return entropy, site_loss, Informativeness(by_loss)
-    ratio = 1.0 - (errors.errors[rows].sum(axis=1) / n[rows]) / baseline[rows]
-    return entropy, site_loss, Informativeness(by_loss, weighted_median(ratio, sizes[rows]))
+    made = float(errors.errors[rows].sum())
+    return entropy, site_loss, Informativeness(by_loss, 1.0 - made / baseline)
 
 
 def class_heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
