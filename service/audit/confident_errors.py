@@ -91,6 +91,12 @@ above p = 0.01 in every round measured."""
 _MAX_TRIMS = 10
 """Most trimming passes of the share's fit set (it stops earlier when nothing changes)."""
 
+POOL_CAP = 4.0
+"""A fit-set site counts in the pooled shares with at most this many times the median fit-set
+site's errors. Without it one site claiming 20,000 samples, its errors at the clean rate and
+none of them confident (numbers it may send), pulled every share down and made the 10 clean
+sites of a round significant (an independent review's counter-example, in the tests)."""
+
 
 @dataclass(frozen=True)
 class RoundCounts:
@@ -133,16 +139,21 @@ def _share_p(
     rho: float,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(p-value, expected confident errors, per-class share) of every site against the fit
-    set's shares, each fit-set site left out of its own (module docstring)."""
-    in_fit = fit[:, None]
-    pooled_errors = (errors * in_fit).sum(axis=0).astype(np.float64)
-    pooled_sure = (confident * in_fit).sum(axis=0).astype(np.float64)
+    set's shares, each fit-set site left out of its own (module docstring). A fit-set site
+    weighs at most :data:`POOL_CAP` times the median fit-set site's errors in the pool, and a
+    class enters a site's test only where the other fit-set sites made errors in it."""
+    n_fit = errors[fit].sum(axis=1)
+    cap = POOL_CAP * max(float(np.median(n_fit[n_fit > 0])) if (n_fit > 0).any() else 1.0, 1.0)
+    weight = np.where(fit, np.minimum(1.0, cap / np.maximum(errors.sum(axis=1), 1)), 0.0)
+    own_errors, own_sure = errors * weight[:, None], confident * weight[:, None]
+    pooled_errors, pooled_sure = own_errors.sum(axis=0), own_sure.sum(axis=0)
     overall = (pooled_sure.sum() + 0.5) / (pooled_errors.sum() + 1.0)
-    own_errors, own_sure = errors * in_fit, confident * in_fit
-    share = (pooled_sure - own_sure + overall) / (pooled_errors - own_errors + 1.0)
-    expected = (errors * share).sum(axis=1)
-    n = errors.sum(axis=1)
-    x = confident.sum(axis=1)
+    others = pooled_errors - own_errors
+    share = (pooled_sure - own_sure + overall) / (others + 1.0)
+    entered = others > 0
+    expected = (np.where(entered, errors, 0) * share).sum(axis=1)
+    n = np.where(entered, errors, 0).sum(axis=1)
+    x = np.where(entered, confident, 0).sum(axis=1)
     # The tail only where the floor is cleared (the rest is 1): most sites of a large round.
     enough = (n > 0) & (x - expected >= min_excess * np.maximum(samples, 1.0))
     n, x = n[enough], x[enough]
@@ -152,7 +163,8 @@ def _share_p(
         p[enough] = betabinom.sf(x - 1, n, s * (1 / rho - 1), (1 - s) * (1 / rho - 1))
     else:
         p[enough] = binom.sf(x - 1, n, s)
-    return p, expected, (pooled_sure + overall) / (pooled_errors + 1)
+    shares = np.where(pooled_errors > 0, (pooled_sure + overall) / (pooled_errors + 1), np.nan)
+    return p, expected, shares
 
 
 def share_evidence(
@@ -186,6 +198,9 @@ def share_evidence(
             break
         seen.append(fit)
         fit = trimmed
+    else:
+        # Out of passes: the p-values above belong to the previous fit set.
+        fit = seen[-1] if seen else fit
     p = np.where(reporting, p, 1.0)
     return ErrorEvidence(
         p_value=p,
