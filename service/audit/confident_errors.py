@@ -29,9 +29,9 @@ error counts' negative binomial fitted their spread at its cap, phi = psi = 1 (a
 digit sites with mild noise, the stress matrix's m06 seed 0: a noisy site's 30 confident errors
 against 3.0 expected got p = 8e-4). The share given the errors does not depend on how many
 errors a site makes (its difficulty), only on how sure the model is of them: on the stored
-signals of the stress matrix's digit rows (fedavg, seed 0, rounds after the warm-up) the share
-test gave p < 0.001 for 0 to 0.2 % of clean site-rounds and for 53-61 % of noisy ones (m03, m05,
-m06), where counting the confident errors reached 3-46 %.
+signals of the stress matrix's rows (fedavg, rounds after the warm-up; docs/algorithms.md,
+"Confident errors") the share test at rho 0.02 gave p < 0.001 for none of the clean site-rounds
+and for 28-52 % of the noisy ones of the digit rows m03, m05 and m06.
 
 A site's p-value then takes the smallest of three, Bonferroni over the three tests:
 

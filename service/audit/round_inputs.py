@@ -46,7 +46,7 @@ class ClientRoundData:
         NaN/None where the count is 0 (``service.audit.error_evidence``).
     per_class_confident_errors : array-like of int of shape (n_classes,), optional
         Of those, the samples theta_G gives the label a probability of at most 0.1 (at most the
-        class's errors); NaN/None where the count is 0 (``service.audit.evidence``).
+        class's errors); NaN/None where the count is 0 (``service.audit.confident_errors``).
     train_loss : float, optional
         Mean training cross-entropy (Fed-NCL h_k).
     train_accuracy : float, optional
