@@ -91,6 +91,13 @@ above p = 0.01 in every round measured."""
 _MAX_TRIMS = 10
 """Most trimming passes of the share's fit set (it stops earlier when nothing changes)."""
 
+MIN_OTHER_SITES = 2
+"""Other fit-set sites with errors in a class for the class to enter a site's share test. A
+class whose only other holders are noisy (left out of the fit) says nothing: in the stress
+matrix's m04 (two classes per site, pair flips) the noisy holders of one digit taught the model
+to call it the next one, the one clean holder's samples of it were all confidently wrong, and it
+was flagged in two rounds against a share borrowed from the other classes."""
+
 POOL_CAP = 4.0
 """A fit-set site counts in the pooled shares with at most this many times the median fit-set
 site's errors. Without it one site claiming 20,000 samples, its errors at the clean rate and
@@ -141,7 +148,8 @@ def _share_p(
     """(p-value, expected confident errors, per-class share) of every site against the fit
     set's shares, each fit-set site left out of its own (module docstring). A fit-set site
     weighs at most :data:`POOL_CAP` times the median fit-set site's errors in the pool, and a
-    class enters a site's test only where the other fit-set sites made errors in it."""
+    class enters a site's test only where :data:`MIN_OTHER_SITES` other fit-set sites made
+    errors in it."""
     n_fit = errors[fit].sum(axis=1)
     cap = POOL_CAP * max(float(np.median(n_fit[n_fit > 0])) if (n_fit > 0).any() else 1.0, 1.0)
     weight = np.where(fit, np.minimum(1.0, cap / np.maximum(errors.sum(axis=1), 1)), 0.0)
@@ -150,7 +158,8 @@ def _share_p(
     overall = (pooled_sure.sum() + 0.5) / (pooled_errors.sum() + 1.0)
     others = pooled_errors - own_errors
     share = (pooled_sure - own_sure + overall) / (others + 1.0)
-    entered = others > 0
+    erred = (errors > 0) & (weight > 0)[:, None]
+    entered = (erred.sum(axis=0) - erred) >= MIN_OTHER_SITES
     expected = (np.where(entered, errors, 0) * share).sum(axis=1)
     n = np.where(entered, errors, 0).sum(axis=1)
     x = np.where(entered, confident, 0).sum(axis=1)
