@@ -226,3 +226,17 @@ def test_a_class_without_errors_elsewhere_does_not_enter() -> None:
     ev = share_evidence(errors, confident, np.full((5, 2), 100), reporting=np.ones(5, bool))
     assert ev.expected[0] == pytest.approx(10 * (20 + 55.5 / 81) / 41)
     assert ev.p_value[0] == 1.0
+
+
+def test_a_handful_of_odd_samples_is_below_the_floor() -> None:
+    # README's demo: a clean site of 80 samples with 5 of its 6 errors confident where the
+    # others' share is about 1/6 (0.97 expected): 4.03 above, over 5 % of its samples but below
+    # the 5 confident errors the floor asks for: p = 1. Two more confident errors (7 of 8,
+    # 5.7 above) clear it.
+    errors = np.array([[6]] * 12)
+    confident = np.array([[5]] + [[1]] * 11)
+    samples = np.full((12, 1), 80)
+    every = np.ones(12, dtype=bool)
+    assert share_evidence(errors, confident, samples, reporting=every).p_value[0] == 1.0
+    errors[0], confident[0] = 8, 7
+    assert share_evidence(errors, confident, samples, reporting=every).p_value[0] < 0.01
