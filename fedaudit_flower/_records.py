@@ -12,23 +12,23 @@ suppresses (``None``, "fewer than min_class_count") is -1 in ``class_counts``, a
 
 Entries (``num_samples`` and ``class_counts`` always; the others when computed):
 
-=====================  ============  ==========================================================
-key                    type          meaning (``client_sdk.signals.Signals``)
-=====================  ============  ==========================================================
-``format``             str           :data:`SIGNALS_FORMAT`
-``num_samples``        int           n_k
-``class_counts``       list of int   histogram of the given labels (-1: suppressed)
-``per_class_loss``     list of float theta_G's mean cross-entropy per given label (NaN: absent)
-``per_class_loss_sd``  list of float its standard deviation, ddof 0 (NaN: absent)
-``per_class_errors``   list of int   theta_G's errors per given label (-1: absent)
-``per_class_confident_errors`` list of int  of those, theta_G's confident errors (-1: absent)
-``train_loss``         float         mean training cross-entropy
-``train_accuracy``     float         theta_k's accuracy on its own labels
-``probe_softmax``      list of float (P, C) softmax on the probe, row-major
-``probe_softmax_shape`` list of int  [P, C]
-``centroids``          list of float (C, d) RoFL centroids, row-major
-``centroids_shape``    list of int   [C, d]
-=====================  ============  ==========================================================
+==============================  =============  ====================================================
+key                             type           meaning (``client_sdk.signals.Signals``)
+==============================  =============  ====================================================
+``format``                      str            :data:`SIGNALS_FORMAT`
+``num_samples``                 int            n_k
+``class_counts``                list of int    the given labels' histogram (-1: suppressed)
+``per_class_loss``              list of float  theta_G's mean loss per given label (NaN: absent)
+``per_class_loss_sd``           list of float  its standard deviation, ddof 0 (NaN: absent)
+``per_class_errors``            list of int    theta_G's errors per given label (-1: absent)
+``per_class_confident_errors``  list of int    of those, the confident ones (-1: absent)
+``train_loss``                  float          mean training cross-entropy
+``train_accuracy``              float          theta_k's accuracy on its own labels
+``probe_softmax``               list of float  (P, C) softmax on the probe, row-major
+``probe_softmax_shape``         list of int    [P, C]
+``centroids``                   list of float  (C, d) RoFL centroids, row-major
+``centroids_shape``             list of int    [C, d]
+==============================  =============  ====================================================
 """
 
 from __future__ import annotations
