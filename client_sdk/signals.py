@@ -63,6 +63,7 @@ __all__ = [
     "OPTIONAL_SIGNALS",
     "Signals",
     "compute_signals",
+    "error_masks",
     "make_probe",
 ]
 
@@ -339,8 +340,7 @@ def _per_class_loss_signals(
     theta_G's ``logits`` (module docstring); None for a class with no sample. (per_class_loss,
     per_class_loss_sd, per_class_errors, per_class_confident_errors)."""
     losses = F.cross_entropy(logits, labels, reduction="none")
-    # Before the clip: p(label) <= t exactly when the cross-entropy is >= -log t.
-    confident = losses >= -math.log(CONFIDENT_ERROR_PROBABILITY)
+    is_error, confident = error_masks(logits, labels, losses)  # before the clip
     if loss_clip is not None:
         losses = losses.clamp(max=float(loss_clip))  # cross-entropy is >= 0 already
     acc = accumulator_dtype(dev)
@@ -358,14 +358,26 @@ def _per_class_loss_signals(
         None if count == 0 else _finite("per_class_loss_sd", math.sqrt(total / count))
         for total, count in zip(squares.tolist(), counts.tolist(), strict=True)
     ]
-    is_error = logits.argmax(dim=1) != labels
-    confident &= is_error  # beyond 10 classes the predicted class itself may have p <= 0.1
     return (
         per_class,
         per_class_sd,
         _count_per_class(is_error, labels, counts, num_classes, dev),
         _count_per_class(confident, labels, counts, num_classes, dev),
     )
+
+
+def error_masks(
+    logits: torch.Tensor, labels: torch.Tensor, losses: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(errors, confident errors) as boolean masks over the samples: the argmax is not the
+    label; and of those, the label's probability is at most :data:`CONFIDENT_ERROR_PROBABILITY`
+    (the cross-entropy at least -log of it; ``losses``: the unclipped per-sample cross-entropy
+    when already computed). Beyond 10 classes the predicted class itself may have p <= 0.1: not
+    an error."""
+    if losses is None:
+        losses = F.cross_entropy(logits.float(), labels, reduction="none")
+    is_error = logits.argmax(dim=1) != labels
+    return is_error, is_error & (losses >= -math.log(CONFIDENT_ERROR_PROBABILITY))
 
 
 def _count_per_class(

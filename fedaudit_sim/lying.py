@@ -25,7 +25,7 @@ from torch import nn
 from client_sdk import Participant
 from client_sdk._responses import Instructions
 from client_sdk.recipes import TrainReport
-from client_sdk.signals import CONFIDENT_ERROR_PROBABILITY, Signals
+from client_sdk.signals import Signals, error_masks
 
 __all__ = ["LossLyingParticipant", "true_label_errors", "true_label_losses"]
 
@@ -74,10 +74,7 @@ def true_label_errors(
     (on all samples when none is) times the declared count, rounded; None for an undeclared
     class."""
     with torch.no_grad():
-        logits = global_model(inputs)
-        wrong = logits.argmax(dim=1) != true_labels
-        loss = F.cross_entropy(logits.float(), true_labels, reduction="none")
-        sure = wrong & (loss >= -math.log(CONFIDENT_ERROR_PROBABILITY))
+        wrong, sure = error_masks(global_model(inputs), true_labels)
     errors: list[int | None] = []
     confident: list[int | None] = []
     for c, count in enumerate(declared_counts):
