@@ -65,6 +65,7 @@ from service.audit.error_evidence import (
     ndtri_clipped,
     reported_counts,
 )
+from service.audit.pooling import RATE_CAP, pool_weights
 
 __all__ = [
     "SHARE_DISPERSION",
@@ -106,12 +107,6 @@ MIN_EXCESS_COUNT = 5.0
 errors: in README's demo a clean site of 80 samples had 5 of its 6 errors confident against
 0.97 expected (4.03 above, just over 5 % of its samples), p = 0.0013, and was flagged once,
 among 8 noisy sites, by Benjamini-Hochberg's ninth place."""
-
-POOL_CAP = 4.0
-"""A fit-set site counts in the pooled shares with at most this many times the median fit-set
-site's errors. Without it one site claiming 20,000 samples, its errors at the clean rate and
-none of them confident (numbers it may send), pulled every share down and made the 10 clean
-sites of a round significant (an independent review's counter-example, in the tests)."""
 
 
 @dataclass(frozen=True)
@@ -156,12 +151,12 @@ def _share_p(
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(p-value, expected confident errors, per-class share) of every site against the fit
     set's shares, each fit-set site left out of its own (module docstring). A fit-set site
-    weighs at most :data:`POOL_CAP` times the median fit-set site's errors in the pool, and a
-    class enters a site's test only where :data:`MIN_OTHER_SITES` other fit-set sites made
-    errors in it."""
-    n_fit = errors[fit].sum(axis=1)
-    cap = POOL_CAP * max(float(np.median(n_fit[n_fit > 0])) if (n_fit > 0).any() else 1.0, 1.0)
-    weight = np.where(fit, np.minimum(1.0, cap / np.maximum(errors.sum(axis=1), 1)), 0.0)
+    weighs at most the median fit-set site's errors in the pool
+    (:data:`~service.audit.pooling.RATE_CAP`: one site claiming 20,000 samples, its errors at
+    the clean rate and none confident, pulled every share down and made the 10 clean sites of
+    a round significant), and a class enters a site's test only where :data:`MIN_OTHER_SITES`
+    other fit-set sites made errors in it."""
+    weight = pool_weights(errors.sum(axis=1).astype(np.float64), fit, factor=RATE_CAP)
     own_errors, own_sure = errors * weight[:, None], confident * weight[:, None]
     pooled_errors, pooled_sure = own_errors.sum(axis=0), own_sure.sum(axis=0)
     overall = (pooled_sure.sum() + 0.5) / (pooled_errors.sum() + 1.0)

@@ -87,9 +87,8 @@ rates spread by a log-normal factor of standard deviation 0.3, rounds with a fal
 at the null's level; at 0.6 they do not (the loss evidence alone fares no better there:
 docs/algorithms.md, "Error counts"). A global model that has learned a site's wrong labels
 (memorised by the aggregate) does not contradict them, and the counts stay low; the loss evidence
-then sees no more.
-A site that reports false counts is not caught here (issue 20's lying site: the accuracy evidence
-of :mod:`service.audit.accuracy_evidence`).
+then sees no more. A site that reports false counts is not caught here (issue 20's lying site:
+the accuracy evidence of :mod:`service.audit.accuracy_evidence`).
 """
 
 from __future__ import annotations
@@ -103,6 +102,7 @@ from scipy.stats import nbinom, poisson
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, as_float_array
+from service.audit.pooling import RATE_CAP, pool_weights
 
 __all__ = [
     "FIT_TRIM",
@@ -365,8 +365,10 @@ def _class_rates(
     """Per site and class the expected rate (NaN where the class does not enter) and the
     samples it was estimated from, and the fit set's pooled rate per class. A holder in the fit
     set is compared with the fit set without itself (leave-one-out); the rate is
-    (T + 1/2) / (N + 1), never 0."""
+    (T + 1/2) / (N + 1), never 0, a holder's counts pooled with at most
+    :data:`~service.audit.pooling.RATE_CAP` times the median holder's size."""
     k, c_count = counts.shape
+    sizes = counts.sum(axis=1).astype(np.float64)
     held = counts > 0
     expected = np.full((k, c_count), np.nan)
     support = np.full((k, c_count), np.nan)
@@ -378,10 +380,11 @@ def _class_rates(
             fit = rows
         if int(fit.sum()) < min_holders:
             continue
-        t_all = float(errors[fit, c].sum())
-        n_all = float(counts[fit, c].sum())
-        t = np.where(fit, t_all - errors[:, c], t_all)
-        n = np.where(fit, n_all - counts[:, c], n_all)
+        weight = pool_weights(sizes, fit, factor=RATE_CAP)  # at most the median holder
+        t_all = float((weight * errors[:, c]).sum())
+        n_all = float((weight * counts[:, c]).sum())
+        t = t_all - weight * errors[:, c]
+        n = n_all - weight * counts[:, c]
         expected[rows, c] = (t[rows] + 0.5) / (n[rows] + 1.0)
         support[rows, c] = n[rows] + 1.0
         rate[c] = t_all / n_all

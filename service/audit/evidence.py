@@ -104,10 +104,7 @@ from service.audit.class_null import (
 )
 from service.audit.confident_errors import CountTests, RoundCounts, round_counts
 from service.audit.detection import DetectionResult
-from service.audit.error_evidence import (
-    counted_on,
-    error_evidence,
-)
+from service.audit.error_evidence import counted_on, error_evidence
 from service.audit.evidence_abstention import (
     Informativeness,
     class_heterogeneity,
@@ -121,6 +118,7 @@ from service.audit.evidence_verdicts import (
     pass_summary,
     site_verdicts,
 )
+from service.audit.pooling import capped
 from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
 
@@ -425,10 +423,11 @@ class EvidenceDetector:
         self, flags: BoolArray, accuracy: AccuracyEvidence, sizes: FloatArray
     ) -> tuple[BoolArray, BoolArray, str | None]:
         """The flags with the accuracy evidence's added, the sites it added, and a note when it
-        was set aside (it would have flagged ``max_flagged_fraction`` of the sites or samples)."""
+        was set aside (it would have flagged ``max_flagged_fraction`` of the sites or samples,
+        each site's at most POOL_CAP times the median site's: :mod:`service.audit.pooling`)."""
         k = flags.size
         union = flags | accuracy.flags
-        share = float(sizes[union].sum() / sizes.sum()) if sizes.sum() > 0 else 0.0
+        share = float(np.average(union, weights=capped(sizes))) if sizes.sum() > 0 else 0.0
         if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
             note = (
                 f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "

@@ -29,7 +29,9 @@ abstains when
   core, leave no consensus (the robust fit then takes the gap for heterogeneity and flags
   nobody, and saying "ok" would hide that);
 * the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
-  more of the sites or of the samples;
+  more of the sites or of the samples (a site's samples counted up to
+  :data:`~service.audit.pooling.POOL_CAP` times the median site's: one site that claims most of
+  the federation's samples cannot make every verdict on it abstain);
 * FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
   separation guard: :class:`~service.audit.detectors.fednoro.FedNoRoDetector`), run as a
   cross-check, splits the sites into two separated groups and the higher-loss group is not a
@@ -43,6 +45,11 @@ abstains when
   than clean, so a significant lower tail among the unflagged means the consensus itself is
   noisy. (A flagged site may have classes below the consensus: a pair flip c -> c + 1 leaves a
   site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
+  A lower tail is :data:`MIN_LOWER_TAIL` (two) sites or more: one site far below the others is
+  one site's word, and a site can lie (issue 20): an accomplice reporting a near-perfect model
+  (loss 0.02, no error) made every round of a simulated federation abstain and so hid a noisy
+  site in 20 of 20 rounds (``tests/audit/test_evidence.py``). The lone site's z stays in the
+  report.
 """
 
 from __future__ import annotations
@@ -58,9 +65,11 @@ from service.audit.detection import DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.error_evidence import ReportedCounts
 from service.audit.evidence_verdicts import EvidencePass
+from service.audit.pooling import capped, pool_weights
 
 __all__ = [
     "ACCURACY_INFORMATIVENESS",
+    "MIN_LOWER_TAIL",
     "Informativeness",
     "class_heterogeneity",
     "consensus_reason",
@@ -69,6 +78,10 @@ __all__ = [
     "model_informativeness",
 ]
 
+
+MIN_LOWER_TAIL = 2
+"""Unflagged sites significantly below the consensus that make the evidence "point both ways"
+(module docstring): one such site may be lying, and alone it would silence the audit."""
 
 ACCURACY_INFORMATIVENESS = 0.25
 """The pooled 1 - sum E_k / sum E0_k at which the model beats the label prior by its errors
@@ -95,21 +108,27 @@ def model_informativeness(
 ) -> tuple[float, FloatArray, Informativeness]:
     """(entropy H of the label histogram, each site's mean loss, the informativeness: the
     weighted median over sites of 1 - L_k / H and, with ``errors``, the pooled 1 - sum E_k /
-    sum E0_k over the sites that sent them): how much the consensus model beats the prior."""
-    totals = counts.sum(axis=0).astype(np.float64)
+    sum E0_k over the sites that sent them): how much the consensus model beats the prior.
+    A site weighs at most :data:`~service.audit.pooling.POOL_CAP` times the median site's size
+    in the histogram, the median and the pooled errors."""
+    weight = pool_weights(sizes)
+    totals = (counts * weight[:, None]).sum(axis=0)
     prior = totals[totals > 0] / totals.sum()
     entropy = float(-(prior * np.log(prior)).sum())
     held = counts > 0
     site_loss = np.nansum(np.where(held, loss * counts, 0.0), axis=1) / np.maximum(sizes, 1)
-    by_loss = weighted_median(1.0 - site_loss / entropy, sizes) if entropy > 0 else -math.inf
+    by_loss = (
+        weighted_median(1.0 - site_loss / entropy, sizes * weight) if entropy > 0 else -math.inf
+    )
     if errors is None:
         return entropy, site_loss, Informativeness(by_loss)
     rows = errors.reporting
     # always answering the most common label errs on every other sample
-    baseline = float((sizes[rows] - counts[rows, int(np.argmax(totals))]).sum())
+    top = counts[rows, int(np.argmax(totals))]
+    baseline = float((weight[rows] * (sizes[rows] - top)).sum())
     if baseline <= 0:
         return entropy, site_loss, Informativeness(by_loss)
-    made = float(errors.errors[rows].sum())
+    made = float((weight[rows] * errors.errors[rows].sum(axis=1)).sum())
     return entropy, site_loss, Informativeness(by_loss, 1.0 - made / baseline)
 
 
@@ -167,6 +186,7 @@ def consensus_reason(
     ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
     """
     k = sizes.size
+    sizes = capped(sizes)  # no site holds more than POOL_CAP times the median site's samples
     n_flag = int(result.flags.sum())
     share = float(sizes[result.flags].sum() / sizes.sum())
     below = int((result.low & ~result.flags).sum())
@@ -199,7 +219,7 @@ def consensus_reason(
             )
     if n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
         return f"{_FLAGGED_MAJORITY} ({n_flag} of {k} sites, {share:.0%} of the samples)"
-    if n_flag > 0 and below > 0:
+    if n_flag > 0 and below >= MIN_LOWER_TAIL:
         return (
             f"the evidence points both ways: {n_flag} site(s) significantly above the "
             f"consensus and {below} other(s) significantly below it"

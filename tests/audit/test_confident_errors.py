@@ -186,23 +186,17 @@ def test_one_large_site_with_no_confident_error_does_not_make_the_others_noisy()
     # The review's counter-example: ten clean sites of 100 samples, 20 errors each, 8 of them
     # confident (share 0.4); one site claims 20,000 samples, 4,000 errors at the clean rate, none
     # confident. Pooled freely, the share is about 80 / 4200 = 0.02 and every clean site's 8
-    # stands far above 0.4 expected. Capped at 4 x the median site's 20 errors, the large site
-    # weighs 80 errors (weight 0.02): overall share (80 + 0.5) / (280 + 1); a clean site's,
-    # leaving itself out, (72 + 80.5 / 281) / (260 + 1) = 0.27696, expected 5.54 of its 20:
-    # 2.5 above, below the floor of 5 % of its 100 samples. Nobody stands out.
+    # stands far above 0.4 expected. Capped at the median site's 20 errors (RATE_CAP 1), the
+    # large site weighs 20 errors: overall share (80 + 0.5) / (220 + 1) = 0.36425; a clean
+    # site's, leaving itself out, (72 + 0.36425) / (200 + 1) = 0.36002, expected 7.20 of its
+    # 20: 0.8 above, below the floor. Nobody stands out.
     errors = np.array([[20]] * 10 + [[4000]])
     confident = np.array([[8]] * 10 + [[0]])
     counts = np.array([[100]] * 10 + [[20000]])
     ev = share_evidence(errors, confident, counts, reporting=np.ones(11, dtype=bool))
     assert (ev.p_value == 1.0).all()
-    assert ev.expected[0] == pytest.approx(
-        20 * (72 + 0.5 * 0 + _overall(80 * 10, 80)) / 261, rel=0.05
-    )
-
-
-def _overall(sure: float, big_errors: float) -> float:
-    """The fit set's overall share with the large site capped: (80 + 0.5) / (200 + 80 + 1)."""
-    return (sure / 10 + 0.5) / (200 + big_errors + 1)
+    overall = 80.5 / 221
+    assert ev.expected[0] == pytest.approx(20 * (72 + overall) / 201, rel=1e-9)
 
 
 def test_with_no_anchor_reporting_the_share_says_nothing() -> None:
@@ -219,12 +213,14 @@ def test_with_no_anchor_reporting_the_share_says_nothing() -> None:
 
 def test_a_class_without_errors_elsewhere_does_not_enter() -> None:
     # Class 1 holds errors at site 0 only: no other site says how confident its errors are,
-    # so site 0 is judged on class 0 alone: overall share (55 + 0.5) / (80 + 1); the others' in
-    # class 0 (20 + 55.5 / 81) / (40 + 1) = 0.5045, expected 5.045 of its 10 (it has 5).
+    # so site 0 is judged on class 0 alone. Its 40 errors pool as the median site's 10 (weight
+    # 1/4): overall share (20 + 1.25 + 7.5 + 0.5) / (40 + 2.5 + 7.5 + 1) = 29.25 / 51; the
+    # others' in class 0 (20 + 29.25 / 51) / (40 + 1) = 0.5018, expected 5.018 of its 10 (it
+    # has 5).
     errors = np.array([[10, 30], [10, 0], [10, 0], [10, 0], [10, 0]])
     confident = np.array([[5, 30], [5, 0], [5, 0], [5, 0], [5, 0]])
     ev = share_evidence(errors, confident, np.full((5, 2), 100), reporting=np.ones(5, bool))
-    assert ev.expected[0] == pytest.approx(10 * (20 + 55.5 / 81) / 41)
+    assert ev.expected[0] == pytest.approx(10 * (20 + 29.25 / 51) / 41)
     assert ev.p_value[0] == 1.0
 
 

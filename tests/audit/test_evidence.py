@@ -206,12 +206,29 @@ class TestDetector:
     def test_evidence_both_ways_abstains(self):
         loss = np.full((10, 2), 0.3)
         loss[0] = 1.5  # far above the consensus
-        loss[1] = 0.01  # far below it
+        loss[1:3] = 0.01  # two sites far below it
         counts = np.full((10, 2), 100)
         sd = np.full((10, 2), 0.3)
         result = EvidenceDetector().fit(loss, counts, sd)
         assert result.status == "inconclusive"
         assert "both ways" in (result.reason or "")
+        assert "2 other(s) significantly below" in (result.reason or "")
+
+    def test_one_site_below_the_consensus_does_not_silence_the_audit(self):
+        # Issue 20's accomplice: one site reports a near-perfect model (loss 0.01, its spread
+        # small) so that the evidence "points both ways" and the noisy site 0 goes unflagged.
+        # One site below is one site's word: the audit still flags site 0, and the lone site's
+        # verdict carries its large negative z.
+        loss = np.full((10, 2), 0.3)
+        loss[0] = 1.5
+        loss[1] = 0.01
+        counts = np.full((10, 2), 100)
+        sd = np.full((10, 2), 0.3)
+        sd[1] = 0.02
+        result = EvidenceDetector().fit(loss, counts, sd)
+        assert result.status == "ok"
+        assert [v.flag for v in result.verdicts] == [True] + [False] * 9
+        assert result.verdicts[1].evidence["stouffer_z"] < -3
 
     def test_an_anchor_that_looks_noisy_inverts_the_orientation(self):
         # The global model learned inverted labels: the curated site (0) and the one other clean

@@ -168,6 +168,7 @@ def test_public_api_matches_all():
         "geometry_evidence",
         "majority_memory",
         "pipeline",
+        "pooling",
         "reliability",
         "round_detectors",
         "round_pass",
