@@ -121,3 +121,49 @@ def test_one_large_site_neither_silences_nor_misleads_the_audit(big_rate, big_lo
     assert abstained <= 1
     assert missed <= 1
     assert false <= 1
+
+
+def _with_a_liar(seed: int, loss_value: float, spread: float, error_rate: float, size: int):
+    """docs/eval/one_site_attacks.py's round: ten clean sites of 99 samples (three classes),
+    site 10 noisy, site 11 reporting ``loss_value``, ``spread``, ``error_rate`` (none of its
+    errors confident) in every class, and ``size`` samples."""
+    rng = np.random.default_rng(seed)
+    counts = np.full((12, 3), 33)
+    counts[11] = size // 3
+    rates = np.array([0.1] * 10 + [0.4, 0.1])
+    errors = rng.binomial(counts, rates[:, None]).astype(np.float64)
+    sure = np.where(rates[:, None] > 0.2, 0.7, 0.2)
+    confident = rng.binomial(errors.astype(np.int64), sure).astype(np.float64)
+    loss = 0.3 + 2.0 * (rates[:, None] - 0.1) + rng.normal(0.0, 0.03, size=(12, 3))
+    sd = np.full((12, 3), 0.6)
+    loss[11], sd[11] = loss_value, spread
+    errors[11] = np.round(error_rate * counts[11])
+    confident[11] = 0.0
+    return loss, counts, sd, errors, confident
+
+
+@pytest.mark.parametrize(
+    ("loss_value", "spread", "error_rate", "size"),
+    [
+        (0.0, 0.01, 0.0, 99),  # a perfect model: before, every round abstained
+        (0.02, 0.6, 0.1, 99),
+        (0.3, 0.6, 0.0, 399),  # the clean loss, no error, 4 x the size: before, false flags
+        (0.0, 3.0, 0.0, 399),
+    ],
+)
+def test_one_liar_of_ordinary_size_changes_no_verdict(loss_value, spread, error_rate, size):
+    # Of docs/eval/one_site_attacks.py's 240 reports, 34 changed a verdict before the caps and
+    # the two-site lower tail (24 made all 8 rounds abstain, 10 flagged a clean site in 4 of 8)
+    # and none after; these are four of the 34. 8 rounds each: the noisy site flagged and no
+    # clean site flagged in every one, no abstention (no tolerance: measured 0 of 8).
+    for seed in range(8):
+        loss, counts, sd, errors, confident = _with_a_liar(
+            seed, loss_value, spread, error_rate, size
+        )
+        result = EvidenceDetector().fit(
+            loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+        )
+        flags = [bool(v is not None and v.flag) for v in result.verdicts]
+        assert result.status == "ok", result.reason
+        assert flags[10]
+        assert not any(flags[:10])
