@@ -148,14 +148,14 @@ def _share_p(
     fit: BoolArray,
     min_excess: float,
     rho: float,
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(p-value, expected confident errors, per-class share) of every site against the fit
-    set's shares, each fit-set site left out of its own (module docstring). A fit-set site
-    weighs at most the median fit-set site's errors in the pool
-    (:data:`~service.audit.pooling.RATE_CAP`: one site claiming 20,000 samples, its errors at
-    the clean rate and none confident, pulled every share down and made the 10 clean sites of
-    a round significant), and a class enters a site's test only where :data:`MIN_OTHER_SITES`
-    other fit-set sites made errors in it."""
+) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+    """(p-value, expected confident errors, per-class share, confident errors counted: in the
+    classes that entered) of every site against the fit set's shares, each fit-set site left
+    out of its own (module docstring). A fit-set site weighs at most the median fit-set site's
+    errors in the pool (:data:`~service.audit.pooling.RATE_CAP`: one site claiming 20,000
+    samples, its errors at the clean rate and none confident, pulled every share down and made
+    the 10 clean sites of a round significant), and a class enters a site's test only where
+    :data:`MIN_OTHER_SITES` other fit-set sites made errors in it."""
     weight = pool_weights(errors.sum(axis=1).astype(np.float64), fit, factor=RATE_CAP)
     own_errors, own_sure = errors * weight[:, None], confident * weight[:, None]
     pooled_errors, pooled_sure = own_errors.sum(axis=0), own_sure.sum(axis=0)
@@ -166,7 +166,7 @@ def _share_p(
     entered = (erred.sum(axis=0) - erred) >= MIN_OTHER_SITES
     expected = (np.where(entered, errors, 0) * share).sum(axis=1)
     n = np.where(entered, errors, 0).sum(axis=1)
-    x = np.where(entered, confident, 0).sum(axis=1)
+    x = observed = np.where(entered, confident, 0).sum(axis=1)
     # The tail only where the floor is cleared (the rest is 1): most sites of a large round.
     floor = np.maximum(min_excess * np.maximum(samples, 1.0), MIN_EXCESS_COUNT)
     enough = (n > 0) & (x - expected >= floor)
@@ -178,7 +178,7 @@ def _share_p(
     else:
         p[enough] = binom.sf(x - 1, n, s)
     shares = np.where(pooled_errors > 0, (pooled_sure + overall) / (pooled_errors + 1), np.nan)
-    return p, expected, shares
+    return p, expected, shares, observed
 
 
 def share_evidence(
@@ -194,15 +194,18 @@ def share_evidence(
 ) -> ErrorEvidence:
     """The share test of one round (module docstring), as an
     :class:`~service.audit.error_evidence.ErrorEvidence`: ``observed`` the site's confident
-    errors, ``expected`` those its errors would hold at the fit set's shares, ``class_rate`` the
-    shares, ``dispersion`` rho. A site that did not send its confident errors (``reporting`` False)
-    has p-value 1, enters no fit and shows nothing."""
+    errors in the classes that entered its test, ``expected`` those its errors there would hold
+    at the fit set's shares, ``class_rate`` the shares, ``dispersion`` rho. A site that did not
+    send its confident errors (``reporting`` False) has p-value 1, enters no fit and shows
+    nothing."""
     base = reporting.copy() if exclude is None else reporting & ~np.asarray(exclude, dtype=bool)
     samples = counts.sum(axis=1).astype(np.float64)
     fit = base.copy()
     seen: list[BoolArray] = []
     for _ in range(_MAX_TRIMS):
-        p, expected, share = _share_p(errors, confident, samples, fit, min_excess, dispersion)
+        p, expected, share, seen_x = _share_p(
+            errors, confident, samples, fit, min_excess, dispersion
+        )
         trimmed = base & (p >= trim)
         if (
             2 * int(trimmed.sum()) <= int(reporting.sum())
@@ -220,7 +223,7 @@ def share_evidence(
         p_value=p,
         z=np.asarray(np.where(reporting, -ndtri_clipped(p), 0.0), dtype=np.float64),
         expected=np.where(reporting, expected, 0.0),
-        observed=np.where(reporting, confident.sum(axis=1), 0).astype(np.int64),
+        observed=np.where(reporting, seen_x, 0).astype(np.int64),
         class_rate=share,
         dispersion=dispersion,
         class_dispersion=0.0,

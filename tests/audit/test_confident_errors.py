@@ -222,6 +222,8 @@ def test_a_class_without_errors_elsewhere_does_not_enter() -> None:
     ev = share_evidence(errors, confident, np.full((5, 2), 100), reporting=np.ones(5, bool))
     assert ev.expected[0] == pytest.approx(10 * (20 + 29.25 / 51) / 41)
     assert ev.p_value[0] == 1.0
+    # what the report shows beside the expectation: the 5 of class 0, not the 35 of both
+    assert ev.observed.tolist() == [5, 5, 5, 5, 5]
 
 
 def test_a_handful_of_odd_samples_is_below_the_floor() -> None:
