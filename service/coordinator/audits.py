@@ -43,7 +43,7 @@ class RoundOutcome:
     state: dict[str, np.ndarray]
     rule: str
     fallback_reason: str | None
-    weights_by_client: dict[str, Any]
+    weights_by_client: dict[str, float]
     flags_by_client: dict[str, dict[str, bool | None]]
     centroids: list[list[float]] | None
     result: dict[str, Any]
@@ -253,7 +253,7 @@ def audit_round(
     )
     aggregation = outcome.aggregation
     ids = [str(u.client_id) for u in updates]
-    weights: dict[str, Any] = {
+    weights: dict[str, float] = {
         cid: float(w) for cid, w in zip(ids, aggregation.weights, strict=True)
     }
     flags = {cid: _flags_of(outcome, position) for position, cid in enumerate(ids)}
