@@ -42,6 +42,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
+from service.audit.pooling import POOL_CAP, pool_weights
 
 __all__ = [
     "MAD_NORMAL",
@@ -168,6 +169,10 @@ def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -
     its own variance; with the median site's variance, two clean sites of a six-site
     BreastMNIST federation holding three hard samples each instead of one got z of 4-5.
     Without reported spreads: 1 / n[k, c] (the scale is fitted by :func:`class_evidence`).
+    In sigma_c^2 a holder's samples count up to :data:`~service.audit.pooling.POOL_CAP` times the
+    median holder's and its variance up to POOL_CAP times the median holder's: one site
+    reporting a spread of 5 (or claiming 20,000 samples) otherwise raised every site's standard
+    error and hid a noisy site (``tests/audit/test_pooling.py``).
     """
     n = counts.astype(np.float64)
     if sd is None:
@@ -177,10 +182,12 @@ def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -
         rows = held[:, c]
         if not rows.any():
             continue
-        nk = n[rows, c]
-        own = np.square(sd[rows, c]) * nk / np.maximum(nk - 1.0, 1.0)
-        dof = float(np.maximum(nk - 1.0, 0.0).sum())
-        pooled = float((np.square(sd[rows, c]) * nk).sum() / dof) if dof > 0 else 0.0
+        nk, var = n[rows, c], np.square(sd[rows, c])
+        own = var * nk / np.maximum(nk - 1.0, 1.0)
+        # pooled: a holder counts up to POOL_CAP times the median's samples and variance
+        w, var = pool_weights(nk), np.minimum(var, POOL_CAP * float(np.median(var)))
+        dof = float((w * np.maximum(nk - 1.0, 0.0)).sum())
+        pooled = float((w * var * nk).sum() / dof) if dof > 0 else 0.0
         out[rows, c] = np.maximum(np.maximum(own, pooled), 1e-12) / nk
     return out
 

@@ -365,8 +365,7 @@ def _class_rates(
     """Per site and class the expected rate (NaN where the class does not enter) and the
     samples it was estimated from, and the fit set's pooled rate per class. A holder in the fit
     set is compared with the fit set without itself (leave-one-out); the rate is
-    (T + 1/2) / (N + 1), never 0, a holder's counts pooled with at most
-    :data:`~service.audit.pooling.RATE_CAP` times the median holder's size."""
+    (T + 1/2) / (N + 1), never 0, each holder capped as :mod:`service.audit.pooling` says."""
     k, c_count = counts.shape
     sizes = counts.sum(axis=1).astype(np.float64)
     held = counts > 0
@@ -380,7 +379,8 @@ def _class_rates(
             fit = rows
         if int(fit.sum()) < min_holders:
             continue
-        weight = pool_weights(sizes, fit, factor=RATE_CAP)  # at most the median holder
+        # a holder: at most the median holder's size, and 4x the median holder's class count
+        weight = np.minimum(pool_weights(sizes, fit, RATE_CAP), pool_weights(counts[:, c], fit))
         t_all = float((weight * errors[:, c]).sum())
         n_all = float((weight * counts[:, c]).sum())
         t = t_all - weight * errors[:, c]

@@ -118,7 +118,7 @@ from service.audit.evidence_verdicts import (
     pass_summary,
     site_verdicts,
 )
-from service.audit.pooling import capped
+from service.audit.pooling import capped, sample_factor
 from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
 
@@ -424,10 +424,11 @@ class EvidenceDetector:
     ) -> tuple[BoolArray, BoolArray, str | None]:
         """The flags with the accuracy evidence's added, the sites it added, and a note when it
         was set aside (it would have flagged ``max_flagged_fraction`` of the sites or samples,
-        each site's at most POOL_CAP times the median site's: :mod:`service.audit.pooling`)."""
+        a site's capped as :mod:`service.audit.pooling` says)."""
         k = flags.size
         union = flags | accuracy.flags
-        share = float(np.average(union, weights=capped(sizes))) if sizes.sum() > 0 else 0.0
+        pooled = capped(sizes, factor=sample_factor(k))
+        share = float(np.average(union, weights=pooled)) if sizes.sum() > 0 else 0.0
         if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
             note = (
                 f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "

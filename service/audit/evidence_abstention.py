@@ -30,8 +30,8 @@ abstains when
   nobody, and saying "ok" would hide that);
 * the sites that would be flagged are not a clear minority: ``max_flagged_fraction`` (one half) or
   more of the sites or of the samples (a site's samples counted up to
-  :data:`~service.audit.pooling.POOL_CAP` times the median site's: one site that claims most of
-  the federation's samples cannot make every verdict on it abstain);
+  :func:`~service.audit.pooling.sample_factor` times the median site's: one site that claims
+  most of the federation's samples cannot make every verdict on it abstain);
 * FedNoRo's two-component loss mixture (the FedNoRo paper, section 4.1, with our calibrated
   separation guard: :class:`~service.audit.detectors.fednoro.FedNoRoDetector`), run as a
   cross-check, splits the sites into two separated groups and the higher-loss group is not a
@@ -65,7 +65,7 @@ from service.audit.detection import DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.error_evidence import ReportedCounts
 from service.audit.evidence_verdicts import EvidencePass
-from service.audit.pooling import capped, pool_weights
+from service.audit.pooling import capped, pool_weights, sample_factor
 
 __all__ = [
     "ACCURACY_INFORMATIVENESS",
@@ -109,9 +109,9 @@ def model_informativeness(
     """(entropy H of the label histogram, each site's mean loss, the informativeness: the
     weighted median over sites of 1 - L_k / H and, with ``errors``, the pooled 1 - sum E_k /
     sum E0_k over the sites that sent them): how much the consensus model beats the prior.
-    A site weighs at most :data:`~service.audit.pooling.POOL_CAP` times the median site's size
-    in the histogram, the median and the pooled errors."""
-    weight = pool_weights(sizes)
+    A site weighs at most :func:`~service.audit.pooling.sample_factor` times the median site's
+    size in the histogram, the median and the pooled errors."""
+    weight = pool_weights(sizes, factor=sample_factor(sizes.size))
     totals = (counts * weight[:, None]).sum(axis=0)
     prior = totals[totals > 0] / totals.sum()
     entropy = float(-(prior * np.log(prior)).sum())
@@ -133,8 +133,10 @@ def model_informativeness(
 
 
 def class_heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
-    """I^2 of the classes that entered, weighted by their samples (0.0: none entered)."""
-    class_weight = counts.sum(axis=0).astype(np.float64)
+    """I^2 of the classes that entered, weighted by their samples (0.0: none entered), a site's
+    counted up to :func:`~service.audit.pooling.sample_factor` times the median site's."""
+    sizes = counts.sum(axis=1).astype(np.float64)
+    class_weight = (counts * pool_weights(sizes, factor=sample_factor(sizes.size))[:, None]).sum(0)
     entered = np.isfinite(evidence.heterogeneity)
     if not entered.any():
         return 0.0
@@ -186,7 +188,7 @@ def consensus_reason(
     ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
     """
     k = sizes.size
-    sizes = capped(sizes)  # no site holds more than POOL_CAP times the median site's samples
+    sizes = capped(sizes, factor=sample_factor(k))  # a site and one other: < half (pooling)
     n_flag = int(result.flags.sum())
     share = float(sizes[result.flags].sum() / sizes.sum())
     below = int((result.low & ~result.flags).sum())

@@ -13,13 +13,26 @@ reporting many, it hid the noisy ones.
 A site enters a pool with at most a multiple of the median member's amount (its size, its
 errors): the cap is a multiple of a median, so no single site moves it. Two multiples:
 
-* :data:`RATE_CAP` (1) in a pooled *rate*, a class's error rate: a rate is the consensus a site
-  is measured against, and each site is at most one median site's vote in it. At 4 times the
-  median a site claiming 20,000 samples without an error still pulled the rates of a ten-site
-  round down by 4 / 14 and a clean site was flagged in 9 of 20 simulated rounds; at 1, in none.
+* :data:`RATE_CAP` (1) in a pooled *rate*, a class's error rate and the confident share of the
+  errors: a rate is the consensus a site is measured against, and each site is at most one
+  median site's vote in it. At 4 times the median a site claiming 20,000 samples without an
+  error still pulled the rates of a ten-site round down by 4 / 14 and a clean site was flagged in
+  9 of 20 simulated rounds; at 1, in none. In a class's error rate a holder's count of the class
+  is also capped at :data:`POOL_CAP` times the median holder's: a site of ordinary size holding
+  only one class (and no error) otherwise halved that class's rate and made a clean holder of it
+  look noisy (4 of 10 rounds in the review's counter-example).
 * :data:`POOL_CAP` (4) in pooled *sample totals*: the label histogram, the informativeness, the
-  share of the samples the flagged sites hold. A legitimately large site keeps most of its
-  weight there (a Dirichlet partition's spread of sizes is not touched).
+  share of the samples the flagged sites hold, the classes' weights in I^2. A legitimately large
+  site keeps most of its weight there (a Dirichlet partition's spread of sizes is not touched).
+  In a small federation the multiple is lower (:func:`sample_factor`, ``min(4, K - 4)``, at
+  least 1): a site and one other must hold less than half of the capped samples, or a liar
+  claiming 4 times the median's samples and flagged beside one noisy site made every round of
+  5 to 7 sites abstain as "not a clear minority" (an independent review's counter-example).
+* In the pooled within-class variance of the losses (:mod:`service.audit.class_null`), a holder's
+  degrees of freedom count up to :data:`POOL_CAP` times the median holder's and its variance up
+  to :data:`POOL_CAP` times the median holder's variance: one site of ordinary size reporting a
+  per-sample spread of 5 raised every site's standard error and hid a noisy site in 8 of 8
+  rounds (the review again).
 
 The same idea as the aggregation's weight cap (:mod:`service.audit.aggregators.weight_cap`),
 for the audit's own statistics. A site's *own* test still uses its own counts: capping its
@@ -33,9 +46,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.audit._typing import BoolArray, FloatArray
+from service.audit._typing import BoolArray, FloatArray, IntArray
 
-__all__ = ["POOL_CAP", "RATE_CAP", "capped", "pool_weights"]
+__all__ = ["POOL_CAP", "RATE_CAP", "capped", "pool_weights", "sample_factor"]
 
 POOL_CAP = 4.0
 """A site enters a pooled sample total with at most this many times the median site's size."""
@@ -44,12 +57,25 @@ RATE_CAP = 1.0
 """A site enters a pooled rate with at most the median member's amount (this many times it)."""
 
 
+def sample_factor(sites: int) -> float:
+    """The multiple of the median site's size a site's samples count up to in the pooled sample
+    totals of a round of ``sites`` sites: :data:`POOL_CAP`, lowered in a small federation so
+    that a site and one other hold less than half of the capped samples
+    (``(f + 1) / (f + K - 1) < 1/2``, so ``f <= K - 4``), at least 1.
+
+    >>> [sample_factor(k) for k in (3, 5, 6, 7, 8, 20)]
+    [1.0, 1.0, 2.0, 3.0, 4.0, 4.0]
+    """
+    return float(min(POOL_CAP, max(1, sites - 4)))
+
+
 def pool_weights(
-    amounts: FloatArray, members: BoolArray | None = None, factor: float = POOL_CAP
+    amounts: FloatArray | IntArray, members: BoolArray | None = None, factor: float = POOL_CAP
 ) -> FloatArray:
     """Per site, the fraction of its amount that enters the pool: ``min(1, cap / amount)``
     with ``cap = factor * median`` of the members' positive amounts (at least 1); 0 for a
-    site that is not a member. ``members`` None: every site.
+    site that is not a member. ``members`` None: every site. Amounts must be finite and
+    non-negative (counts, sizes, variances).
 
     >>> pool_weights(np.array([10.0, 10.0, 10.0, 400.0])).tolist()
     [1.0, 1.0, 1.0, 0.1]
@@ -62,8 +88,10 @@ def pool_weights(
     return np.where(inside, weight, 0.0)
 
 
-def capped(amounts: FloatArray, members: BoolArray | None = None) -> FloatArray:
-    """The amounts as they enter a pool: each at most ``POOL_CAP`` times the members' median
+def capped(
+    amounts: FloatArray, members: BoolArray | None = None, factor: float = POOL_CAP
+) -> FloatArray:
+    """The amounts as they enter a pool: each at most ``factor`` times the members' median
     (non-members keep theirs: they are compared, not pooled).
 
     >>> capped(np.array([10.0, 12.0, 8.0, 1000.0])).tolist()
@@ -71,4 +99,4 @@ def capped(amounts: FloatArray, members: BoolArray | None = None) -> FloatArray:
     """
     amounts = np.asarray(amounts, dtype=np.float64)
     inside = np.ones(amounts.shape, dtype=bool) if members is None else members
-    return np.where(inside, amounts * pool_weights(amounts, inside), amounts)
+    return np.where(inside, amounts * pool_weights(amounts, inside, factor), amounts)

@@ -46,6 +46,7 @@ from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.pooling import capped, sample_factor
 
 __all__ = ["worse_than_prior"]
 
@@ -88,7 +89,9 @@ def worse_than_prior(
     held = counts > 0
     n_kc = counts.astype(np.float64)
     sizes = n_kc.sum(axis=1)
-    prior = n_kc.sum(axis=0)
+    # pooled (the label histogram, the median, the share): each site at most the median site
+    pooled = capped(sizes, factor=sample_factor(k))
+    prior = (n_kc * (pooled / np.maximum(sizes, 1e-300))[:, None]).sum(axis=0)
     prior = prior / prior.sum()
     present = prior > 0
     entropy = float(-(prior[present] * np.log(prior[present])).sum())
@@ -109,7 +112,7 @@ def worse_than_prior(
     reason = _abstention_reason(
         entropy,
         significant,
-        sizes,
+        pooled,
         informativeness,
         max_flagged_fraction=max_flagged_fraction,
         min_other_informativeness=min_other_informativeness,
@@ -135,7 +138,7 @@ def worse_than_prior(
             "flagged": n_flag if status == "ok" else 0,
             "label_entropy": entropy,
             "informativeness": (
-                _weighted_median(informativeness, sizes) if math.isfinite(entropy) else None
+                _weighted_median(informativeness, pooled) if math.isfinite(entropy) else None
             ),
         },
     )

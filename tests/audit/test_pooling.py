@@ -1,6 +1,7 @@
 """No site outweighs the federation in the audit's pooled estimates (issue 20, bounded influence):
 hand-checked weights, the error rates and the informativeness with one site claiming 20,000
-samples, and a simulation of such a site, lying or noisy, among ten of 100."""
+samples, and a simulation of such a site, lying or noisy, among ten of 100; an independent
+review's counter-examples (small federations, a reported spread, one class's count)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import math
 import numpy as np
 import pytest
 
+from service.audit.class_null import _within_variance
 from service.audit.error_evidence import error_evidence
 from service.audit.evidence import EvidenceDetector
 from service.audit.evidence_abstention import model_informativeness
-from service.audit.pooling import POOL_CAP, RATE_CAP, capped, pool_weights
+from service.audit.pooling import POOL_CAP, RATE_CAP, capped, pool_weights, sample_factor
 
 
 def test_the_constants() -> None:
@@ -167,3 +169,85 @@ def test_one_liar_of_ordinary_size_changes_no_verdict(loss_value, spread, error_
         assert result.status == "ok", result.reason
         assert flags[10]
         assert not any(flags[:10])
+
+
+def test_sample_factor_by_hand() -> None:
+    # min(4, K - 4), at least 1: a site and one other hold less than half of the capped samples
+    # ((f + 1) / (f + K - 1) < 1/2 for f = K - 4: 3/7 at K = 7)
+    assert [sample_factor(k) for k in (1, 3, 5, 6, 7, 8, 9, 50)] == [1, 1, 1, 2, 3, 4, 4, 4]
+
+
+def test_a_class_count_enters_its_error_rate_at_most_4x_the_median_holders() -> None:
+    # Ten sites of 100 samples, 90 + 10, one error in ten in each class; an eleventh of the
+    # same size claiming 100 samples of the minor class and no error. Its size is the median's
+    # (RATE_CAP does not bind) but its count of class 1 is 10 times the median holder's 10:
+    # it enters with 40 of them. Class 1's rate is 10 / (100 + 40) = 1/14, not 10 / 200.
+    counts = np.array([[90, 10]] * 10 + [[0, 100]])
+    errors = np.array([[9, 1]] * 10 + [[0, 0]])
+    ev = error_evidence(errors, counts)
+    assert ev.class_rate.tolist() == pytest.approx([0.1, 1 / 14])
+
+
+def test_the_pooled_within_class_variance_is_capped() -> None:
+    # Three holders of 10 samples, spreads 1, 1 and 5: variances 1, 1, 25, the last clipped at
+    # 4 x the median (4). Pooled: (10 + 10 + 4 * 10) / (9 + 9 + 9) = 60 / 27; each site's own
+    # variance n / (n - 1) times its spread squared; the larger of the two, over n.
+    counts = np.array([[10], [10], [10]])
+    sd = np.array([[1.0], [1.0], [5.0]])
+    out = _within_variance(counts, sd, counts > 0)
+    assert out[:, 0].tolist() == pytest.approx([60 / 27 / 10, 60 / 27 / 10, 250 / 9 / 10])
+    # One holder of 10,000 samples (spread 1.9: variance 3.61, under the clip) counts as 4 x the
+    # median's 10 samples in the pooled sum: weight 40 / 10,000. Pooled (30 + 0.004 * 3.61 *
+    # 10,000) / (27 + 0.004 * 9,999) = 2.60 where it was 3.60 uncapped, above a site's own 10/9.
+    counts = np.array([[10], [10], [10], [10000]])
+    sd = np.array([[1.0], [1.0], [1.0], [1.9]])
+    out = _within_variance(counts, sd, counts > 0)
+    pooled = (30 + 0.004 * 3.61 * 10000) / (27 + 0.004 * 9999)
+    assert out[0, 0] == pytest.approx(pooled / 10)
+
+
+def _small_round(seed: int, clean: int, loss: float, spread: float, rate: float, size: int):
+    """``clean`` sites of 99 samples (three classes) at 10 % errors, one noisy at 40 %, and a
+    last site reporting ``loss`` and ``spread`` in every class, an error rate ``rate`` (70 % of
+    the errors confident, like the noisy site's) and ``size`` samples."""
+    rng = np.random.default_rng(seed)
+    k = clean + 2
+    counts = np.full((k, 3), 33)
+    counts[-1] = size // 3
+    rates = np.array([0.1] * clean + [0.4, 0.1])
+    errors = rng.binomial(counts, rates[:, None]).astype(np.float64)
+    sure = np.where(rates[:, None] > 0.2, 0.7, 0.2)
+    confident = rng.binomial(errors.astype(np.int64), sure).astype(np.float64)
+    losses = 0.3 + 2.0 * (rates[:, None] - 0.1) + rng.normal(0.0, 0.03, size=(k, 3))
+    sd = np.full((k, 3), 0.6)
+    losses[-1], sd[-1] = loss, spread
+    errors[-1] = np.round(rate * counts[-1])
+    confident[-1] = np.round(0.7 * errors[-1])
+    return losses, counts, sd, errors, confident
+
+
+@pytest.mark.parametrize(
+    ("clean", "loss", "spread", "rate", "size"),
+    [
+        (3, 1.0, 0.6, 0.4, 396),  # 5 sites: a liar that looks noisy and claims 4 x the samples
+        (4, 1.0, 0.6, 0.4, 396),
+        (5, 1.0, 0.6, 0.4, 396),
+        (3, 0.3, 5.0, 0.1, 99),  # a clean-looking site reporting a per-sample spread of 5
+        (5, 0.3, 5.0, 0.1, 99),
+    ],
+)
+def test_one_liar_in_a_small_federation_hides_no_noisy_site(clean, loss, spread, rate, size):
+    # An independent review's counter-examples. Before sample_factor, the first three made 8 of
+    # 8 rounds abstain ("not a clear minority", 2 of 5-7 sites holding 50-62 % of the capped
+    # samples) and the noisy site went unflagged; before the capped pooled variance, the spread
+    # of 5 hid the noisy site in 5 of 8 (5 sites) and 6 of 8 rounds (7 sites). Measured now: no
+    # abstention, the noisy site flagged and no clean site flagged in 8 of 8 (no tolerance).
+    for seed in range(8):
+        losses, counts, sd, errors, confident = _small_round(seed, clean, loss, spread, rate, size)
+        result = EvidenceDetector().fit(
+            losses, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+        )
+        flags = [bool(v is not None and v.flag) for v in result.verdicts]
+        assert result.status == "ok", result.reason
+        assert flags[clean]
+        assert not any(flags[:clean])
