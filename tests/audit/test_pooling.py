@@ -189,13 +189,24 @@ def test_a_class_count_enters_its_error_rate_at_most_4x_the_median_holders() -> 
 
 
 def test_the_pooled_within_class_variance_is_capped() -> None:
-    # Three holders of 10 samples, spreads 1, 1 and 5: variances 1, 1, 25, the last clipped at
-    # 4 x the median (4). Pooled: (10 + 10 + 4 * 10) / (9 + 9 + 9) = 60 / 27; each site's own
-    # variance n / (n - 1) times its spread squared; the larger of the two, over n.
+    # Three holders of 10 samples, spreads 1, 1 and 5: variances 1, 1, 25. The last is clipped
+    # at 4 x the others' pooled variance, 4 x (10 + 10) / 18 = 40/9 (the others are not: 4 x
+    # 260 / 18). Pooled: (10 + 10 + 10 * 40/9) / 27; each site's own variance is n / (n - 1)
+    # times its spread squared; the larger of the two, over n.
     counts = np.array([[10], [10], [10]])
     sd = np.array([[1.0], [1.0], [5.0]])
     out = _within_variance(counts, sd, counts > 0)
-    assert out[:, 0].tolist() == pytest.approx([60 / 27 / 10, 60 / 27 / 10, 250 / 9 / 10])
+    pooled = (20 + 400 / 9) / 27
+    assert out[:, 0].tolist() == pytest.approx([pooled / 10, pooled / 10, 250 / 9 / 10])
+    # Skewed but honest variances are not clipped at 4 x their median (0.025 x 4 = 0.1): 0, 0,
+    # 0.05 and 0.15 from sites of 2, 2, 20 and 60 samples. 0.15 is under 4 x the others'
+    # (0.05 * 20) / 21 = 0.19; the site of 60 counts 44 samples (4 x the median 11).
+    counts = np.array([[2], [2], [20], [60]])
+    sd = np.sqrt(np.array([[0.0], [0.0], [0.05], [0.15]]))
+    out = _within_variance(counts, sd, counts > 0)
+    pooled = (0.05 * 20 + 0.15 * 44) / (1 + 1 + 19 + 44 / 60 * 59)
+    assert out[0, 0] == pytest.approx(pooled / 2)
+
     # One holder of 10,000 samples (spread 1.9: variance 3.61, under the clip) counts as 4 x the
     # median's 10 samples in the pooled sum: weight 40 / 10,000. Pooled (30 + 0.004 * 3.61 *
     # 10,000) / (27 + 0.004 * 9,999) = 2.60 where it was 3.60 uncapped, above a site's own 10/9.
