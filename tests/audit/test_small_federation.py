@@ -126,3 +126,20 @@ def test_a_model_that_beats_the_prior_half_way_gives_a_verdict():
     assert result.status == "ok"
     assert result.reason is None
     assert [v.flag for v in result.verdicts] == [False, False, False]
+
+
+def test_a_site_claiming_most_samples_does_not_set_the_prior():
+    # Four sites: two clean (loss 0.2 on balanced labels), one noisy (1.5, above ln 2 = 0.69)
+    # and one claiming 10,000 samples of class 0 only. Pooled freely its samples made the prior
+    # [10,150, 150] / 10,300 (H = 0.077 nats): every site lay above it and the round abstained
+    # ("4 of 4 sites"). Each site now counts at most the median site's 100 samples
+    # (sample_factor(4) = 1): the prior is [250, 150] / 400, H = 0.66, and only the noisy site
+    # is worse than it.
+    loss = np.array([[0.2, 0.2], [0.25, 0.15], [1.6, 1.4], [0.2, np.nan]])
+    counts = np.array([[50, 50], [50, 50], [50, 50], [10000, 0]])
+    sd = np.array([[0.5, 0.5], [0.5, 0.5], [0.8, 0.8], [0.5, np.nan]])
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "ok", result.reason
+    assert [bool(v is not None and v.flag) for v in result.verdicts] == [False, False, True, False]
+    entropy = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))
+    assert result.summary["label_entropy"] == pytest.approx(entropy)
