@@ -42,7 +42,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit.pooling import POOL_CAP, pool_weights
+from service.audit.pooling import POOL_CAP, RATE_CAP, pool_weights
 
 __all__ = [
     "MAD_NORMAL",
@@ -171,11 +171,12 @@ def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -
     Without reported spreads: 1 / n[k, c] (the scale is fitted by :func:`class_evidence`).
     In sigma_c^2 a holder's samples count up to :data:`~service.audit.pooling.POOL_CAP` times the
     median holder's and its variance up to POOL_CAP times the pooled variance of the other
-    holders: one site reporting a spread of 5 (or claiming 20,000 samples) otherwise raised
-    every site's standard error and hid a noisy site (``tests/audit/test_pooling.py``). Not the
-    median holder's variance: the variances are as skewed as the losses (a site of one or two
-    samples reports about 0), and capping at 4 times their median flagged clean sites in 18-33
-    of 36 rounds of the stress matrix's 50-site and one-class-per-site clean rows.
+    holders (:func:`_clip_to_the_others`): one site reporting a spread of 5 (or claiming 20,000
+    samples) otherwise raised every site's standard error and hid a noisy site
+    (``tests/audit/test_pooling.py``). Not the median holder's variance: the variances are as
+    skewed as the losses (a site of one or two samples reports about 0), and capping at 4 times
+    their median flagged clean sites in 18-33 of 36 rounds of the stress matrix's 50-site and
+    one-class-per-site clean rows.
     """
     n = counts.astype(np.float64)
     if sd is None:
@@ -185,20 +186,46 @@ def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -
         rows = held[:, c]
         if not rows.any():
             continue
-        nk, var = n[rows, c], np.square(sd[rows, c])
+        nk = n[rows, c]
+        var = np.square(np.minimum(sd[rows, c], _MAX_SPREAD))  # finite sums: no inf - inf
         own = var * nk / np.maximum(nk - 1.0, 1.0)
-        # pooled: a holder's samples count up to POOL_CAP times the median holder's, its
-        # variance up to POOL_CAP times the other holders' pooled variance
-        w = pool_weights(nk)
-        dofs = w * np.maximum(nk - 1.0, 0.0)
-        squares = w * var * nk
-        rest = dofs.sum() - dofs
-        others = np.where(rest > 0, (squares.sum() - squares) / np.where(rest > 0, rest, 1.0), 0.0)
-        var = np.where(rest > 0, np.minimum(var, POOL_CAP * others), var)
-        dof = float(dofs.sum())
-        pooled = float((w * var * nk).sum() / dof) if dof > 0 else 0.0
+        w, w1 = pool_weights(nk), pool_weights(nk, factor=RATE_CAP)
+        var = _clip_to_the_others(var, w1 * np.maximum(nk - 1.0, 0.0), w1 * var * nk)
+        # correctly rounded sums (fsum): the same in any order of the sites
+        dof = math.fsum(w * np.maximum(nk - 1.0, 0.0))
+        pooled = math.fsum(w * var * nk) / dof if dof > 0 else 0.0
         out[rows, c] = np.maximum(np.maximum(own, pooled), 1e-12) / nk
     return out
+
+
+_MAX_SPREAD = 1e100
+"""A reported per-sample spread enters the pooled variance as at most this (its square stays
+finite in every sum); a site reporting more still gets an infinite standard error of its own."""
+
+
+def _clip_to_the_others(var: FloatArray, dofs: FloatArray, squares: FloatArray) -> FloatArray:
+    """Each holder's variance, at most POOL_CAP times the pooled variance of the other holders
+    (their ``squares`` over their ``dofs``, each holder counted up to the median holder's
+    samples: one site claiming many samples of spread 0 does not pull the reference down),
+    where those rest on enough degrees of freedom: at
+    least the holder's own or (holders - 1) times the median holder's. Otherwise it is not
+    clipped: tiny holders report a variance of about 0, and one site of 14 samples among sites
+    of 1 and 2 would be clipped to nothing (an independent review's counter-example).
+    The others' sums leave out the largest term and add it back, so that one huge report does
+    not cancel the others' digits; the sums are correctly rounded (fsum), so that the result
+    does not depend on the order of the sites."""
+    if var.size < 2:
+        return var
+    top = int(np.argmax(squares))
+    rest_squares = math.fsum(np.delete(squares, top))
+    others = np.where(
+        np.arange(var.size) == top, rest_squares, rest_squares - squares + squares[top]
+    )
+    others_dof = math.fsum(dofs) - dofs
+    enough = others_dof >= np.minimum(dofs, (var.size - 1) * float(np.median(dofs)))
+    enough &= others_dof > 0
+    reference = np.maximum(others, 0.0) / np.where(enough, others_dof, 1.0)
+    return np.where(enough, np.minimum(var, POOL_CAP * reference), var)
 
 
 def class_evidence(

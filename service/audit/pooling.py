@@ -30,9 +30,10 @@ errors): the cap is a multiple of a median, so no single site moves it. Two mult
   5 to 7 sites abstain as "not a clear minority" (an independent review's counter-example).
 * In the pooled within-class variance of the losses (:mod:`service.audit.class_null`), a holder's
   degrees of freedom count up to :data:`POOL_CAP` times the median holder's samples and its
-  variance up to :data:`POOL_CAP` times the other holders' pooled variance: one site of
-  ordinary size reporting a per-sample spread of 5 raised every site's standard error and hid a
-  noisy site in 5-6 of 8 rounds of 5-7 sites (the review again). Not the median holder's
+  variance up to :data:`POOL_CAP` times the other holders' pooled variance, where the others
+  rest on enough degrees of freedom (:mod:`service.audit.class_null`): one site of ordinary
+  size reporting a per-sample spread of 5 raised every site's standard error and hid a noisy
+  site in 5-6 of 8 rounds of 5-7 sites (the review again). Not the median holder's
   variance: the variances are as skewed as the losses (a site of one or two samples of a class
   reports about 0), and that cap flagged clean sites of the stress matrix.
 

@@ -200,7 +200,8 @@ def test_the_pooled_within_class_variance_is_capped() -> None:
     assert out[:, 0].tolist() == pytest.approx([pooled / 10, pooled / 10, 250 / 9 / 10])
     # Skewed but honest variances are not clipped at 4 x their median (0.025 x 4 = 0.1): 0, 0,
     # 0.05 and 0.15 from sites of 2, 2, 20 and 60 samples. 0.15 is under 4 x the others'
-    # (0.05 * 20) / 21 = 0.19; the site of 60 counts 44 samples (4 x the median 11).
+    # pooled variance (each counted up to the median's 11 samples: 0.55 / 12.45 = 0.044); in
+    # the pooled sum the site of 60 counts 44 samples (4 x the median 11).
     counts = np.array([[2], [2], [20], [60]])
     sd = np.sqrt(np.array([[0.0], [0.0], [0.05], [0.15]]))
     out = _within_variance(counts, sd, counts > 0)
@@ -262,3 +263,52 @@ def test_one_liar_in_a_small_federation_hides_no_noisy_site(clean, loss, spread,
         assert result.status == "ok", result.reason
         assert flags[clean]
         assert not any(flags[:clean])
+
+
+def test_the_variance_clip_needs_a_reference_and_survives_huge_spreads() -> None:
+    # Sites of 1 and 2 samples report a spread of about 0; the site of 14 with a hard sample
+    # (variance 0.135) is not clipped to 4 x their ~0: the others rest on 1 degree of freedom,
+    # fewer than its own 13. Its samples count up to 4 x the median's 2 (8 of 14): pooled
+    # (0.00165^2 * 2 + 8/14 * 0.368^2 * 14) / (0 + 1 + 8/14 * 13) = 0.1285;
+    # each site's the larger of that and its own, over n.
+    counts = np.array([[1], [2], [14]])
+    sd = np.array([[0.0], [0.00165], [0.368]])
+    out = _within_variance(counts, sd, counts > 0)
+    pooled = (0.00165**2 * 2 + 8 / 14 * 0.368**2 * 14) / (1 + 8 / 14 * 13)
+    assert out[:, 0].tolist() == pytest.approx([pooled / 1, pooled / 2, 0.368**2 * 14 / 13 / 14])
+    # A spread of 1e155 (its square overflows) is clipped like any other: finite, no NaN, the
+    # liar's variance at 4 x the others' pooled 0.36 * 33 / 32.
+    counts = np.full((6, 1), 33)
+    sd = np.array([[0.6]] * 5 + [[1e155]])
+    out = _within_variance(counts, sd, counts > 0)
+    assert np.isfinite(out[:5, 0]).all()
+    assert out[0, 0] == pytest.approx((5 * 0.36 + 4 * 0.36 * 33 / 32) * 33 / (6 * 32) / 33)
+
+
+@pytest.mark.parametrize("spread", [1e8, 1e155])
+def test_a_huge_reported_spread_hides_no_noisy_site(spread) -> None:
+    # The review: a spread of 1e155 turned the pooled variance into NaN (inf - inf), every z
+    # of the class was dropped and the noisy site went unflagged in 5 of 8 rounds of 5 sites,
+    # the status "ok". Now: flagged in 8 of 8, no clean site flagged, no abstention.
+    for seed in range(8):
+        losses, counts, sd, errors, confident = _small_round(seed, 3, 0.3, spread, 0.1, 99)
+        result = EvidenceDetector().fit(
+            losses, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+        )
+        flags = [bool(v is not None and v.flag) for v in result.verdicts]
+        assert result.status == "ok", result.reason
+        assert flags[3]
+        assert not any(flags[:3])
+
+
+def test_the_pooled_variance_does_not_depend_on_the_order_of_the_sites() -> None:
+    # Exactly (correctly rounded sums): a difference of one unit in the last place once flipped
+    # a verdict downstream (tests/audit/test_evidence.py, permutation invariance).
+    rng = np.random.default_rng(3)
+    counts = rng.integers(1, 60, size=(15, 3))
+    sd = rng.gamma(0.5, 0.4, size=(15, 3))
+    sd[4] = 7.0  # one clipped
+    order = rng.permutation(15)
+    a = _within_variance(counts, sd, counts > 0)[order]
+    b = _within_variance(counts[order], sd[order], counts[order] > 0)
+    assert a.tolist() == b.tolist()
