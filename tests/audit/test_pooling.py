@@ -125,6 +125,18 @@ def test_one_large_site_neither_silences_nor_misleads_the_audit(big_rate, big_lo
     assert false <= 1
 
 
+def _only_the_noisy_site_flagged(loss, counts, sd, errors, confident, noisy: int) -> None:
+    """The round is judged (no abstention), site ``noisy`` flagged, none of the clean sites
+    before it."""
+    result = EvidenceDetector().fit(
+        loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+    )
+    flags = [bool(v is not None and v.flag) for v in result.verdicts]
+    assert result.status == "ok", result.reason
+    assert flags[noisy]
+    assert not any(flags[:noisy])
+
+
 def _with_a_liar(seed: int, loss_value: float, spread: float, error_rate: float, size: int):
     """docs/eval/one_site_attacks.py's round: ten clean sites of 99 samples (three classes),
     site 10 noisy, site 11 reporting ``loss_value``, ``spread``, ``error_rate`` (none of its
@@ -162,13 +174,7 @@ def test_one_liar_of_ordinary_size_changes_no_verdict(loss_value, spread, error_
         loss, counts, sd, errors, confident = _with_a_liar(
             seed, loss_value, spread, error_rate, size
         )
-        result = EvidenceDetector().fit(
-            loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
-        )
-        flags = [bool(v is not None and v.flag) for v in result.verdicts]
-        assert result.status == "ok", result.reason
-        assert flags[10]
-        assert not any(flags[:10])
+        _only_the_noisy_site_flagged(loss, counts, sd, errors, confident, noisy=10)
 
 
 def test_sample_factor_by_hand() -> None:
@@ -256,13 +262,7 @@ def test_one_liar_in_a_small_federation_hides_no_noisy_site(clean, loss, spread,
     # abstention, the noisy site flagged and no clean site flagged in 8 of 8 (no tolerance).
     for seed in range(8):
         losses, counts, sd, errors, confident = _small_round(seed, clean, loss, spread, rate, size)
-        result = EvidenceDetector().fit(
-            losses, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
-        )
-        flags = [bool(v is not None and v.flag) for v in result.verdicts]
-        assert result.status == "ok", result.reason
-        assert flags[clean]
-        assert not any(flags[:clean])
+        _only_the_noisy_site_flagged(losses, counts, sd, errors, confident, noisy=clean)
 
 
 def test_the_variance_clip_needs_a_reference_and_survives_huge_spreads() -> None:
@@ -292,13 +292,7 @@ def test_a_huge_reported_spread_hides_no_noisy_site(spread) -> None:
     # the status "ok". Now: flagged in 8 of 8, no clean site flagged, no abstention.
     for seed in range(8):
         losses, counts, sd, errors, confident = _small_round(seed, 3, 0.3, spread, 0.1, 99)
-        result = EvidenceDetector().fit(
-            losses, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
-        )
-        flags = [bool(v is not None and v.flag) for v in result.verdicts]
-        assert result.status == "ok", result.reason
-        assert flags[3]
-        assert not any(flags[:3])
+        _only_the_noisy_site_flagged(losses, counts, sd, errors, confident, noisy=3)
 
 
 def test_the_pooled_variance_does_not_depend_on_the_order_of_the_sites() -> None:
