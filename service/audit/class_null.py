@@ -189,10 +189,11 @@ def _within_variance(counts: IntArray, sd: FloatArray | None, held: BoolArray) -
         nk = n[rows, c]
         var = np.square(np.minimum(sd[rows, c], _MAX_SPREAD))  # finite sums: no inf - inf
         own = var * nk / np.maximum(nk - 1.0, 1.0)
+        dof_k = np.maximum(nk - 1.0, 0.0)
         w, w1 = pool_weights(nk), pool_weights(nk, factor=RATE_CAP)
-        var = _clip_to_the_others(var, w1 * np.maximum(nk - 1.0, 0.0), w1 * var * nk)
+        var = _clip_to_the_others(var, w1 * dof_k, w1 * var * nk)
         # correctly rounded sums (fsum): the same in any order of the sites
-        dof = math.fsum(w * np.maximum(nk - 1.0, 0.0))
+        dof = math.fsum(w * dof_k)
         pooled = math.fsum(w * var * nk) / dof if dof > 0 else 0.0
         out[rows, c] = np.maximum(np.maximum(own, pooled), 1e-12) / nk
     return out

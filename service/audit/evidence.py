@@ -118,7 +118,7 @@ from service.audit.evidence_verdicts import (
     pass_summary,
     site_verdicts,
 )
-from service.audit.pooling import capped, sample_factor
+from service.audit.pooling import capped_sizes
 from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
 
@@ -427,8 +427,7 @@ class EvidenceDetector:
         a site's capped as :mod:`service.audit.pooling` says)."""
         k = flags.size
         union = flags | accuracy.flags
-        pooled = capped(sizes, factor=sample_factor(k))
-        share = float(np.average(union, weights=pooled)) if sizes.sum() > 0 else 0.0
+        share = float(np.average(union, weights=capped_sizes(sizes))) if sizes.sum() > 0 else 0.0
         if union.sum() >= self.max_flagged_fraction * k or share >= self.max_flagged_fraction:
             note = (
                 f"accuracy evidence set aside: with it {int(union.sum())} of {k} sites "

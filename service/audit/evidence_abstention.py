@@ -65,7 +65,7 @@ from service.audit.detection import DetectionResult
 from service.audit.detectors.fednoro import FedNoRoDetector
 from service.audit.error_evidence import ReportedCounts
 from service.audit.evidence_verdicts import EvidencePass
-from service.audit.pooling import capped, pool_weights, sample_factor
+from service.audit.pooling import capped_sizes, sample_weights
 
 __all__ = [
     "ACCURACY_INFORMATIVENESS",
@@ -111,7 +111,7 @@ def model_informativeness(
     sum E0_k over the sites that sent them): how much the consensus model beats the prior.
     A site weighs at most :func:`~service.audit.pooling.sample_factor` times the median site's
     size in the histogram, the median and the pooled errors."""
-    weight = pool_weights(sizes, factor=sample_factor(sizes.size))
+    weight = sample_weights(sizes)
     totals = (counts * weight[:, None]).sum(axis=0)
     prior = totals[totals > 0] / totals.sum()
     entropy = float(-(prior * np.log(prior)).sum())
@@ -136,7 +136,7 @@ def class_heterogeneity(evidence: ClassEvidence, counts: IntArray) -> float:
     """I^2 of the classes that entered, weighted by their samples (0.0: none entered), a site's
     counted up to :func:`~service.audit.pooling.sample_factor` times the median site's."""
     sizes = counts.sum(axis=1).astype(np.float64)
-    class_weight = (counts * pool_weights(sizes, factor=sample_factor(sizes.size))[:, None]).sum(0)
+    class_weight = (counts * sample_weights(sizes)[:, None]).sum(axis=0)
     entered = np.isfinite(evidence.heterogeneity)
     if not entered.any():
         return 0.0
@@ -188,7 +188,7 @@ def consensus_reason(
     ``mixture``: the sites FedNoRo's loss mixture flags (None: not run or undetermined).
     """
     k = sizes.size
-    sizes = capped(sizes, factor=sample_factor(k))  # a site and one other: < half (pooling)
+    sizes = capped_sizes(sizes)  # a site and one other: < half (pooling)
     n_flag = int(result.flags.sum())
     share = float(sizes[result.flags].sum() / sizes.sum())
     below = int((result.low & ~result.flags).sum())

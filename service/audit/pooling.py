@@ -18,9 +18,9 @@ errors): the cap is a multiple of a median, so no single site moves it. Two mult
   median site's vote in it. At 4 times the median a site claiming 20,000 samples without an
   error still pulled the rates of a ten-site round down by 4 / 14 and a clean site was flagged in
   9 of 20 simulated rounds; at 1, in none. In a class's error rate a holder's count of the class
-  is also capped at :data:`POOL_CAP` times the median holder's: a site of ordinary size holding
-  only one class (and no error) otherwise halved that class's rate and made a clean holder of it
-  look noisy (4 of 10 rounds in the review's counter-example).
+  is also capped at :data:`POOL_CAP` times the median holder's: a site of ordinary size claiming
+  100 samples of a class the others hold 10 of, without an error, otherwise set that class's
+  rate at 10 / 200 instead of 10 / 140 (``tests/audit/test_pooling.py``).
 * :data:`POOL_CAP` (4) in pooled *sample totals*: the label histogram, the informativeness, the
   share of the samples the flagged sites hold, the classes' weights in I^2. A legitimately large
   site keeps most of its weight there (a Dirichlet partition's spread of sizes is not touched).
@@ -51,7 +51,15 @@ import numpy as np
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 
-__all__ = ["POOL_CAP", "RATE_CAP", "capped", "pool_weights", "sample_factor"]
+__all__ = [
+    "POOL_CAP",
+    "RATE_CAP",
+    "capped",
+    "capped_sizes",
+    "pool_weights",
+    "sample_factor",
+    "sample_weights",
+]
 
 POOL_CAP = 4.0
 """A site enters a pooled sample total with at most this many times the median site's size."""
@@ -103,3 +111,19 @@ def capped(
     amounts = np.asarray(amounts, dtype=np.float64)
     inside = np.ones(amounts.shape, dtype=bool) if members is None else members
     return np.where(inside, amounts * pool_weights(amounts, inside, factor), amounts)
+
+
+def sample_weights(sizes: FloatArray) -> FloatArray:
+    """The fraction of each site's samples that enters the pooled sample totals of a round of
+    these sites: :func:`pool_weights` at :func:`sample_factor` of their number."""
+    return pool_weights(sizes, factor=sample_factor(sizes.size))
+
+
+def capped_sizes(sizes: FloatArray) -> FloatArray:
+    """The sites' sizes as they enter the pooled sample totals: each at most
+    :func:`sample_factor` times the median site's.
+
+    >>> capped_sizes(np.array([10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 100.0])).tolist()
+    [10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 30.0]
+    """
+    return capped(sizes, factor=sample_factor(sizes.size))

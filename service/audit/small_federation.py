@@ -46,7 +46,7 @@ from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit.detection import ClientVerdict, DetectionResult
-from service.audit.pooling import capped, sample_factor
+from service.audit.pooling import sample_weights
 
 __all__ = ["worse_than_prior"]
 
@@ -90,8 +90,9 @@ def worse_than_prior(
     n_kc = counts.astype(np.float64)
     sizes = n_kc.sum(axis=1)
     # pooled (the label histogram, the median, the share): each site at most the median site
-    pooled = capped(sizes, factor=sample_factor(k))
-    prior = (n_kc * (pooled / np.maximum(sizes, 1e-300))[:, None]).sum(axis=0)
+    weight = sample_weights(sizes)
+    pooled = sizes * weight
+    prior = (n_kc * weight[:, None]).sum(axis=0)
     prior = prior / prior.sum()
     present = prior > 0
     entropy = float(-(prior[present] * np.log(prior[present])).sum())
