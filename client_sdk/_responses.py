@@ -219,6 +219,32 @@ class AuditDetection(_Model):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
+class AuditCappedWeight(_Model):
+    """One client whose aggregation weight the cap lowered (``index``: its position)."""
+
+    index: int
+    client_id: str | None = None
+    before: float
+    after: float
+    layers: int | None = None
+
+
+class AuditWeightCap(_Model):
+    """The cap on a single client's aggregation weight, min(1, f / K), and what it did."""
+
+    factor: float
+    cap: float
+    capped: list[AuditCappedWeight]
+    note: str | None = None
+
+
+class AuditNeighbor(_Model):
+    """One of a client's reliable neighbors (FedRN) and its weight R'."""
+
+    client_id: str
+    weight: float
+
+
 class AuditAggregation(_Model):
     """How a round's updates were aggregated; ``weights`` aligned with client_ids."""
 
@@ -228,7 +254,7 @@ class AuditAggregation(_Model):
     weights: list[float] | None = None
     layer_weights: dict[str, list[float]] | None = None
     details: dict[str, Any] | None = None
-    weight_cap: dict[str, Any] | None = None
+    weight_cap: AuditWeightCap | None = None
 
 
 class AuditClient(_Model):
@@ -249,7 +275,7 @@ class AuditRecord(_Model):
     primary: str
     primary_flags: list[bool | None]
     expertise: list[float | None] | None = None
-    neighbors: dict[str, list[dict[str, Any]]] | None = None
+    neighbors: dict[str, list[AuditNeighbor]] | None = None
     self_weights: dict[str, float] | None = None
     aggregation: AuditAggregation
     centroids: list[list[float]] | None = None

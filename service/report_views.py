@@ -18,12 +18,8 @@ from datetime import datetime
 
 from typing_extensions import TypedDict
 
-
-class NeighborWeight(TypedDict):
-    """One of a client's reliable neighbors (R'), as stored and as the reports show it."""
-
-    client_id: str
-    weight: float
+# The reports' neighbors are the audit's (re-exported for the coordinator and the API).
+from service.audit.reliability import NeighborWeight as NeighborWeight
 
 
 class ClassEvidenceEntry(TypedDict):

@@ -58,6 +58,7 @@ from service.audit.geometry_evidence import raised_by_geometry
 from service.audit.pipeline import AuditOutcome, run_audit
 from service.audit.reliability import (
     NeighborSets,
+    NeighborWeight,
     k_reliable_neighbors,
     probe_similarity,
     reliability_scores,
@@ -72,6 +73,7 @@ __all__ = [
     "DETECTORS",
     "DETECTOR_REGISTRY",
     "NOISY_SET_RULES",
+    "NeighborWeight",
     "PRIMARY_DETECTORS",
     "AggregationResult",
     "AggregationSettings",

@@ -54,7 +54,7 @@ from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
 from service.audit.detection import ClientStatus, DetectionResult, next_status
 from service.audit.detector_registry import geometry_peers
-from service.audit.reliability import k_reliable_neighbors
+from service.audit.reliability import NeighborWeight, k_reliable_neighbors
 from service.audit.round_detectors import run_detectors
 from service.audit.round_inputs import (
     CheckedClients,
@@ -119,7 +119,7 @@ class AuditOutcome:
     primary: str
     primary_flags: list[bool | None]
     expertise: list[float] | None
-    neighbors: dict[str, list[dict[str, Any]]] | None
+    neighbors: dict[str, list[NeighborWeight]] | None
     self_weights: dict[str, float] | None
     aggregation: AggregationResult
     centroids: FloatArray | None
@@ -152,7 +152,7 @@ class AuditOutcome:
 
 def _neighbors(
     data: CheckedClients, candidates: CheckedClients, config: AuditConfig
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]] | None:
+) -> tuple[dict[str, list[NeighborWeight]], dict[str, float]] | None:
     if missing(data.ids, data.probes) or missing(data.ids, data.train_accuracy):
         return None
     own = {cid: i for i, cid in enumerate(data.ids)}
@@ -199,7 +199,7 @@ def _neighbors(
         ),
         variant=config.fedrn.similarity,
     )
-    neighbors: dict[str, list[dict[str, Any]]] = {}
+    neighbors: dict[str, list[NeighborWeight]] = {}
     self_weights: dict[str, float] = {}
     for t, cid in enumerate(data.ids):
         neighbors[cid] = [
@@ -376,7 +376,7 @@ def _outcome(
     config: AuditConfig,
     data: CheckedClients,
     previous_centroids: Any,
-    neighbor_info: tuple[dict[str, list[dict[str, Any]]], dict[str, float]] | None,
+    neighbor_info: tuple[dict[str, list[NeighborWeight]], dict[str, float]] | None,
     effective_flags: list[bool | None] | None,
     aggregation_flags: list[bool] | None,
     aggregation: AggregationResult,

@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
+from typing_extensions import TypedDict
 
 from service.audit._blas import one_blas_thread
 from service.audit._json import to_jsonable
@@ -53,6 +54,7 @@ from service.audit._validation import (
 
 __all__ = [
     "NeighborSets",
+    "NeighborWeight",
     "k_reliable_neighbors",
     "probe_similarity",
     "reliability_scores",
@@ -62,6 +64,14 @@ _RANGE_EPS = 1e-12
 _EPS32 = float(np.finfo(np.float32).eps) / 2.0  # 2^-24, float32's unit roundoff
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _VARIANTS = ("softmax", "logit")
+
+
+class NeighborWeight(TypedDict):
+    """One of a client's reliable neighbors with its weight R'(c, n) (FedRN eq. 7), as the
+    audit stores it and the next round's instructions and the reports hand it on."""
+
+    client_id: str
+    weight: float
 
 
 @dataclass(frozen=True)

@@ -196,8 +196,10 @@ async def test_a_site_with_ten_times_the_data_weighs_at_most_the_cap(api) -> Non
             "client_id": fed.client_ids["s0"],
             "before": pytest.approx(100 / 190),
             "after": pytest.approx(0.4),
+            "layers": None,  # fedncl_layerwise's only
         }
     ]
+    assert cap["note"] is None
     # the new model: 0.4 * 10 = 4.0 (FedAvg uncapped: 5.263)
     model = await api.get(f"/api/v1/models/{round0['model_out_id']}", headers=ADMIN)
     np.testing.assert_allclose(load(model.content)["layer.bias"], [4.0, 4.0], rtol=1e-6)

@@ -44,6 +44,41 @@ class DetectionRecord(_Record):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
+class CappedWeightRecord(_Record):
+    """One client whose aggregation weight the cap lowered."""
+
+    index: int = Field(description="The client's position in client_ids")
+    client_id: str | None = Field(
+        None, description="The client (absent from audits stored before it was recorded)"
+    )
+    before: float = Field(description="Its weight before the cap")
+    after: float = Field(description="Its weight after the cap")
+    layers: int | None = Field(
+        None,
+        description="fedncl_layerwise only: in how many float tensors it was capped (before and "
+        "after are then its mean weights over the tensors)",
+    )
+
+
+class WeightCapRecord(_Record):
+    """The cap on a single client's aggregation weight, min(1, f / K), and what it did."""
+
+    factor: float = Field(description="f")
+    cap: float = Field(
+        description="The cap applied: min(1, f / K), or 1 / m where only m < 1 / cap clients "
+        "have a positive weight (note says so)"
+    )
+    capped: list[CappedWeightRecord] = Field(description="The clients whose weight it lowered")
+    note: str | None = None
+
+
+class NeighborRecord(_Record):
+    """One of a client's reliable neighbors (FedRN)."""
+
+    client_id: str
+    weight: float = Field(description="R'(c, n), FedRN eq. 7")
+
+
 class AggregationRecord(_Record):
     """How the round's updates were aggregated."""
 
@@ -55,7 +90,7 @@ class AggregationRecord(_Record):
     )
     layer_weights: dict[str, list[float]] | None = None
     details: dict[str, Any] | None = None
-    weight_cap: dict[str, Any] | None = Field(
+    weight_cap: WeightCapRecord | None = Field(
         None, description="The cap on one client's weight and the clients it held back"
     )
 
@@ -98,7 +133,9 @@ class AuditRecord(_Record):
     primary: str = Field(description="The primary detector")
     primary_flags: list[bool | None] = Field(description="The primary detector's flags")
     expertise: list[float | None] | None = None
-    neighbors: dict[str, list[dict[str, Any]]] | None = None
+    neighbors: dict[str, list[NeighborRecord]] | None = Field(
+        None, description="Client id -> its reliable neighbors, best first"
+    )
     self_weights: dict[str, float] | None = None
     aggregation: AggregationRecord
     centroids: list[list[float]] | None = None

@@ -23,7 +23,7 @@ from service.audit._validation import (
     as_bool_array,
     as_float_array,
 )
-from service.audit.aggregators.weight_cap import apply_cap, normalise
+from service.audit.aggregators.weight_cap import WeightCapRecord, apply_cap, normalise
 from service.audit.blocks import stream_pass
 from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
@@ -53,12 +53,9 @@ class AggregationResult:
         Why ``rule`` differs from ``requested_rule``.
     details : dict
         Rule-specific facts (distances, penalties, trimmed counts, ...), JSON-serialisable.
-    weight_cap : dict or None
-        The cap on a single client's weight: ``factor`` (f), ``cap`` (min(1, f / K), or higher
-        when fewer than 1 / cap clients have a positive weight; ``note`` says so), and
-        ``capped``, one entry per client whose weight was lowered: ``index`` (position in the
-        updates), ``before`` and ``after`` (for ``fedncl_layerwise`` the means over float
-        tensors, with ``layers`` = in how many tensors it was capped). None: no cap (f None).
+    weight_cap : WeightCapRecord or None
+        The cap on a single client's weight (:class:`~service.audit.aggregators.weight_cap.
+        WeightCapRecord`: f, the cap, the clients it lowered). None: no cap (f None).
     """
 
     state: dict[str, AnyArray]
@@ -68,7 +65,7 @@ class AggregationResult:
     requested_rule: str
     fallback_reason: str | None
     details: dict[str, Any] = field(default_factory=dict)
-    weight_cap: dict[str, Any] | None = None
+    weight_cap: WeightCapRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return everything but the state as plain JSON values."""
@@ -160,7 +157,7 @@ def result(
     fallback_reason: str | None = None,
     layer_weights: dict[str, list[float]] | None = None,
     details: dict[str, Any] | None = None,
-    weight_cap: dict[str, Any] | None = None,
+    weight_cap: WeightCapRecord | None = None,
 ) -> AggregationResult:
     """An :class:`AggregationResult` (``details`` {} when None)."""
     return AggregationResult(

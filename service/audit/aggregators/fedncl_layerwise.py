@@ -26,6 +26,7 @@ from service.audit.aggregators.common import (
 )
 from service.audit.aggregators.weight_cap import (
     DEFAULT_MAX_CLIENT_WEIGHT_FACTOR,
+    WeightCapRecord,
     apply_cap,
     check_factor,
     client_weight_cap,
@@ -177,14 +178,14 @@ def _layer_weights(
 
 def _layer_cap_record(
     before: FloatArray, after: FloatArray, factor: float | None
-) -> dict[str, Any] | None:
+) -> WeightCapRecord | None:
     """The cap record of layer-wise weights (tensors x clients): per client capped in some
     tensor, its mean weight over tensors before and after, and in how many tensors."""
     if factor is None:
         return None
     k = int(before.shape[1])
     lowered = after < before
-    record: dict[str, Any] = {
+    record: WeightCapRecord = {
         "factor": factor,
         "cap": client_weight_cap(k, factor),
         "capped": [

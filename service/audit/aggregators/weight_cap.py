@@ -13,9 +13,10 @@ claims.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NotRequired
 
 import numpy as np
+from typing_extensions import TypedDict
 
 from service.audit._typing import FloatArray
 from service.audit._validation import (
@@ -26,7 +27,38 @@ from service.audit._validation import (
     check_int,
 )
 
-__all__ = ["DEFAULT_MAX_CLIENT_WEIGHT_FACTOR", "cap_weights", "client_weight_cap"]
+__all__ = [
+    "DEFAULT_MAX_CLIENT_WEIGHT_FACTOR",
+    "CappedWeight",
+    "WeightCapRecord",
+    "cap_weights",
+    "client_weight_cap",
+]
+
+
+class CappedWeight(TypedDict):
+    """One client whose weight the cap lowered."""
+
+    index: int
+    """Its position in the updates."""
+    before: float
+    after: float
+    layers: NotRequired[int]
+    """``fedncl_layerwise`` only: in how many float tensors it was capped (``before`` and
+    ``after`` are then its mean weights over the tensors)."""
+
+
+class WeightCapRecord(TypedDict):
+    """What the cap on a single client's weight did in a round (stored with the audit)."""
+
+    factor: float
+    """f of ``min(1, f / K)``."""
+    cap: float
+    """The cap applied: min(1, f / K), or 1 / m when only m < 1 / cap clients have a positive
+    weight (``note`` says so)."""
+    capped: list[CappedWeight]
+    note: NotRequired[str]
+
 
 DEFAULT_MAX_CLIENT_WEIGHT_FACTOR = 4.0
 """Default f of the weight cap ``min(1, f / K)``: with up to 4 clients the cap is 1 (no effect);
@@ -128,7 +160,7 @@ def check_factor(factor: float | None) -> float | None:
 
 def apply_cap(
     weights: FloatArray, factor: float | None
-) -> tuple[FloatArray, dict[str, Any] | None]:
+) -> tuple[FloatArray, WeightCapRecord | None]:
     """``weights`` capped at min(1, f / K), and the record of what the cap changed.
 
     When fewer than 1 / cap clients have a positive weight (a rule gave the others 0), the cap
@@ -139,7 +171,7 @@ def apply_cap(
         return weights, None
     k = int(weights.size)
     cap = client_weight_cap(k, factor)
-    record: dict[str, Any] = {"factor": factor, "cap": cap, "capped": []}
+    record: WeightCapRecord = {"factor": factor, "cap": cap, "capped": []}
     positive = int(np.count_nonzero(weights))
     if cap * positive < 1.0 - 1e-12:
         cap = 1.0 / positive
@@ -158,7 +190,7 @@ def apply_cap(
     return capped, record
 
 
-def moot_cap(n_clients: int, factor: float | None, rule: str) -> dict[str, Any] | None:
+def moot_cap(n_clients: int, factor: float | None, rule: str) -> WeightCapRecord | None:
     """The cap record of a rule whose weights are 1/K (never above the cap)."""
     if factor is None:
         return None
