@@ -20,7 +20,7 @@ Methods and their sources:
   holders (so a class needs at least as many samples as it has holders).
 - ``dirichlet`` (FedRN): for each class c, proportions q_c ~ Dirichlet(beta * 1_K); class
   c's shuffled samples are cut at floor(cumsum(q_c) * n_c).
-- ``bernoulli_dirichlet`` (FedCorr, used by FLR and FedNoRo, seeds 003/004): class presence
+- ``bernoulli_dirichlet`` (FedCorr, used by FLR and FedNoRo): class presence
   Phi[k, c] ~ Bernoulli(p); rows with no class are redrawn; each class's samples are assigned one by
   one to its holders by a categorical draw with Dirichlet(alpha * 1) proportions.
 - ``lognormal_quantity`` (Fed-NCL): client sizes proportional to lognormal(0, sigma)

@@ -1,7 +1,7 @@
 """FedProx local training: cross-entropy plus the proximal term (mu/2) ||theta - theta_G||^2.
 
 (``fedprox``, mu = 0.01); Li et al., "Federated Optimization in
-Heterogeneous Networks" (MLSys 2020), the FedProx baseline of seeds 001 and 004. The term is taken
+Heterogeneous Networks" (MLSys 2020), the FedProx baseline of Fed-NCL and FedNoRo. The term is taken
 over the trainable parameters (not BatchNorm buffers), as in FedProx's definition over the weights.
 """
 

@@ -136,7 +136,8 @@ class FedNoRoSettings:
             raise InvalidParameterError(
                 "fednoro_separation_groups: 'all_fits' needs fednoro_separation_quantile (the "
                 "levels of the groups judged are corrected for their number); set "
-                "fednoro_separation_groups to 'majority' for the guard of ALGORITHMS.md as written"
+                "fednoro_separation_groups to 'majority' for the fixed-threshold guard (the fits' "
+                "majority vote only: docs/algorithms.md, FedNoRo)"
             )
         threshold = check_float(
             "fednoro_separation_threshold", self.separation_threshold, min_value=0.0

@@ -1,4 +1,5 @@
-"""Aggregation rules (ALGORITHMS.md 4): hand-worked weights, fallbacks, streaming, properties."""
+"""Aggregation rules (docs/algorithms.md, aggregation): hand-worked weights, fallbacks,
+streaming, properties."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RoFL global centroid aggregation (ALGORITHMS.md 4, RoFL eq. 11-12)."""
+"""RoFL global centroid aggregation (RoFL eq. 11-12)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from tests.audit._synthetic import loss_clients
 # Ten clients, two classes, 20 samples of each. Clients 6-9 lose more on both classes, but
 # their group is spread out (class-standardised excess about 0.7, 0.9, 2.0, 2.6 against -1.7
 # to -0.3 for the others): the mixture puts exactly 6-9 in its noisy group, with Ashman's D
-# between 2 (ALGORITHMS.md's guard) and the calibrated threshold for 4 of 10 (5.1).
+# between 2 (the first design's fixed threshold) and the calibrated threshold for 4 of 10 (5.1).
 LOSS = np.array(
     [
         [0.30, 0.32],

@@ -1,4 +1,5 @@
-"""Fed-NCL: divergence, reliability score, sigma rule and persistence (ALGORITHMS.md 2.2)."""
+"""Fed-NCL: divergence, reliability score, sigma rule and persistence (Fed-NCL, Tam et al.,
+TNNLS; docs/algorithms.md, Fed-NCL)."""
 
 from __future__ import annotations
 

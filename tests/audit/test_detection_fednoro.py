@@ -1,4 +1,4 @@
-"""FedNoRo per-class loss GMM detector (ALGORITHMS.md 2.1) and Ashman's D."""
+"""FedNoRo per-class loss GMM detector (FedNoRo, Wu et al. 2023, section 4.1) and Ashman's D."""
 
 from __future__ import annotations
 
@@ -181,8 +181,9 @@ class TestFedNoRoGuard:
 
     @pytest.mark.parametrize("n_clients", [8, 20, 50])
     def test_without_guard_a_clean_federation_is_split(self, n_clients):
-        # The reason for the guard (ALGORITHMS.md 2.1 step 5): the paper-exact detector flags
-        # part of a federation with no noisy client at all (100 of 100 seeds measured).
+        # The reason for the guard (docs/algorithms.md, FedNoRo's separation guard): the
+        # paper-exact detector flags part of a federation with no noisy client at all (100 of
+        # 100 seeds measured).
         for seed in range(3):
             loss, counts = synthetic_federation(n_clients, 10, seed)
             detector = FedNoRoDetector(require_separation=False).fit(loss, counts)

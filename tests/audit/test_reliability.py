@@ -1,4 +1,5 @@
-"""FedRN similarity, reliability R(c, n) and k-reliable neighbors (ALGORITHMS.md 3)."""
+"""FedRN similarity, reliability R(c, n) and k-reliable neighbors (FedRN, Kim et al. 2022,
+section 4.1, eq. 3-7)."""
 
 from __future__ import annotations
 

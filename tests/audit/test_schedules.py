@@ -1,4 +1,4 @@
-"""Schedule scaling (ALGORITHMS.md preamble)."""
+"""Schedule scaling (docs/algorithms.md, schedules)."""
 
 from __future__ import annotations
 

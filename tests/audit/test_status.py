@@ -1,4 +1,4 @@
-"""Status history rule (ALGORITHMS.md 2.4) and FedRN expertise (2.3)."""
+"""Status history rule (docs/algorithms.md, status) and FedRN expertise (FedRN eq. 4)."""
 
 from __future__ import annotations
 

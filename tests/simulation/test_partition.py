@@ -1,4 +1,5 @@
-"""Tests of fedaudit_sim.partition against the definitions of ALGORITHMS.md section 6."""
+"""Tests of fedaudit_sim.partition against the partitions and noise models docs/evaluation.md
+defines."""
 
 from __future__ import annotations
 

@@ -300,7 +300,8 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             raise InvalidParameterError(
                 "separation_groups: 'all_fits' needs separation_quantile (the levels of the "
                 "groups judged are corrected for their number; D >= a fixed threshold is not); "
-                "set separation_groups='majority' for the guard of ALGORITHMS.md as written"
+                "set separation_groups='majority' for the fixed-threshold guard (the fits' "
+                "majority vote only: docs/algorithms.md, FedNoRo)"
             )
         return (
             checked,
