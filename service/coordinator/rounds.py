@@ -18,11 +18,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
+from typing_extensions import TypedDict
 
 from service.audit import next_status
 from service.coordinator import audits, retention, round_events
@@ -133,6 +134,39 @@ def open_round(
     return rnd
 
 
+class ProbeSpec(TypedDict):
+    """The random probe inputs a site computes its softmax signature on (FedRN)."""
+
+    seed: int
+    size: int
+
+
+class SiteInstructions(TypedDict):
+    """What one selected site is told to do in a round, as stored with its participation and
+    sent in ``rounds/current`` (the API's ``Instructions``)."""
+
+    recipe: str
+    hyperparameters: dict[str, Any]
+    """The recipe's typed hyper-parameters (``service.coordinator.hyperparameters``), as JSON."""
+    global_model_id: str
+    global_model_sha256: str
+    round_index: int
+    total_rounds: int
+    num_classes: int
+    input_shape: list[int]
+    signals: list[str]
+    probe: ProbeSpec | None
+    centroids: list[list[float]] | None
+    deadline_at: str
+    privacy: dict[str, Any]
+    """The federation's signal policy (``SignalPolicy``), as JSON."""
+    seed: int
+    role: Literal["clean", "noisy"]
+    label_correction: bool
+    neighbors: list[audits.AssignedNeighbor]
+    self_weight: float | None
+
+
 def build_instructions(
     session: Session,
     federation: Federation,
@@ -140,7 +174,7 @@ def build_instructions(
     model: ModelVersion,
     selected: list[Client],
     previous_audit: AuditResult | None,
-) -> dict[uuid.UUID, dict[str, Any]]:
+) -> dict[uuid.UUID, SiteInstructions]:
     """What each selected client is told to do in this round."""
     config = federation.config
     after_warmup = rnd.index >= config["warmup_rounds"]
@@ -148,38 +182,37 @@ def build_instructions(
     neighbor_sets = audits.neighbor_assignments(session, federation, previous_audit)
     t_corr = int(config["audit"]["fedncl_t_corr"])
     alpha = float(config["audit"]["fedncl_alpha"])
-    base = {
-        "recipe": config["recipe"],
-        "hyperparameters": config["hyperparameters"],
-        "global_model_id": str(model.id),
-        "global_model_sha256": model.sha256,
-        "round_index": rnd.index,
-        "total_rounds": federation.rounds,
-        "num_classes": federation.num_classes,
-        "input_shape": federation.input_shape,
-        "signals": signals,
-        "probe": (
-            {"seed": rnd.probe_seed, "size": config["probe_size"]}
-            if "probe_softmax" in signals
-            else None
-        ),
-        "centroids": federation.centroids if config["recipe"] == "rofl" else None,
-        "deadline_at": rnd.deadline_at.isoformat(),
-        "privacy": policy_of(config).model_dump(),
-    }
-    result: dict[uuid.UUID, dict[str, Any]] = {}
+    probe: ProbeSpec | None = (
+        {"seed": rnd.probe_seed, "size": config["probe_size"]}
+        if "probe_softmax" in signals
+        else None
+    )
+    privacy = policy_of(config).model_dump()
+    result: dict[uuid.UUID, SiteInstructions] = {}
     for client in selected:
         status = effective_status(client)
         neighbors, self_weight = neighbor_sets.get(client.id, ([], None))
-        result[client.id] = {
-            **base,
+        result[client.id] = SiteInstructions(
+            recipe=config["recipe"],
+            hyperparameters=config["hyperparameters"],
+            global_model_id=str(model.id),
+            global_model_sha256=model.sha256,
+            round_index=rnd.index,
+            total_rounds=federation.rounds,
+            num_classes=federation.num_classes,
+            input_shape=federation.input_shape,
+            signals=signals,
+            probe=probe,
+            centroids=federation.centroids if config["recipe"] == "rofl" else None,
+            deadline_at=rnd.deadline_at.isoformat(),
+            privacy=privacy,
             # by name, not by its random id: the same federation seed gives the same run
-            "seed": derive_seed(federation.seed, "client", client.name, rnd.index),
-            "role": "noisy" if after_warmup and status == "noisy" else "clean",
-            "label_correction": audits.is_correction_candidate(client, t_corr, alpha),
-            "neighbors": neighbors,
-            "self_weight": self_weight,
-        }
+            seed=derive_seed(federation.seed, "client", client.name, rnd.index),
+            role="noisy" if after_warmup and status == "noisy" else "clean",
+            label_correction=audits.is_correction_candidate(client, t_corr, alpha),
+            neighbors=neighbors,
+            self_weight=self_weight,
+        )
     return result
 
 

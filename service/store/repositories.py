@@ -247,7 +247,7 @@ def touch_open_round(session: Session, round_id: uuid.UUID) -> bool:
 
 
 def add_participants(
-    session: Session, round_id: uuid.UUID, instructions: dict[uuid.UUID, dict[str, Any]]
+    session: Session, round_id: uuid.UUID, instructions: Mapping[uuid.UUID, Mapping[str, Any]]
 ) -> None:
     for client_id, payload in instructions.items():
         session.add(RoundParticipant(round_id=round_id, client_id=client_id, instructions=payload))
