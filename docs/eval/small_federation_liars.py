@@ -30,9 +30,9 @@ Per line: rounds the audit abstained in (``inconclusive``), rounds it was conclu
 the noisy site, rounds it flagged a clean site; honest first, lying second.
 
 With ``--honest N``: only the ``spread`` case's honest rounds, seeds 0 to N - 1, at 5, 6, 8
-and 10 sites: how often a clean site is flagged when nobody lies (about a minute for 200).
+and 10 sites: how often a clean site is flagged when nobody lies (about half a minute for 200).
 
-Usage (from the repository root; about half a minute)::
+Usage (from the repository root; about ten seconds)::
 
     .venv/bin/python docs/eval/small_federation_liars.py [--honest 200]
 """

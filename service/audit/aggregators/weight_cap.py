@@ -37,7 +37,10 @@ __all__ = [
 
 
 class CappedWeight(TypedDict):
-    """One client whose weight the cap lowered."""
+    """One client whose weight the cap lowered.
+
+    The audit knows clients by position only; the coordinator adds the site's ``client_id`` to
+    the copy it stores and serves (``CappedWeightRecord`` in the API)."""
 
     index: int
     """Its position in the updates."""
