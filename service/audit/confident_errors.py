@@ -54,7 +54,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import betabinom, binom
+from scipy.special import betaln
+from scipy.stats import binom
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError
@@ -141,6 +142,54 @@ def round_counts(
     return RoundCounts(wrong, sure)
 
 
+_TAIL_TERMS_PER_CHUNK = 1 << 20
+"""Terms of the beta-binomial tails :func:`betabinom_upper` sums at a time (memory bound)."""
+
+
+def betabinom_upper(x: IntArray, n: IntArray, a: FloatArray, b: FloatArray) -> FloatArray:
+    """P(X >= x) for X beta-binomial (n, a, b), elementwise, as the sum of the probabilities
+    of x .. n (the terms the tail holds, vectorised over the elements; 1 where x <= 0, 0
+    where x > n).
+
+    scipy's ``betabinom.sf`` gives the same up to rounding, as 1 minus the sum of the terms
+    below x, one element at a time: it took 0.14 s of a 10,000-site round's evidence, and
+    rounds a tail below about 1e-16 to 0, which this keeps.
+
+    >>> float(betabinom_upper(np.array([2]), np.array([2]), np.array([1.0]), np.array([1.0]))[0])
+    0.3333333333333333
+    """
+    x = np.asarray(x, dtype=np.int64)
+    n = np.asarray(n, dtype=np.int64)
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    out = np.where(x <= 0, 1.0, 0.0)
+    todo = np.flatnonzero((x > 0) & (x <= n))
+    start = 0
+    while start < todo.size:  # chunks of whole tails, at most about _TAIL_TERMS_PER_CHUNK terms
+        lengths = n[todo[start:]] - x[todo[start:]] + 1
+        stop = start + max(1, int(np.searchsorted(np.cumsum(lengths), _TAIL_TERMS_PER_CHUNK)))
+        part = todo[start:stop]
+        out[part] = _tail_sums(x[part], n[part], a[part], b[part])
+        start = stop
+    return out
+
+
+def _tail_sums(x: IntArray, n: IntArray, a: FloatArray, b: FloatArray) -> FloatArray:
+    """:func:`betabinom_upper` for elements with 1 <= x <= n: every term at once."""
+    lengths = n - x + 1
+    seg = np.repeat(np.arange(x.size), lengths)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    j = (x[seg] + np.arange(seg.size) - starts[seg]).astype(np.float64)
+    nn, aa, bb = n[seg].astype(np.float64), a[seg], b[seg]
+    # log C(n, j) + log B(j + a, n - j + b) - log B(a, b), as scipy's betabinom writes it
+    log_terms = (
+        -np.log1p(nn) - betaln(nn - j + 1.0, j + 1.0) + betaln(j + aa, nn - j + bb) - betaln(aa, bb)
+    )
+    top = np.maximum.reduceat(log_terms, starts)
+    total = np.add.reduceat(np.exp(log_terms - top[seg]), starts)
+    return np.asarray(np.minimum(1.0, np.exp(top) * total), dtype=np.float64)
+
+
 def _share_p(
     errors: IntArray,
     confident: IntArray,
@@ -174,7 +223,7 @@ def _share_p(
     s = np.clip(expected[enough] / n, 1e-9, 1.0 - 1e-9)
     p = np.ones(errors.shape[0], dtype=np.float64)
     if rho > 0.0:
-        p[enough] = betabinom.sf(x - 1, n, s * (1 / rho - 1), (1 - s) * (1 / rho - 1))
+        p[enough] = betabinom_upper(x, n, s * (1 / rho - 1), (1 - s) * (1 / rho - 1))
     else:
         p[enough] = binom.sf(x - 1, n, s)
     shares = np.where(pooled_errors > 0, (pooled_sure + overall) / (pooled_errors + 1), np.nan)

@@ -516,11 +516,13 @@ def _class_level(
     per_class = entered & (counts >= min_class_count)
     cells = per_class & fit_sites[:, None]
     psi = fit_dispersion(errors[cells].astype(np.float64), mean[cells], (phi + class_extra)[cells])
-    p_class = np.where(
-        per_class, upper_p(errors, np.maximum(mean, 1e-12), phi + psi + class_extra), 1.0
-    )
     class_ok = per_class & (errors - mean >= min_excess * counts)
-    p_one = np.where(class_ok, p_class, 1.0).min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
+    # The tail only where the floor is cleared (the rest is 1): most cells of a large round.
+    p_class = np.ones(errors.shape)
+    p_class[class_ok] = upper_p(
+        errors[class_ok], np.maximum(mean[class_ok], 1e-12), (phi + psi + class_extra)[class_ok]
+    )
+    p_one = p_class.min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
     return psi, np.asarray(p_one, dtype=np.float64)
 
 

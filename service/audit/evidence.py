@@ -451,7 +451,12 @@ class EvidenceDetector:
     ) -> _Decision:
         """The consensus passes, the abstention rules, then anchored mode where it applies."""
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
-        second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
+        # Without flags the second pass would refit on the same sites: the same pass.
+        second = (
+            self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
+            if first.flags.any()
+            else first
+        )
         heterogeneity = class_heterogeneity(second.evidence, counts)
         split = mixture_split(loss, counts, mixture) if self.mixture_check else None
         reason = consensus_reason(

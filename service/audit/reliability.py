@@ -225,8 +225,9 @@ def _pair_cosines(unit_t: FloatArray, rows: IntArray, cols: IntArray) -> FloatAr
     """The cosines of the pairs (rows[i], cols[i]), by the same sequence of roundings as
     :func:`_cosine_rows` gives each entry."""
     out = np.zeros(rows.size)
+    left, right = unit_t[:, rows], unit_t[:, cols]  # gathered once, summed d by d as before
     for d in range(unit_t.shape[0]):
-        out += unit_t[d, rows] * unit_t[d, cols]
+        out += left[d] * right[d]
     result: FloatArray = np.clip(out, -1.0, 1.0, out=out)
     return result
 
@@ -245,7 +246,7 @@ def _pool(
     row with exactly m qualifying entries is taken from it, the others are searched."""
     edge = (bound + margin if low else bound - margin).astype(values.dtype)[:, None]
     near = values <= edge if low else values >= edge
-    counts = near.sum(axis=1)
+    counts = np.count_nonzero(near, axis=1)
     plain = counts == picked.shape[1]
     r = np.repeat(np.flatnonzero(plain), picked.shape[1])
     c = picked[plain].ravel()
@@ -314,6 +315,32 @@ DENSE_SHARE = 0.05
 exceed this share of it: picking and recomputing them one by one would cost more."""
 
 
+_ARGMAX_TAKE = 4
+"""Up to this many neighbors per row, :func:`_largest` takes repeated row maxima (a pass over
+the row each) instead of a partial sort of every row."""
+
+
+def _largest(values: NDArray[np.float32], take: int) -> IntArray:
+    """(b, take) column indices of ``take`` largest entries of each row (any order; ties
+    between equal values broken either way). ``values`` is left as it was."""
+    n_rows, n_cols = values.shape
+    if take == 0:
+        return np.zeros((n_rows, 0), dtype=np.int64)
+    if take > _ARGMAX_TAKE or take >= n_cols:
+        top: IntArray = np.argpartition(values, n_cols - take, axis=1)[:, n_cols - take :]
+        return top
+    rows = np.arange(n_rows)
+    picked = np.empty((n_rows, take), dtype=np.int64)
+    saved = np.empty((n_rows, take), dtype=values.dtype)
+    for j in range(take):
+        picked[:, j] = np.argmax(values, axis=1)
+        saved[:, j] = values[rows, picked[:, j]]
+        values[rows, picked[:, j]] = -np.inf
+    for j in range(take - 1, -1, -1):  # restore (in reverse: each cell was taken once)
+        values[rows, picked[:, j]] = saved[:, j]
+    return picked
+
+
 def _neighbors_of_block(
     unit_t: FloatArray,
     unit32: NDArray[np.float32],
@@ -369,7 +396,7 @@ def _neighbors_of_block(
     key[at_self] = -np.inf
     key[:, outside] = -np.inf
     take = min(k, n_clients)
-    top = np.argpartition(key, n_clients - take, axis=1)[:, n_clients - take :]
+    top = _largest(key, take)
     kth = key[np.arange(n_rows)[:, None], top].min(axis=1)
     kth[n_allowed <= k] = -_FLOAT32_MAX  # every allowed candidate is a neighbor
     pool_r, pool_c = _pool(key, top, kth, unit_margin * (1.0 + a + b), low=False)
@@ -561,11 +588,14 @@ def k_reliable_neighbors(
     ):
         # The total is > 0: R(c, c) >= 1 - alpha, and with alpha = 1 the best candidate
         # (or c itself) has Exp = 1, so no division by zero can occur.
-        total = self_raw + float(raw.sum())
+        scores = raw.tolist()
+        # numpy sums fewer than 8 values one after the other, as sum() does (and faster
+        # on a few values); from 8 on it keeps 8 partial sums, so it sums those itself.
+        total = self_raw + (sum(scores) if len(scores) < 8 else float(raw.sum()))
         result.targets.append(int(row))
-        result.neighbors.append([int(j) for j in chosen])
-        result.weights.append([float(v) / total for v in raw])
+        result.neighbors.append(chosen.tolist())
+        result.weights.append([v / total for v in scores])
         result.self_weight.append(self_raw / total)
-        result.scores.append([float(v) for v in raw])
+        result.scores.append(scores)
         result.self_score.append(self_raw)
     return result

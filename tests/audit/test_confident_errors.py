@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.audit import InvalidInputError
-from service.audit.confident_errors import round_counts, share_evidence
+from service.audit.confident_errors import betabinom_upper, round_counts, share_evidence
 from service.audit.evidence import EvidenceDetector
 
 
@@ -238,3 +238,36 @@ def test_a_handful_of_odd_samples_is_below_the_floor() -> None:
     assert share_evidence(errors, confident, samples, reporting=every).p_value[0] == 1.0
     errors[0], confident[0] = 8, 7
     assert share_evidence(errors, confident, samples, reporting=every).p_value[0] < 0.01
+
+
+def test_beta_binomial_tail_by_hand() -> None:
+    # a = b = 1: uniform on 0..n, so P(X >= x) = (n - x + 1) / (n + 1)
+    n = np.array([2, 2, 2, 9, 9])
+    x = np.array([0, 1, 2, 3, 9])
+    got = betabinom_upper(x, n, np.ones(5), np.ones(5))
+    np.testing.assert_allclose(got, [1.0, 2 / 3, 1 / 3, 7 / 10, 1 / 10], rtol=1e-12)
+    # x beyond n: 0; x at or below 0: 1
+    edges = betabinom_upper(np.array([3, -1]), np.array([2, 2]), np.ones(2), np.ones(2))
+    assert edges.tolist() == [0.0, 1.0]
+
+
+def test_beta_binomial_tail_keeps_tiny_tails() -> None:
+    # a = 1, b = 40 integer: P(X >= n) = n! b! / (n + b)! = 1 / C(n + b, n); n = 20 gives
+    # 1 / C(60, 20) = 1 / 4,191,844,505,805,495, below what 1 - CDF can resolve
+    got = betabinom_upper(np.array([20]), np.array([20]), np.array([1.0]), np.array([40.0]))
+    assert got[0] == pytest.approx(1 / 4191844505805495, rel=1e-10)
+
+
+def test_beta_binomial_tail_agrees_with_scipy_where_it_is_not_tiny() -> None:
+    from scipy.stats import betabinom
+
+    rng = np.random.default_rng(3)
+    n = rng.integers(0, 300, 2000)
+    x = rng.integers(-2, 320, 2000)
+    a, b = rng.uniform(0.05, 40, 2000), rng.uniform(0.05, 40, 2000)
+    ours = betabinom_upper(x, n, a, b)
+    theirs = betabinom.sf(x - 1, n, a, b)
+    resolvable = theirs > 1e-6  # scipy's 1 - CDF has an absolute error near 1e-12
+    assert resolvable.sum() > 500
+    np.testing.assert_allclose(ours[resolvable], theirs[resolvable], rtol=1e-7)
+    np.testing.assert_allclose(ours, theirs, atol=1e-10)

@@ -95,16 +95,21 @@ def _evidence(
     """Each client's evidence: its normalised losses, noisy classes, statistics and votes."""
     full = np.full((features.shape[0], n_classes), np.nan)
     full[:, columns] = features
-    normalised = [[None if np.isnan(v) else v for v in row] for row in full.tolist()]
+    normalised = [[None if v != v else v for v in row] for row in full.tolist()]  # NaN: None
     where = noisy_classes(features, chosen, columns)
+    # Read once as Python numbers (a dict per client of a 10,000-client round).
+    mean_loss = np.asarray(statistics["mean_loss"], dtype=np.float64).tolist()
+    class_z = np.asarray(statistics["class_z"], dtype=np.float64).tolist()
+    probability = np.asarray(vote.probability, dtype=np.float64).tolist()
+    votes = np.asarray(vote.noisy_votes).astype(np.int64).tolist()
     return [
         {
             "normalised_loss": normalised[k],
             "noisy_classes": where[k],
-            "mean_loss": float(statistics["mean_loss"][k]),
-            "class_z": float(statistics["class_z"][k]),
-            "gmm_noisy_probability": float(vote.probability[k]),
-            "noisy_votes": int(vote.noisy_votes[k]),
+            "mean_loss": mean_loss[k],
+            "class_z": class_z[k],
+            "gmm_noisy_probability": probability[k],
+            "noisy_votes": votes[k],
         }
         for k in range(features.shape[0])
     ]

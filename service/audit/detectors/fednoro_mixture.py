@@ -73,8 +73,8 @@ def noisy_classes(features: FloatArray, fit: GMMFit, columns: IntArray) -> list[
     excess = features[rows, j] - fit.clean_mean[j]
     order = np.lexsort((columns[j], -excess, rows))
     starts = np.searchsorted(rows[order], np.arange(features.shape[0] + 1))
-    classes = columns[j][order]
-    return [[int(c) for c in classes[starts[k] : starts[k + 1]]] for k in range(features.shape[0])]
+    classes, bounds = columns[j][order].astype(np.int64).tolist(), starts.tolist()
+    return [classes[bounds[k] : bounds[k + 1]] for k in range(features.shape[0])]
 
 
 def normalised_features(
