@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from client_sdk._admin import AdminClient
 from client_sdk._client import FederationClient
+from client_sdk._detection_responses import (
+    AuditEvidenceDetails,
+    AuditEvidenceDetection,
+    AuditExpertiseDetails,
+    AuditExpertiseDetection,
+    AuditFedNCLDetails,
+    AuditFedNCLDetection,
+    AuditFedNoRoDetails,
+    AuditFedNoRoDetection,
+)
 from client_sdk._exceptions import (
     APIConnectionError,
     APIStatusError,
@@ -81,6 +91,14 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AdminClient",
+    "AuditEvidenceDetails",
+    "AuditEvidenceDetection",
+    "AuditExpertiseDetails",
+    "AuditExpertiseDetection",
+    "AuditFedNCLDetails",
+    "AuditFedNCLDetection",
+    "AuditFedNoRoDetails",
+    "AuditFedNoRoDetection",
     "AuditRecord",
     "AuthenticationError",
     "BadRequestError",

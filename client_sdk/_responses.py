@@ -8,6 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from client_sdk._detection_responses import AnyAuditDetection
+from client_sdk._detection_responses import AuditDetection as AuditDetection  # re-exported
+from client_sdk._detection_responses import AuditVerdict as AuditVerdict  # re-exported
+
 
 class _Model(BaseModel):
     # Unknown fields are ignored so an older SDK keeps working with a newer coordinator.
@@ -198,27 +202,6 @@ class UpdateReceipt(_Model):
     replayed: bool
 
 
-class AuditVerdict(_Model):
-    """One detector's verdict on one site (``evidence``: the detector's own fields)."""
-
-    score: float | None
-    probability: float | None = None
-    flag: bool | None
-    evidence: dict[str, Any] = Field(default_factory=dict)
-
-
-class AuditDetection(_Model):
-    """One detector's result for a round; ``verdicts`` aligned with the audit's client_ids."""
-
-    method: str
-    status: str
-    """``ok``, ``undetermined`` or ``inconclusive`` today; a plain string so that a status a
-    newer coordinator adds does not break this SDK."""
-    reason: str | None = None
-    verdicts: list[AuditVerdict | None]
-    summary: dict[str, Any] = Field(default_factory=dict)
-
-
 class AuditCappedWeight(_Model):
     """One client whose aggregation weight the cap lowered (``index``: its position)."""
 
@@ -271,7 +254,7 @@ class AuditRecord(_Model):
     """The audit a round stored when it closed (``GET .../rounds/{index}``)."""
 
     client_ids: list[str]
-    detections: dict[str, AuditDetection]
+    detections: dict[str, AnyAuditDetection]
     primary: str
     primary_flags: list[bool | None]
     expertise: list[float | None] | None = None

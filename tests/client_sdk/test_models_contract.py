@@ -7,6 +7,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
+from client_sdk import _detection_responses as detections
 from client_sdk import _report_responses as reports
 from client_sdk import _responses as sdk
 from service.openapi_spec import DEFAULT_OUTPUT
@@ -35,6 +36,18 @@ PAIRS: list[tuple[type[BaseModel], str]] = [
     (sdk.AuditRecord, "AuditRecord"),
     (sdk.AuditDetection, "DetectionRecord"),
     (sdk.AuditVerdict, "VerdictRecord"),
+    (detections.AuditEvidenceDetection, "EvidenceDetectionRecord"),
+    (detections.AuditFedNoRoDetection, "FedNoRoDetectionRecord"),
+    (detections.AuditFedNCLDetection, "FedNCLDetectionRecord"),
+    (detections.AuditExpertiseDetection, "ExpertiseDetectionRecord"),
+    (detections.AuditEvidenceVerdict, "EvidenceVerdictRecord"),
+    (detections.AuditFedNoRoVerdict, "FedNoRoVerdictRecord"),
+    (detections.AuditFedNCLVerdict, "FedNCLVerdictRecord"),
+    (detections.AuditExpertiseVerdict, "ExpertiseVerdictRecord"),
+    (detections.AuditEvidenceDetails, "EvidenceVerdictEvidence"),
+    (detections.AuditFedNoRoDetails, "FedNoRoVerdictEvidence"),
+    (detections.AuditFedNCLDetails, "FedNCLVerdictEvidence"),
+    (detections.AuditExpertiseDetails, "ExpertiseVerdictEvidence"),
     (sdk.AuditAggregation, "AggregationRecord"),
     (sdk.AuditClient, "AuditClient"),
     (sdk.AuditWeightCap, "WeightCapRecord"),
@@ -74,3 +87,19 @@ def test_sdk_model_matches_server_schema(model: type[BaseModel], schema_name: st
 
 def test_problem_details_shape() -> None:
     assert set(sdk.ProblemDetails.model_fields) == set(SCHEMAS["ProblemDetails"]["properties"])
+
+
+@pytest.mark.parametrize(
+    ("model", "schema_name"),
+    [
+        (detections.AuditEvidenceDetails, "EvidenceVerdictEvidence"),
+        (detections.AuditFedNoRoDetails, "FedNoRoVerdictEvidence"),
+        (detections.AuditFedNCLDetails, "FedNCLVerdictEvidence"),
+        (detections.AuditExpertiseDetails, "ExpertiseVerdictEvidence"),
+    ],
+)
+def test_the_sdk_evidence_has_every_field_the_server_types(
+    model: type[BaseModel], schema_name: str
+) -> None:
+    # a field the server types must be an attribute in the SDK too, not only a mapping key
+    assert set(model.model_fields) == set(SCHEMAS[schema_name]["properties"])

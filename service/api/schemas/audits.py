@@ -1,25 +1,33 @@
 """A round's stored audit on the wire: what ``service.audit.run_audit`` returned at the close.
 
-The envelope is typed (detectors, verdicts, flags, aggregation, the clients in order); each
-detector's ``evidence`` and ``summary`` stay objects because their fields are the detector's
-own (docs/algorithms.md lists them). Audits stored by older versions may lack the fields added
-since, so those are optional; a field this version does not know is kept (``extra="allow"``).
+The envelope is typed (detectors, verdicts, flags, aggregation, the clients in order), and so is
+each verdict's ``evidence`` for the detectors of the registry (``evidence``, ``fednoro``,
+``fedncl``, ``expertise``: :mod:`service.api.schemas.verdict_evidence`), chosen by the
+detection's ``method``; a detector this version does not know keeps plain objects
+(``DetectionRecord``). Each detector's ``summary`` stays an object (docs/algorithms.md lists its
+fields). Audits stored by older versions may lack the fields added since, so those are optional;
+a field this version does not know is kept (``extra="allow"``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from service.api.schemas.verdict_evidence import (
+    EvidenceVerdictEvidence,
+    ExpertiseVerdictEvidence,
+    FedNCLVerdictEvidence,
+    FedNoRoVerdictEvidence,
+)
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class VerdictRecord(_Record):
-    """One detector's verdict on one site."""
-
+class _VerdictBase(_Record):
     score: float | None = Field(
         description="Graded, ranks the sites (higher = noisier; expertise: more reliable)"
     )
@@ -27,21 +35,123 @@ class VerdictRecord(_Record):
         None, description="A noisy probability in [0, 1] where the detector has one"
     )
     flag: bool | None = Field(description="True: noisy; null: the detector did not decide")
+
+
+class VerdictRecord(_VerdictBase):
+    """One verdict of a detector this version does not know: its evidence as stored."""
+
     evidence: dict[str, Any] = Field(
         default_factory=dict, description="The detector's own evidence (docs/algorithms.md)"
     )
 
 
-class DetectionRecord(_Record):
-    """One detector's result for the round."""
+class EvidenceVerdictRecord(_VerdictBase):
+    """The evidence detector's verdict on one site."""
 
-    method: str
-    status: Literal["ok", "undetermined", "inconclusive"]
-    reason: str | None = None
-    verdicts: list[VerdictRecord | None] = Field(
-        description="Aligned with the audit's client_ids; null where undetermined"
+    evidence: EvidenceVerdictEvidence = Field(default_factory=EvidenceVerdictEvidence)
+
+
+class FedNoRoVerdictRecord(_VerdictBase):
+    """FedNoRo's verdict on one site."""
+
+    evidence: FedNoRoVerdictEvidence = Field(default_factory=FedNoRoVerdictEvidence)
+
+
+class FedNCLVerdictRecord(_VerdictBase):
+    """Fed-NCL's verdict on one site."""
+
+    evidence: FedNCLVerdictEvidence = Field(default_factory=FedNCLVerdictEvidence)
+
+
+class ExpertiseVerdictRecord(_VerdictBase):
+    """FedRN's expertise of one site (a reliability signal: it never flags)."""
+
+    evidence: ExpertiseVerdictEvidence = Field(default_factory=ExpertiseVerdictEvidence)
+
+
+_VERDICTS = "Aligned with the audit's client_ids; null where undetermined"
+
+
+_STATUS = Literal["ok", "undetermined", "inconclusive"]
+
+# Each record declares its fields in the stored order (method, status, reason, verdicts,
+# summary): the JSON keeps it.
+
+
+class DetectionRecord(_Record):
+    """The result of a detector this version does not know, as stored."""
+
+    method: str = Field(
+        description="A detector other than the typed ones",
+        # so that a typed detector's record matches exactly one member of the union
+        json_schema_extra={"not": {"enum": ["evidence", "expertise", "fedncl", "fednoro"]}},
     )
+    status: _STATUS
+    reason: str | None = None
+    verdicts: list[VerdictRecord | None] = Field(description=_VERDICTS)
     summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvidenceDetectionRecord(_Record):
+    """The evidence detector's result for the round (the default primary detector)."""
+
+    method: Literal["evidence"]
+    status: _STATUS
+    reason: str | None = None
+    verdicts: list[EvidenceVerdictRecord | None] = Field(description=_VERDICTS)
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class FedNoRoDetectionRecord(_Record):
+    """FedNoRo's result for the round."""
+
+    method: Literal["fednoro"]
+    status: _STATUS
+    reason: str | None = None
+    verdicts: list[FedNoRoVerdictRecord | None] = Field(description=_VERDICTS)
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class FedNCLDetectionRecord(_Record):
+    """Fed-NCL's result for the round."""
+
+    method: Literal["fedncl"]
+    status: _STATUS
+    reason: str | None = None
+    verdicts: list[FedNCLVerdictRecord | None] = Field(description=_VERDICTS)
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExpertiseDetectionRecord(_Record):
+    """FedRN's expertise for the round."""
+
+    method: Literal["expertise"]
+    status: _STATUS
+    reason: str | None = None
+    verdicts: list[ExpertiseVerdictRecord | None] = Field(description=_VERDICTS)
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+_TYPED_DETECTORS = frozenset({"evidence", "fednoro", "fedncl", "expertise"})
+"""The methods with a record of their own (``DetectionRecord``'s schema excludes them)."""
+
+
+def _detector_tag(value: Any) -> str:
+    """The union member a detection validates as: its method where the method is one of the
+    typed detectors, else ``other`` (kept as stored)."""
+    method = value.get("method") if isinstance(value, dict) else getattr(value, "method", None)
+    return method if isinstance(method, str) and method in _TYPED_DETECTORS else "other"
+
+
+AnyDetectionRecord = Annotated[
+    Annotated[EvidenceDetectionRecord, Tag("evidence")]
+    | Annotated[FedNoRoDetectionRecord, Tag("fednoro")]
+    | Annotated[FedNCLDetectionRecord, Tag("fedncl")]
+    | Annotated[ExpertiseDetectionRecord, Tag("expertise")]
+    | Annotated[DetectionRecord, Tag("other")],
+    Discriminator(_detector_tag),
+]
+"""One detector's result, typed by its ``method``."""
 
 
 class CappedWeightRecord(_Record):
@@ -129,7 +239,7 @@ class AuditRecord(_Record):
     """The audit stored when a round closed."""
 
     client_ids: list[str]
-    detections: dict[str, DetectionRecord] = Field(description="By detector name")
+    detections: dict[str, AnyDetectionRecord] = Field(description="By detector name")
     primary: str = Field(description="The primary detector")
     primary_flags: list[bool | None] = Field(description="The primary detector's flags")
     expertise: list[float | None] | None = None

@@ -1,0 +1,171 @@
+"""A stored audit on the wire: each detector's verdict evidence is typed by the detection's
+method, and the JSON is the stored JSON (absent keys stay absent, nulls stay null, unknown keys
+and unknown detectors are kept)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from client_sdk._detection_responses import (
+    AuditDetection,
+    AuditEvidenceDetails,
+    AuditEvidenceDetection,
+    AuditFedNCLDetection,
+)
+from client_sdk._responses import AuditRecord as SDKAuditRecord
+from service.api.schemas.audits import (
+    _TYPED_DETECTORS,
+    AuditRecord,
+    DetectionRecord,
+    EvidenceDetectionRecord,
+    ExpertiseDetectionRecord,
+    FedNCLDetectionRecord,
+    FedNoRoDetectionRecord,
+)
+from service.audit import DETECTORS, AuditConfig, run_audit
+from tests.audit.test_pipeline import N_CLASSES, NOISY, make_federation
+
+
+def stored_audit() -> dict:
+    """A real audit of ten sites (three noisy) with error counts, as the coordinator stores it
+    (``to_json``, then JSON text)."""
+    global_state, clients = make_federation()
+    rng = np.random.default_rng(1)
+    with_counts = []
+    for k, client in enumerate(clients):
+        errors = rng.binomial(25, 0.6 if k in NOISY else 0.1, N_CLASSES)
+        with_counts.append(
+            dataclasses.replace(
+                client,
+                per_class_loss_sd=[0.4] * N_CLASSES,
+                per_class_errors=errors.tolist(),
+                per_class_confident_errors=(errors // 2).tolist(),
+            )
+        )
+    outcome = run_audit(global_state, with_counts, AuditConfig(), round_index=3)
+    return dict(json.loads(json.dumps(outcome.to_json())))
+
+
+def test_the_typed_records_cover_the_registry() -> None:
+    assert set(DETECTORS) == _TYPED_DETECTORS
+    # the catch-all's schema excludes them, so that a typed record matches one member only
+    excluded = DetectionRecord.model_json_schema()["properties"]["method"]["not"]["enum"]
+    assert set(excluded) == _TYPED_DETECTORS
+
+
+def test_a_real_audit_validates_as_typed_records_and_serialises_as_stored() -> None:
+    stored = stored_audit()
+    record = AuditRecord.model_validate(stored)
+    kinds = {name: type(d) for name, d in record.detections.items()}
+    assert kinds == {
+        "evidence": EvidenceDetectionRecord,
+        "fednoro": FedNoRoDetectionRecord,
+        "fedncl": FedNCLDetectionRecord,
+        "expertise": ExpertiseDetectionRecord,
+    }
+    evidence = record.detections["evidence"]
+    assert isinstance(evidence, EvidenceDetectionRecord)
+    first = evidence.verdicts[0]
+    assert first is not None
+    assert first.evidence.errors == stored["detections"]["evidence"]["verdicts"][0]["evidence"][
+        "errors"
+    ]
+    # the detections come back key for key and value for value
+    served = record.model_dump(mode="json")["detections"]
+    assert served == stored["detections"]
+    for name in served:  # in the stored order too
+        for mine, theirs in zip(
+            served[name]["verdicts"], stored["detections"][name]["verdicts"], strict=True
+        ):
+            assert mine is None or list(mine["evidence"]) == list(theirs["evidence"])
+
+
+def test_absent_keys_stay_absent_nulls_stay_null_and_unknown_ones_are_kept() -> None:
+    verdict = {
+        "score": 1.5,
+        "probability": None,
+        "flag": True,
+        "evidence": {"p_value": 0.001, "site_z": None, "from_a_newer_version": [1, 2]},
+    }
+    audit = {
+        "client_ids": ["a", "b"],
+        "detections": {
+            "evidence": {
+                "method": "evidence",
+                "status": "ok",
+                "reason": None,
+                "verdicts": [verdict, None],
+                "summary": {"q": 0.01},
+            },
+            "retired": {
+                "method": "retired",
+                "status": "ok",
+                "reason": None,
+                "verdicts": [{"score": 2.0, "probability": None, "flag": None, "evidence": {}}],
+                "summary": {},
+            },
+        },
+        "primary": "evidence",
+        "primary_flags": [True, None],
+        "aggregation": {"rule": "fedavg"},
+    }
+    record = AuditRecord.model_validate(audit)
+    assert type(record.detections["retired"]) is DetectionRecord
+    served = record.model_dump(mode="json")["detections"]
+    assert served == audit["detections"]
+    assert "errors" not in served["evidence"]["verdicts"][0]["evidence"]
+
+
+def test_a_wrongly_typed_field_is_refused() -> None:
+    audit = {
+        "method": "fedncl",
+        "status": "ok",
+        "verdicts": [{"score": 1.0, "flag": False, "evidence": {"divergence": "far"}}],
+    }
+    with pytest.raises(ValueError, match="divergence"):
+        FedNCLDetectionRecord.model_validate(audit)
+
+
+def test_the_sdk_reads_the_evidence_as_attributes_and_as_a_mapping() -> None:
+    stored = stored_audit()
+    record = SDKAuditRecord.model_validate(stored)
+    evidence = record.detections["evidence"]
+    assert isinstance(evidence, AuditEvidenceDetection)
+    assert isinstance(record.detections["fedncl"], AuditFedNCLDetection)
+    verdict = evidence.verdicts[0]
+    assert verdict is not None
+    details = verdict.evidence
+    assert isinstance(details, AuditEvidenceDetails)
+    raw = stored["detections"]["evidence"]["verdicts"][0]["evidence"]
+    assert details.p_value == raw["p_value"]
+    assert details["p_value"] == raw["p_value"]  # as the dict it used to be
+    assert details.get("confident_errors") == raw["confident_errors"]
+    assert details.get("no_such_field", "default") == "default"
+    with pytest.raises(KeyError):
+        details["no_such_field"]
+    # an unknown detector stays a plain record with dict evidence
+    other = SDKAuditRecord.model_validate(
+        {
+            **stored,
+            "detections": {
+                "retired": {
+                    "method": "retired",
+                    "status": "ok",
+                    "verdicts": [{"score": 1.0, "flag": None, "evidence": {"x": 1}}],
+                }
+            },
+        }
+    )
+    retired = other.detections["retired"]
+    assert isinstance(retired, AuditDetection)
+    assert retired.verdicts[0] is not None and retired.verdicts[0].evidence == {"x": 1}
+
+
+def test_the_sdk_keeps_a_field_a_newer_coordinator_adds() -> None:
+    details = AuditEvidenceDetails.model_validate({"p_value": 0.5, "new_part_z": 3.0})
+    assert details["new_part_z"] == 3.0
+    assert details.get("new_part_z") == 3.0
