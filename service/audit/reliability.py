@@ -322,7 +322,11 @@ the row each) instead of a partial sort of every row."""
 
 def _largest(values: NDArray[np.float32], take: int) -> IntArray:
     """(b, take) column indices of ``take`` largest entries of each row (any order; ties
-    between equal values broken either way). ``values`` is left as it was."""
+    between equal values broken either way). ``values`` is left as it was.
+
+    A row with fewer than ``take`` finite entries may get repeated columns in place of the
+    missing ones (their value -inf): :func:`_neighbors_of_block` sets such a row's k-th
+    score itself and searches it entry by entry, never reading these columns."""
     n_rows, n_cols = values.shape
     if take == 0:
         return np.zeros((n_rows, 0), dtype=np.int64)

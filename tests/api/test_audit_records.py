@@ -71,9 +71,10 @@ def test_a_real_audit_validates_as_typed_records_and_serialises_as_stored() -> N
     assert isinstance(evidence, EvidenceDetectionRecord)
     first = evidence.verdicts[0]
     assert first is not None
-    assert first.evidence.errors == stored["detections"]["evidence"]["verdicts"][0]["evidence"][
-        "errors"
-    ]
+    assert (
+        first.evidence.errors
+        == stored["detections"]["evidence"]["verdicts"][0]["evidence"]["errors"]
+    )
     # the detections come back key for key and value for value
     served = record.model_dump(mode="json")["detections"]
     assert served == stored["detections"]
@@ -162,7 +163,8 @@ def test_the_sdk_reads_the_evidence_as_attributes_and_as_a_mapping() -> None:
     )
     retired = other.detections["retired"]
     assert isinstance(retired, AuditDetection)
-    assert retired.verdicts[0] is not None and retired.verdicts[0].evidence == {"x": 1}
+    assert retired.verdicts[0] is not None
+    assert retired.verdicts[0].evidence == {"x": 1}
 
 
 def test_the_sdk_keeps_a_field_a_newer_coordinator_adds() -> None:
