@@ -9,7 +9,7 @@ hyper-parameter explicitly (:class:`AuditConfig`).
 
 from service.audit._blas import one_blas_thread_in_this_process
 from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
-from service.audit._validation import InvalidInputError, InvalidParameterError
+from service.audit._validation import MAX_LOSS, InvalidInputError, InvalidParameterError
 from service.audit.aggregation import AGGREGATION_RULES, NOISY_SET_RULES, aggregate
 from service.audit.aggregators.common import AggregationResult
 from service.audit.aggregators.daagg import aggregate_daagg
@@ -99,6 +99,7 @@ __all__ = [
     "GeometrySettings",
     "IntArray",
     "InvalidInputError",
+    "MAX_LOSS",
     "InvalidParameterError",
     "NeighborSets",
     "StateReader",

@@ -25,6 +25,7 @@ import numpy as np
 from service.audit._typing import AnyArray, BoolArray, FloatArray, IntArray
 
 __all__ = [
+    "MAX_LOSS",
     "InvalidInputError",
     "InvalidParameterError",
     "as_bool_array",
@@ -35,6 +36,14 @@ __all__ = [
     "check_float",
     "check_int",
 ]
+
+
+MAX_LOSS = 1e6
+"""The largest mean loss a site may report per class, in nats. A model's cross-entropy is a few
+nats, and a few hundred where it has diverged; beyond about 1e154 the audit's squared
+deviations overflow (a site reporting 1e155 made the round's close fail). The audit refuses
+such input (:class:`InvalidInputError`); the coordinator refuses the update (422), and a spread
+above it too (the audit itself caps a spread where it pools them)."""
 
 
 class InvalidParameterError(ValueError, TypeError):

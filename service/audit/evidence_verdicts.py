@@ -16,7 +16,12 @@ import numpy as np
 from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit._validation import InvalidInputError, as_float_array, as_int_array
+from service.audit._validation import (
+    MAX_LOSS,
+    InvalidInputError,
+    as_float_array,
+    as_int_array,
+)
 from service.audit.class_null import ClassEvidence
 from service.audit.detection import ClientVerdict
 from service.audit.error_evidence import ErrorEvidence
@@ -78,6 +83,8 @@ def checked_inputs(
         raise InvalidInputError("per_class_loss: missing or non-finite for a held class")
     if (loss[held] < 0).any():
         raise InvalidInputError("per_class_loss: negative loss")
+    if (loss[held] > MAX_LOSS).any():
+        raise InvalidInputError(f"per_class_loss: a loss above {MAX_LOSS:g} (nats)")
     k = loss.shape[0]
     sd: FloatArray | None = None
     if per_class_loss_sd is not None:

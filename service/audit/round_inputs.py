@@ -12,6 +12,7 @@ import numpy as np
 
 from service.audit._typing import FloatArray, IntArray
 from service.audit._validation import (
+    MAX_LOSS,
     InvalidInputError,
     InvalidParameterError,
     as_float_array,
@@ -164,7 +165,9 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
                 f"{where}.class_counts: {row.size} classes, expected {counts[0].size}"
             )
         counts.append(row)
-        losses.append(_optional_row(f"{where}.per_class_loss", client.per_class_loss, row.size))
+        losses.append(
+            _optional_row(f"{where}.per_class_loss", client.per_class_loss, row.size, MAX_LOSS)
+        )
         spreads.append(
             _optional_row(f"{where}.per_class_loss_sd", client.per_class_loss_sd, row.size)
         )
@@ -202,13 +205,18 @@ def check_clients(clients: Sequence[ClientRoundData], label: str) -> CheckedClie
     )
 
 
-def _optional_row(name: str, value: Any, n_classes: int) -> FloatArray | None:
-    """A per-class float row (NaN allowed where the class is absent) of n_classes entries."""
+def _optional_row(
+    name: str, value: Any, n_classes: int, max_value: float | None = None
+) -> FloatArray | None:
+    """A per-class float row (NaN allowed where the class is absent) of n_classes entries,
+    at most ``max_value`` where given."""
     if value is None:
         return None
     array = as_float_array(name, value, ndim=1, allow_nan=True)
     if array.size != n_classes:
         raise InvalidInputError(f"{name}: {array.size} classes, expected {n_classes}")
+    if max_value is not None and (np.abs(np.nan_to_num(array)) > max_value).any():
+        raise InvalidInputError(f"{name}: a value above {max_value:g}")
     return array
 
 

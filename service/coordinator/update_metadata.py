@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.audit import MAX_LOSS
 from service.coordinator.signal_policy import count_problems, dp_problems, policy_of
 from service.errors import PrivacyPolicyError, Problem, UpdateRejectedError, problem
 from service.inputs import INT32_MAX, MAX_JSON_DEPTH, json_depth_exceeds, name_problem
@@ -39,6 +40,8 @@ MAX_METRICS = 64
 # Strict: a JSON number for a number (no string, no boolean), an integer for a count.
 Count = Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Loss = Annotated[float, Field(ge=0, le=MAX_LOSS, allow_inf_nan=False, strict=True)]
+"""A per-class mean loss or spread, in nats: at most the audit's ``MAX_LOSS`` (1e6)."""
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Probability = Annotated[float, Field(ge=-1e-6, le=1 + 1e-6, allow_inf_nan=False, strict=True)]
 MetricName = Annotated[str, Field(min_length=1, max_length=64)]
@@ -61,7 +64,7 @@ class UpdateSignals(BaseModel):
             "every count rounded up to a multiple of count_bucket"
         ),
     )
-    per_class_loss: list[NonNegative | None] | None = Field(
+    per_class_loss: list[Loss | None] | None = Field(
         None,
         max_length=MAX_ENTRIES,
         description=(
@@ -69,7 +72,7 @@ class UpdateSignals(BaseModel):
             "the site holds no sample of, or whose count the privacy policy suppresses"
         ),
     )
-    per_class_loss_sd: list[NonNegative | None] | None = Field(
+    per_class_loss_sd: list[Loss | None] | None = Field(
         None,
         max_length=MAX_ENTRIES,
         description="The standard deviation of the same per-sample losses",

@@ -106,6 +106,25 @@ async def test_an_update_claiming_more_samples_than_a_column_holds_is_refused(
     assert len(await nothing_stored(api, fed, settings, before)) == 1
 
 
+@pytest.mark.parametrize("signal", ["per_class_loss", "per_class_loss_sd"])
+async def test_a_loss_beyond_any_model_is_refused(
+    api: httpx.AsyncClient, settings, signal: str
+) -> None:
+    # 1e155 nats: the audit's squared deviations overflowed and the round's close failed
+    fed = await make_federation(api)
+    before = blob_files(settings)
+    response = await submit(
+        api, fed, "a", 0, tiny_state(1.0), 10, signal_overrides={signal: [1e155, 0.5]}
+    )
+    body = refused(response, 422, ["metadata", "signals", signal, 0])
+    assert body["type"] == "/problems/update-rejected"
+    assert len(await nothing_stored(api, fed, settings, before)) == 1
+    edge = await submit(
+        api, fed, "a", 0, tiny_state(1.0), 10, signal_overrides={signal: [1e6, 0.5]}
+    )
+    assert edge.status_code == 201, edge.text
+
+
 # -- text -----------------------------------------------------------------------------------
 
 

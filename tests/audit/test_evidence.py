@@ -523,3 +523,19 @@ def test_an_inconclusive_primary_falls_back_to_fedavg_and_says_why():
     assert outcome.primary_flags == [None] * 6
     assert outcome.aggregation.rule == "fedavg"
     assert "primary detector 'evidence' inconclusive" in (outcome.aggregation.fallback_reason or "")
+
+
+def test_a_loss_beyond_any_model_is_refused_not_a_failed_round() -> None:
+    # One site at 1e155 nats overflowed the class fit's squared deviations (ZeroDivisionError
+    # in the round's close); up to MAX_LOSS the detector answers.
+    from service.audit import MAX_LOSS, InvalidInputError
+
+    rng = np.random.default_rng(0)
+    loss = rng.uniform(0.2, 0.6, size=(12, 3))
+    counts = np.full((12, 3), 30)
+    sd = np.full((12, 3), 0.4)
+    loss[0, 1] = MAX_LOSS
+    assert EvidenceDetector().fit(loss, counts, sd).status in {"ok", "inconclusive"}
+    loss[0, 1] = 1e155
+    with pytest.raises(InvalidInputError, match="per_class_loss: a loss above 1e"):
+        EvidenceDetector().fit(loss, counts, sd)

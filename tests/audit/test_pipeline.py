@@ -526,3 +526,10 @@ class TestAuditConfig:
     def test_invalid_values(self, kwargs, match):
         with pytest.raises(InvalidParameterError, match=match):
             AuditConfig.from_flat(**kwargs)
+
+
+def test_a_client_reporting_a_loss_beyond_any_model_is_named() -> None:
+    global_state, clients = make_federation()
+    clients[4] = dataclasses.replace(clients[4], per_class_loss=[0.5, 1e155, 0.5, 0.5])
+    with pytest.raises(InvalidInputError, match=r"clients\[4\]\.per_class_loss: a value above"):
+        run_audit(global_state, clients, AuditConfig(), round_index=0)
