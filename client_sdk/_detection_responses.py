@@ -4,9 +4,9 @@ Mirrors ``DetectionRecord`` and the per-detector records of ``openapi/openapi.js
 checks the fields). ``AuditRecord.detections[name]`` is an :class:`AuditEvidenceDetection`,
 :class:`AuditFedNoRoDetection`, :class:`AuditFedNCLDetection` or :class:`AuditExpertiseDetection`
 by its ``method``, and an :class:`AuditDetection` (evidence as a plain dict) for a detector this
-SDK does not know. A field the coordinator did not send is None. The evidence objects still
-answer ``evidence["p_value"]`` and ``evidence.get("p_value")`` as the dicts did before, for their
-own fields and for fields a newer coordinator adds.
+SDK does not know. A field the coordinator did not send is None. The evidence and summary
+objects still answer ``evidence["p_value"]`` and ``summary.get("mode")`` as the dicts did
+before, for their own fields and for fields a newer coordinator adds.
 """
 
 from __future__ import annotations
@@ -20,16 +20,21 @@ __all__ = [
     "AuditDetection",
     "AuditEvidenceDetails",
     "AuditEvidenceDetection",
+    "AuditEvidenceSummary",
     "AuditEvidenceVerdict",
     "AuditExpertiseDetails",
     "AuditExpertiseDetection",
+    "AuditExpertiseSummary",
     "AuditExpertiseVerdict",
     "AuditFedNCLDetails",
     "AuditFedNCLDetection",
+    "AuditFedNCLSummary",
     "AuditFedNCLVerdict",
     "AuditFedNoRoDetails",
     "AuditFedNoRoDetection",
+    "AuditFedNoRoSummary",
     "AuditFedNoRoVerdict",
+    "AuditGroupMeans",
     "AuditVerdict",
 ]
 
@@ -40,7 +45,8 @@ class _Model(BaseModel):
 
 
 class _Details(BaseModel):
-    """A verdict's evidence: typed fields, unknown ones kept, readable as a mapping."""
+    """A verdict's evidence or a round's summary: typed fields, unknown ones kept, readable as
+    a mapping."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -123,6 +129,102 @@ class AuditExpertiseDetails(_Details):
     train_accuracy: float | None = None
 
 
+class AuditEvidenceSummary(_Details):
+    """The evidence detector's round (the fields' meaning: the OpenAPI spec's
+    ``EvidenceSummary``)."""
+
+    verdict: str | None = None
+    reason: str | None = None
+    mode: str | None = None
+    q: float | None = None
+    flagged: int | None = None
+    informativeness: float | None = None
+    accuracy_informativeness: float | None = None
+    heterogeneity: float | None = None
+    mixture_flagged: int | None = None
+    label_entropy: float | None = None
+    anchors: int | None = None
+    anchor_orientation: str | None = None
+    spreads_reported: bool | None = None
+    accuracy_flagged: int | None = None
+    accuracy_note: str | None = None
+    accuracy_centre: float | None = None
+    significant_high: int | None = None
+    significant_low: int | None = None
+    errors_counted: bool | None = None
+    errors_dispersion: float | None = None
+    confident_errors_counted: bool | None = None
+    class_centre: list[float | None] | None = None
+    class_tau: list[float | None] | None = None
+    site_tau: float | None = None
+    site_df: float | None = None
+    majority_suspected: bool | None = None
+    majority_rounds: int | None = None
+    geometry_judged: int | None = None
+    geometry_flagged: int | None = None
+    geometry_note: str | None = None
+    geometry_carried: int | None = None
+    geometry_carry_note: str | None = None
+
+
+class AuditGroupMeans(_Details):
+    """A statistic's mean over FedNoRo's noisy group and over the others."""
+
+    noisy: float | None = None
+    clean: float | None = None
+
+
+class AuditFedNoRoSummary(_Details):
+    """FedNoRo's round: the mixture vote and its separation guard."""
+
+    columns_used: list[int] | None = None
+    columns_dropped_missing: list[int] | None = None
+    columns_dropped_constant: list[int] | None = None
+    n_fits: int | None = None
+    vote_count: int | None = None
+    separation_groups: str | None = None
+    groups_tested: int | None = None
+    group_rank: int | None = None
+    separation_quantile_judged: float | None = None
+    fits_converged: list[bool] | None = None
+    ashman_d: float | None = None
+    ashman_d_infinite: bool | None = None
+    separation_required: bool | None = None
+    separation_threshold: float | None = None
+    separation_null_threshold: float | None = None
+    separation_passed: bool | None = None
+    separation_confirmed_group: bool | None = None
+    separation_statistic: str | None = None
+    class_z_classes: list[int] | None = None
+    guard: str | None = None
+    mixture_noisy_count: int | None = None
+    n_flagged: int | None = None
+    group_mean_loss: AuditGroupMeans | None = None
+    group_mean_statistic: AuditGroupMeans | None = None
+
+
+class AuditFedNCLSummary(_Details):
+    """Fed-NCL's round: the sigma rule on q."""
+
+    mean: float | None = None
+    std: float | None = None
+    std_ddof: int | None = None
+    beta: float | None = None
+    two_sided: bool | None = None
+    loss_mode: str | None = None
+    threshold: float | None = None
+    lower_threshold: float | None = None
+    n_flagged: int | None = None
+
+
+class AuditExpertiseSummary(_Details):
+    """FedRN's expertise over the round."""
+
+    min_accuracy: float | None = None
+    max_accuracy: float | None = None
+    note: str | None = None
+
+
 class AuditVerdict(_Model):
     """One verdict of a detector this SDK does not know (``evidence``: a plain dict)."""
 
@@ -188,7 +290,7 @@ class AuditEvidenceDetection(_Model):
     status: str
     reason: str | None = None
     verdicts: list[AuditEvidenceVerdict | None]
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: AuditEvidenceSummary = Field(default_factory=AuditEvidenceSummary)
 
 
 class AuditFedNoRoDetection(_Model):
@@ -198,7 +300,7 @@ class AuditFedNoRoDetection(_Model):
     status: str
     reason: str | None = None
     verdicts: list[AuditFedNoRoVerdict | None]
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: AuditFedNoRoSummary = Field(default_factory=AuditFedNoRoSummary)
 
 
 class AuditFedNCLDetection(_Model):
@@ -208,7 +310,7 @@ class AuditFedNCLDetection(_Model):
     status: str
     reason: str | None = None
     verdicts: list[AuditFedNCLVerdict | None]
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: AuditFedNCLSummary = Field(default_factory=AuditFedNCLSummary)
 
 
 class AuditExpertiseDetection(_Model):
@@ -218,7 +320,7 @@ class AuditExpertiseDetection(_Model):
     status: str
     reason: str | None = None
     verdicts: list[AuditExpertiseVerdict | None]
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: AuditExpertiseSummary = Field(default_factory=AuditExpertiseSummary)
 
 
 _TYPED = frozenset({"evidence", "fednoro", "fedncl", "expertise"})

@@ -517,11 +517,9 @@ def _class_level(
     cells = per_class & fit_sites[:, None]
     psi = fit_dispersion(errors[cells].astype(np.float64), mean[cells], (phi + class_extra)[cells])
     class_ok = per_class & (errors - mean >= min_excess * counts)
-    # The tail only where the floor is cleared (the rest is 1): most cells of a large round.
-    p_class = np.ones(errors.shape)
-    p_class[class_ok] = upper_p(
-        errors[class_ok], np.maximum(mean[class_ok], 1e-12), (phi + psi + class_extra)[class_ok]
-    )
+    p_class = np.ones(errors.shape)  # the tail only where the floor is cleared, else 1
+    ok_mean, ok_phi = np.maximum(mean[class_ok], 1e-12), (phi + psi + class_extra)[class_ok]
+    p_class[class_ok] = upper_p(errors[class_ok], ok_mean, ok_phi)
     p_one = p_class.min(axis=1) * np.maximum(per_class.sum(axis=1), 1)
     return psi, np.asarray(p_one, dtype=np.float64)
 

@@ -298,10 +298,9 @@ class EvidenceDetector:
         never: BoolArray,
         wrong: RoundCounts | None = None,
     ) -> EvidencePass:
-        """One fit and its flags (module docstring, "One p-value per site"); with ``wrong`` the
-        site's p-value is the Bonferroni combination of the loss and the error-count evidence
-        (in anchored mode, oriented as the consensus, the counts against the anchors' rates:
-        :mod:`service.audit.anchor_mode`)."""
+        """One fit and its flags (module docstring, "One p-value per site"); with ``wrong`` a
+        site's p is the Bonferroni combination of the loss and the error-count evidence (in
+        anchored mode the counts against the anchors' rates: :mod:`service.audit.anchor_mode`)."""
         ev = class_evidence(
             loss, counts, sd, min_holders=self.min_holders, exclude=exclude, reference=reference
         )
@@ -451,12 +450,9 @@ class EvidenceDetector:
     ) -> _Decision:
         """The consensus passes, the abstention rules, then anchored mode where it applies."""
         first = self._pass(loss, counts, sd, None, None, 1.0, anchor, wrong)
-        # Without flags the second pass would refit on the same sites: the same pass.
-        second = (
-            self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
-            if first.flags.any()
-            else first
-        )
+        second = first  # without flags, a second pass would refit on the same sites
+        if first.flags.any():
+            second = self._pass(loss, counts, sd, first.flags, None, 1.0, anchor, wrong)
         heterogeneity = class_heterogeneity(second.evidence, counts)
         split = mixture_split(loss, counts, mixture) if self.mixture_check else None
         reason = consensus_reason(

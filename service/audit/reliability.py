@@ -51,6 +51,7 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
+from service.audit.top_k import largest_in_rows, top_k
 
 __all__ = [
     "NeighborSets",
@@ -273,24 +274,6 @@ def _exact_extremes(
     return lo, hi
 
 
-def _top_k(scores: FloatArray, allowed: BoolArray, k: int) -> IntArray:
-    """Indices of the k largest allowed scores, by decreasing score then increasing index."""
-    n_allowed = int(allowed.sum())
-    kk = min(k, n_allowed)
-    if kk == 0:
-        return np.zeros(0, dtype=np.int64)
-    if kk == n_allowed:
-        selected = np.flatnonzero(allowed)
-    else:
-        kth = np.partition(scores, scores.size - kk)[scores.size - kk]
-        above = np.flatnonzero(scores > kth)
-        tied = np.flatnonzero(scores == kth)[: kk - above.size]
-        selected = np.concatenate([above, tied])
-    order = np.lexsort((selected, -scores[selected]))
-    result: IntArray = selected[order].astype(np.int64)
-    return result
-
-
 def _dense_block(
     unit_t: FloatArray,
     acc: FloatArray,
@@ -305,7 +288,7 @@ def _dense_block(
     block = _score_block(unit_t, acc, candidate_mask, rows, alpha)
     out = []
     for i in range(rows.size):
-        chosen = _top_k(block.scores[i], block.allowed[i], k)
+        chosen = top_k(block.scores[i], block.allowed[i], k)
         out.append((chosen, block.scores[i, chosen], float(block.self_scores[i])))
     return out
 
@@ -313,36 +296,6 @@ def _dense_block(
 DENSE_SHARE = 0.05
 """A block goes dense (:func:`_dense_block`) when the entries within the float32 pass's margin
 exceed this share of it: picking and recomputing them one by one would cost more."""
-
-
-_ARGMAX_TAKE = 4
-"""Up to this many neighbors per row, :func:`_largest` takes repeated row maxima (a pass over
-the row each) instead of a partial sort of every row."""
-
-
-def _largest(values: NDArray[np.float32], take: int) -> IntArray:
-    """(b, take) column indices of ``take`` largest entries of each row (any order; ties
-    between equal values broken either way). ``values`` is left as it was.
-
-    A row with fewer than ``take`` finite entries may get repeated columns in place of the
-    missing ones (their value -inf): :func:`_neighbors_of_block` sets such a row's k-th
-    score itself and searches it entry by entry, never reading these columns."""
-    n_rows, n_cols = values.shape
-    if take == 0:
-        return np.zeros((n_rows, 0), dtype=np.int64)
-    if take > _ARGMAX_TAKE or take >= n_cols:
-        top: IntArray = np.argpartition(values, n_cols - take, axis=1)[:, n_cols - take :]
-        return top
-    rows = np.arange(n_rows)
-    picked = np.empty((n_rows, take), dtype=np.int64)
-    saved = np.empty((n_rows, take), dtype=values.dtype)
-    for j in range(take):
-        picked[:, j] = np.argmax(values, axis=1)
-        saved[:, j] = values[rows, picked[:, j]]
-        values[rows, picked[:, j]] = -np.inf
-    for j in range(take - 1, -1, -1):  # restore (in reverse: each cell was taken once)
-        values[rows, picked[:, j]] = saved[:, j]
-    return picked
 
 
 def _neighbors_of_block(
@@ -400,7 +353,7 @@ def _neighbors_of_block(
     key[at_self] = -np.inf
     key[:, outside] = -np.inf
     take = min(k, n_clients)
-    top = _largest(key, take)
+    top = largest_in_rows(key, take)
     kth = key[np.arange(n_rows)[:, None], top].min(axis=1)
     kth[n_allowed <= k] = -_FLOAT32_MAX  # every allowed candidate is a neighbor
     pool_r, pool_c = _pool(key, top, kth, unit_margin * (1.0 + a + b), low=False)

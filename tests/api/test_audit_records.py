@@ -171,3 +171,28 @@ def test_the_sdk_keeps_a_field_a_newer_coordinator_adds() -> None:
     details = AuditEvidenceDetails.model_validate({"p_value": 0.5, "new_part_z": 3.0})
     assert details["new_part_z"] == 3.0
     assert details.get("new_part_z") == 3.0
+
+
+def small_round(seed: int, k: int, *, anchors: bool) -> tuple[dict, list[bool] | None]:
+    """One audited round of k sites of 3 classes (the first two noisy), stored as JSON."""
+    global_state, clients = make_federation(n_clients=max(k, 4), seed=seed)
+    clients = [dataclasses.replace(c, per_class_loss_sd=[0.3] * N_CLASSES) for c in clients[:k]]
+    anchor = [i == k - 1 for i in range(k)] if anchors else None
+    outcome = run_audit(global_state, clients, AuditConfig(), round_index=5, anchors=anchor)
+    return dict(json.loads(json.dumps(outcome.to_json()))), anchor
+
+
+@pytest.mark.parametrize(
+    ("k", "anchors"), [(2, False), (3, False), (4, False), (6, True), (12, True), (12, False)]
+)
+def test_audits_of_every_mode_round_trip(k: int, anchors: bool) -> None:
+    # 2-4 sites: the small federation's test or undetermined detectors; anchors: anchored mode
+    stored, _ = small_round(k, k, anchors=anchors)
+    record = AuditRecord.model_validate(stored)
+    assert record.model_dump(mode="json")["detections"] == stored["detections"]
+    evidence = record.detections["evidence"]
+    assert isinstance(evidence, EvidenceDetectionRecord)
+    assert (
+        evidence.summary.model_dump(exclude_unset=True)
+        == stored["detections"]["evidence"]["summary"]
+    )

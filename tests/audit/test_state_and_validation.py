@@ -178,6 +178,7 @@ def test_public_api_matches_all():
         "small_federation",
         "sorted_blocks",
         "state",
+        "top_k",
     }
     assert public - submodules == exported
     for name in exported:

@@ -96,9 +96,14 @@ def test_problem_details_shape() -> None:
         (detections.AuditFedNoRoDetails, "FedNoRoVerdictEvidence"),
         (detections.AuditFedNCLDetails, "FedNCLVerdictEvidence"),
         (detections.AuditExpertiseDetails, "ExpertiseVerdictEvidence"),
+        (detections.AuditEvidenceSummary, "EvidenceSummary"),
+        (detections.AuditFedNoRoSummary, "FedNoRoSummary"),
+        (detections.AuditFedNCLSummary, "FedNCLSummary"),
+        (detections.AuditExpertiseSummary, "ExpertiseSummary"),
+        (detections.AuditGroupMeans, "GroupMeans"),
     ],
 )
-def test_the_sdk_evidence_has_every_field_the_server_types(
+def test_the_sdk_evidence_and_summaries_have_every_field_the_server_types(
     model: type[BaseModel], schema_name: str
 ) -> None:
     # a field the server types must be an attribute in the SDK too, not only a mapping key

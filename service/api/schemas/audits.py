@@ -1,12 +1,12 @@
 """A round's stored audit on the wire: what ``service.audit.run_audit`` returned at the close.
 
 The envelope is typed (detectors, verdicts, flags, aggregation, the clients in order), and so is
-each verdict's ``evidence`` for the detectors of the registry (``evidence``, ``fednoro``,
-``fedncl``, ``expertise``: :mod:`service.api.schemas.verdict_evidence`), chosen by the
-detection's ``method``; a detector this version does not know keeps plain objects
-(``DetectionRecord``). Each detector's ``summary`` stays an object (docs/algorithms.md lists its
-fields). Audits stored by older versions may lack the fields added since, so those are optional;
-a field this version does not know is kept (``extra="allow"``).
+each verdict's ``evidence`` and each detection's ``summary`` for the detectors of the registry
+(``evidence``, ``fednoro``, ``fedncl``, ``expertise``: :mod:`service.api.schemas.verdict_evidence`,
+:mod:`service.api.schemas.detection_summaries`), chosen by the detection's ``method``; a detector
+this version does not know keeps plain objects (``DetectionRecord``). Audits stored by older
+versions may lack the fields added since, so those are optional; a field this version does not
+know is kept (``extra="allow"``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from service.api.schemas.detection_summaries import (
+    EvidenceSummary,
+    ExpertiseSummary,
+    FedNCLSummary,
+    FedNoRoSummary,
+)
 from service.api.schemas.verdict_evidence import (
     EvidenceVerdictEvidence,
     ExpertiseVerdictEvidence,
@@ -99,7 +105,7 @@ class EvidenceDetectionRecord(_Record):
     status: _STATUS
     reason: str | None = None
     verdicts: list[EvidenceVerdictRecord | None] = Field(description=_VERDICTS)
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: EvidenceSummary = Field(default_factory=EvidenceSummary)
 
 
 class FedNoRoDetectionRecord(_Record):
@@ -109,7 +115,7 @@ class FedNoRoDetectionRecord(_Record):
     status: _STATUS
     reason: str | None = None
     verdicts: list[FedNoRoVerdictRecord | None] = Field(description=_VERDICTS)
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: FedNoRoSummary = Field(default_factory=FedNoRoSummary)
 
 
 class FedNCLDetectionRecord(_Record):
@@ -119,7 +125,7 @@ class FedNCLDetectionRecord(_Record):
     status: _STATUS
     reason: str | None = None
     verdicts: list[FedNCLVerdictRecord | None] = Field(description=_VERDICTS)
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: FedNCLSummary = Field(default_factory=FedNCLSummary)
 
 
 class ExpertiseDetectionRecord(_Record):
@@ -129,7 +135,7 @@ class ExpertiseDetectionRecord(_Record):
     status: _STATUS
     reason: str | None = None
     verdicts: list[ExpertiseVerdictRecord | None] = Field(description=_VERDICTS)
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: ExpertiseSummary = Field(default_factory=ExpertiseSummary)
 
 
 _TYPED_DETECTORS = frozenset({"evidence", "fednoro", "fedncl", "expertise"})
