@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from client_sdk._detection_responses import AnyAuditDetection
+from client_sdk._detection_responses import AnyAuditDetection, _Details
 from client_sdk._detection_responses import AuditDetection as AuditDetection  # re-exported
 from client_sdk._detection_responses import AuditVerdict as AuditVerdict  # re-exported
 
@@ -228,6 +228,35 @@ class AuditNeighbor(_Model):
     weight: float
 
 
+class AuditAnchorLead(_Details):
+    """The anchors led the round's aggregate: which round of the lead, over how many sites."""
+
+    round: int | None = None
+    sites: int | None = None
+
+
+class AuditAggregationDetails(_Details):
+    """What the aggregation rule reports of itself (the fields' meaning: the OpenAPI spec's
+    ``AggregationDetails``); readable as a mapping too."""
+
+    variant: str | None = None
+    noisy: list[bool] | None = None
+    nearest_clean: dict[str, int] | None = None
+    note: str | None = None
+    distances: list[float] | None = None
+    normalised_distances: list[float] | None = None
+    penalty: list[float] | None = None
+    T: int | None = None
+    tau: float | None = None
+    t_k: int | None = None
+    trim_fraction: float | None = None
+    trimmed_per_side: int | None = None
+    kept_per_coordinate: int | None = None
+    weights_note: str | None = None
+    noisy_probability: list[float] | None = None
+    anchor_led: AuditAnchorLead | None = None
+
+
 class AuditAggregation(_Model):
     """How a round's updates were aggregated; ``weights`` aligned with client_ids."""
 
@@ -236,7 +265,7 @@ class AuditAggregation(_Model):
     fallback_reason: str | None = None
     weights: list[float] | None = None
     layer_weights: dict[str, list[float]] | None = None
-    details: dict[str, Any] | None = None
+    details: AuditAggregationDetails | None = None
     weight_cap: AuditWeightCap | None = None
 
 

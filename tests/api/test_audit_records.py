@@ -27,7 +27,7 @@ from service.api.schemas.audits import (
     FedNoRoDetectionRecord,
 )
 from service.audit import DETECTORS, AuditConfig, run_audit
-from tests.audit.test_pipeline import N_CLASSES, NOISY, make_federation
+from tests.audit.test_pipeline import N_CLASSES, NOISY, flagged_before, make_federation
 
 
 def stored_audit() -> dict:
@@ -196,3 +196,23 @@ def test_audits_of_every_mode_round_trip(k: int, anchors: bool) -> None:
         evidence.summary.model_dump(exclude_unset=True)
         == stored["detections"]["evidence"]["summary"]
     )
+
+
+@pytest.mark.parametrize("rule", ["daagg", "fedncl_layerwise", "trimmed_mean", "median"])
+def test_the_aggregation_details_round_trip(rule: str) -> None:
+    global_state, clients = make_federation()
+    # sites 0-2 flagged in the round before too: the aggregation treats them as noisy
+    outcome = run_audit(
+        global_state,
+        clients,
+        AuditConfig(aggregation=rule),
+        round_index=4,
+        status_history=flagged_before(),
+    )
+    stored = dict(json.loads(json.dumps(outcome.to_json())))
+    served = AuditRecord.model_validate(stored).model_dump(mode="json")["aggregation"]
+    # (the weight cap's record serialises its optional note as null: typed last release)
+    assert served["details"] == stored["aggregation"]["details"]
+    assert served["details"], "each of these rules reports something of itself"
+    if rule == "daagg":  # the flagged sites' nearest clean sites, by position
+        assert set(served["details"]["nearest_clean"]) == {"0", "1", "2"}

@@ -101,6 +101,8 @@ def test_problem_details_shape() -> None:
         (detections.AuditFedNCLSummary, "FedNCLSummary"),
         (detections.AuditExpertiseSummary, "ExpertiseSummary"),
         (detections.AuditGroupMeans, "GroupMeans"),
+        (sdk.AuditAggregationDetails, "AggregationDetails"),
+        (sdk.AuditAnchorLead, "AnchorLead"),
     ],
 )
 def test_the_sdk_evidence_and_summaries_have_every_field_the_server_types(

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from service.api.schemas.aggregation_details import AggregationDetails
 from service.api.schemas.detection_summaries import (
     EvidenceSummary,
     ExpertiseSummary,
@@ -205,7 +206,7 @@ class AggregationRecord(_Record):
         None, description="Each client's weight, aligned with client_ids"
     )
     layer_weights: dict[str, list[float]] | None = None
-    details: dict[str, Any] | None = None
+    details: AggregationDetails | None = Field(None, description="What the rule reports of itself")
     weight_cap: WeightCapRecord | None = Field(
         None, description="The cap on one client's weight and the clients it held back"
     )
