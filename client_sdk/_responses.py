@@ -6,9 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
-from client_sdk._detection_responses import AnyAuditDetection, _Details
+from client_sdk._detection_responses import _KEEP_NEW_KEYS, AnyAuditDetection
 from client_sdk._detection_responses import AuditDetection as AuditDetection  # re-exported
 from client_sdk._detection_responses import AuditVerdict as AuditVerdict  # re-exported
 
@@ -228,33 +229,35 @@ class AuditNeighbor(_Model):
     weight: float
 
 
-class AuditAnchorLead(_Details):
+@with_config(_KEEP_NEW_KEYS)
+class AuditAnchorLead(TypedDict, total=False):
     """The anchors led the round's aggregate: which round of the lead, over how many sites."""
 
-    round: int | None = None
-    sites: int | None = None
+    round: int | None
+    sites: int | None
 
 
-class AuditAggregationDetails(_Details):
+@with_config(_KEEP_NEW_KEYS)
+class AuditAggregationDetails(TypedDict, total=False):
     """What the aggregation rule reports of itself (the fields' meaning: the OpenAPI spec's
-    ``AggregationDetails``); readable as a mapping too."""
+    ``AggregationDetails``): a dict of the keys the coordinator sent."""
 
-    variant: str | None = None
-    noisy: list[bool] | None = None
-    nearest_clean: dict[str, int] | None = None
-    note: str | None = None
-    distances: list[float] | None = None
-    normalised_distances: list[float] | None = None
-    penalty: list[float] | None = None
-    T: int | None = None
-    tau: float | None = None
-    t_k: int | None = None
-    trim_fraction: float | None = None
-    trimmed_per_side: int | None = None
-    kept_per_coordinate: int | None = None
-    weights_note: str | None = None
-    noisy_probability: list[float] | None = None
-    anchor_led: AuditAnchorLead | None = None
+    variant: str | None
+    noisy: list[bool] | None
+    nearest_clean: dict[str, int] | None
+    note: str | None
+    distances: list[float] | None
+    normalised_distances: list[float] | None
+    penalty: list[float] | None
+    T: int | None
+    tau: float | None
+    t_k: int | None
+    trim_fraction: float | None
+    trimmed_per_side: int | None
+    kept_per_coordinate: int | None
+    weights_note: str | None
+    noisy_probability: list[float] | None
+    anchor_led: AuditAnchorLead | None
 
 
 class AuditAggregation(_Model):

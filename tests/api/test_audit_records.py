@@ -131,24 +131,28 @@ def test_a_wrongly_typed_field_is_refused() -> None:
         FedNCLDetectionRecord.model_validate(audit)
 
 
-def test_the_sdk_reads_the_evidence_as_attributes_and_as_a_mapping() -> None:
+def test_the_sdk_reads_the_evidence_and_summaries_as_the_dicts_they_always_were() -> None:
     stored = stored_audit()
     record = SDKAuditRecord.model_validate(stored)
     evidence = record.detections["evidence"]
     assert isinstance(evidence, AuditEvidenceDetection)
+    assert isinstance(evidence, AuditDetection)  # every detection still is one
     assert isinstance(record.detections["fedncl"], AuditFedNCLDetection)
     verdict = evidence.verdicts[0]
     assert verdict is not None
-    details = verdict.evidence
-    assert isinstance(details, AuditEvidenceDetails)
     raw = stored["detections"]["evidence"]["verdicts"][0]["evidence"]
-    assert details.p_value == raw["p_value"]
-    assert details["p_value"] == raw["p_value"]  # as the dict it used to be
-    assert details.get("confident_errors") == raw["confident_errors"]
-    assert details.get("no_such_field", "default") == "default"
-    with pytest.raises(KeyError):
-        details["no_such_field"]
-    # an unknown detector stays a plain record with dict evidence
+    # the keys sent, and only those, with dict semantics
+    assert verdict.evidence == raw
+    assert "p_value" in verdict.evidence
+    assert "prior_loss" not in verdict.evidence  # a known key the round did not send
+    assert verdict.evidence.get("prior_loss", "absent") == "absent"
+    assert json.loads(json.dumps(evidence.summary)) == stored["detections"]["evidence"]["summary"]
+    # what Flower's forwarding mode returns is what the in-process audit stored
+    assert verdict.model_dump(mode="json")["evidence"] == raw
+    dumped = record.model_dump(mode="json")
+    assert dumped["detections"] == stored["detections"]
+    assert dumped["aggregation"]["details"] == stored["aggregation"]["details"]
+    # an unknown detector stays a plain record
     other = SDKAuditRecord.model_validate(
         {
             **stored,
@@ -162,15 +166,18 @@ def test_the_sdk_reads_the_evidence_as_attributes_and_as_a_mapping() -> None:
         }
     )
     retired = other.detections["retired"]
-    assert isinstance(retired, AuditDetection)
+    assert type(retired) is AuditDetection
     assert retired.verdicts[0] is not None
     assert retired.verdicts[0].evidence == {"x": 1}
 
 
-def test_the_sdk_keeps_a_field_a_newer_coordinator_adds() -> None:
-    details = AuditEvidenceDetails.model_validate({"p_value": 0.5, "new_part_z": 3.0})
-    assert details["new_part_z"] == 3.0
-    assert details.get("new_part_z") == 3.0
+def test_the_sdk_keeps_a_key_a_newer_coordinator_adds_and_checks_known_ones() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    details = TypeAdapter(AuditEvidenceDetails).validate_python({"p_value": 0.5, "new_part_z": 3.0})
+    assert details == {"p_value": 0.5, "new_part_z": 3.0}
+    with pytest.raises(ValidationError, match="p_value"):
+        TypeAdapter(AuditEvidenceDetails).validate_python({"p_value": "small"})
 
 
 def small_round(seed: int, k: int, *, anchors: bool) -> tuple[dict, list[bool] | None]:
