@@ -223,3 +223,54 @@ def test_the_aggregation_details_round_trip(rule: str) -> None:
     assert served["details"], "each of these rules reports something of itself"
     if rule == "daagg":  # the flagged sites' nearest clean sites, by position
         assert set(served["details"]["nearest_clean"]) == {"0", "1", "2"}
+
+
+def test_every_key_the_audit_writes_is_typed_on_the_wire() -> None:
+    # A key a detector starts writing without its field here would still be served (extra
+    # keys are kept), untyped: this catches it. Audits of every mode and rule.
+    from service.api.schemas.aggregation_details import AggregationDetails
+    from service.api.schemas.detection_summaries import (
+        EvidenceSummary,
+        ExpertiseSummary,
+        FedNCLSummary,
+        FedNoRoSummary,
+    )
+    from service.api.schemas.verdict_evidence import (
+        EvidenceVerdictEvidence,
+        ExpertiseVerdictEvidence,
+        FedNCLVerdictEvidence,
+        FedNoRoVerdictEvidence,
+    )
+
+    typed = {
+        "evidence": (EvidenceVerdictEvidence, EvidenceSummary),
+        "fednoro": (FedNoRoVerdictEvidence, FedNoRoSummary),
+        "fedncl": (FedNCLVerdictEvidence, FedNCLSummary),
+        "expertise": (ExpertiseVerdictEvidence, ExpertiseSummary),
+    }
+    audits = [small_round(k, k, anchors=a)[0] for k, a in ((2, False), (4, False), (6, True))]
+    audits.append(stored_audit())
+    for rule in ("daagg", "fedncl_layerwise", "trimmed_mean", "median"):
+        global_state, clients = make_federation()
+        config = AuditConfig(aggregation=rule)
+        outcome = run_audit(
+            global_state, clients, config, round_index=4, status_history=flagged_before()
+        )
+        audits.append(dict(json.loads(json.dumps(outcome.to_json()))))
+    untyped: set[str] = set()
+    for audit in audits:
+        for name, detection in audit["detections"].items():
+            evidence_model, summary_model = typed[name]
+            for verdict in detection["verdicts"]:
+                if verdict is not None:
+                    untyped |= {f"{name}.evidence.{k}" for k in verdict["evidence"]} - {
+                        f"{name}.evidence.{k}" for k in evidence_model.model_fields
+                    }
+            untyped |= {f"{name}.summary.{k}" for k in detection["summary"]} - {
+                f"{name}.summary.{k}" for k in summary_model.model_fields
+            }
+        details = audit["aggregation"].get("details") or {}
+        untyped |= {f"details.{k}" for k in details} - {
+            f"details.{k}" for k in AggregationDetails.model_fields
+        }
+    assert not untyped
