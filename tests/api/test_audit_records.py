@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from client_sdk._detection_responses import (
     AuditDetection,
@@ -242,7 +243,7 @@ def test_every_key_the_audit_writes_is_typed_on_the_wire() -> None:
         FedNoRoVerdictEvidence,
     )
 
-    typed = {
+    typed: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
         "evidence": (EvidenceVerdictEvidence, EvidenceSummary),
         "fednoro": (FedNoRoVerdictEvidence, FedNoRoSummary),
         "fedncl": (FedNCLVerdictEvidence, FedNCLSummary),
