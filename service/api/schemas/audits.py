@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
 from service.api.schemas.aggregation_details import AggregationDetails
 from service.api.schemas.detection_summaries import (
@@ -32,6 +32,11 @@ from service.api.schemas.verdict_evidence import (
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+_TYPED_DETECTORS = frozenset({"evidence", "fednoro", "fedncl", "expertise"})
+"""The methods with a record of their own (``DetectionRecord``'s schema excludes them)."""
+_TYPED_NAMES: list[JsonValue] = [*sorted(_TYPED_DETECTORS)]
 
 
 class _VerdictBase(_Record):
@@ -91,7 +96,7 @@ class DetectionRecord(_Record):
     method: str = Field(
         description="A detector other than the typed ones",
         # so that a typed detector's record matches exactly one member of the union
-        json_schema_extra={"not": {"enum": ["evidence", "expertise", "fedncl", "fednoro"]}},
+        json_schema_extra={"not": {"enum": _TYPED_NAMES}},
     )
     status: _STATUS
     reason: str | None = None
@@ -137,10 +142,6 @@ class ExpertiseDetectionRecord(_Record):
     reason: str | None = None
     verdicts: list[ExpertiseVerdictRecord | None] = Field(description=_VERDICTS)
     summary: ExpertiseSummary = Field(default_factory=ExpertiseSummary)
-
-
-_TYPED_DETECTORS = frozenset({"evidence", "fednoro", "fedncl", "expertise"})
-"""The methods with a record of their own (``DetectionRecord``'s schema excludes them)."""
 
 
 def _detector_tag(value: Any) -> str:
