@@ -38,13 +38,18 @@ and their spread is estimated from the sites themselves); what keeps clean sites
 the floor below, set from measurement, not the tail.
 
 **Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the judged sites, and ``z_k >=
-min_z`` (default 10). The floor is measured, not derived: over the stored rounds of the matrix and
-the liar federations, clean sites judged among their peers reached z 7.8 (20 IID digit sites, the 6
-noisy ones out of the null) and 7.9 (a clean minority under a noisy majority, where the loss
-evidence abstained), while the liars stood at 10-70 from round 3 (docs/evaluation.md). At that
-floor BH changes nothing in practice; it is there for a lower floor. Added to the loss evidence's
-flags unless together they would flag ``max_flagged_fraction`` of the sites or samples (then set
-aside, as the accuracy evidence's). Anchors are never flagged.
+max(min_z, critical_z(n))`` with ``n`` the size of the site's group. ``min_z`` (default 10) is
+measured, not derived: over the stored rounds of the matrix and the liar federations, clean sites
+judged among their peers reached z 7.8 (20 IID digit sites, the 6 noisy ones out of the null) and
+7.9 (a clean minority under a noisy majority, where the loss evidence abstained), while the liars
+stood at 10-70 from round 3 (docs/evaluation.md). ``critical_z``
+(:mod:`service.audit.geometry_null`) is derived: among few peers the MAD itself is unstable, and a
+clean site of a 9-site group stood 12.7 out when five of the nine cosines happened to lie together;
+the group's size sets how far out chance can put a clean site (one round in 1,000 under a normal
+null: 13.2 for 9 peers, 10.3 for 10, 10.5 for 11, the 10 of ``min_z`` from 12 on). At these floors
+BH changes nothing in practice; it is there for a lower floor. Added to the loss evidence's flags
+unless together they would flag ``max_flagged_fraction`` of the sites or samples (then set aside,
+as the accuracy evidence's). Anchors are never flagged.
 
 **Carried flags.** Once flagged, a site trains in the noisy role (FedNoRo's distillation pulls its
 model towards the global model's predictions), so its update moves with the others' whatever its
@@ -78,6 +83,7 @@ from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, as_float_array
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.geometry_null import critical_z
 
 __all__ = [
     "GeometryEvidence",
@@ -259,7 +265,8 @@ def geometry_evidence(
     q : float
         Benjamini-Hochberg level.
     min_z : float, default=10.0
-        The floor on the robust z.
+        The floor on the robust z; a group of few peers has a higher one,
+        :func:`~service.audit.geometry_null.critical_z` of its size.
     min_sites : int, default=8
         The smallest group of peers (:func:`peer_groups`).
     min_homogeneity_p : float, default=0.01
@@ -286,21 +293,24 @@ def geometry_evidence(
     )
     groups = np.where(np.isfinite(cos), groups, -1)
     z = np.full(k, np.nan)
+    floor = np.full(k, np.inf)  # the z each judged site must reach: its group's
     for value in np.unique(groups[groups >= 0]):
         members = groups == value
-        if int(members.sum()) < min_sites:  # peers without a direction left too few
+        n = int(members.sum())
+        if n < min_sites:  # peers without a direction left too few
             continue
         centre = float(np.median(cos[members]))
         scale = MAD_TO_SD * float(np.median(np.abs(cos[members] - centre)))
         if scale > 0.0:
             z[members] = (centre - cos[members]) / scale
+            floor[members] = max(min_z, critical_z(n))
     judged = np.isfinite(z)
     if not judged.any():
         return GeometryEvidence.not_made(k, _why_nobody(counts, min_sites, min_homogeneity_p))
     p = norm.sf(z)  # NaN where not judged
     significant, _ = benjamini_hochberg(p[judged], q)
     flags = np.zeros(k, dtype=bool)
-    flags[judged] = significant & (z[judged] >= min_z)
+    flags[judged] = significant & (z[judged] >= floor[judged])
     if never is not None:
         flags &= ~np.asarray(never, dtype=bool)
     return GeometryEvidence(True, cos, z, p, flags, judged, None)

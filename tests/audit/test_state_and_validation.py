@@ -166,6 +166,7 @@ def test_public_api_matches_all():
         "evidence_abstention",
         "evidence_verdicts",
         "geometry_evidence",
+        "geometry_null",
         "majority_memory",
         "pipeline",
         "pooling",
