@@ -30,10 +30,10 @@ Two detection protocols on each indicator:
   of the per-class values), which needs no GMM and no threshold.
 - ``product``: ``service.audit.FedNoRoDetector`` (9 fits, majority vote) fitted on the K x C
   matrix (``perclass_norm``; the detector normalises itself) and on the K x 1 matrix of mean
-  losses (``mean``), with the separation guard off (``product``, paper-exact), as ALGORITHMS.md
-  2.1 writes it (``product+guard2``: Ashman's D >= 2) and calibrated (``product+guardcal``:
-  also D above the 99th percentile of D for one normal population, the default
-  from then on).
+  losses (``mean``), with the separation guard off (``product``, paper-exact, as the FedNoRo
+  paper's §4.1 describes it), with Ashman's D >= 2 (``product+guard2``) and calibrated
+  (``product+guardcal``: also D above the 99th percentile of D for one normal population, the
+  default from then on).
 
 Rounds scored: ``T1`` = the first round after the federation's warm-up (the global model has
 seen warm-up training only, which is where FedNoRo's Table 3 measures), ``after`` = the mean

@@ -1,4 +1,5 @@
-"""What-if for the FedNoRo separation guard (ALGORITHMS.md 2.1 step 5) on stored signals.
+"""What-if for the FedNoRo separation guard (Ashman's D between the two groups of the mixture of
+FedNoRo's §4.1) on stored signals.
 
 The V4 evaluation (all clients clean) showed the guard letting single outlier clients through:
 a one-member group has population spread 0, so Ashman's D becomes sqrt(2) * z, z being the
@@ -7,7 +8,7 @@ signals clients actually sent (``model_update.signals`` in the coordinator datab
 simulator keeps) with the product's ``FedNoRoDetector`` (paper-exact, guard off, so the mixture's
 vote is visible) and applies guard variants to the vote:
 
-- ``plain``: D >= 2 on the mean loss (ALGORITHMS.md 2.1 as written);
+- ``plain``: D >= 2 on the mean loss (the separation rule as first designed);
 - ``min2``: D >= 2 and both groups have at least 2 clients (a single client is never flagged);
 - ``singleton_z3.5``: D >= 2 for groups of 2 or more; a one-member group needs z >= 3.5 against
   the other clients (D >= 3.5 * sqrt(2));
