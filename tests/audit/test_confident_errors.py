@@ -60,12 +60,13 @@ def test_all_sites_at_the_same_share_flag_nobody_and_permute() -> None:
     assert int(np.argmin(a.p_value)) == 7
 
 
-def _six_sites(confident0: int) -> tuple[np.ndarray, ...]:
-    """Six sites, 2 classes of 20 samples, losses alike, 10 errors per class everywhere (the
-    error counts see nothing); one confident error per class everywhere but at site 0, which
-    makes ``confident0`` per class."""
+def _six_sites(confident0: int, per_class_errors: int = 5) -> tuple[np.ndarray, ...]:
+    """Six sites, 2 classes of 20 samples, losses alike, ``per_class_errors`` errors per class
+    everywhere (the error counts see nothing; at 5 the model errs on a quarter of the samples,
+    half as often as always answering one label); one confident error per class everywhere but
+    at site 0, which makes ``confident0`` per class."""
     counts = np.full((6, 2), 20)
-    errors = np.full((6, 2), 10, dtype=np.int64)
+    errors = np.full((6, 2), per_class_errors, dtype=np.int64)
     confident = np.ones((6, 2), dtype=np.int64)
     confident[0] = confident0
     return np.full((6, 2), 0.3), counts, np.full((6, 2), 0.8), errors, confident
@@ -73,22 +74,23 @@ def _six_sites(confident0: int) -> tuple[np.ndarray, ...]:
 
 def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
     # Every error of site 0 is confident. Once site 0 has left the fit set, each class's share
-    # is (5 + s) / 51 with s = (10 + 0.5) / 101 = 0.103960 its overall share: 0.100078; site
-    # 0's 20 errors should hold 2.0016 confident ones, and all 20 are. Below 10 sites the share
-    # is beta-binomial with rho = 0.05: P(X >= 20) = scipy's betabinom.sf(19, 20, 0.100078 x 19,
-    # 0.899922 x 19) = 4.80e-10. Three times that is far below BH's 0.01 / 6 for the first of six.
-    loss, counts, sd, errors, confident = _six_sites(10)
+    # is (5 + s) / 26 (5 confident among the other sites' 25 errors) with s = (10 + 0.5) / 51 =
+    # 0.205882 its overall share: 0.200226; site 0's 10 errors should hold 2.0023 confident
+    # ones, and all 10 are. Below 10 sites the share is beta-binomial with rho = 0.05: P(X >=
+    # 10) = scipy's betabinom.sf(9, 10, 0.200226 x 19, 0.799774 x 19) = 1.668e-5. Three times
+    # that is below BH's 0.01 / 6 for the first of six.
+    loss, counts, sd, errors, confident = _six_sites(5)
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
     assert result.summary["confident_errors_counted"] is True
     first = result.verdicts[0]
     assert first is not None
-    assert first.evidence["confident_errors"] == 20
-    assert first.evidence["confident_errors_expected"] == pytest.approx(20 * (5 + 10.5 / 101) / 51)
-    assert first.evidence["confident_errors_p_value"] == pytest.approx(4.805e-10, rel=1e-3)
-    assert first.evidence["errors"] == 20
-    assert first.evidence["errors_expected"] == pytest.approx(2 * 20 * 50.5 / 101)
+    assert first.evidence["confident_errors"] == 10
+    assert first.evidence["confident_errors_expected"] == pytest.approx(10 * (5 + 10.5 / 51) / 26)
+    assert first.evidence["confident_errors_p_value"] == pytest.approx(1.668e-5, rel=1e-3)
+    assert first.evidence["errors"] == 10
+    assert first.evidence["errors_expected"] == pytest.approx(2 * 20 * 25.5 / 101)
     assert first.evidence["p_value"] == pytest.approx(
         3 * first.evidence["confident_errors_p_value"]
     )
@@ -98,6 +100,22 @@ def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
     assert plain.summary["confident_errors_counted"] is False
     assert "confident_errors" not in plain.verdicts[0].evidence
     assert not any(v.flag for v in plain.verdicts if v is not None)
+
+
+def test_no_confident_share_from_a_model_no_better_than_the_label_prior() -> None:
+    # The same federation, but the model errs on 10 of 20 samples per class: as often as always
+    # answering one label (1 - errors / prior's = 1 - 120 / 120 = 0 < 0.25). Such a model
+    # contradicts labels with confidence class by class, not site by site: the share does not
+    # enter (nor is site 0 flagged on it), the losses and the error counts still do.
+    loss, counts, sd, errors, confident = _six_sites(10, per_class_errors=10)
+    result = EvidenceDetector().fit(
+        loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+    )
+    assert result.summary["accuracy_informativeness"] == pytest.approx(0.0)
+    assert result.summary["errors_counted"] is True
+    assert result.summary["confident_errors_counted"] is False
+    assert "confident_errors" not in result.verdicts[0].evidence
+    assert not any(v.flag for v in result.verdicts if v is not None)
 
 
 def test_all_equal_confident_errors_flag_nobody() -> None:
@@ -113,7 +131,7 @@ def test_all_equal_confident_errors_flag_nobody() -> None:
 
 
 def test_permuting_the_sites_permutes_the_verdicts() -> None:
-    loss, counts, sd, errors, confident = _six_sites(10)
+    loss, counts, sd, errors, confident = _six_sites(5)
     order = np.array([3, 0, 5, 1, 4, 2])
     a = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
