@@ -45,9 +45,10 @@ judged among their peers reached z 7.8 (20 IID digit sites, the 6 noisy ones out
 stood at 10-70 from round 3 (docs/evaluation.md). ``critical_z``
 (:mod:`service.audit.geometry_null`) is derived: among few peers the MAD itself is unstable, and a
 clean site of a 9-site group stood 12.7 out when five of the nine cosines happened to lie together;
-the group's size sets how far out chance can put a clean site (one round in 1,000 under a normal
-null: 13.2 for 9 peers, 10.3 for 10, 10.5 for 11, the 10 of ``min_z`` from 12 on). At these floors
-BH changes nothing in practice; it is there for a lower floor. Added to the loss evidence's flags
+the group's size sets how far out chance can put a clean site (one round in 10,000 under a normal
+null: 24.9 for 9 peers, 16.9 for 10, 13.8 for 12, 10.5 for 16, the 10 of ``min_z`` from 18 on; at
+one in 1,000 a clean site of a 10-site group stood out twice in 27 rounds). At these floors BH
+changes nothing in practice; it is there for a lower floor. Added to the loss evidence's flags
 unless together they would flag ``max_flagged_fraction`` of the sites or samples (then set aside,
 as the accuracy evidence's). Anchors are never flagged.
 
