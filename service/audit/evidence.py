@@ -64,14 +64,7 @@ flagged rounds before the aggregation treats a site as noisy.
 
 **Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites):
 ``p_k = min(1, 2 min(p_loss, p_errors))``, or with the confident errors too
-(:mod:`service.audit.confident_errors`) ``min(1, 3 min(p_loss, p_errors, p_confident))``, the
-confident errors only in a round whose model beats always answering the federation's most common
-label by :data:`~service.audit.evidence_abstention.ACCURACY_INFORMATIVENESS` of its errors (a
-model that does not contradicts labels with confidence class by class, not site by site: in a
-held-out federation of 10 BreastMNIST sites at Dirichlet(0.1), whose model flipped between the
-two labels from round to round, the three sites holding class 0 alone had 41-50 % of their
-errors confident against 12-26 % elsewhere and two clean ones were flagged, at 1 - errors /
-prior's of 0.06 and 0.21); phi is
+(:mod:`service.audit.confident_errors`) ``min(1, 3 min(p_loss, p_errors, p_confident))``; phi is
 at least the one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`),
 and at least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites.
 
@@ -113,12 +106,12 @@ from service.audit.confident_errors import CountTests, RoundCounts, round_counts
 from service.audit.detection import DetectionResult
 from service.audit.error_evidence import counted_on, error_evidence
 from service.audit.evidence_abstention import (
-    ACCURACY_INFORMATIVENESS,
     Informativeness,
     class_heterogeneity,
     consensus_reason,
     mixture_split,
     model_informativeness,
+    share_if_learned,
 )
 from service.audit.evidence_verdicts import (
     EvidencePass,
@@ -547,24 +540,16 @@ class EvidenceDetector:
         loss, counts, sd, anchor = checked_inputs(
             per_class_loss, class_counts, per_class_loss_sd, anchors
         )
-        held = counts > 0
         k = loss.shape[0]
         if k < self.min_clients:
             return self._too_few_sites(loss, counts, sd, anchor)
-        loss = np.where(held, loss, np.nan)
+        loss = np.where(counts > 0, loss, np.nan)
         sizes = counts.sum(axis=1).astype(np.float64)
-
         wrong = self._error_counts(per_class_errors, per_class_confident_errors, counts)
         entropy, site_loss, informativeness = model_informativeness(
             loss, counts, sizes, None if wrong is None else wrong.errors
         )
-        if (
-            wrong is not None
-            and wrong.confident is not None
-            and informativeness.accuracy is not None
-            and informativeness.accuracy < ACCURACY_INFORMATIVENESS
-        ):  # no better than the label prior by its errors: no confident share (module docstring)
-            wrong = RoundCounts(wrong.errors)
+        wrong = share_if_learned(wrong, informativeness)
         decision = self._decide(
             loss, counts, sd, anchor, wrong, sizes, entropy, informativeness, mixture, anchor_led
         )
