@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import matrix  # noqa: E402
@@ -119,21 +121,12 @@ def draw(seed: int, count: int) -> list[dict[str, Any]]:
     return scenarios
 
 
-def _yaml(value: Any) -> str:
-    """Flow-style YAML (JSON is YAML) for the small dicts above."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_yaml(v) for v in value) + "]"
-    return str(value)
-
-
 def write(scenarios: list[dict[str, Any]], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for scenario in scenarios:
-        lines = [f"{key}: {_yaml(value)}" for key, value in scenario.items()]
+        text = yaml.safe_dump(scenario, sort_keys=False, default_flow_style=None)
         (directory / f"{scenario['name']}.yaml").write_text(
-            "# drawn by docs/eval/holdout.py\n" + "\n".join(lines) + "\n", encoding="utf-8"
+            "# drawn by docs/eval/holdout.py\n" + text, encoding="utf-8"
         )
 
 

@@ -55,7 +55,8 @@ from geometry_whatif import (  # noqa: E402
     stored_run,
 )
 
-from service.audit.geometry_evidence import MAD_TO_SD, geometry_evidence, peer_groups  # noqa: E402
+from service.audit.geometry_evidence import geometry_evidence, peer_groups  # noqa: E402
+from service.audit.geometry_null import mad_z  # noqa: E402
 
 STATISTICS = ("geometry", "probe_js", "probe_tv", "probe_entropy", "fedncl_q", "divergence")
 
@@ -77,10 +78,9 @@ def probe_distances(probes: np.ndarray, members: np.ndarray) -> tuple[np.ndarray
 def robust_z(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     """``(x - median) / (1.4826 MAD)`` over the members, NaN elsewhere (and where MAD is 0)."""
     z = np.full(values.size, np.nan)
-    centre = float(np.median(values[members]))
-    scale = MAD_TO_SD * float(np.median(np.abs(values[members] - centre)))
-    if scale > 0.0:
-        z[members] = (values[members] - centre) / scale
+    low_z, scale = mad_z(values[members])  # (median - x) / scale: this statistic's sign is upward
+    if float(scale) > 0.0:
+        z[members] = -low_z
     return z
 
 

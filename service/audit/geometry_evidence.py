@@ -35,7 +35,7 @@ median and the scale ``1.4826 MAD`` (the normal-consistent median absolute devia
 1974), so a minority of low sites moves neither; ``z_k = (median - c_k) / (1.4826 MAD)``,
 one-sided ``p_k = 1 - Phi(z_k)``. The normal tail is an approximation (the cosines are bounded
 and their spread is estimated from the sites themselves); what keeps clean sites unflagged is
-the floor below, set from measurement, not the tail.
+the floor below, part measured, part the simulated null of the statistic itself.
 
 **Flags.** Benjamini-Hochberg at the loss evidence's ``q`` over the judged sites, and ``z_k >=
 max(min_z, critical_z(n))`` with ``n`` the size of the site's group. ``min_z`` (default 10) is
@@ -84,7 +84,7 @@ from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, as_float_array
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientVerdict, DetectionResult
-from service.audit.geometry_null import critical_z
+from service.audit.geometry_null import critical_z, mad_z
 
 __all__ = [
     "GeometryEvidence",
@@ -97,8 +97,6 @@ __all__ = [
     "site_mix_p_values",
 ]
 
-MAD_TO_SD = 1.4826
-"""The median absolute deviation times this estimates a normal standard deviation."""
 
 HOMOGENEOUS_SHARE = 0.8
 """The share of the sites that must hold the federation's class mix for any update to be judged:
@@ -300,10 +298,9 @@ def geometry_evidence(
         n = int(members.sum())
         if n < min_sites:  # peers without a direction left too few
             continue
-        centre = float(np.median(cos[members]))
-        scale = MAD_TO_SD * float(np.median(np.abs(cos[members] - centre)))
-        if scale > 0.0:
-            z[members] = (centre - cos[members]) / scale
+        group_z, scale = mad_z(cos[members])
+        if float(scale) > 0.0:
+            z[members] = group_z
             floor[members] = max(min_z, critical_z(n))
     judged = np.isfinite(z)
     if not judged.any():

@@ -402,8 +402,7 @@ def test_the_floor_grows_as_the_group_shrinks() -> None:
 def test_the_table_is_what_the_null_gives(n: int) -> None:
     # A fresh simulation (another seed, 500,000 groups: about 50 exceed the quantile) lands
     # within 20 % of the tabulated 4,000,000-group value; the table is not the code's output for
-    # this seed, so a wrong statistic (a standard deviation for the MAD moves these by a factor
-    # of 2-3) or a mistyped entry fails.
+    # this seed, so a mistyped entry or a statistic other than the one tabulated fails.
     fresh = simulate_critical_z(n, draws=500_000, seed=7)
     assert fresh == pytest.approx(critical_z(n), rel=0.20)
 
