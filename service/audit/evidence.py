@@ -313,7 +313,7 @@ class EvidenceDetector:
             else None
         )
         class_z = ev.z
-        shift = None if site is None else site.shrunken_shift()
+        shift = None if site is None else site.shrunken_shift(direction)
         if shift is not None and np.any(shift != 0.0):
             scale = np.exp(-shift)[:, None]
             class_z = class_evidence(

@@ -267,3 +267,35 @@ def test_count_dispersion_is_the_log_normal_cv_squared() -> None:
     assert _factor(2.0, 0.01).count_dispersion() == 1.0
     # Without spreads (within = 0) tau also holds the sampling spread: no floor.
     assert _factor(0.25, 0.0).count_dispersion() == 0.0
+
+
+def test_only_a_harder_site_is_adjusted():
+    """The factor divides a site's losses down where it is harder than the centre; an easier
+    site is left as it is (module docstring, "The classes given the site")."""
+    rng = np.random.default_rng(3)
+    factors = np.exp(rng.normal(0.0, 0.4, size=12)).tolist()
+    loss, counts, sd, centres = _five_sites(factors)
+    result = site_factor(loss, counts * 100, sd, centres)
+    full = (result.x - result.centre) * result.tau2 / (result.tau2 + result.within)
+    assert (full > 0).any()
+    assert (full < 0).any()
+    harder, easier = np.where(full > 0, full, 0.0), np.where(full < 0, full, 0.0)
+    np.testing.assert_allclose(result.shrunken_shift(), harder, rtol=1e-12)
+    # The other direction (the evidence looking for lower losses) keeps the easier sites only.
+    np.testing.assert_allclose(result.shrunken_shift(-1.0), easier, rtol=1e-12)
+
+
+def test_a_site_easier_in_every_class_but_one_is_not_flagged_on_that_class():
+    """12 sites of 3 x 100 samples, losses 0.5 times a difficulty factor exp(0.2 t), t in
+    [-1, 1]; site 0 has losses 0.1, 0.1 and 0.5: at the centre in its third class, below it in
+    the two others, above it in none. Multiplied up to the centre by its factor (about 2.4), its
+    third class stood out and it was flagged (score 4.5, measured before the change); now its
+    losses are left as they are and nothing is above the centre."""
+    steps = np.array([0, 1, -1, 0.66, -0.66, 0.33, -0.33, 0.83, -0.83, 0.5, -0.5, 0.17])
+    loss = np.outer(np.exp(0.2 * steps), [0.5, 0.5, 0.5])
+    loss[0] = [0.1, 0.1, 0.5]
+    counts = np.full((12, 3), 100)
+    result = EvidenceDetector(mixture_check=False).fit(loss, counts, np.full((12, 3), 0.5))
+    assert result.status == "ok"
+    assert not any(v.flag for v in result.verdicts)
+    assert result.verdicts[0].score < 0.0
