@@ -33,16 +33,14 @@ and the adjustment, ``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
   scanner makes every class harder); a test that adds up the classes as if independent counts
   that one difference once per class (with 1,000 samples per site and a log-normal spread of
   0.3 in difficulty, a clean site was flagged in 77 % of the rounds).
-* The classes are then judged *given the site's difficulty*: each site's losses divided by its
-  shrunken factor (the best linear predictor of its difficulty; nothing changes where no
-  between-site spread is found) and the class fit repeated. ``p_stouffer`` is Stouffer's
-  combination of those class z with weights sqrt(n[k, c]) (dense noise: every class a little;
-  a class held fewer than ``min_class_count`` times enters with its z capped at +-3,
-  :data:`SMALL_CLASS_Z_CAP`: the normal tail is wrong for the mean of a handful of samples of a
-  very skewed loss, and on clean digit federations one hard sample of a class a site held once
-  gave z = 30). ``m * min_c p_c`` is the smallest per-class p times the number of classes
-  (noise in one class; only classes of which the site holds at least ``min_class_count``
-  samples).
+* The classes are then judged *given the site's difficulty*: each class of a harder site
+  divided by the shrunken factor of the site's other classes (:meth:`SiteFactor.class_shift`;
+  the lower tail adjusts easier sites alike) and the class fit repeated. ``p_stouffer``:
+  Stouffer's combination of those class z, weights sqrt(n[k, c]) (dense noise: every class a
+  little; a class held fewer than ``min_class_count`` times enters with its z capped at +-3,
+  :data:`SMALL_CLASS_Z_CAP`: on clean digit federations one hard sample of a class a site held
+  once gave z = 30). ``m * min_c p_c`` is the smallest per-class p times the number of classes
+  (noise in one class; classes of which the site holds ``min_class_count`` samples or more).
 
 The verdict shows the site-level ``site_z`` (the score is it, or the per-class part's
 z-equivalent where larger), ``site_factor`` (the site's loss over what its class mix predicts), the
@@ -312,23 +310,25 @@ class EvidenceDetector:
             if reference is None and loss.shape[0] >= SITE_LEVEL_MIN_SITES
             else None
         )
-        class_z = ev.z
-        shift = None if site is None else site.shrunken_shift(direction)
-        if shift is not None and np.any(shift != 0.0):
-            scale = np.exp(-shift)[:, None]
-            class_z = class_evidence(
-                loss * scale,
-                counts,
-                None if sd is None else sd * scale,
-                min_holders=self.min_holders,
-                exclude=exclude,
-                reference=reference,
+
+        def given_site(d: float) -> FloatArray:
+            """The class z given each site's difficulty, adjusted in direction d only."""
+            shift = None if site is None else site.class_shift(d)
+            if shift is None or not np.any(shift != 0.0):
+                return ev.z
+            scale = np.exp(-shift)
+            scaled = None if sd is None else sd * scale  # (no site part with a reference)
+            return class_evidence(
+                loss * scale, counts, scaled, min_holders=self.min_holders, exclude=exclude
             ).z
+
+        class_z = given_site(direction)
 
         def loss_p(d: float) -> tuple[FloatArray, FloatArray, FloatArray]:
             """(the site's loss p-value, its Stouffer z, its per-class part) in direction d."""
-            stouffer = site_p_values(class_z, counts, d, self.min_class_count)[1]
-            p_class = class_p_values(class_z, counts, d, self.min_class_count)
+            z = class_z if d == direction else given_site(d)
+            stouffer = site_p_values(z, counts, d, self.min_class_count)[1]
+            p_class = class_p_values(z, counts, d, self.min_class_count)
             if site is None:
                 p = np.minimum(1.0, 2.0 * np.minimum(p_class, ndtr(-stouffer)))
             else:
