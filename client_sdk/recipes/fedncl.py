@@ -1,6 +1,6 @@
 """Fed-NCL label correction on the client (``fedncl_correction``).
 
-Seed 001 (Tam et al.), section V-C: a client the server made a label-correction candidate
+Fed-NCL (Tam et al.), section V-C: a client the server made a label-correction candidate
 (eq. 17, decided on the server) relabels, once the global model has trained for T_corr rounds,
 every local sample whose global-model confidence exceeds eta to the global model's prediction
 (eq. 18), and trains on the relabelled set. As in the authors' code the relabelling starts from

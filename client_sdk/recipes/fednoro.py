@@ -1,6 +1,6 @@
 """FedNoRo local training: (optional) logit adjustment, distillation for noisy clients.
 
-Seed 004 (Wu et al., IJCAI 2023), section 4.1 (stage 1: local training with logit adjustment,
+FedNoRo (Wu et al., IJCAI 2023), section 4.1 (stage 1: local training with logit adjustment,
 ``f(x) + log pi`` with pi the client's local class prior) and section 4.2 (stage 2: clean clients
 keep logit-adjusted cross-entropy; noisy clients minimise eq. 5,
 ``lambda * L_KL + (1 - lambda) * L_CE``, with the teacher ``y_G = softmax(f_G(x) / T)`` of eq. 4,

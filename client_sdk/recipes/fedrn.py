@@ -1,6 +1,6 @@
 """FedRN local training: clean-sample selection ensembled over k-reliable neighbors.
 
-Seed 000 (Kim et al., CIKM 2022):
+FedRN (Kim et al., CIKM 2022):
 
 - section 4.4 / Algorithm 1: plain FedAvg for the warm-up rounds, then FedRN;
 - section 4.2, eq. 6: a 2-component GMM on the per-sample losses of a model; the clean

@@ -1,6 +1,6 @@
 """FLR local training: label-mixture regularisation with per-sample running averages.
 
-Seed 003 (Kim, Kim, Yun 2024, "Revisiting Early-Learning Regularization When Federated Learning
+FLR (Kim, Kim, Yun 2024, "Revisiting Early-Learning Regularization When Federated Learning
 Meets Noisy Labels"), section 3.2, eq. 1, Algorithm 1 and appendix E.4-E.5. There is no public
 code; everything below is taken from the paper text:
 

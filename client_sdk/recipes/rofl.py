@@ -1,6 +1,6 @@
 """RoFL local training: small-loss samples, class centroids, global-guided pseudo-labels.
 
-Seed 002 (Yang et al., "Robust Federated Learning with Noisy Labels"), section "Local updates"
+RoFL (Yang et al., "Robust Federated Learning with Noisy Labels"), section "Local updates"
 and the supplementary "Algorithm details" / Algorithm 1:
 
 - eq. 2 with the schedule of Algorithm 1: each mini-batch keeps its (1 - R(t)) lowest-loss
