@@ -83,7 +83,7 @@ rounds (``docs/eval/holdout.py --draw 2``, h2-01); adjusted one way only, in non
 easier site with wrong labels in one class is judged against the class's centre, not against what
 its other classes predict (an independent review's example: 12 sites of 4 x 150 samples, the noisy
 one at 0.55 of the centre with 15 % wrong labels in one class, flagged at score 3.5 adjusted both
-ways, not flagged at 2.6 one way).
+ways, not flagged at 2.5 one way and by the other classes).
 
 Without the SDK's spreads ``V_k`` is unknown: ``var(e_k)`` is taken as 0, tau absorbs the
 sampling spread too (the median and the median-based tau of all sites, without the shortest half
