@@ -217,23 +217,20 @@ class SiteFactor:
         down; -1: an easier one) and 0 elsewhere (module docstring, "The classes given the
         site"); zeros without a between-site spread or without sampling variances (no
         spreads)."""
-        ok = np.isfinite(self.x)
-        if self.tau2 <= 0.0 or not np.any(self.within[ok] > 0):
+        if not self._adjusts():
             return np.zeros(self.x.size)
-        shrink = self.tau2 / (self.tau2 + np.where(ok, self.within, 0.0))
-        shift = np.where(ok, (self.x - self.centre) * shrink, 0.0)
-        return np.asarray(np.where(direction * shift > 0.0, shift, 0.0), dtype=np.float64)
+        ok = np.isfinite(self.x)
+        shift = np.where(ok, self._shrunk(self.x, np.where(ok, self.within, 0.0)), 0.0)
+        return _one_way(shift, direction)
 
     def class_shift(self, direction: float = 1.0) -> FloatArray:
         """(K, C): for each class of a site, :meth:`shrunken_shift` computed over the site's
         *other* classes (module docstring, "The classes given the site"); over all its classes
         where it holds no other ((K, 1) where the classes are not known: without spreads)."""
         whole = self.shrunken_shift(direction)
-        if self.cells is None:
-            return whole[:, None]
+        if self.cells is None or not self._adjusts():
+            return whole[:, None] if self.cells is None else np.zeros(self.cells[0].shape)
         observed, expected, variance = self.cells
-        if self.tau2 <= 0.0 or not np.any(np.nan_to_num(self.within) > 0):  # as shrunken_shift
-            return np.zeros(observed.shape)
         rest_o = observed.sum(axis=1, keepdims=True) - observed
         rest_e = expected.sum(axis=1, keepdims=True) - expected
         rest_v = variance.sum(axis=1, keepdims=True) - variance
@@ -241,10 +238,22 @@ class SiteFactor:
         # one small class cannot set a binary site's factor (module docstring).
         ok = (rest_o > 0) & (rest_e >= expected) & (rest_e > 0) & np.isfinite(self.x)[:, None]
         safe_o, safe_e = np.where(ok, rest_o, 1.0), np.where(ok, rest_e, 1.0)
-        shrink = self.tau2 / (self.tau2 + rest_v / np.square(safe_e))
-        shift = (np.log(safe_o / safe_e) - self.centre) * shrink
-        shift = np.where(ok, shift, whole[:, None])
-        return np.asarray(np.where(direction * shift > 0.0, shift, 0.0), dtype=np.float64)
+        shift = self._shrunk(np.log(safe_o / safe_e), rest_v / np.square(safe_e))
+        return _one_way(np.where(ok, shift, whole[:, None]), direction)
+
+    def _adjusts(self) -> bool:
+        """Whether any site is adjusted: a between-site spread and sampling variances."""
+        return self.tau2 > 0.0 and bool(np.any(np.nan_to_num(self.within) > 0))
+
+    def _shrunk(self, x: FloatArray, within: FloatArray) -> FloatArray:
+        """The best linear predictor of the difficulty of log ratios ``x`` of variance
+        ``within``: ``(x - centre) tau^2 / (tau^2 + within)``."""
+        return np.asarray((x - self.centre) * (self.tau2 / (self.tau2 + within)), dtype=np.float64)
+
+
+def _one_way(shift: FloatArray, direction: float) -> FloatArray:
+    """``shift`` where it lies in ``direction``, 0 elsewhere."""
+    return np.asarray(np.where(direction * shift > 0.0, shift, 0.0), dtype=np.float64)
 
 
 def _pooled_sample_variance(counts: IntArray, sd: FloatArray, rows: BoolArray) -> FloatArray:

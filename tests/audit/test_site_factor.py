@@ -269,6 +269,13 @@ def test_count_dispersion_is_the_log_normal_cv_squared() -> None:
     assert _factor(0.25, 0.0).count_dispersion() == 0.0
 
 
+def _graded_sites(spread: float) -> np.ndarray:
+    """12 sites x 3 classes, every loss 0.5 times a difficulty factor exp(spread t), t spread
+    over [-1, 1] (site 0 at t = 0, the centre)."""
+    steps = np.array([0, 1, -1, 0.66, -0.66, 0.33, -0.33, 0.83, -0.83, 0.5, -0.5, 0.17])
+    return np.outer(np.exp(spread * steps), [0.5, 0.5, 0.5])
+
+
 def test_each_class_is_adjusted_by_the_site_s_other_classes_one_way():
     """Hand-checked: centre 0, tau^2 1, no sampling variance in the cells (shrink 1). Site 0:
     observed 2 and 1 against expected 1 and 1; class 0 is judged by class 1 (ratio 1: log 1 = 0),
@@ -295,8 +302,7 @@ def test_a_noisy_class_is_not_excused_by_its_own_excess():
     [-1, 1]; site 0 at the centre in two classes and 0.8 in the third. Divided by a factor over
     all three classes (its own excess in it), it was not flagged (score 3.05, measured before the
     change); judged by its other two classes, it is."""
-    steps = np.array([0, 1, -1, 0.66, -0.66, 0.33, -0.33, 0.83, -0.83, 0.5, -0.5, 0.17])
-    loss = np.outer(np.exp(0.2 * steps), [0.5, 0.5, 0.5])
+    loss = _graded_sites(0.2)
     loss[0] = [0.5, 0.5, 0.8]
     result = EvidenceDetector(mixture_check=False).fit(
         loss, np.full((12, 3), 100), np.full((12, 3), 0.5)
@@ -311,8 +317,7 @@ def test_sites_easier_than_the_centre_make_no_lower_tail():
     only, the easier sites' every class counted against them in the lower tail: 4 sites
     significantly below, and the round abstained ("points both ways", measured); each tail
     adjusted its own way, none below and the noisy site flagged."""
-    steps = np.array([0, 1, -1, 0.66, -0.66, 0.33, -0.33, 0.83, -0.83, 0.5, -0.5, 0.17])
-    loss = np.outer(np.exp(0.25 * steps), [0.5, 0.5, 0.5])
+    loss = _graded_sites(0.25)
     loss[0, 2] = 1.0
     result = EvidenceDetector(mixture_check=False).fit(
         loss, np.full((12, 3), 150), np.full((12, 3), 0.5)
@@ -329,8 +334,7 @@ def test_a_site_easier_in_every_class_but_one_is_judged_against_the_centre():
     third class stood out and it was flagged (score 4.5, measured before the change). The
     trade-off (module docstring): an easier site is not multiplied up, so this is not flagged,
     and neither would be an easy site whose third class is 5x its others because of noise."""
-    steps = np.array([0, 1, -1, 0.66, -0.66, 0.33, -0.33, 0.83, -0.83, 0.5, -0.5, 0.17])
-    loss = np.outer(np.exp(0.2 * steps), [0.5, 0.5, 0.5])
+    loss = _graded_sites(0.2)
     loss[0] = [0.1, 0.1, 0.5]
     counts = np.full((12, 3), 100)
     result = EvidenceDetector(mixture_check=False).fit(loss, counts, np.full((12, 3), 0.5))
