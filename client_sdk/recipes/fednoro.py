@@ -173,6 +173,42 @@ def kd_per_sample(
     return torch.where(present, terms, torch.zeros_like(terms)).sum(dim=1)
 
 
+def match_label_marginal(
+    teacher_logits: torch.Tensor, temperature: float, counts: torch.Tensor, iterations: int = 50
+) -> torch.Tensor:
+    """Teacher logits shifted per class so the site's mean teacher distribution is its label mix.
+
+    Returns ``teacher_logits + temperature * b`` with ``b`` the per-class offsets for which the
+    mean over the site's samples of ``softmax(teacher_logits / T + b)`` equals ``counts / sum``
+    (Saerens, Latinne and Decaestecker, "Adjusting the outputs of a classifier to new a priori
+    probabilities", Neural Computation 2002: the offsets ``log(new prior / old prior)``, found by
+    fixed-point iteration). Classes with no sample get ``-inf`` (the teacher is renormalised
+    over the held classes).
+
+    Parameters
+    ----------
+    teacher_logits : torch.Tensor
+        ``(N, C)``, every sample of the site.
+    temperature : float
+        T > 0, the distillation temperature (the offsets apply after the division by T).
+    counts : torch.Tensor
+        ``(C,)`` the site's label histogram (positive sum).
+    iterations : int
+        Fixed-point steps (each one softmax over ``(N, C)``).
+    """
+    held = counts > 0
+    target = counts.to(torch.float32) / counts.sum().to(torch.float32)
+    z = teacher_logits.detach().float() / temperature
+    minus_inf = torch.full_like(target, -math.inf)
+    b = torch.where(held, torch.zeros_like(target), minus_inf).to(z.device)
+    log_target = torch.where(held, torch.log(target), minus_inf).to(z.device)
+    for _ in range(iterations):
+        mean = F.softmax(z + b, dim=1).mean(dim=0)
+        step = log_target - torch.log(torch.where(held.to(z.device), mean, torch.ones_like(mean)))
+        b = torch.where(held.to(z.device), b + step, b)
+    return (z + b) * temperature
+
+
 def kd_weight(round_index: int, warmup_rounds: int, ramp_rounds: int, max_weight: float) -> float:
     """Gaussian ramp-up ``w_max * exp(-5 (1 - lambda)^2)``, lambda = clip((t - T1)/T_ramp, 0, 1).
 
@@ -228,6 +264,7 @@ class FedNoRoRecipe:
         absent = hp.get_choice("absent_class_prior", "rarest", ("rarest", "zero"))
         kd_samples = hp.get_choice("kd_samples", "all", ("all", "contradicted"))
         kd_classes = hp.get_choice("kd_classes", "held", ("held", "all"))
+        kd_marginal = hp.get_choice("kd_marginal", "teacher", ("teacher", "labels"))
         tau = hp.get_float("la_tau", 0.0, minimum=0.0, maximum=1.0)
         if not math.isfinite(1.0 / temperature):
             raise InvalidHyperparameterError("kd_temperature: too small")
@@ -244,6 +281,8 @@ class FedNoRoRecipe:
         distil = stage2 and ctx.role == "noisy"
         weight = kd_weight(ctx.round_index, warmup, ramp, weight_max) if distil else 0.0
         teacher = predict_logits(global_model, d.inputs)[0] if distil else None
+        if teacher is not None and kd_marginal == "labels":
+            teacher = match_label_marginal(teacher, temperature, counts.to(teacher.device))
         # "contradicted" (beyond the paper): distil only the samples whose label the teacher's
         # top class contradicts; the others keep their cross-entropy (module docstring).
         distilled: torch.Tensor | None = None

@@ -16,7 +16,7 @@ from client_sdk.recipes import (
     logit_adjusted_cross_entropy,
 )
 from client_sdk.recipes.errors import RecipeError
-from client_sdk.recipes.fednoro import scaled_log_prior
+from client_sdk.recipes.fednoro import match_label_marginal, scaled_log_prior
 from tests.client_sdk.recipes.helpers import (
     frozen,
     linear,
@@ -149,6 +149,50 @@ class TestKnowledgeDistillation:
         assert kd_weight(90, 10, 39, 0.8) == pytest.approx(0.8)
         assert kd_weight(3, 10, 39, 0.8) == pytest.approx(0.005390, abs=1e-6)
         assert kd_weight(10, 10, 0, 0.8) == pytest.approx(0.8)
+
+
+class TestLabelMarginal:
+    def test_identical_samples_take_the_label_mix(self) -> None:
+        # Two samples with the same uniform teacher, labels 3:1. Every sample then gets the
+        # label mix [0.75, 0.25] itself: logits (after / T) differ by ln 3, i.e. by T ln 3 before.
+        out = match_label_marginal(torch.zeros(2, 2), 0.8, torch.tensor([3, 1]))
+        assert (out[:, 0] - out[:, 1]).tolist() == pytest.approx([0.8 * math.log(3.0)] * 2)
+        assert torch.softmax(out / 0.8, 1)[0].tolist() == pytest.approx([0.75, 0.25])
+
+    def test_two_samples_solved_by_hand(self) -> None:
+        # T = 1, teacher p1 = [0.8, 0.2], p2 = [0.2, 0.8] (logits [ln 4, 0], [0, ln 4]); labels
+        # 3:1. With r = exp(b0 - b1): 4r / (4r + 1) + r / (r + 4) = 1.5, i.e.
+        # 2 r^2 - 8.5 r - 6 = 0, r = (8.5 + sqrt(120.25)) / 4 = 4.866476.
+        teacher = torch.tensor([[math.log(4.0), 0.0], [0.0, math.log(4.0)]])
+        out = match_label_marginal(teacher, 1.0, torch.tensor([3, 1]))
+        shift = (out - teacher)[:, 0] - (out - teacher)[:, 1]
+        assert shift.tolist() == pytest.approx([math.log(4.866476)] * 2, abs=1e-5)
+        assert torch.softmax(out, 1).mean(0).tolist() == pytest.approx([0.75, 0.25], abs=1e-5)
+
+    def test_a_teacher_that_already_matches_is_left_as_it_is(self) -> None:
+        teacher = torch.tensor([[math.log(4.0), 0.0], [0.0, math.log(4.0)]])
+        out = match_label_marginal(teacher, 1.0, torch.tensor([5, 5]))
+        assert out.flatten().tolist() == pytest.approx(teacher.flatten().tolist(), abs=1e-6)
+
+    def test_an_absent_class_gets_no_mass(self) -> None:
+        # Labels of classes 0 and 1 only; the teacher puts most mass on class 2. The result
+        # is -inf there, and the held classes share the sample as the labels do (1:1).
+        teacher = torch.tensor([[0.0, 0.0, 5.0], [0.0, 0.0, 5.0]])
+        out = match_label_marginal(teacher, 0.8, torch.tensor([2, 2, 0]))
+        assert out[:, 2].tolist() == [-math.inf, -math.inf]
+        assert torch.softmax(out / 0.8, 1).flatten().tolist() == pytest.approx([0.5, 0.5, 0.0] * 2)
+
+    def test_the_order_of_the_samples_does_not_matter(self) -> None:
+        gen = torch.Generator().manual_seed(3)
+        teacher = torch.randn(40, 3, generator=gen) * 2.0
+        counts = torch.tensor([25, 10, 5])
+        order = torch.randperm(40, generator=gen)
+        out = match_label_marginal(teacher, 0.8, counts)
+        permuted = match_label_marginal(teacher[order], 0.8, counts)
+        assert permuted.flatten().tolist() == pytest.approx(out[order].flatten().tolist(), abs=1e-5)
+        assert torch.softmax(out / 0.8, 1).mean(0).tolist() == pytest.approx(
+            [0.625, 0.25, 0.125], abs=1e-4
+        )
 
 
 def test_scaled_log_prior_keeps_absent_classes_finite_only_when_tau_is_zero() -> None:
@@ -338,6 +382,55 @@ class TestRecipe:
         ctx = make_context(round_index=5, role="noisy", hyperparameters=hp)
         get_recipe("fednoro").train(student, teacher, data, ctx)
         assert disagreement(student) < 0.5 * before
+
+
+@pytest.mark.parametrize(("kd_marginal", "biased"), [("teacher", True), ("labels", False)])
+def test_a_biased_teacher_passes_its_bias_on_unless_matched_to_the_labels(
+    kd_marginal: str, biased: bool
+) -> None:
+    # Balanced clean labels (one_hot_data, 3 classes), a teacher that knows the classes
+    # (logits = x) but adds +3 to class 0, so it calls almost every sample class 0. Full
+    # distillation (w = 1, T = 1): with the teacher's own marginal the student learns to call
+    # most samples class 0; with the marginal matched to the labels (1/3 each) the offsets undo
+    # the +3 and the student keeps to the true classes.
+    data = one_hot_data(30, num_flipped=0)
+    teacher_layer = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        teacher_layer.weight.copy_(torch.eye(3))
+        teacher_layer.bias.copy_(torch.tensor([3.0, 0.0, 0.0]))
+    teacher = frozen(torch.nn.Sequential(teacher_layer))
+    student_layer = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        student_layer.weight.copy_(torch.eye(3))
+        student_layer.bias.zero_()
+    student = torch.nn.Sequential(student_layer)
+    hp = {
+        "batch_size": 10,
+        "lr": 0.5,
+        "momentum": 0.0,
+        "warmup_rounds": 0,
+        "ramp_rounds": 0,
+        "kd_weight_max": 1.0,
+        "kd_temperature": 1.0,
+        "local_epochs": 20,
+        "kd_marginal": kd_marginal,
+    }
+    get_recipe("fednoro").train(
+        student, teacher, data, make_context(round_index=3, role="noisy", hyperparameters=hp)
+    )
+    with torch.no_grad():
+        called_zero = float((student(data.inputs).argmax(1) == 0).float().mean())
+    if biased:
+        assert called_zero > 0.9
+    else:
+        assert called_zero == pytest.approx(1 / 3)
+
+
+def test_an_unknown_kd_marginal_is_refused() -> None:
+    hp = {"warmup_rounds": 0, "kd_marginal": "global"}
+    ctx = make_context(round_index=3, role="noisy", hyperparameters=hp)
+    with pytest.raises(RecipeError, match="kd_marginal"):
+        get_recipe("fednoro").train(tiny_mlp(), frozen(tiny_mlp()), make_data(24), ctx)
 
 
 def _absent_class_bias_before_after(
