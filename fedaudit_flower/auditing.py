@@ -45,6 +45,7 @@ from service.audit import (
     raised_by_geometry,
     run_audit,
 )
+from service.audit.verdict_types import EvidenceSummary
 
 __all__ = [
     "AuditNotRun",
@@ -224,7 +225,10 @@ class InProcessAuditor:
             majority_rounds=self._majority_rounds,
         )
         primary = outcome.detections[outcome.primary]
-        self._majority_rounds += bool(primary.summary.get("majority_suspected"))
+        summary = primary.summary
+        self._majority_rounds += (
+            isinstance(summary, EvidenceSummary) and summary.majority_suspected is True
+        )
         for client in clients:
             self._updates[client.client_id] = self._updates.get(client.client_id, 0) + 1
         privacy = self._round_privacy(sites)

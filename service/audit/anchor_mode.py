@@ -74,6 +74,7 @@ from service.audit.error_evidence import (
     upper_p,
 )
 from service.audit.evidence_verdicts import EvidencePass
+from service.audit.verdict_types import EvidenceSummary
 
 __all__ = [
     "ANCHOR_LEAD_ONLY_ROUNDS",
@@ -218,7 +219,8 @@ def anchor_led_clients(
     """
     if rounds_led is None or anchors is None or not any(anchors):
         return None
-    if rounds_led == 0 and (evidence is None or evidence.summary.get("mode") != "anchored"):
+    summary = None if evidence is None else evidence.summary
+    if rounds_led == 0 and (not isinstance(summary, EvidenceSummary) or summary.mode != "anchored"):
         return None
     k = len(anchors)
     pinned = [None] * k if pins is None else list(pins)

@@ -28,24 +28,46 @@ This module holds what they share:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, cast
 
 import numpy as np
+from typing_extensions import TypeVar
 
 from service.audit._json import to_jsonable
 from service.audit._typing import FloatArray
 from service.audit._validation import InvalidInputError, check_choice, check_int
+from service.audit.verdict_types import (
+    EmptySummary,
+    EvidenceSummary,
+    EvidenceVerdictEvidence,
+    ExpertiseSummary,
+    ExpertiseVerdictEvidence,
+    FedNCLSummary,
+    FedNCLVerdictEvidence,
+    FedNoRoSummary,
+    FedNoRoVerdictEvidence,
+    JsonRecord,
+)
 
 __all__ = [
     "ClientStatus",
     "ClientVerdict",
     "DetectionResult",
+    "EvidenceResult",
+    "ExpertiseResult",
+    "FedNCLResult",
+    "FedNoRoResult",
     "next_status",
 ]
 
 ClientStatus = Literal["trusted", "suspect", "noisy"]
 """A client's status derived from its detection history."""
+
+E = TypeVar("E", bound=JsonRecord, default=Any)
+"""A verdict's evidence type (:data:`~service.audit.verdict_types.VerdictEvidence`)."""
+S = TypeVar("S", bound=JsonRecord, default=Any)
+"""A result's summary type (:data:`~service.audit.verdict_types.DetectionSummary`)."""
 
 RANGE_EPS = 1e-12
 """A min-max range at or below this carries no information (FedNoRo eq. 3's normalisation)."""
@@ -57,7 +79,7 @@ RANGE_EPS = 1e-12
 
 
 @dataclass(frozen=True)
-class ClientVerdict:
+class ClientVerdict(Generic[E]):
     """One client's detector output.
 
     Attributes
@@ -71,8 +93,9 @@ class ClientVerdict:
     flag : bool or None
         True = noisy. None if undetermined, and always None for ``expertise``, which is a
         reliability signal and never flags anybody.
-    evidence : dict
-        JSON-serialisable facts behind the verdict (see each detector).
+    evidence : JsonRecord
+        The facts behind the verdict, the detector's own record
+        (:mod:`service.audit.verdict_types`).
     probability : float or None
         Noisy probability in [0, 1] where the detector has one (``fednoro``: the GMM posterior
         of the noisy component, 0 when the separation guard withheld the flags); None
@@ -81,26 +104,21 @@ class ClientVerdict:
 
     score: float | None
     flag: bool | None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: E
     probability: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the verdict as plain JSON values."""
-        return cast(
-            dict[str, Any],
-            to_jsonable(
-                {
-                    "score": self.score,
-                    "probability": self.probability,
-                    "flag": self.flag,
-                    "evidence": self.evidence,
-                }
-            ),
-        )
+        return {
+            "score": to_jsonable(self.score, "$.score"),
+            "probability": to_jsonable(self.probability, "$.probability"),
+            "flag": to_jsonable(self.flag, "$.flag"),
+            "evidence": self.evidence.to_json("$.evidence"),
+        }
 
 
 @dataclass(frozen=True)
-class DetectionResult:
+class DetectionResult(Generic[S, E]):
     """A detector's output for one round.
 
     Attributes
@@ -118,15 +136,17 @@ class DetectionResult:
         ``status == "ok"``.
     verdicts : list of ClientVerdict or None
         Aligned with the input rows.
-    summary : dict
-        Federation-level facts, e.g. ``{"ashman_d": 9.7, "separation_passed": True}``.
+    summary : JsonRecord
+        Federation-level facts, the detector's own record
+        (:mod:`service.audit.verdict_types`), e.g. FedNoRo's ``ashman_d`` and
+        ``separation_passed``.
     """
 
     method: str
     status: Literal["ok", "undetermined", "inconclusive"]
     reason: str | None
-    verdicts: list[ClientVerdict | None]
-    summary: dict[str, Any] = field(default_factory=dict)
+    verdicts: list[ClientVerdict[E] | None]
+    summary: S
 
     @property
     def flags(self) -> list[bool | None]:
@@ -150,21 +170,30 @@ class DetectionResult:
             "status": self.status,
             "reason": self.reason,
             "verdicts": [None if v is None else v.to_json() for v in self.verdicts],
-            "summary": to_jsonable(self.summary, "$.summary"),
+            "summary": self.summary.to_json("$.summary"),
         }
 
 
-def undetermined(
-    method: str, n_clients: int, reason: str, summary: dict[str, Any] | None = None
-) -> DetectionResult:
-    """An "undetermined" result for ``n_clients`` clients (every verdict None)."""
-    return DetectionResult(
-        method=method,
-        status="undetermined",
-        reason=reason,
-        verdicts=[None] * n_clients,
-        summary={} if summary is None else summary,
-    )
+EvidenceResult = DetectionResult[EvidenceSummary, EvidenceVerdictEvidence]
+"""The evidence detector's result (:mod:`service.audit.evidence`)."""
+FedNoRoResult = DetectionResult[FedNoRoSummary, FedNoRoVerdictEvidence]
+"""FedNoRo's result (:mod:`service.audit.detectors.fednoro`)."""
+FedNCLResult = DetectionResult[FedNCLSummary, FedNCLVerdictEvidence]
+"""Fed-NCL's result (:mod:`service.audit.detectors.fedncl`)."""
+ExpertiseResult = DetectionResult[ExpertiseSummary, ExpertiseVerdictEvidence]
+"""FedRN expertise as a result (:mod:`service.audit.detectors.expertise`)."""
+
+
+def undetermined(method: str, n_clients: int, reason: str, summary: S) -> DetectionResult[S, E]:
+    """An "undetermined" result for ``n_clients`` clients (every verdict None); ``summary`` is
+    the detector's record of what it found before it gave up (often empty)."""
+    verdicts: list[ClientVerdict[E] | None] = [None] * n_clients
+    return DetectionResult(method, "undetermined", reason, verdicts, summary)
+
+
+def not_run(method: str, n_clients: int, reason: str) -> DetectionResult:
+    """The result of a detector that could not run (every verdict None, an empty summary)."""
+    return undetermined(method, n_clients, reason, EmptySummary())
 
 
 def minmax(values: FloatArray) -> FloatArray:

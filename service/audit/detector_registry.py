@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit.detection import DetectionResult
+from service.audit.detection import (
+    DetectionResult,
+    EvidenceResult,
+    ExpertiseResult,
+    FedNCLResult,
+    FedNoRoResult,
+)
 from service.audit.detectors.expertise import expertise_detection
 from service.audit.detectors.fedncl import FedNCLDetector, fedncl_divergences
 from service.audit.detectors.fednoro import FedNoRoDetector
@@ -40,6 +46,7 @@ from service.audit.geometry_evidence import (
 from service.audit.majority_memory import remember_majority
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 from service.audit.round_pass import RoundPass
+from service.audit.verdict_types import ABSENT
 
 if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
     from service.audit.audit_config import AuditConfig
@@ -145,7 +152,7 @@ def _losses(data: CheckedClients) -> FloatArray:
     return np.stack([cast(FloatArray, v) for v in data.per_class_loss])
 
 
-def _run_fednoro(call: DetectorCall) -> DetectionResult:
+def _run_fednoro(call: DetectorCall) -> FedNoRoResult:
     config, history = call.config, call.history
     confirmed = None
     if (
@@ -169,7 +176,7 @@ def _count_rows(rows: list[IntArray | None], width: int) -> FloatArray | None:
     return np.stack([np.full(width, np.nan) if v is None else v.astype(np.float64) for v in rows])
 
 
-def _run_evidence(call: DetectorCall) -> DetectionResult:
+def _run_evidence(call: DetectorCall) -> EvidenceResult:
     data = call.data
     # The reported spreads are used only when every client sent them (a round mixes no models).
     spreads = (
@@ -198,14 +205,14 @@ def _run_evidence(call: DetectorCall) -> DetectionResult:
     return _with_geometry(call, remember_majority(result, call.majority_rounds))
 
 
-def _with_geometry(call: DetectorCall, result: DetectionResult) -> DetectionResult:
+def _with_geometry(call: DetectorCall, result: EvidenceResult) -> EvidenceResult:
     """The evidence with the update geometry's flags added and carried (``config.geometry``);
     the states are read (the round's shared pass) only when some site can be judged."""
     settings, data = call.config.geometry, call.data
     if not settings.check or result.status != "ok":
         return result
     k = len(data.ids)
-    mode = result.summary.get("mode")
+    mode = None if result.summary.mode is ABSENT else result.summary.mode
     in_noisy_role = noisy_role(call.history, k)
     groups = geometry_peers(data, call.config, call.history)
     anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)
@@ -262,7 +269,7 @@ def noisy_role(history: Sequence[StatusHistory] | None, k: int) -> BoolArray:
     return np.array([entry.status == "noisy" for entry in history], dtype=bool)
 
 
-def _run_fedncl(call: DetectorCall) -> DetectionResult:
+def _run_fedncl(call: DetectorCall) -> FedNCLResult:
     data, config, shared = call.data, call.config, call.shared
     if len(data.ids) < config.fedncl.min_clients:
         # Too few clients to decide: skip reading every state for the divergence.
@@ -279,7 +286,7 @@ def _run_fedncl(call: DetectorCall) -> DetectionResult:
     return result
 
 
-def _run_expertise(call: DetectorCall) -> DetectionResult:
+def _run_expertise(call: DetectorCall) -> ExpertiseResult:
     return expertise_detection(np.asarray(call.data.train_accuracy, dtype=np.float64))
 
 

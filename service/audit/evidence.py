@@ -81,6 +81,7 @@ consensus hands the aggregation to the anchors. Both, with their limits:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -101,7 +102,7 @@ from service.audit.class_null import (
     site_p_values,
 )
 from service.audit.confident_errors import CountTests, RoundCounts, round_counts
-from service.audit.detection import DetectionResult
+from service.audit.detection import DetectionResult, EvidenceResult, FedNoRoResult
 from service.audit.error_evidence import counted_on, error_evidence
 from service.audit.evidence_abstention import (
     Informativeness,
@@ -120,6 +121,7 @@ from service.audit.evidence_verdicts import (
 from service.audit.pooling import capped_sizes
 from service.audit.site_factor import site_factor
 from service.audit.small_federation import worse_than_prior
+from service.audit.verdict_types import EvidenceSummary
 
 if TYPE_CHECKING:
     from service.audit.accuracy_evidence import AccuracyEvidence
@@ -367,7 +369,7 @@ class EvidenceDetector:
 
     def _too_few_sites(
         self, loss: FloatArray, counts: IntArray, sd: FloatArray | None, anchor: BoolArray
-    ) -> DetectionResult:
+    ) -> EvidenceResult:
         """Fewer than ``min_clients`` sites: the narrower question of
         :mod:`service.audit.small_federation` with spreads (it needs no between-site spread),
         else no verdict."""
@@ -391,7 +393,7 @@ class EvidenceDetector:
                 + ("" if k < 2 else " (or 2 with per_class_loss_sd)")
             ),
             verdicts=[None] * k,
-            summary={"verdict": "undetermined", "q": self.q},
+            summary=EvidenceSummary(verdict="undetermined", q=self.q),
         )
 
     def _accuracy(
@@ -446,7 +448,7 @@ class EvidenceDetector:
         sizes: FloatArray,
         entropy: float,
         informativeness: Informativeness,
-        mixture: DetectionResult | None,
+        mixture: FedNoRoResult | None,
         anchor_led: bool = False,
     ) -> _Decision:
         """The consensus passes, the abstention rules, then anchored mode where it applies."""
@@ -497,13 +499,13 @@ class EvidenceDetector:
         class_counts: Any,
         per_class_loss_sd: Any = None,
         anchors: Any = None,
-        mixture: DetectionResult | None = None,
+        mixture: FedNoRoResult | None = None,
         train_accuracy: Any = None,
         num_samples: Any = None,
         per_class_errors: Any = None,
         anchor_led: bool = False,
         per_class_confident_errors: Any = None,
-    ) -> DetectionResult:
+    ) -> EvidenceResult:
         """Judge one round.
 
         Parameters
@@ -572,29 +574,23 @@ class EvidenceDetector:
             q=self.q,
             min_class_count=self.min_class_count,
         )
-        summary: dict[str, Any] = {
-            "verdict": status,
-            "reason": reason,
-            "mode": mode,
-            "q": self.q,
-            "flagged": int(flags.sum()),
-            "informativeness": informativeness.loss,
-            "accuracy_informativeness": informativeness.accuracy,
-            "heterogeneity": decision.heterogeneity,
-            "mixture_flagged": None if decision.split is None else int(decision.split.sum()),
-            "label_entropy": entropy,
-            "anchors": int(anchor.sum()),
-            "anchor_orientation": "inverted" if decision.anchor_inverted else "consensus",
-            "spreads_reported": sd is not None,
-            "accuracy_flagged": int(accuracy_flags.sum()),
-            "accuracy_note": accuracy_note,
-            "accuracy_centre": None if accuracy is None else 1.0 - accuracy.centre,
-            **pass_summary(chosen),
-        }
-        return DetectionResult(
-            method=self.method,
-            status=status,
+        summary = replace(
+            pass_summary(chosen),
+            verdict=status,
             reason=reason,
-            verdicts=verdicts,
-            summary=summary,
+            mode=mode,
+            q=self.q,
+            flagged=int(flags.sum()),
+            informativeness=informativeness.loss,
+            accuracy_informativeness=informativeness.accuracy,
+            heterogeneity=decision.heterogeneity,
+            mixture_flagged=None if decision.split is None else int(decision.split.sum()),
+            label_entropy=entropy,
+            anchors=int(anchor.sum()),
+            anchor_orientation="inverted" if decision.anchor_inverted else "consensus",
+            spreads_reported=sd is not None,
+            accuracy_flagged=int(accuracy_flags.sum()),
+            accuracy_note=accuracy_note,
+            accuracy_centre=None if accuracy is None else 1.0 - accuracy.centre,
         )
+        return DetectionResult(self.method, status, reason, verdicts, summary)

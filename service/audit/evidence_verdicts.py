@@ -26,6 +26,12 @@ from service.audit.class_null import ClassEvidence
 from service.audit.detection import ClientVerdict
 from service.audit.error_evidence import ErrorEvidence
 from service.audit.site_factor import SiteFactor
+from service.audit.verdict_types import (
+    ABSENT,
+    Absent,
+    EvidenceSummary,
+    EvidenceVerdictEvidence,
+)
 
 if TYPE_CHECKING:
     from service.audit.accuracy_evidence import AccuracyEvidence
@@ -125,13 +131,13 @@ def noisy_classes(
 
 
 class _ErrorEntries:
-    """The error-count evidence's part of each site's verdict (nothing when it was not used),
-    its keys ``name``, ``name_expected``, ``name_z`` and ``name_p_value``; the arrays are read
-    once as Python numbers (a verdict per site of a 10,000-site round: indexing numpy arrays
-    entry by entry took a tenth of a second)."""
+    """The error-count evidence's part of each site's verdict (absent when it was not used):
+    the values of ``errors``, ``errors_expected``, ``errors_z`` and ``errors_p_value`` (or of
+    ``confident_errors`` and its like); the arrays are read once as Python numbers (a verdict
+    per site of a 10,000-site round: indexing numpy arrays entry by entry took a tenth of a
+    second)."""
 
-    def __init__(self, counted: ErrorEvidence | None, name: str = "errors") -> None:
-        self.keys = (name, f"{name}_expected", f"{name}_z", f"{name}_p_value")
+    def __init__(self, counted: ErrorEvidence | None) -> None:
         self.used = counted is not None
         if counted is None:
             return
@@ -143,25 +149,33 @@ class _ErrorEntries:
             counted.p_value.astype(np.float64).tolist(),
         )
 
-    def entry(self, i: int) -> dict[str, Any]:
-        """Site ``i``'s part."""
+    def entry(self, i: int) -> _CountEntry:
+        """Site ``i``'s part: the count, its expectation, z and p-value; None each where the
+        site sent no counts, absent each where the counts were not used."""
         if not self.used:
-            return {}
+            return (ABSENT, ABSENT, ABSENT, ABSENT)
         if self.reported is not None and not self.reported[i]:
-            return dict.fromkeys(self.keys)
-        return dict(zip(self.keys, (column[i] for column in self.columns), strict=True))
+            return (None, None, None, None)
+        observed, expected, z, p = (column[i] for column in self.columns)
+        return (observed, expected, z, p)
 
 
-def accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> dict[str, Any]:
-    """The accuracy evidence's part of a site's verdict (nothing when it was not used)."""
+_CountEntry = tuple[
+    int | None | Absent, float | None | Absent, float | None | Absent, float | None | Absent
+]
+"""A site's error-count evidence: count, expected count, z, p-value."""
+
+
+def accuracy_entry(accuracy: AccuracyEvidence | None, i: int, added: bool) -> _AccuracyEntry:
+    """The accuracy evidence's part of a site's verdict: ``accuracy_z``, ``accuracy_p_value``,
+    ``accuracy_gap`` and ``flagged_by_accuracy`` (absent each when it was not used)."""
     if accuracy is None:
-        return {}
-    return {
-        "accuracy_z": float(accuracy.z[i]),
-        "accuracy_p_value": float(accuracy.p_value[i]),
-        "accuracy_gap": float(accuracy.gap[i]),
-        "flagged_by_accuracy": added,
-    }
+        return (ABSENT, ABSENT, ABSENT, ABSENT)
+    return (float(accuracy.z[i]), float(accuracy.p_value[i]), float(accuracy.gap[i]), added)
+
+
+_AccuracyEntry = tuple[float | Absent, float | Absent, float | Absent, bool | Absent]
+"""A site's accuracy evidence: z, p-value, gap, and whether it alone added the flag."""
 
 
 def _floats_or_none(values: FloatArray) -> list[Any]:
@@ -192,7 +206,7 @@ def site_verdicts(
     *,
     q: float,
     min_class_count: int,
-) -> list[ClientVerdict | None]:
+) -> list[ClientVerdict[EvidenceVerdictEvidence] | None]:
     """One verdict per site; ``flags`` None: the round abstained (every flag None, so that
     the status rule does not count an inconclusive round as a clean one)."""
     # The loss evidence's score, or a count's z where that is larger.
@@ -223,46 +237,55 @@ def site_verdicts(
     anchors, significant = anchor.tolist(), chosen.flags.tolist()
     added = accuracy_flags.tolist()
     errors = _ErrorEntries(chosen.errors)
-    confident = _ErrorEntries(chosen.confident, "confident_errors")
-    verdicts: list[ClientVerdict | None] = []
+    confident = _ErrorEntries(chosen.confident)
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = []
     for i in range(k):
-        verdicts.append(
-            ClientVerdict(
-                score=scores[i],
-                flag=None if flag_list is None else bool(flag_list[i]),
-                evidence={
-                    "p_value": p_high[i],
-                    "q_value": q_values[i],
-                    "site_z": site_z[i],
-                    "site_factor": factors[i],
-                    "stouffer_z": stouffer[i],
-                    "class_z": class_z[i],
-                    "noisy_classes": where_noisy[i],
-                    "mean_loss": mean_loss[i],
-                    "anchor": bool(anchors[i]),
-                    "significant": bool(significant[i]),
-                    **errors.entry(i),
-                    **confident.entry(i),
-                    **accuracy_entry(accuracy, i, bool(added[i])),
-                },
-            )
+        err, err_expected, err_z, err_p = errors.entry(i)
+        sure, sure_expected, sure_z, sure_p = confident.entry(i)
+        acc_z, acc_p, acc_gap, by_accuracy = accuracy_entry(accuracy, i, bool(added[i]))
+        evidence = EvidenceVerdictEvidence(
+            p_value=p_high[i],
+            q_value=q_values[i],
+            site_z=site_z[i],
+            site_factor=factors[i],
+            stouffer_z=stouffer[i],
+            class_z=class_z[i],
+            noisy_classes=where_noisy[i],
+            mean_loss=mean_loss[i],
+            anchor=bool(anchors[i]),
+            significant=bool(significant[i]),
+            errors=err,
+            errors_expected=err_expected,
+            errors_z=err_z,
+            errors_p_value=err_p,
+            confident_errors=sure,
+            confident_errors_expected=sure_expected,
+            confident_errors_z=sure_z,
+            confident_errors_p_value=sure_p,
+            accuracy_z=acc_z,
+            accuracy_p_value=acc_p,
+            accuracy_gap=acc_gap,
+            flagged_by_accuracy=by_accuracy,
         )
+        flag = None if flag_list is None else bool(flag_list[i])
+        verdicts.append(ClientVerdict(score=scores[i], flag=flag, evidence=evidence))
     return verdicts
 
 
-def pass_summary(chosen: EvidencePass) -> dict[str, Any]:
-    """The round summary's part that describes the chosen pass: how many sites it found
+def pass_summary(chosen: EvidencePass) -> EvidenceSummary:
+    """The round summary's part that describes the chosen pass (its fields from
+    ``significant_high`` to ``site_df``; the detector fills the others): how many sites it found
     significantly above and below, whether the error counts entered, each class's fitted centre
     and spread, and the site-level spread and degrees of freedom (None where not used)."""
     site = chosen.site
-    return {
-        "significant_high": int(chosen.flags.sum()),
-        "significant_low": int(chosen.low.sum()),
-        "errors_counted": chosen.errors is not None,
-        "errors_dispersion": None if chosen.errors is None else chosen.errors.dispersion,
-        "confident_errors_counted": chosen.confident is not None,
-        "class_centre": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
-        "class_tau": [None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
-        "site_tau": None if site is None else math.sqrt(site.tau2),
-        "site_df": None if site is None or math.isinf(site.df) else site.df,
-    }
+    return EvidenceSummary(
+        significant_high=int(chosen.flags.sum()),
+        significant_low=int(chosen.low.sum()),
+        errors_counted=chosen.errors is not None,
+        errors_dispersion=None if chosen.errors is None else chosen.errors.dispersion,
+        confident_errors_counted=chosen.confident is not None,
+        class_centre=[None if not np.isfinite(v) else float(v) for v in chosen.evidence.mu],
+        class_tau=[None if not np.isfinite(v) else float(v) for v in chosen.evidence.tau],
+        site_tau=None if site is None else math.sqrt(site.tau2),
+        site_df=None if site is None or math.isinf(site.df) else site.df,
+    )

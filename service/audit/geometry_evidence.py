@@ -83,8 +83,9 @@ from scipy.stats import chi2, norm
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit._validation import InvalidInputError, as_float_array
 from service.audit.class_null import benjamini_hochberg
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, EvidenceResult
 from service.audit.geometry_null import critical_z, mad_z
+from service.audit.verdict_types import ABSENT, EvidenceSummary, EvidenceVerdictEvidence
 
 __all__ = [
     "GeometryEvidence",
@@ -336,11 +337,11 @@ def _why_nobody(counts: FloatArray, min_sites: int, min_p: float) -> str:
 
 
 def add_geometry(
-    result: DetectionResult,
+    result: EvidenceResult,
     geometry: GeometryEvidence,
     sizes: FloatArray,
     max_flagged_fraction: float,
-) -> DetectionResult:
+) -> EvidenceResult:
     """The evidence detector's result with the geometry's flags added and its facts shown.
 
     Each verdict gains ``geometry_cosine``, ``geometry_z``, ``geometry_p_value`` and
@@ -350,31 +351,31 @@ def add_geometry(
     ``"ok"`` in consensus mode, and the added flags are set aside (the note says so) when the
     union would reach ``max_flagged_fraction`` of the sites or of the samples.
     """
-    summary = {**result.summary, "geometry_judged": int(geometry.judged.sum())}
-    usable = result.status == "ok" and result.summary.get("mode") == "consensus"
+    usable = result.status == "ok" and result.summary.mode == "consensus"
     flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
     added = geometry.flags & ~flags if usable and geometry.applies else np.zeros_like(flags)
     note = geometry.note
     if not usable and geometry.applies:
         note = f"geometry not used: the loss evidence is {result.status}"
         if result.status == "ok":
-            note += f" in {result.summary.get('mode')} mode"
+            note += f" in {_mode(result.summary)} mode"
     if added.any():
         cap = _over_cap(flags | added, sizes, max_flagged_fraction)
         if cap is not None:
             note = f"geometry evidence set aside: with it {cap}"
             added = np.zeros_like(flags)
-    verdicts: list[ClientVerdict | None] = []
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = []
     for i, verdict in enumerate(result.verdicts):
         if verdict is None:
             verdicts.append(None)
             continue
-        facts = {
-            "geometry_cosine": _number(geometry.cosine[i]),
-            "geometry_z": _number(geometry.z[i]),
-            "geometry_p_value": _number(geometry.p_value[i]),
-            "flagged_by_geometry": bool(added[i]),
-        }
+        evidence = replace(
+            verdict.evidence,
+            geometry_cosine=_number(geometry.cosine[i]),
+            geometry_z=_number(geometry.z[i]),
+            geometry_p_value=_number(geometry.p_value[i]),
+            flagged_by_geometry=bool(added[i]),
+        )
         score = verdict.score
         if added[i] and score is not None:
             score = max(score, float(geometry.z[i]))
@@ -383,13 +384,17 @@ def add_geometry(
                 verdict,
                 score=score,
                 flag=True if added[i] else verdict.flag,
-                evidence={**verdict.evidence, **facts},
+                evidence=evidence,
             )
         )
-    summary["geometry_flagged"] = int(added.sum())
-    summary["geometry_note"] = note
+    summary = replace(
+        result.summary,
+        geometry_judged=int(geometry.judged.sum()),
+        geometry_flagged=int(added.sum()),
+        geometry_note=note,
+    )
     if added.any():
-        summary["flagged"] = int((flags | added).sum())
+        summary = replace(summary, flagged=int((flags | added).sum()))
     return replace(result, verdicts=verdicts, summary=summary)
 
 
@@ -405,21 +410,24 @@ def _over_cap(union: BoolArray, sizes: FloatArray, fraction: float) -> str | Non
 def raised_by_geometry(verdict: ClientVerdict) -> bool:
     """Whether the evidence detector's flag on this verdict is the update geometry's alone
     (added by :func:`add_geometry` or carried by :func:`carry_flags`)."""
-    return bool(
-        verdict.flag
-        and (
-            verdict.evidence.get("flagged_by_geometry") or verdict.evidence.get("geometry_carried")
-        )
-    )
+    evidence = verdict.evidence
+    if not verdict.flag or not isinstance(evidence, EvidenceVerdictEvidence):
+        return False
+    return evidence.flagged_by_geometry is True or evidence.geometry_carried is True
 
 
 def _number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _mode(summary: EvidenceSummary) -> str | None:
+    """The summary's mode (None where it has none)."""
+    return None if summary.mode is ABSENT else summary.mode
+
+
 def carry_flags(
-    result: DetectionResult, carried: BoolArray, sizes: FloatArray, max_flagged_fraction: float
-) -> DetectionResult:
+    result: EvidenceResult, carried: BoolArray, sizes: FloatArray, max_flagged_fraction: float
+) -> EvidenceResult:
     """The result with the ``carried`` sites flagged (module docstring, "Carried flags").
 
     Only an ``"ok"`` result in consensus mode changes; a carried site that is flagged anyway
@@ -428,23 +436,22 @@ def carry_flags(
     would reach ``max_flagged_fraction`` of the sites or samples (``geometry_carry_note`` says so).
     """
     carried = np.asarray(carried, dtype=bool)
-    if result.status != "ok" or result.summary.get("mode") != "consensus" or not carried.any():
+    if result.status != "ok" or result.summary.mode != "consensus" or not carried.any():
         return result
     flags = np.asarray([bool(v is not None and v.flag) for v in result.verdicts])
     cap = _over_cap(flags | carried, sizes, max_flagged_fraction)
     if cap is not None:
-        return replace(
-            result, summary={**result.summary, "geometry_carry_note": f"not carried: {cap}"}
-        )
-    verdicts: list[ClientVerdict | None] = []
+        note = f"not carried: {cap}"
+        return replace(result, summary=replace(result.summary, geometry_carry_note=note))
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = []
     count = 0
     for i, verdict in enumerate(result.verdicts):
         if verdict is None or verdict.flag or not carried[i]:
             verdicts.append(verdict)
             continue
         count += 1
-        evidence = {**verdict.evidence, "geometry_carried": True}
+        evidence = replace(verdict.evidence, geometry_carried=True)
         verdicts.append(replace(verdict, flag=True, evidence=evidence))
     flagged = sum(1 for v in verdicts if v is not None and v.flag)
-    summary = {**result.summary, "geometry_carried": count, "flagged": flagged}
+    summary = replace(result.summary, geometry_carried=count, flagged=flagged)
     return replace(result, verdicts=verdicts, summary=summary)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from service.audit.detection import DetectionResult
+from service.audit.detection import DetectionResult, EvidenceResult
 from service.audit.evidence_abstention import is_majority_reason
 
 __all__ = ["MAJORITY_MEMORY", "majority_suspected", "remember_majority"]
@@ -38,19 +38,19 @@ def majority_suspected(result: DetectionResult) -> bool:
     return result.status == "inconclusive" and is_majority_reason(result.reason)
 
 
-def remember_majority(result: DetectionResult, majority_rounds: int) -> DetectionResult:
+def remember_majority(result: EvidenceResult, majority_rounds: int) -> EvidenceResult:
     """The evidence detector's result, made ``inconclusive`` when its consensus verdict is
     ``ok`` and the federation abstained for a majority in ``majority_rounds`` >=
     ``MAJORITY_MEMORY`` earlier rounds; unchanged otherwise. Its ``summary`` always carries
     ``majority_suspected`` (this round) and ``majority_rounds`` (the earlier ones)."""
-    summary = {
-        **result.summary,
-        "majority_suspected": majority_suspected(result),
-        "majority_rounds": int(majority_rounds),
-    }
+    summary = replace(
+        result.summary,
+        majority_suspected=majority_suspected(result),
+        majority_rounds=int(majority_rounds),
+    )
     if (
         result.status != "ok"
-        or result.summary.get("mode") != "consensus"
+        or result.summary.mode != "consensus"
         or majority_rounds < MAJORITY_MEMORY
     ):
         return replace(result, summary=summary)
@@ -61,5 +61,5 @@ def remember_majority(result: DetectionResult, majority_rounds: int) -> Detectio
         "itself)"
     )
     verdicts = [None if v is None else replace(v, flag=None) for v in result.verdicts]
-    summary.update(verdict="inconclusive", reason=reason, flagged=0)
+    summary = replace(summary, verdict="inconclusive", reason=reason, flagged=0)
     return replace(result, status="inconclusive", reason=reason, verdicts=verdicts, summary=summary)

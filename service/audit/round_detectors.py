@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.audit.audit_config import AuditConfig
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import DetectionResult, not_run
 from service.audit.detector_registry import DETECTOR_REGISTRY, DetectorCall
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 from service.audit.round_pass import RoundPass
@@ -56,8 +56,7 @@ def run_detectors(
         absent = missing(data.ids, getattr(data, spec.input))
         if absent:
             reason = f"no {spec.input} from client(s) {absent}"
-            undetermined: list[ClientVerdict | None] = [None] * len(data.ids)
-            detections[name] = DetectionResult(name, "undetermined", reason, undetermined, {})
+            detections[name] = not_run(name, len(data.ids), reason)
             continue
         call = DetectorCall(
             data, config, shared, history, anchors, dict(detections), majority_rounds, anchor_led

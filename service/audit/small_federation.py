@@ -45,8 +45,9 @@ import numpy as np
 from scipy.special import ndtr
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult, EvidenceResult
 from service.audit.pooling import sample_weights
+from service.audit.verdict_types import EvidenceSummary, EvidenceVerdictEvidence
 
 __all__ = ["worse_than_prior"]
 
@@ -67,7 +68,7 @@ def worse_than_prior(
     min_other_informativeness: float,
     adjust: Callable[[FloatArray, float], tuple[BoolArray, FloatArray]],
     never: BoolArray | None = None,
-) -> DetectionResult:
+) -> EvidenceResult:
     """Judge a federation of 2-4 sites (module docstring).
 
     Parameters
@@ -120,7 +121,7 @@ def worse_than_prior(
     )
     status: Literal["ok", "inconclusive"] = "ok" if reason is None else "inconclusive"
 
-    verdicts: list[ClientVerdict | None] = [
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = [
         _verdict(
             i, loss, held, class_prior_loss, z, p, q_values, site_loss, entropy, significant, status
         )
@@ -131,17 +132,17 @@ def worse_than_prior(
         status=status,
         reason=reason,
         verdicts=verdicts,
-        summary={
-            "verdict": status,
-            "reason": reason,
-            "mode": "small federation: worse than the label prior",
-            "q": q,
-            "flagged": n_flag if status == "ok" else 0,
-            "label_entropy": entropy,
-            "informativeness": (
+        summary=EvidenceSummary(
+            verdict=status,
+            reason=reason,
+            mode="small federation: worse than the label prior",
+            q=q,
+            flagged=n_flag if status == "ok" else 0,
+            label_entropy=entropy,
+            informativeness=(
                 _weighted_median(informativeness, pooled) if math.isfinite(entropy) else None
             ),
-        },
+        ),
     )
 
 
@@ -195,7 +196,7 @@ def _verdict(
     entropy: float,
     significant: BoolArray,
     status: str,
-) -> ClientVerdict:
+) -> ClientVerdict[EvidenceVerdictEvidence]:
     """Site ``i``'s verdict; its noisy classes (where flagged) are those whose loss exceeds the
     prior's, largest excess first."""
     excess = np.where(held[i], loss[i] - class_prior_loss, -np.inf)
@@ -203,13 +204,13 @@ def _verdict(
     return ClientVerdict(
         score=float(z[i]),
         flag=bool(significant[i]) if status == "ok" else None,
-        evidence={
-            "p_value": float(p[i]),
-            "q_value": float(q_values[i]),
-            "mean_loss": float(site_loss[i]),
-            "prior_loss": entropy,
-            "loss_over_prior": float(site_loss[i] / entropy) if entropy > 0 else None,
-            "noisy_classes": worse if significant[i] else [],
-            "significant": bool(significant[i]),
-        },
+        evidence=EvidenceVerdictEvidence(
+            p_value=float(p[i]),
+            q_value=float(q_values[i]),
+            mean_loss=float(site_loss[i]),
+            prior_loss=entropy,
+            loss_over_prior=float(site_loss[i] / entropy) if entropy > 0 else None,
+            noisy_classes=worse if significant[i] else [],
+            significant=bool(significant[i]),
+        ),
     )

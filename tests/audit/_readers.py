@@ -8,6 +8,7 @@ from typing import TypeVar
 import numpy as np
 
 from service.audit import DictStateReader
+from service.audit.verdict_types import ABSENT, Absent
 
 T = TypeVar("T")
 
@@ -46,5 +47,13 @@ def reads_grouped_by_tensor(log: list[tuple[str, str]], names: list[str]) -> boo
 
 def present(value: T | None) -> T:
     """Return ``value`` after asserting it is not None (narrows Optional results in tests)."""
+    assert value is not None
+    return value
+
+
+def given(value: T | Absent | None) -> T:
+    """Return a record's field after asserting it is there and not None (narrows the
+    ``ABSENT``-or-None fields of :mod:`service.audit.verdict_types` in tests)."""
+    assert value is not ABSENT
     assert value is not None
     return value

@@ -9,6 +9,8 @@ import pytest
 from service.audit import InvalidInputError
 from service.audit.accuracy_evidence import accuracy_evidence
 from service.audit.evidence import EvidenceDetector
+from service.audit.verdict_types import ABSENT
+from tests.audit._readers import given
 
 
 class TestAccuracyEvidence:
@@ -105,12 +107,12 @@ class TestInTheEvidenceDetector:
         assert result.status == "ok"
         assert [v.flag for v in result.verdicts] == [False] * 7 + [True]
         last = result.verdicts[7].evidence
-        assert last["flagged_by_accuracy"] is True
-        assert last["significant"] is False  # the loss evidence alone did not flag it
-        assert result.verdicts[7].score == pytest.approx(last["accuracy_z"])  # scored by it
-        assert last["accuracy_gap"] == pytest.approx(0.4)
-        assert result.summary["accuracy_flagged"] == 1
-        assert result.summary["accuracy_centre"] == pytest.approx(0.95)
+        assert last.flagged_by_accuracy is True
+        assert last.significant is False  # the loss evidence alone did not flag it
+        assert result.verdicts[7].score == pytest.approx(last.accuracy_z)  # scored by it
+        assert last.accuracy_gap == pytest.approx(0.4)
+        assert result.summary.accuracy_flagged == 1
+        assert result.summary.accuracy_centre == pytest.approx(0.95)
 
     def test_switched_off_or_missing_it_changes_nothing(self):
         loss, counts, sd = _flat_losses(8)
@@ -121,8 +123,8 @@ class TestInTheEvidenceDetector:
         missing = EvidenceDetector(mixture_check=False, accuracy_check=True).fit(loss, counts, sd)
         for result in (off, missing):
             assert not any(v.flag for v in result.verdicts)
-            assert "accuracy_z" not in result.verdicts[7].evidence
-        assert missing.summary["accuracy_note"].startswith("no accuracy evidence")
+            assert result.verdicts[7].evidence.accuracy_z is ABSENT
+        assert missing.summary.accuracy_note.startswith("no accuracy evidence")
 
     def test_it_never_flags_max_flagged_fraction_of_the_sites(self):
         # 4 of 9 sites far below: under the default one half they are flagged; with
@@ -138,7 +140,7 @@ class TestInTheEvidenceDetector:
         )
         aside = strict.fit(loss, counts, sd, train_accuracy=acc, num_samples=[120] * 9)
         assert not any(v.flag for v in aside.verdicts)
-        assert aside.summary["accuracy_note"].startswith("accuracy evidence set aside: with it 4")
+        assert aside.summary.accuracy_note.startswith("accuracy evidence set aside: with it 4")
 
     def test_it_never_flags_half_the_samples(self):
         # 2 of 8 sites far below, but they hold 2 x 600 of the 1920 samples (their class counts
@@ -152,7 +154,7 @@ class TestInTheEvidenceDetector:
             loss, counts, sd, train_accuracy=acc, num_samples=sizes
         )
         assert not any(v.flag for v in result.verdicts)
-        assert "holding 57% of the samples" in result.summary["accuracy_note"]
+        assert "holding 57% of the samples" in given(result.summary.accuracy_note)
 
     def test_two_sites_get_no_accuracy_evidence(self):
         # min_clients 2: the loss evidence judges two sites; the accuracy test needs three.
@@ -161,7 +163,7 @@ class TestInTheEvidenceDetector:
             loss, counts, sd, train_accuracy=[0.9, 0.2], num_samples=[120, 120]
         )
         assert not any(v.flag for v in result.verdicts if v is not None)
-        assert result.summary["accuracy_note"] == "no accuracy evidence: 2 sites (it needs 3)"
+        assert result.summary.accuracy_note == "no accuracy evidence: 2 sites (it needs 3)"
 
     def test_wrong_length_is_refused(self):
         loss, counts, sd = _flat_losses(6)

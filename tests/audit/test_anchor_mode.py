@@ -17,6 +17,7 @@ from service.audit.anchor_mode import (
 )
 from service.audit.detection import ClientVerdict, DetectionResult
 from service.audit.round_inputs import ClientRoundData
+from service.audit.verdict_types import EvidenceSummary, EvidenceVerdictEvidence
 from tests.audit._synthetic import loss_clients, synthetic_federation
 
 
@@ -92,9 +93,10 @@ def test_the_anchors_rates_are_pooled_and_the_order_of_sites_does_not_matter():
 
 def _evidence(mode: str, flags: list[bool | None] | None = None) -> DetectionResult:
     verdicts: list[ClientVerdict | None] = [
-        None if f is None else ClientVerdict(score=0.0, flag=f) for f in (flags or [None] * 4)
+        None if f is None else ClientVerdict(score=0.0, flag=f, evidence=EvidenceVerdictEvidence())
+        for f in (flags or [None] * 4)
     ]
-    return DetectionResult("evidence", "ok", None, verdicts, {"mode": mode})
+    return DetectionResult("evidence", "ok", None, verdicts, EvidenceSummary(mode=mode))
 
 
 def test_the_lead_starts_only_where_the_anchors_are_the_reference():
@@ -166,7 +168,7 @@ def test_run_audit_takes_the_aggregate_from_the_anchor_during_the_first_rounds_o
     assert led.aggregation.details["anchor_led"] == {"round": 2, "sites": 1}
     assert led.aggregation.fallback_reason is not None
     assert "anchor-led aggregation, round 2 of the lead" in led.aggregation.fallback_reason
-    assert led.detections["evidence"].summary["mode"] == "anchored"
+    assert led.detections["evidence"].summary.mode == "anchored"
     switched_off = AuditConfig.from_json({**config.to_json(), "anchor_lead": False})
     off = run_audit(
         state, clients, switched_off, round_index=5, anchors=anchors, anchor_led_rounds=1
@@ -207,10 +209,10 @@ def test_in_anchored_mode_the_error_counts_find_what_the_losses_cannot():
     anchors = [True] + [False] * 5
     detector = EvidenceDetector()
     led = detector.fit(loss, counts, sd, anchors=anchors, per_class_errors=errors, anchor_led=True)
-    assert led.summary["mode"] == "anchored"
+    assert led.summary.mode == "anchored"
     assert led.flags == [False, False, False, True, False, False]
     losses_only = detector.fit(loss, counts, sd, anchors=anchors, anchor_led=True)
-    assert losses_only.summary["mode"] == "anchored"
+    assert losses_only.summary.mode == "anchored"
     assert not any(losses_only.flags)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from service.audit import FedNoRoDetector, ashman_d, null_separation_threshold
+from tests.audit._readers import given
 
 
 def independent_quantile(k: int, n: int, q: float, draws: int, seed: int) -> float:
@@ -87,4 +88,4 @@ def test_a_truly_noisy_single_client_is_still_caught(n_classes: int) -> None:
     loss, counts = federation(40.0, seed=0, n_classes=n_classes)
     result = FedNoRoDetector().fit(loss, counts).result_
     assert result.flags == [True] + [False] * 19
-    assert result.summary["ashman_d"] > result.summary["separation_null_threshold"]
+    assert given(result.summary.ashman_d) > given(result.summary.separation_null_threshold)

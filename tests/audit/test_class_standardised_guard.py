@@ -14,6 +14,7 @@ from service.audit import (
     class_standardised_excess,
     null_separation_threshold,
 )
+from tests.audit._readers import given
 from tests.audit._synthetic import synthetic_federation
 
 NAN = np.nan
@@ -151,20 +152,18 @@ class TestGuardUnderLabelSkew:
         for seed in range(10):
             loss, counts = shard_federation(seed, n_noisy=0)
             result = FedNoRoDetector().fit(loss, counts).result_
-            assert not any(result.flags), (seed, result.summary["guard"])
+            assert not any(result.flags), (seed, result.summary.guard)
 
     def test_evidence_and_summary(self):
         loss, counts = synthetic_federation(12, 5, seed=4, n_noisy=4, noise_rate=0.5)
         result = FedNoRoDetector().fit(loss, counts).result_
         assert result.flags == [True] * 4 + [False] * 8
         excess, classes = class_standardised_excess(loss, counts)
-        assert [v.evidence["class_z"] for v in result.verdicts] == pytest.approx(excess)
-        assert result.summary["separation_statistic"] == "class_z"
-        assert result.summary["class_z_classes"] == classes.tolist()
+        assert [v.evidence.class_z for v in result.verdicts] == pytest.approx(excess)
+        assert result.summary.separation_statistic == "class_z"
+        assert result.summary.class_z_classes == classes.tolist()
         flags = np.array(result.flags)
-        assert result.summary["group_mean_statistic"]["noisy"] == pytest.approx(
-            excess[flags].mean()
-        )
+        assert result.summary.group_mean_statistic.noisy == pytest.approx(excess[flags].mean())
 
     def test_no_class_with_three_holders_flags_nobody_and_says_why(self):
         # every class held by two clients: nothing to standardise against
@@ -180,10 +179,10 @@ class TestGuardUnderLabelSkew:
         guarded = FedNoRoDetector().fit(loss, counts).result_
         assert guarded.status == "ok"
         assert not any(guarded.flags)
-        assert "no class is held by 3 or more clients" in guarded.summary["guard"]
-        assert guarded.summary["ashman_d"] is None
+        assert "no class is held by 3 or more clients" in given(guarded.summary.guard)
+        assert guarded.summary.ashman_d is None
         unguarded = FedNoRoDetector(require_separation=False).fit(loss, counts).result_
-        assert unguarded.summary["guard"] == "separation guard off"
+        assert unguarded.summary.guard == "separation guard off"
 
     def test_unknown_statistic_is_refused(self):
         with pytest.raises(InvalidParameterError, match="separation_statistic"):

@@ -8,6 +8,8 @@ import pytest
 from service.audit import InvalidInputError
 from service.audit.confident_errors import betabinom_upper, round_counts, share_evidence
 from service.audit.evidence import EvidenceDetector
+from service.audit.verdict_types import ABSENT
+from tests.audit._readers import given
 
 
 def test_the_share_by_hand() -> None:
@@ -83,22 +85,22 @@ def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
-    assert result.summary["confident_errors_counted"] is True
+    assert result.summary.confident_errors_counted is True
     first = result.verdicts[0]
     assert first is not None
-    assert first.evidence["confident_errors"] == 10
-    assert first.evidence["confident_errors_expected"] == pytest.approx(10 * (5 + 10.5 / 51) / 26)
-    assert first.evidence["confident_errors_p_value"] == pytest.approx(1.668e-5, rel=1e-3)
-    assert first.evidence["errors"] == 10
-    assert first.evidence["errors_expected"] == pytest.approx(2 * 20 * 25.5 / 101)
-    assert first.evidence["p_value"] == pytest.approx(
-        3 * first.evidence["confident_errors_p_value"]
+    assert first.evidence.confident_errors == 10
+    assert first.evidence.confident_errors_expected == pytest.approx(10 * (5 + 10.5 / 51) / 26)
+    assert first.evidence.confident_errors_p_value == pytest.approx(1.668e-5, rel=1e-3)
+    assert first.evidence.errors == 10
+    assert first.evidence.errors_expected == pytest.approx(2 * 20 * 25.5 / 101)
+    assert first.evidence.p_value == pytest.approx(
+        3 * given(first.evidence.confident_errors_p_value)
     )
     assert [i for i, v in enumerate(result.verdicts) if v is not None and v.flag] == [0]
     # Without them: nothing to go on.
     plain = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
-    assert plain.summary["confident_errors_counted"] is False
-    assert "confident_errors" not in plain.verdicts[0].evidence
+    assert plain.summary.confident_errors_counted is False
+    assert plain.verdicts[0].evidence.confident_errors is ABSENT
     assert not any(v.flag for v in plain.verdicts if v is not None)
 
 
@@ -111,10 +113,10 @@ def test_no_confident_share_from_a_model_no_better_than_the_label_prior() -> Non
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
-    assert result.summary["accuracy_informativeness"] == pytest.approx(0.0)
-    assert result.summary["errors_counted"] is True
-    assert result.summary["confident_errors_counted"] is False
-    assert "confident_errors" not in result.verdicts[0].evidence
+    assert result.summary.accuracy_informativeness == pytest.approx(0.0)
+    assert result.summary.errors_counted is True
+    assert result.summary.confident_errors_counted is False
+    assert result.verdicts[0].evidence.confident_errors is ABSENT
     assert not any(v.flag for v in result.verdicts if v is not None)
 
 
@@ -124,10 +126,8 @@ def test_all_equal_confident_errors_flag_nobody() -> None:
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
     assert not any(v.flag for v in result.verdicts if v is not None)
-    assert {v.evidence["confident_errors"] for v in result.verdicts if v is not None} == {2}
-    assert {v.evidence["confident_errors_p_value"] for v in result.verdicts if v is not None} == {
-        1.0
-    }
+    assert {v.evidence.confident_errors for v in result.verdicts if v is not None} == {2}
+    assert {v.evidence.confident_errors_p_value for v in result.verdicts if v is not None} == {1.0}
 
 
 def test_permuting_the_sites_permutes_the_verdicts() -> None:
@@ -148,7 +148,7 @@ def test_permuting_the_sites_permutes_the_verdicts() -> None:
         assert va is not None
         assert vb is not None
         assert vb.flag == va.flag
-        assert vb.evidence["p_value"] == pytest.approx(va.evidence["p_value"])
+        assert vb.evidence.p_value == pytest.approx(va.evidence.p_value)
 
 
 def test_round_counts_need_min_sites_and_at_most_the_errors() -> None:

@@ -19,6 +19,7 @@ from service.audit import (
     run_audit,
 )
 from service.audit.detectors.separation import null_separation_threshold
+from tests.audit._readers import given
 from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 6-9 lose more on both classes, but
@@ -60,13 +61,13 @@ def confirmed(*clients: int) -> np.ndarray:
 def test_the_case_lies_between_the_two_thresholds() -> None:
     detector = MAJORITY().fit(LOSS, COUNTS)
     summary = detector.result_.summary
-    assert summary["mixture_noisy_count"] == 4
+    assert summary.mixture_noisy_count == 4
     d = detector.ashman_d_
     assert d is not None
-    assert 2.0 <= d < null_separation_threshold(10, 4) == summary["separation_threshold"]
+    assert 2.0 <= d < null_separation_threshold(10, 4) == summary.separation_threshold
     # a new group: the calibrated guard holds the flags back
     np.testing.assert_array_equal(detector.labels_, NOBODY)
-    assert summary["separation_confirmed_group"] is False
+    assert summary.separation_confirmed_group is False
 
 
 @pytest.mark.parametrize(
@@ -78,9 +79,9 @@ def test_a_group_within_the_confirmed_clients_keeps_its_flags(known: np.ndarray)
     detector = MAJORITY().fit(LOSS, COUNTS, known)
     np.testing.assert_array_equal(detector.labels_, GROUP)
     summary = detector.result_.summary
-    assert summary["separation_confirmed_group"] is True
-    assert summary["separation_threshold"] == 2.0
-    assert "already noisy" in summary["guard"]
+    assert summary.separation_confirmed_group is True
+    assert summary.separation_threshold == 2.0
+    assert "already noisy" in given(summary.guard)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +92,7 @@ def test_a_group_within_the_confirmed_clients_keeps_its_flags(known: np.ndarray)
 def test_a_group_with_a_new_member_needs_the_calibrated_threshold(known: np.ndarray) -> None:
     detector = MAJORITY().fit(LOSS, COUNTS, known)
     np.testing.assert_array_equal(detector.labels_, NOBODY)
-    assert detector.result_.summary["separation_confirmed_group"] is False
+    assert detector.result_.summary.separation_confirmed_group is False
 
 
 def test_a_confirmed_group_below_d_2_is_not_flagged() -> None:
@@ -113,7 +114,7 @@ def test_a_confirmed_group_below_d_2_is_not_flagged() -> None:
     )
     detector = MAJORITY().fit(loss, COUNTS, np.ones(10, dtype=bool))
     d = detector.ashman_d_
-    assert detector.result_.summary["mixture_noisy_count"] > 0
+    assert given(detector.result_.summary.mixture_noisy_count) > 0
     assert d is not None
     assert d < 2.0
     np.testing.assert_array_equal(detector.labels_, NOBODY)

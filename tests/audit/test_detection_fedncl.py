@@ -80,10 +80,10 @@ class TestFedNCLRule:
         result = detector.result_
         assert present(detector.scores_).tolist() == pytest.approx([0.5, 0.5, 0.5, 0.5, 3.0])
         assert result.flags == [False, False, False, False, True]
-        assert result.summary["mean"] == pytest.approx(1.0)
-        assert result.summary["std"] == pytest.approx(1.0)
+        assert result.summary.mean == pytest.approx(1.0)
+        assert result.summary.std == pytest.approx(1.0)
         assert detector.threshold_ == pytest.approx(2.0)
-        assert present(result.verdicts[4]).evidence == pytest.approx(
+        assert present(result.verdicts[4]).evidence.to_json() == pytest.approx(
             {"divergence": 6.0, "data_quality": 25.0, "deviation": 2.0}
         )
 
@@ -94,7 +94,7 @@ class TestFedNCLRule:
         assert FedNCLDetector().fit(*args).result_.flags == [False] * 5 + [True]
         two = FedNCLDetector(two_sided=True).fit(*args).result_
         assert two.flags == [True, False, False, False, False, True]
-        assert two.summary["lower_threshold"] == pytest.approx(2 - 1.1547005)
+        assert two.summary.lower_threshold == pytest.approx(2 - 1.1547005)
 
     def test_population_std_is_used(self):
         # q = [1, 1, 1, 3]: mean 1.5, population std sqrt(3 / 4) = 0.8660,
@@ -102,8 +102,8 @@ class TestFedNCLRule:
         # (with the sample std 1.6 > 1.5 would not be).
         result = FedNCLDetector(beta=1.6).fit([1, 1, 1, 3], [1.0] * 4, [1] * 4).result_
         assert result.flags == [False, False, False, True]
-        assert result.summary["std"] == pytest.approx(np.sqrt(0.75))
-        assert result.summary["std_ddof"] == 0
+        assert result.summary.std == pytest.approx(np.sqrt(0.75))
+        assert result.summary.std_ddof == 0
 
     def test_mean_loss_mode(self):
         # mean mode: q = e * loss / n = [2/10, 2/20, 2/40] = [0.2, 0.1, 0.05]
@@ -114,7 +114,7 @@ class TestFedNCLRule:
         mean_mode = FedNCLDetector(loss_mode="mean").fit(*args)
         assert present(mean_mode.scores_).tolist() == pytest.approx([0.2, 0.1, 0.05])
         assert mean_mode.result_.flags == [True, False, False]
-        assert mean_mode.result_.summary["std"] == pytest.approx(0.062361, abs=1e-6)
+        assert mean_mode.result_.summary.std == pytest.approx(0.062361, abs=1e-6)
         # sum mode: q = e * loss = [2, 2, 2], all equal -> nobody
         assert FedNCLDetector().fit(*args).result_.flags == [False, False, False]
 
@@ -126,7 +126,7 @@ class TestFedNCLRule:
         for two_sided in (False, True):
             result = FedNCLDetector(two_sided=two_sided).fit([0.1] * 3, [0.3] * 3, [7] * 3)
             assert result.result_.flags == [False] * 3
-            assert result.result_.summary["std"] == 0.0
+            assert result.result_.summary.std == 0.0
             json.dumps(result.result_.to_json(), allow_nan=False)
         zero = FedNCLDetector().fit([0.0] * 4, [0.0] * 4, [1] * 4).result_
         assert zero.flags == [False] * 4

@@ -16,7 +16,7 @@ from service.audit import (
     InvalidParameterError,
     ashman_d,
 )
-from tests.audit._readers import present
+from tests.audit._readers import given, present
 from tests.audit._synthetic import synthetic_federation
 
 NAN = np.nan
@@ -77,13 +77,13 @@ class TestFedNoRoLiteral:
         ]
         result = detector.result_
         for verdict, row in zip(result.verdicts, expected, strict=True):
-            normalised = verdict.evidence["normalised_loss"]
+            normalised = verdict.evidence.normalised_loss
             assert normalised[3] is None
             assert normalised[4] is None
             assert normalised[:3] == pytest.approx(row)
-        assert result.summary["columns_used"] == [0, 1, 2]
-        assert result.summary["columns_dropped_constant"] == [3]
-        assert result.summary["columns_dropped_missing"] == [4]
+        assert result.summary.columns_used == [0, 1, 2]
+        assert result.summary.columns_dropped_constant == [3]
+        assert result.summary.columns_dropped_missing == [4]
         assert detector.columns_used_.tolist() == [0, 1, 2]
 
     def test_vote_flags_the_high_loss_clients(self, detector):
@@ -92,9 +92,9 @@ class TestFedNoRoLiteral:
         assert result.flags == [False, False, False, True, True, False]
         assert present(detector.labels_).tolist() == result.flags
         # The two clusters are far apart: every fit agrees and posteriors are ~0 / ~1.
-        assert result.summary["vote_count"] == 9
+        assert result.summary.vote_count == 9
         assert present(detector.noisy_probability_) == pytest.approx([0, 0, 0, 1, 1, 0], abs=1e-6)
-        assert [v.evidence["noisy_votes"] for v in result.verdicts] == [0, 0, 0, 9, 9, 0]
+        assert [v.evidence.noisy_votes for v in result.verdicts] == [0, 0, 0, 9, 9, 0]
 
     def test_mean_loss_and_ashman_d(self):
         detector = FedNoRoDetector(separation_statistic="mean_loss").fit(
@@ -103,7 +103,7 @@ class TestFedNoRoLiteral:
         # Mean loss over own samples (10 per present class; class 3 counts, 0.5):
         # c0 (0.2+0.4+0.5)/3 = 0.366667, c1 (0.3+0.5+0.6+0.5)/4 = 0.475, c2 0.475,
         # c3 (2.2+2.4+2.6+0.5)/4 = 1.925, c4 (2.3+2.5+2.5+0.5)/4 = 1.95, c5 1.85/4 = 0.4625.
-        means = [v.evidence["mean_loss"] for v in detector.result_.verdicts]
+        means = [v.evidence.mean_loss for v in detector.result_.verdicts]
         assert means == pytest.approx([1.1 / 3, 0.475, 0.475, 1.925, 1.95, 0.4625])
         # noisy {1.925, 1.95}: mean 1.9375, var 0.0125^2 = 0.00015625
         # clean {0.366667, 0.475, 0.475, 0.4625}: mean 0.4447917,
@@ -111,17 +111,17 @@ class TestFedNoRoLiteral:
         # D = sqrt(2) * 1.4927083 / sqrt(0.0022168) = 44.836
         assert detector.ashman_d_ == pytest.approx(44.836, abs=1e-3)
         summary = detector.result_.summary
-        assert summary["ashman_d"] == pytest.approx(44.836, abs=1e-3)
-        assert summary["separation_passed"] is True
-        assert summary["group_mean_loss"]["noisy"] == pytest.approx(1.9375)
-        assert summary["group_mean_loss"]["clean"] == pytest.approx(0.4447917)
-        assert summary["separation_statistic"] == "mean_loss"
-        assert summary["group_mean_statistic"] == summary["group_mean_loss"]
+        assert summary.ashman_d == pytest.approx(44.836, abs=1e-3)
+        assert summary.separation_passed is True
+        assert summary.group_mean_loss.noisy == pytest.approx(1.9375)
+        assert summary.group_mean_loss.clean == pytest.approx(0.4447917)
+        assert summary.separation_statistic == "mean_loss"
+        assert summary.group_mean_statistic == summary.group_mean_loss
 
     def test_score_is_the_separation_statistic_and_probability_the_posterior(self, detector):
         # default statistic: each verdict's score is its class-standardised excess
         verdicts = detector.result_.verdicts
-        assert [v.score for v in verdicts] == [v.evidence["class_z"] for v in verdicts]
+        assert [v.score for v in verdicts] == [v.evidence.class_z for v in verdicts]
         assert [v.probability for v in verdicts] == pytest.approx([0, 0, 0, 1, 1, 0], abs=1e-6)
         assert detector.result_.probabilities == [v.probability for v in verdicts]
         # with the mean loss as the statistic, the scores are the mean losses computed by
@@ -138,7 +138,7 @@ class TestFedNoRoLiteral:
         # col2 (0 + 0 + 0.05 + 0.025)/4 = 0.01875. Noisy mean is higher in every class.
         # Client 3 (0.952, 0.952, 1.0): excess 0.9345, 0.9226, 0.98125 -> [2, 0, 1]
         # Client 4 (1.0, 1.0, 0.95): excess 0.98214, 0.97024, 0.93125 -> [0, 1, 2]
-        evidence = [v.evidence["noisy_classes"] for v in detector.result_.verdicts]
+        evidence = [v.evidence.noisy_classes for v in detector.result_.verdicts]
         assert evidence == [[], [], [], [2, 0, 1], [0, 1, 2], []]
 
     def test_result_is_json(self, detector):
@@ -172,12 +172,12 @@ class TestFedNoRoGuard:
         assert present(detector.noisy_probability_).tolist() == [0.0] * n_clients
         assert result.probabilities == [0.0] * n_clients
         # the graded score stays: every client's class-standardised excess, not all equal
-        assert result.scores == [v.evidence["class_z"] for v in map(present, result.verdicts)]
+        assert result.scores == [v.evidence.class_z for v in map(present, result.verdicts)]
         assert len(set(result.scores)) == n_clients
-        assert result.summary["separation_passed"] is False
-        assert "nobody flagged" in result.summary["guard"]
+        assert result.summary.separation_passed is False
+        assert "nobody flagged" in given(result.summary.guard)
         # the mixture itself did split the federation; only the guard withheld the flags
-        assert 0 < result.summary["mixture_noisy_count"] < n_clients
+        assert 0 < given(result.summary.mixture_noisy_count) < n_clients
 
     @pytest.mark.parametrize("n_clients", [8, 20, 50])
     def test_without_guard_a_clean_federation_is_split(self, n_clients):
@@ -188,7 +188,7 @@ class TestFedNoRoGuard:
             loss, counts = synthetic_federation(n_clients, 10, seed)
             detector = FedNoRoDetector(require_separation=False).fit(loss, counts)
             assert 0 < sum(f is True for f in detector.result_.flags) < n_clients
-            assert detector.result_.summary["guard"] == "separation guard off"
+            assert detector.result_.summary.guard == "separation guard off"
 
     def test_small_clean_federation_guard_is_not_airtight(self):
         # Recorded limitation: with K = 8 clients and C = 10 classes (K < C, so each
@@ -254,7 +254,7 @@ class TestFedNoRoGuard:
         loss, counts = synthetic_federation(20, 10, 0, n_noisy=6, noise_rate=0.7, p_missing=0)
         strict = FedNoRoDetector(separation_threshold=1e9).fit(loss, counts)
         assert not present(strict.labels_).any()
-        assert strict.result_.summary["separation_passed"] is False
+        assert strict.result_.summary.separation_passed is False
         assert present(strict.ashman_d_) > 10.0  # D is reported even when it is below the threshold
         loose = FedNoRoDetector(separation_threshold=0.0).fit(loss, counts)
         assert present(loose.labels_).sum() == 6
@@ -271,9 +271,9 @@ class TestFedNoRoGuard:
         guarded = FedNoRoDetector().fit(LITERAL_LOSS, LITERAL_COUNTS)
         assert guarded.result_.flags == [False] * 6
         assert guarded.ashman_d_ is None
-        assert guarded.result_.summary["ashman_d"] is None
-        assert "every client on one side" in guarded.result_.summary["guard"]
-        assert guarded.result_.summary["group_mean_loss"]["clean"] is None
+        assert guarded.result_.summary.ashman_d is None
+        assert "every client on one side" in given(guarded.result_.summary.guard)
+        assert guarded.result_.summary.group_mean_loss.clean is None
         paper = FedNoRoDetector(require_separation=False).fit(LITERAL_LOSS, LITERAL_COUNTS)
         assert paper.result_.flags == [True] * 6
         json.dumps(paper.result_.to_json(), allow_nan=False)
@@ -299,7 +299,7 @@ class TestFedNoRoDegenerate:
         result = FedNoRoDetector().fit(loss, np.full((6, 3), 5)).result_
         assert result.status == "undetermined"
         assert "no informative class column" in present(result.reason)
-        assert result.summary["columns_dropped_constant"] == [0, 1, 2]
+        assert result.summary.columns_dropped_constant == [0, 1, 2]
         json.dumps(result.to_json(), allow_nan=False)
 
     def test_class_held_by_one_client_is_dropped(self):
@@ -311,11 +311,11 @@ class TestFedNoRoDegenerate:
         loss[2, 4] = 1.3
         counts[2, 4] = 7
         result = FedNoRoDetector().fit(loss, counts).result_
-        assert result.summary["columns_dropped_constant"] == [3, 4]
+        assert result.summary.columns_dropped_constant == [3, 4]
         assert result.flags == [False, False, False, True, True, False]
         # client 2's mean loss now includes its 7 samples of class 4:
         # (10 * (0.2 + 0.5 + 0.7 + 0.5) + 7 * 1.3) / 47 = 28.1 / 47
-        assert present(result.verdicts[2]).evidence["mean_loss"] == pytest.approx(28.1 / 47)
+        assert present(result.verdicts[2]).evidence.mean_loss == pytest.approx(28.1 / 47)
 
     def test_no_class_is_undetermined(self):
         result = FedNoRoDetector().fit(np.zeros((5, 0)), np.zeros((5, 0), dtype=int)).result_
@@ -327,8 +327,8 @@ class TestFedNoRoDegenerate:
         loss = np.array([[0.1, 0.2]] * 4 + [[0.9, 1.1]] * 2)
         result = FedNoRoDetector().fit(loss, np.full((6, 2), 4)).result_
         assert result.flags == [False] * 4 + [True] * 2
-        assert result.summary["ashman_d_infinite"] is True
-        assert result.summary["ashman_d"] is None
+        assert result.summary.ashman_d_infinite is True
+        assert result.summary.ashman_d is None
         json.dumps(result.to_json(), allow_nan=False)
 
     def test_gmm_failure_is_undetermined(self, monkeypatch):
@@ -360,7 +360,7 @@ class TestFedNoRoDegenerate:
         loss, counts = synthetic_federation(20, 5, 3, n_noisy=5, noise_rate=0.3)
         result = FedNoRoDetector().fit(loss, counts).result_
         assert result.status == "ok"
-        assert result.summary["fits_converged"] == [False] * 9
+        assert result.summary.fits_converged == [False] * 9
 
 
 class TestFedNoRoValidation:

@@ -19,6 +19,7 @@ from service.audit.error_evidence import (
     upper_p,
 )
 from service.audit.evidence import EvidenceDetector
+from tests.audit._readers import given
 
 
 def test_nb_quantile_by_hand_and_against_scipy() -> None:
@@ -218,12 +219,12 @@ def test_the_detector_combines_the_counts_with_the_losses() -> None:
     assert [i for i, v in enumerate(counted.verdicts) if v is not None and v.flag] == [0]
     first = counted.verdicts[0]
     assert first is not None
-    assert first.evidence["errors"] == 24
-    assert first.evidence["errors_expected"] == pytest.approx(4 * 20 * 10.5 / 381.0)
-    assert counted.summary["errors_counted"] is True
+    assert first.evidence.errors == 24
+    assert first.evidence.errors_expected == pytest.approx(4 * 20 * 10.5 / 381.0)
+    assert counted.summary.errors_counted is True
     off = EvidenceDetector(error_check=False).fit(loss, counts, sd, per_class_errors=errors)
     assert not any(v.flag for v in off.verdicts if v is not None)
-    assert off.summary["errors_counted"] is False
+    assert off.summary.errors_counted is False
 
 
 @pytest.mark.parametrize(
@@ -246,10 +247,10 @@ def test_the_counts_need_min_error_sites() -> None:
     # whose losses are like the others', is not flagged); at the default (5) they enter.
     loss, counts, sd, errors = (a[:9] for a in _mild_round())
     few = EvidenceDetector(min_error_sites=10).fit(loss, counts, sd, per_class_errors=errors)
-    assert few.summary["errors_counted"] is False
+    assert few.summary.errors_counted is False
     assert not any(v.flag for v in few.verdicts if v is not None)
     enough = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
-    assert enough.summary["errors_counted"] is True
+    assert enough.summary.errors_counted is True
     assert [i for i, v in enumerate(enough.verdicts) if v is not None and v.flag] == [0]
 
 
@@ -276,14 +277,14 @@ def test_below_ten_sites_phi_has_a_floor(per_class: int, floor: float, flagged: 
     result = EvidenceDetector(min_error_dispersion=floor).fit(
         loss, counts, sd, per_class_errors=errors
     )
-    assert result.summary["errors_counted"] is True
-    assert result.summary["errors_dispersion"] == pytest.approx(floor)
+    assert result.summary.errors_counted is True
+    assert result.summary.errors_dispersion == pytest.approx(floor)
     first = result.verdicts[0]
     assert first is not None
-    assert first.evidence["errors_expected"] == pytest.approx(2 * 20 * 5.5 / 101)
+    assert first.evidence.errors_expected == pytest.approx(2 * 20 * 5.5 / 101)
     if floor == 0.5 and per_class == 5:
         # at least the negative binomial's tail (the rate's own estimation variance adds to it)
-        assert first.evidence["errors_p_value"] >= 0.0086
+        assert given(first.evidence.errors_p_value) >= 0.0086
     assert [i for i, v in enumerate(result.verdicts) if v is not None and v.flag] == (
         [0] if flagged else []
     )
@@ -352,9 +353,9 @@ def test_phi_is_at_least_the_losses_spread_of_difficulty() -> None:
             loss, counts, sd, per_class_errors=errors
         )
         summary = result.summary
-        assert summary["errors_counted"] is True
-        tau = summary["site_tau"]
-        assert summary["errors_dispersion"] >= min(math.expm1(tau**2), 1.0) - 1e-12
+        assert summary.errors_counted is True
+        tau = given(summary.site_tau)
+        assert given(summary.errors_dispersion) >= min(math.expm1(tau**2), 1.0) - 1e-12
         alarms += any(v is not None and v.flag for v in result.verdicts)
     assert alarms <= 9
 
@@ -367,16 +368,16 @@ def test_a_site_that_leaves_its_counts_out_is_judged_on_its_losses_alone() -> No
     sent = errors.astype(np.float64)
     sent[0] = np.nan
     result = EvidenceDetector().fit(loss, counts, sd, per_class_errors=sent)
-    assert result.summary["errors_counted"] is True
+    assert result.summary.errors_counted is True
     silent, other = result.verdicts[0], result.verdicts[1]
     assert silent is not None
     assert other is not None
-    assert silent.evidence["errors"] is None
-    assert silent.evidence["errors_p_value"] is None
-    assert other.evidence["errors"] == 4
+    assert silent.evidence.errors is None
+    assert silent.evidence.errors_p_value is None
+    assert other.evidence.errors == 4
     losses_only = EvidenceDetector(error_check=False).fit(loss, counts, sd).verdicts[0]
     assert losses_only is not None
-    assert silent.evidence["p_value"] == pytest.approx(losses_only.evidence["p_value"])
+    assert silent.evidence.p_value == pytest.approx(losses_only.evidence.p_value)
     assert not silent.flag
 
 

@@ -26,8 +26,10 @@ from service.audit.class_null import (
     site_p_values,
     weighted_median,
 )
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult, FedNoRoResult
 from service.audit.evidence import EvidenceDetector
+from service.audit.verdict_types import FedNoRoSummary, FedNoRoVerdictEvidence
+from tests.audit._readers import given
 
 
 class TestWeightedMedian:
@@ -135,7 +137,7 @@ class TestDetector:
         result = EvidenceDetector().fit(loss, counts, sd)
         assert result.status == "ok"
         assert [v.flag for v in result.verdicts] == [k == 3 for k in range(8)]
-        assert sorted(result.verdicts[3].evidence["noisy_classes"]) == [0, 1, 2, 3]
+        assert sorted(given(result.verdicts[3].evidence.noisy_classes)) == [0, 1, 2, 3]
 
     def test_all_equal_sites_flag_nobody(self):
         loss = np.full((6, 3), 0.2)
@@ -164,7 +166,7 @@ class TestDetector:
         sd[0, 1:] = 99.0
         result = EvidenceDetector().fit(loss, counts, sd)
         assert result.verdicts[0].flag is False
-        assert result.verdicts[0].evidence["class_z"][1:] == [None, None, None]
+        assert result.verdicts[0].evidence.class_z[1:] == [None, None, None]
 
     def test_too_few_sites_without_spreads_is_undetermined(self):
         loss, counts, _ = _federation(np.random.default_rng(3), 4, {0: 0.9})
@@ -187,7 +189,7 @@ class TestDetector:
         loss, counts, sd = _federation(np.random.default_rng(4), 10, {})
         loss[:4] += 1.0  # four of ten far above the other six
         result = EvidenceDetector(max_flagged_fraction=0.3).fit(loss, counts, sd)
-        assert result.summary["significant_high"] == 4
+        assert result.summary.significant_high == 4
         assert result.status == "inconclusive"
         assert "not a clear minority" in (result.reason or "")
         assert not any(v.flag for v in result.verdicts)
@@ -228,7 +230,7 @@ class TestDetector:
         result = EvidenceDetector().fit(loss, counts, sd)
         assert result.status == "ok"
         assert [v.flag for v in result.verdicts] == [True] + [False] * 9
-        assert result.verdicts[1].evidence["stouffer_z"] < -3
+        assert given(result.verdicts[1].evidence.stouffer_z) < -3
 
     def test_an_anchor_that_looks_noisy_inverts_the_orientation(self):
         # The global model learned inverted labels: the curated site (0) and the one other clean
@@ -240,14 +242,14 @@ class TestDetector:
         plain = EvidenceDetector().fit(loss, counts, sd)
         assert [v.flag for v in plain.verdicts] == [True, True] + [False] * 6
         anchored = EvidenceDetector().fit(loss, counts, sd, anchors=[True] + [False] * 7)
-        assert anchored.summary["mode"] == "anchored"
-        assert anchored.summary["anchor_orientation"] == "inverted"
+        assert anchored.summary.mode == "anchored"
+        assert anchored.summary.anchor_orientation == "inverted"
         assert [v.flag for v in anchored.verdicts] == [False, False] + [True] * 6
 
     def test_without_spreads_the_scale_is_fitted(self):
         loss, counts, _ = _federation(np.random.default_rng(5), 12, {4: 0.5})
         result = EvidenceDetector().fit(loss, counts)
-        assert result.summary["spreads_reported"] is False
+        assert result.summary.spreads_reported is False
         assert [v.flag for v in result.verdicts] == [k == 4 for k in range(12)]
 
     def test_bad_input(self):
@@ -329,30 +331,32 @@ class TestNoisyMajority:
         assert "loss mixture" in (result.reason or "")
         assert "6 of 10 sites" in (result.reason or "")
         assert [v.flag for v in result.verdicts] == [None] * 10
-        assert result.summary["mixture_flagged"] == 6
+        assert result.summary.mixture_flagged == 6
 
     def test_a_mixture_given_by_the_caller_is_used(self):
         # A mixture result that flags only site 3 (a minority): no reason to abstain.
-        one = DetectionResult(
-            "fednoro",
-            "ok",
-            None,
-            [ClientVerdict(score=1.0, flag=k == 3) for k in range(10)],
-            {},
-        )
+        verdicts: list[ClientVerdict[FedNoRoVerdictEvidence] | None] = [
+            ClientVerdict(
+                score=1.0, flag=k == 3, evidence=FedNoRoVerdictEvidence([], [], 0, 0, 0, 0)
+            )
+            for k in range(10)
+        ]
+        one = DetectionResult("fednoro", "ok", None, verdicts, FedNoRoSummary())
         result = EvidenceDetector().fit(M09_LOSS, M09_COUNTS, M09_SD, mixture=one)
         assert result.status == "ok"
-        assert result.summary["mixture_flagged"] == 1
-        undetermined = DetectionResult("fednoro", "undetermined", "x", [None] * 10, {})
+        assert result.summary.mixture_flagged == 1
+        undetermined: FedNoRoResult = DetectionResult(
+            "fednoro", "undetermined", "x", [None] * 10, FedNoRoSummary()
+        )
         result = EvidenceDetector().fit(M09_LOSS, M09_COUNTS, M09_SD, mixture=undetermined)
         assert result.status == "ok"
-        assert result.summary["mixture_flagged"] is None
+        assert result.summary.mixture_flagged is None
 
     def test_one_clean_anchor_flags_the_noisy_majority(self):
         anchors = [True] + [False] * 9
         result = EvidenceDetector().fit(M09_LOSS, M09_COUNTS, M09_SD, anchors=anchors)
         assert result.status == "ok"
-        assert result.summary["mode"] == "anchored"
+        assert result.summary.mode == "anchored"
         assert [v.flag for v in result.verdicts] == M09_NOISY
 
     def test_a_single_noisy_site_is_not_a_majority_split(self):
@@ -448,9 +452,9 @@ def test_a_class_held_once_does_not_flag_a_site_alone():
     sd = np.full((8, 2), 0.5)
     sd[0, 1] = 0.0
     result = EvidenceDetector().fit(loss, counts, sd)
-    assert result.verdicts[0].evidence["class_z"][1] > 5
+    assert given(given(result.verdicts[0].evidence.class_z)[1]) > 5
     assert result.verdicts[0].flag is False
-    assert result.verdicts[0].evidence["noisy_classes"] == []
+    assert result.verdicts[0].evidence.noisy_classes == []
     with_single = EvidenceDetector(min_class_count=1).fit(loss, counts, sd)
     assert with_single.verdicts[0].flag is True
 
@@ -496,9 +500,9 @@ def test_one_hard_sample_of_a_class_held_once_does_not_carry_stouffer():
     sd[:, 0] = 0.2
     loss[0, 0], sd[0, 0] = 3.0, 0.0
     result = EvidenceDetector().fit(loss, counts, sd)
-    assert result.verdicts[0].evidence["class_z"][0] > 10
+    assert given(given(result.verdicts[0].evidence.class_z)[0]) > 10
     assert result.verdicts[0].flag is False
-    assert result.verdicts[0].evidence["stouffer_z"] < 1.5
+    assert given(result.verdicts[0].evidence.stouffer_z) < 1.5
     assert not any(v.flag for v in result.verdicts)
 
 

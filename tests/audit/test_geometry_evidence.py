@@ -12,7 +12,7 @@ from service.audit import AuditConfig, ClientRoundData, StatusHistory, run_audit
 from service.audit._validation import InvalidInputError, InvalidParameterError
 from service.audit.blocks import stream_pass
 from service.audit.config_groups import GeometrySettings
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult, EvidenceResult
 from service.audit.geometry_evidence import (
     add_geometry,
     carry_flags,
@@ -24,6 +24,8 @@ from service.audit.geometry_evidence import (
 from service.audit.geometry_null import critical_z, simulate_critical_z
 from service.audit.round_pass import RoundPass
 from service.audit.state import DictStateReader
+from service.audit.verdict_types import ABSENT, EvidenceSummary, EvidenceVerdictEvidence
+from tests.audit._readers import given
 
 # Three updates in the plane: d0 = (1, 0), d1 = (0, 1), d2 = (1, 1); weights 1, 1, 2.
 # S = (1,0) + (0,1) + 2 (1,1) = (3, 3).
@@ -176,16 +178,19 @@ def test_permuting_the_sites_permutes_the_evidence() -> None:
     assert permuted.flags.tolist() == base.flags[order].tolist()
 
 
-def _result(flags: list[bool], status: str = "ok", mode: str = "consensus") -> DetectionResult:
-    verdicts: list[ClientVerdict | None] = [
-        ClientVerdict(score=1.0, flag=f if status == "ok" else None, evidence={}) for f in flags
+def _result(flags: list[bool], status: str = "ok", mode: str = "consensus") -> EvidenceResult:
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = [
+        ClientVerdict(
+            score=1.0, flag=f if status == "ok" else None, evidence=EvidenceVerdictEvidence()
+        )
+        for f in flags
     ]
     return DetectionResult(
         method="evidence",
         status=status,  # type: ignore[arg-type]
         reason=None if status == "ok" else "why",
         verdicts=verdicts,
-        summary={"mode": mode, "flagged": sum(flags)},
+        summary=EvidenceSummary(mode=mode, flagged=sum(flags)),
     )
 
 
@@ -196,23 +201,23 @@ def test_add_geometry_adds_its_flags_and_shows_its_facts() -> None:
     assert out.flags == [True] + [False] * 8 + [True]
     last = out.verdicts[-1]
     assert last is not None
-    assert last.evidence["flagged_by_geometry"] is True
+    assert last.evidence.flagged_by_geometry is True
     assert last.score == pytest.approx(0.595 / (1.4826 * 0.02))
     first = out.verdicts[0]
     assert first is not None
-    assert first.evidence["flagged_by_geometry"] is False
-    assert out.summary["geometry_flagged"] == 1
-    assert out.summary["flagged"] == 2
+    assert first.evidence.flagged_by_geometry is False
+    assert out.summary.geometry_flagged == 1
+    assert out.summary.flagged == 2
 
 
 def test_add_geometry_adds_nothing_to_an_abstaining_or_anchored_verdict() -> None:
     geometry = geometry_evidence(_cosines(-0.10), BALANCED, SIZES, q=0.01)
     inconclusive = add_geometry(_result([False] * 10, "inconclusive"), geometry, np.ones(10), 0.5)
     assert inconclusive.flags == [None] * 10
-    assert "loss evidence is inconclusive" in inconclusive.summary["geometry_note"]
+    assert "loss evidence is inconclusive" in given(inconclusive.summary.geometry_note)
     anchored = add_geometry(_result([False] * 10, mode="anchored"), geometry, np.ones(10), 0.5)
     assert anchored.flags == [False] * 10
-    assert "in anchored mode" in anchored.summary["geometry_note"]
+    assert "in anchored mode" in given(anchored.summary.geometry_note)
 
 
 def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
@@ -222,7 +227,7 @@ def test_add_geometry_is_set_aside_when_it_would_flag_a_majority() -> None:
     sizes = np.array([100.0] * 4 + [1.0] * 6)
     out = add_geometry(_result([True] * 4 + [False] * 6), geometry, sizes, 0.5)
     assert out.flags == [True] * 4 + [False] * 6
-    assert "set aside" in out.summary["geometry_note"]
+    assert "set aside" in given(out.summary.geometry_note)
 
 
 def _liar_round(
@@ -261,9 +266,9 @@ def test_the_audit_flags_a_site_whose_update_goes_against_the_others() -> None:
     assert evidence.flags == [True] + [False] * 11
     first = evidence.verdicts[0]
     assert first is not None
-    assert first.evidence["flagged_by_geometry"] is True
-    assert first.evidence["geometry_cosine"] < 0
-    assert evidence.summary["geometry_flagged"] == 1
+    assert first.evidence.flagged_by_geometry is True
+    assert first.evidence.geometry_cosine < 0
+    assert evidence.summary.geometry_flagged == 1
     # Switched off, the losses alone see nobody.
     off = AuditConfig(detectors=("evidence",), geometry=GeometrySettings(check=False))
     assert (
@@ -278,7 +283,7 @@ def test_the_audit_does_not_judge_the_geometry_of_different_class_mixes() -> Non
     outcome = run_audit(global_state, clients, AuditConfig(detectors=("evidence",)), round_index=3)
     evidence = outcome.detections["evidence"]
     assert evidence.flags == [False] * 12
-    assert "class mixes differ" in evidence.summary["geometry_note"]
+    assert "class mixes differ" in evidence.summary.geometry_note
 
 
 def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdict() -> None:
@@ -288,11 +293,11 @@ def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdic
     assert out.flags == [True, True, False, False, False]
     first, second = out.verdicts[0], out.verdicts[1]
     assert first is not None
-    assert first.evidence["geometry_carried"] is True
+    assert first.evidence.geometry_carried is True
     assert second is not None
-    assert "geometry_carried" not in second.evidence  # flagged anyway: its verdict as it was
-    assert out.summary["geometry_carried"] == 1
-    assert out.summary["flagged"] == 2
+    assert second.evidence.geometry_carried is ABSENT  # flagged anyway: its verdict as it was
+    assert out.summary.geometry_carried == 1
+    assert out.summary.flagged == 2
     # nothing is carried into an abstaining or anchored verdict
     assert (
         carry_flags(_result([False] * 5, "inconclusive"), carried, sizes, 0.5).flags == [None] * 5
@@ -302,7 +307,7 @@ def test_carried_flags_keep_a_noisy_site_flagged_while_the_losses_reach_a_verdic
     # Never to max_flagged_fraction: with site 2 flagged too, 3 of 5 would be.
     capped = carry_flags(_result([False, True, True, False, False]), carried, sizes, 0.5)
     assert capped.flags == [False, True, True, False, False]
-    assert "not carried" in capped.summary["geometry_carry_note"]
+    assert "not carried" in given(capped.summary.geometry_carry_note)
 
 
 def test_the_audit_carries_a_geometry_flag_of_a_noisy_site() -> None:
@@ -321,8 +326,8 @@ def test_the_audit_carries_a_geometry_flag_of_a_noisy_site() -> None:
     first = carried.detections["evidence"].verdicts[0]
     assert first is not None
     assert first.flag is True
-    assert first.evidence["geometry_carried"] is True
-    assert first.evidence["flagged_by_geometry"] is False
+    assert first.evidence.geometry_carried is True
+    assert first.evidence.flagged_by_geometry is False
     # A noisy site whose status rests on its losses is not carried: they speak every round.
     by_losses = [StatusHistory(status="noisy", flags=(True, True))] + history[1:]
     plain = run_audit(global_state, turned, config, round_index=5, status_history=by_losses)
@@ -338,10 +343,10 @@ def test_small_clean_sites_are_not_judged_against_large_ones() -> None:
     config = AuditConfig(detectors=("evidence",))
     evidence = run_audit(global_state, clients, config, round_index=3).detections["evidence"]
     assert evidence.flags == [False] * 12
-    assert evidence.summary["geometry_judged"] == 10
+    assert evidence.summary.geometry_judged == 10
     small = evidence.verdicts[10]
     assert small is not None
-    assert small.evidence["geometry_z"] is None
+    assert small.evidence.geometry_z is None
     # Judged against the large sites instead (every site one group), they would be flagged:
     # what the peer groups are for.
     squared = np.array([float(np.sum(c.state.get("w") ** 2)) for c in clients])

@@ -105,5 +105,5 @@ def test_an_underconfident_model_that_is_right_is_not_abstained_on() -> None:
     assert "does not beat the label prior" in str(losses_only.reason)
     counted = EvidenceDetector().fit(loss, counts, sd, per_class_errors=errors)
     assert counted.status == "ok"
-    assert counted.summary["accuracy_informativeness"] == pytest.approx(0.5)
+    assert counted.summary.accuracy_informativeness == pytest.approx(0.5)
     assert [i for i, v in enumerate(counted.verdicts) if v is not None and v.flag] == [0]

@@ -7,23 +7,24 @@ from typing import Any, cast
 import numpy as np
 
 from service.audit import AuditConfig, DictStateReader, run_audit
-from service.audit.detection import ClientVerdict, DetectionResult
+from service.audit.detection import ClientVerdict, DetectionResult, EvidenceResult
 from service.audit.evidence_abstention import (
     Informativeness,
     consensus_reason,
     is_majority_reason,
 )
 from service.audit.majority_memory import MAJORITY_MEMORY, majority_suspected, remember_majority
+from service.audit.verdict_types import EmptySummary, EvidenceSummary, EvidenceVerdictEvidence
 from tests.audit._synthetic import loss_clients, synthetic_federation
 
 
-def _ok(mode: str = "consensus") -> DetectionResult:
-    verdicts: list[ClientVerdict | None] = [
-        ClientVerdict(score=4.0, flag=True, evidence={"p_value": 1e-6}),
-        ClientVerdict(score=0.1, flag=False, evidence={"p_value": 0.8}),
+def _ok(mode: str = "consensus") -> EvidenceResult:
+    verdicts: list[ClientVerdict[EvidenceVerdictEvidence] | None] = [
+        ClientVerdict(score=4.0, flag=True, evidence=EvidenceVerdictEvidence(p_value=1e-6)),
+        ClientVerdict(score=0.1, flag=False, evidence=EvidenceVerdictEvidence(p_value=0.8)),
         None,
     ]
-    summary = {"verdict": "ok", "reason": None, "mode": mode, "flagged": 1}
+    summary = EvidenceSummary(verdict="ok", reason=None, mode=mode, flagged=1)
     return DetectionResult("evidence", "ok", None, verdicts, summary)
 
 
@@ -31,22 +32,24 @@ def test_the_memory_starts_at_the_third_round_and_keeps_the_scores():
     assert MAJORITY_MEMORY == 3
     kept = remember_majority(_ok(), MAJORITY_MEMORY - 1)
     assert (kept.status, kept.flags) == ("ok", [True, False, None])
-    assert kept.summary["majority_rounds"] == 2
-    assert kept.summary["majority_suspected"] is False
+    assert kept.summary.majority_rounds == 2
+    assert kept.summary.majority_suspected is False
     made = remember_majority(_ok(), MAJORITY_MEMORY)
     assert made.status == "inconclusive"
     assert made.flags == [None, None, None]
     assert made.scores == [4.0, 0.1, None]  # the evidence stays for the report
     assert made.reason is not None
     assert made.reason.startswith("in 3 earlier rounds the sites that looked noisy")
-    assert (made.summary["verdict"], made.summary["flagged"]) == ("inconclusive", 0)
-    assert made.summary["reason"] == made.reason
+    assert (made.summary.verdict, made.summary.flagged) == ("inconclusive", 0)
+    assert made.summary.reason == made.reason
 
 
 def test_anchored_rounds_and_abstentions_are_left_as_they_are():
     anchored = remember_majority(_ok(mode="anchored"), 10)
     assert (anchored.status, anchored.flags[0]) == ("ok", True)
-    already = DetectionResult("evidence", "inconclusive", "the model is weak", [None], {})
+    already = DetectionResult(
+        "evidence", "inconclusive", "the model is weak", [None], EvidenceSummary()
+    )
     assert remember_majority(already, 10).reason == "the model is weak"
 
 
@@ -84,9 +87,11 @@ def test_only_the_majority_reasons_count():
     assert weak is not None
     assert not is_majority_reason(weak)
     assert not is_majority_reason(None)
-    abstained = DetectionResult("evidence", "inconclusive", flagged, [None] * 4, {})
+    abstained = DetectionResult("evidence", "inconclusive", flagged, [None] * 4, EmptySummary())
     assert majority_suspected(abstained)
-    assert not majority_suspected(DetectionResult("evidence", "inconclusive", weak, [None] * 4, {}))
+    assert not majority_suspected(
+        DetectionResult("evidence", "inconclusive", weak, [None] * 4, EmptySummary())
+    )
 
 
 def test_run_audit_passes_the_memory_to_the_evidence_detector():
@@ -99,7 +104,7 @@ def test_run_audit_passes_the_memory_to_the_evidence_detector():
     evidence = fresh.detections["evidence"]
     assert evidence.status == "ok"
     assert any(evidence.flags)
-    assert evidence.summary["majority_rounds"] == 0
+    assert evidence.summary.majority_rounds == 0
     remembered = run_audit(state, clients, config, round_index=5, majority_rounds=3)
     evidence = remembered.detections["evidence"]
     assert evidence.status == "inconclusive"

@@ -17,6 +17,7 @@ from service.audit import (
     run_audit,
 )
 from service.audit.detectors.separation import null_separation_threshold
+from tests.audit._readers import given
 from tests.audit._synthetic import loss_clients
 
 # Ten clients, two classes, 20 samples of each. Clients 0-5 lose little on both classes, 6-8
@@ -59,31 +60,31 @@ def test_the_case_the_majority_misses() -> None:
     detector = FedNoRoDetector(separation_groups="majority").fit(LOSS, COUNTS)
     summary = detector.result_.summary
     np.testing.assert_array_equal(detector.labels_, NOBODY)
-    assert summary["mixture_noisy_count"] == 3
-    assert summary["groups_tested"] == 1
+    assert summary.mixture_noisy_count == 3
+    assert summary.groups_tested == 1
     d_three = ashman(excess(LOSS), THREE)
     assert detector.ashman_d_ == pytest.approx(d_three)
-    assert d_three < null_separation_threshold(10, 3) == summary["separation_threshold"]
+    assert d_three < null_separation_threshold(10, 3) == summary.separation_threshold
 
 
 def test_all_fits_flags_the_minority_group_that_passes_the_corrected_threshold() -> None:
     detector = FedNoRoDetector(separation_groups="all_fits").fit(LOSS, COUNTS)
     summary = detector.result_.summary
     np.testing.assert_array_equal(detector.labels_, FOUR)
-    assert summary["groups_tested"] == 2
-    assert summary["group_rank"] == 1  # not the majority's group
-    assert summary["vote_count"] < 9 - summary["vote_count"]
+    assert summary.groups_tested == 2
+    assert summary.group_rank == 1  # not the majority's group
+    assert given(summary.vote_count) < 9 - given(summary.vote_count)
     # two groups tested: each at 1 - 0.01 / 2
-    assert summary["separation_quantile_judged"] == pytest.approx(0.995)
+    assert summary.separation_quantile_judged == pytest.approx(0.995)
     corrected = null_separation_threshold(10, 4, 0.995)
-    assert summary["separation_threshold"] == pytest.approx(corrected)
+    assert summary.separation_threshold == pytest.approx(corrected)
     d_four = ashman(excess(LOSS), FOUR)
     assert detector.ashman_d_ == pytest.approx(d_four)
     assert d_four >= corrected
     # the majority's group was tested first, at its own corrected level, and failed
     assert ashman(excess(LOSS), THREE) < null_separation_threshold(10, 3, 0.995)
-    assert summary["guard"].startswith("separation guard passed (2 different groups")
-    assert "each at the 0.995 quantile; flagged: the group of 1 fit(s)" in summary["guard"]
+    assert summary.guard.startswith("separation guard passed (2 different groups")
+    assert "each at the 0.995 quantile; flagged: the group of 1 fit(s)" in given(summary.guard)
 
 
 def test_when_the_fits_agree_all_fits_is_the_majority_rule() -> None:
@@ -92,12 +93,12 @@ def test_when_the_fits_agree_all_fits_is_the_majority_rule() -> None:
     loss[7:] += np.array([[0.0, 0.02], [0.03, 0.0], [0.01, 0.05]])
     majority = FedNoRoDetector(separation_groups="majority").fit(loss, COUNTS)
     every = FedNoRoDetector().fit(loss, COUNTS)
-    assert every.result_.summary["groups_tested"] == 1
+    assert every.result_.summary.groups_tested == 1
     np.testing.assert_array_equal(every.labels_, majority.labels_)
     np.testing.assert_array_equal(every.labels_, np.arange(10) >= 7)
     assert (
-        every.result_.summary["separation_threshold"]
-        == majority.result_.summary["separation_threshold"]
+        every.result_.summary.separation_threshold
+        == majority.result_.summary.separation_threshold
         == pytest.approx(null_separation_threshold(10, 3))
     )
 
@@ -108,8 +109,8 @@ def test_a_confirmed_group_needs_only_d_2_among_all_fits() -> None:
     detector = FedNoRoDetector(separation_groups="all_fits").fit(LOSS, COUNTS, known)
     np.testing.assert_array_equal(detector.labels_, THREE)
     summary = detector.result_.summary
-    assert summary["separation_confirmed_group"] is True
-    assert summary["separation_threshold"] == 2.0
+    assert summary.separation_confirmed_group is True
+    assert summary.separation_threshold == 2.0
 
 
 def test_all_fits_needs_a_quantile() -> None:
@@ -145,21 +146,21 @@ def test_when_no_group_passes_nobody_is_flagged_and_the_majority_is_reported() -
     detector.fit(LOSS, COUNTS)
     summary = detector.result_.summary
     np.testing.assert_array_equal(detector.labels_, NOBODY)
-    assert summary["group_rank"] == 0
-    assert summary["mixture_noisy_count"] == 3
+    assert summary.group_rank == 0
+    assert summary.mixture_noisy_count == 3
     assert detector.ashman_d_ == pytest.approx(ashman(excess(LOSS), THREE))
-    assert summary["separation_threshold"] == pytest.approx(
+    assert summary.separation_threshold == pytest.approx(
         null_separation_threshold(10, 3, 1 - 0.0001 / 2)
     )
-    assert "none passed; the most voted of them is shown" in summary["guard"]
-    assert summary["separation_quantile_judged"] == pytest.approx(1 - 0.0001 / 2)
+    assert "none passed; the most voted of them is shown" in given(summary.guard)
+    assert summary.separation_quantile_judged == pytest.approx(1 - 0.0001 / 2)
 
 
 def test_without_the_guard_the_flags_are_the_papers_vote() -> None:
     # paper-exact runs (no guard): the majority's group, whatever the other fits propose
     detector = FedNoRoDetector(require_separation=False).fit(LOSS, COUNTS)
     np.testing.assert_array_equal(detector.labels_, THREE)
-    assert detector.result_.summary["groups_tested"] == 1
+    assert detector.result_.summary.groups_tested == 1
     # and no quantile is needed then
     plain = FedNoRoDetector(require_separation=False, separation_quantile=None)
     np.testing.assert_array_equal(plain.fit(LOSS, COUNTS).labels_, THREE)
@@ -193,16 +194,16 @@ def test_a_one_sided_majority_is_skipped(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(GaussianMixture, "predict", some_one_sided)
     majority = FedNoRoDetector(separation_groups="majority").fit(LOSS, COUNTS)
     assert majority.ashman_d_ is None
-    assert "every client on one side" in majority.result_.summary["guard"]
+    assert "every client on one side" in given(majority.result_.summary.guard)
     every = FedNoRoDetector().fit(LOSS, COUNTS)
     summary = every.result_.summary
     # the four other fits all propose clients 6-8: one group judged, at the plain quantile
-    assert summary["group_rank"] == 1
-    assert summary["groups_tested"] == 1
-    assert summary["vote_count"] == 4
-    assert summary["mixture_noisy_count"] == 3
+    assert summary.group_rank == 1
+    assert summary.groups_tested == 1
+    assert summary.vote_count == 4
+    assert summary.mixture_noisy_count == 3
     assert every.ashman_d_ == pytest.approx(ashman(excess(LOSS), THREE))
-    assert summary["separation_threshold"] == pytest.approx(null_separation_threshold(10, 3))
+    assert summary.separation_threshold == pytest.approx(null_separation_threshold(10, 3))
     # D 5.23 < 5.38 for 3 of 10: judged, and nobody flagged
     np.testing.assert_array_equal(every.labels_, NOBODY)
-    assert "not separated" in summary["guard"]
+    assert "not separated" in given(summary.guard)

@@ -20,6 +20,7 @@ from service.audit.site_factor import (
     site_factor,
     truncated_mad_target,
 )
+from tests.audit._readers import given
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "eval"))
 from error_counts_simulation import federation  # noqa: E402
@@ -181,11 +182,11 @@ def _t3_tail(t: float) -> float:
 def _p_from_shown_fields(verdict, counts_row, min_class_count=5):
     """min(1, 2 min(P(Z > stouffer_z), m min_c P(Z > class_z))) from a verdict's own fields."""
 
-    pairs = zip(verdict.evidence["class_z"], counts_row, strict=True)
+    pairs = zip(verdict.evidence.class_z, counts_row, strict=True)
     zs = [(z, n) for z, n in pairs if z is not None]
     single = [z for z, n in zs if n >= min_class_count]
     p_class = min(1.0, min(ndtr(-z) for z in single) * len(single)) if single else 1.0
-    return min(1.0, 2.0 * min(ndtr(-verdict.evidence["stouffer_z"]), p_class))
+    return min(1.0, 2.0 * min(ndtr(-verdict.evidence.stouffer_z), p_class))
 
 
 @pytest.mark.parametrize("n_sites", [5, 9])
@@ -196,12 +197,12 @@ def test_below_ten_sites_the_site_part_stays_out(n_sites):
     base = rng.uniform(0.005, 0.08, size=4)
     loss, counts, sd, _ = federation(rng, n_sites, 4, 200, base, 0.3, {0: 0.3})
     result = EvidenceDetector(mixture_check=False).fit(loss, counts, sd)
-    assert result.summary["site_tau"] is None
-    assert result.summary["site_df"] is None
+    assert result.summary.site_tau is None
+    assert result.summary.site_df is None
     for verdict, row in zip(result.verdicts, counts, strict=True):
-        assert verdict.evidence["site_z"] is None
-        assert verdict.evidence["site_factor"] is None
-        assert verdict.evidence["p_value"] == pytest.approx(_p_from_shown_fields(verdict, row))
+        assert verdict.evidence.site_z is None
+        assert verdict.evidence.site_factor is None
+        assert verdict.evidence.p_value == pytest.approx(_p_from_shown_fields(verdict, row))
 
 
 def test_from_ten_sites_the_site_part_enters():
@@ -209,10 +210,10 @@ def test_from_ten_sites_the_site_part_enters():
     base = rng.uniform(0.005, 0.08, size=4)
     loss, counts, sd, _ = federation(rng, 10, 4, 200, base, 0.0, {0: 0.4})
     result = EvidenceDetector(mixture_check=False).fit(loss, counts, sd)
-    assert result.summary["site_df"] is not None
+    assert result.summary.site_df is not None
     noisy = result.verdicts[0].evidence
-    assert noisy["site_factor"] > 2.0  # 40 % wrong labels at several nats each
-    assert noisy["site_z"] > 3.0
+    assert given(noisy.site_factor) > 2.0  # 40 % wrong labels at several nats each
+    assert given(noisy.site_z) > 3.0
     assert result.verdicts[0].flag
 
 
@@ -236,12 +237,12 @@ def test_anchored_mode_keeps_the_class_combination():
     loss, counts, sd, _ = federation(rng, 10, 4, 200, base, 0.0, noisy)
     anchors = [False] * 9 + [True]
     result = EvidenceDetector().fit(loss, counts, sd, anchors=anchors)
-    assert result.summary["mode"] == "anchored"
-    assert result.summary["anchor_orientation"] == "consensus"
-    assert result.summary["site_tau"] is None
+    assert result.summary.mode == "anchored"
+    assert result.summary.anchor_orientation == "consensus"
+    assert result.summary.site_tau is None
     for verdict, row in zip(result.verdicts, counts, strict=True):
-        assert verdict.evidence["site_z"] is None
-        assert verdict.evidence["p_value"] == pytest.approx(_p_from_shown_fields(verdict, row))
+        assert verdict.evidence.site_z is None
+        assert verdict.evidence.p_value == pytest.approx(_p_from_shown_fields(verdict, row))
     assert [bool(v.flag) for v in result.verdicts] == [i in noisy for i in range(10)]
 
 
@@ -323,7 +324,7 @@ def test_sites_easier_than_the_centre_make_no_lower_tail():
         loss, np.full((12, 3), 150), np.full((12, 3), 0.5)
     )
     assert result.status == "ok"
-    assert result.summary["significant_low"] == 0
+    assert result.summary.significant_low == 0
     assert [i for i, v in enumerate(result.verdicts) if v.flag] == [0]
 
 

@@ -30,11 +30,11 @@ def test_a_site_worse_than_the_prior_is_flagged_with_a_hand_checked_z():
     assert result.verdicts[2].score == pytest.approx(5.1029, abs=1e-3)
     # a: L = 0.2, variance 0.01, se 0.031623, z = (0.2 - 0.693147) / 0.031623 = -15.595.
     assert result.verdicts[0].score == pytest.approx(-15.595, abs=1e-2)
-    assert result.verdicts[2].evidence["prior_loss"] == pytest.approx(LN2)
+    assert result.verdicts[2].evidence.prior_loss == pytest.approx(LN2)
     # both classes are above their prior loss -log(0.5) = ln 2, equal excess: in class order
-    assert result.verdicts[2].evidence["noisy_classes"] == [0, 1]
-    assert result.verdicts[0].evidence["noisy_classes"] == []
-    assert result.summary["mode"].startswith("small federation")
+    assert result.verdicts[2].evidence.noisy_classes == [0, 1]
+    assert result.verdicts[0].evidence.noisy_classes == []
+    assert result.summary.mode.startswith("small federation")
 
 
 def test_clean_small_federation_flags_nobody():
@@ -111,9 +111,9 @@ def test_a_model_that_knows_little_is_inconclusive_even_when_nobody_would_be_fla
         "the global model does not clearly beat the label prior yet (median 1 - loss/H over "
         "the sites = 0.106 < 0.5): a site with wrong labels would not stand out"
     )
-    assert result.summary["verdict"] == "inconclusive"
-    assert result.summary["reason"] == result.reason
-    assert result.summary["informativeness"] == pytest.approx(0.1055, abs=1e-4)
+    assert result.summary.verdict == "inconclusive"
+    assert result.summary.reason == result.reason
+    assert result.summary.informativeness == pytest.approx(0.1055, abs=1e-4)
 
 
 def test_a_model_that_beats_the_prior_half_way_gives_a_verdict():
@@ -142,4 +142,4 @@ def test_a_site_claiming_most_samples_does_not_set_the_prior():
     assert result.status == "ok", result.reason
     assert [bool(v is not None and v.flag) for v in result.verdicts] == [False, False, True, False]
     entropy = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))
-    assert result.summary["label_entropy"] == pytest.approx(entropy)
+    assert result.summary.label_entropy == pytest.approx(entropy)

@@ -180,6 +180,7 @@ def test_public_api_matches_all():
         "sorted_blocks",
         "state",
         "top_k",
+        "verdict_types",
     }
     assert public - submodules == exported
     for name in exported:

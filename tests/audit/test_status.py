@@ -14,6 +14,7 @@ from service.audit import (
     expertise_detection,
     next_status,
 )
+from service.audit.verdict_types import ExpertiseVerdictEvidence
 from tests.audit._readers import present
 
 
@@ -99,7 +100,7 @@ class TestExpertise:
         assert result.status == "ok"
         assert result.flags == [None, None]
         assert result.scores == [0.0, 1.0]
-        assert present(result.verdicts[1]).evidence == {"train_accuracy": 0.9}
+        assert present(result.verdicts[1]).evidence == ExpertiseVerdictEvidence(train_accuracy=0.9)
         json.dumps(result.to_json(), allow_nan=False)
         empty = expertise_detection([])
         assert empty.status == "undetermined"

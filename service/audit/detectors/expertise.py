@@ -11,7 +11,14 @@ from typing import Any
 
 from service.audit._typing import FloatArray
 from service.audit._validation import InvalidInputError, as_float_array
-from service.audit.detection import ClientVerdict, DetectionResult, minmax, undetermined
+from service.audit.detection import (
+    ClientVerdict,
+    DetectionResult,
+    ExpertiseResult,
+    minmax,
+    undetermined,
+)
+from service.audit.verdict_types import ExpertiseSummary, ExpertiseVerdictEvidence
 
 __all__ = ["expertise", "expertise_detection"]
 
@@ -40,7 +47,7 @@ def expertise(train_accuracy: Any) -> FloatArray:
     return minmax(acc)
 
 
-def expertise_detection(train_accuracy: Any) -> DetectionResult:
+def expertise_detection(train_accuracy: Any) -> ExpertiseResult:
     """Wrap :func:`expertise` as a :class:`DetectionResult` (method ``"expertise"``).
 
     Expertise is a reliability signal, not a detector (FedRN eq. 4): every verdict has
@@ -49,15 +56,16 @@ def expertise_detection(train_accuracy: Any) -> DetectionResult:
     """
     acc = as_float_array("train_accuracy", train_accuracy, ndim=1, min_value=0.0)
     if acc.size == 0:
-        return undetermined("expertise", 0, "no client reported a training accuracy")
+        reason = "no client reported a training accuracy"
+        return undetermined("expertise", 0, reason, ExpertiseSummary())
     values = expertise(acc)
-    verdicts: list[ClientVerdict | None] = [
-        ClientVerdict(float(values[k]), None, {"train_accuracy": float(acc[k])})
+    verdicts: list[ClientVerdict[ExpertiseVerdictEvidence] | None] = [
+        ClientVerdict(float(values[k]), None, ExpertiseVerdictEvidence(float(acc[k])))
         for k in range(acc.size)
     ]
-    summary = {
-        "min_accuracy": float(acc.min()),
-        "max_accuracy": float(acc.max()),
-        "note": "expertise is a reliability signal and never flags a client",
-    }
+    summary = ExpertiseSummary(
+        min_accuracy=float(acc.min()),
+        max_accuracy=float(acc.max()),
+        note="expertise is a reliability signal and never flags a client",
+    )
     return DetectionResult("expertise", "ok", None, verdicts, summary)

@@ -27,9 +27,10 @@ from service.audit._validation import (
     check_int,
 )
 from service.audit.blocks import stream_pass
-from service.audit.detection import ClientVerdict, DetectionResult, undetermined
+from service.audit.detection import ClientVerdict, DetectionResult, FedNCLResult, undetermined
 from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
+from service.audit.verdict_types import FedNCLSummary, FedNCLVerdictEvidence
 
 __all__ = [
     "FedNCLDetector",
@@ -131,7 +132,7 @@ class FedNCLDetector(BaseEstimator):  # type: ignore[misc]
 
     Attributes
     ----------
-    result_ : DetectionResult
+    result_ : FedNCLResult
         The full result (method ``"fedncl"``); evidence per client: ``divergence``,
         ``data_quality`` (h_k), ``deviation`` ((q_k - mean) / std, 0 when std is 0).
     scores_ : ndarray of shape (n_clients,) or None
@@ -195,45 +196,47 @@ class FedNCLDetector(BaseEstimator):  # type: ignore[misc]
         self.labels_: BoolArray | None = None
         self.threshold_: float | None = None
         if n_clients < min_clients:
-            self.result_ = undetermined(
+            self.result_: FedNCLResult = undetermined(
                 "fedncl",
                 n_clients,
                 f"{n_clients} reporting client(s), fewer than min_clients={min_clients}",
+                FedNCLSummary(),
             )
             return self
         h = loss * n if loss_mode == "sum" else loss
         with np.errstate(over="ignore"):
             q = e * h / n
         if not np.isfinite(q).all():
-            self.result_ = undetermined("fedncl", n_clients, "reliability scores overflow")
+            reason = "reliability scores overflow"
+            self.result_ = undetermined("fedncl", n_clients, reason, FedNCLSummary())
             return self
         mean, std, deviation, labels = _sigma_rule(q, beta, two_sided)
         self.scores_ = q
         self.labels_ = labels
         self.threshold_ = mean + beta * std
-        verdicts: list[ClientVerdict | None] = [
+        verdicts: list[ClientVerdict[FedNCLVerdictEvidence] | None] = [
             ClientVerdict(
                 score=float(q[k]),
                 flag=bool(labels[k]),
-                evidence={
-                    "divergence": float(e[k]),
-                    "data_quality": float(h[k]),
-                    "deviation": float(deviation[k]),
-                },
+                evidence=FedNCLVerdictEvidence(
+                    divergence=float(e[k]),
+                    data_quality=float(h[k]),
+                    deviation=float(deviation[k]),
+                ),
             )
             for k in range(n_clients)
         ]
-        summary = {
-            "mean": mean,
-            "std": std,
-            "std_ddof": 0,
-            "beta": beta,
-            "two_sided": two_sided,
-            "loss_mode": loss_mode,
-            "threshold": self.threshold_,
-            "lower_threshold": mean - beta * std if two_sided else None,
-            "n_flagged": int(labels.sum()),
-        }
+        summary = FedNCLSummary(
+            mean=mean,
+            std=std,
+            std_ddof=0,
+            beta=beta,
+            two_sided=two_sided,
+            loss_mode=loss_mode,
+            threshold=self.threshold_,
+            lower_threshold=mean - beta * std if two_sided else None,
+            n_flagged=int(labels.sum()),
+        )
         self.result_ = DetectionResult("fedncl", "ok", None, verdicts, summary)
         return self
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 import numpy as np
@@ -32,7 +32,7 @@ from service.audit._validation import (
     check_float,
     check_int,
 )
-from service.audit.detection import ClientVerdict, DetectionResult, undetermined
+from service.audit.detection import ClientVerdict, DetectionResult, FedNoRoResult, undetermined
 from service.audit.detectors.fednoro_mixture import (
     GMMFit,
     MixtureVote,
@@ -47,6 +47,7 @@ from service.audit.detectors.separation import (
     class_standardised_excess,
     null_separation_threshold,
 )
+from service.audit.verdict_types import FedNoRoSummary, FedNoRoVerdictEvidence, GroupMeans
 
 __all__ = ["SEPARATION_GROUPS", "SEPARATION_STATISTICS", "FedNoRoDetector"]
 
@@ -91,7 +92,7 @@ def _evidence(
     chosen: GMMFit,
     vote: MixtureVote,
     statistics: dict[str, FloatArray],
-) -> list[dict[str, Any]]:
+) -> list[FedNoRoVerdictEvidence]:
     """Each client's evidence: its normalised losses, noisy classes, statistics and votes."""
     full = np.full((features.shape[0], n_classes), np.nan)
     full[:, columns] = features
@@ -103,24 +104,24 @@ def _evidence(
     probability = np.asarray(vote.probability, dtype=np.float64).tolist()
     votes = np.asarray(vote.noisy_votes).astype(np.int64).tolist()
     return [
-        {
-            "normalised_loss": normalised[k],
-            "noisy_classes": where[k],
-            "mean_loss": mean_loss[k],
-            "class_z": class_z[k],
-            "gmm_noisy_probability": probability[k],
-            "noisy_votes": votes[k],
-        }
+        FedNoRoVerdictEvidence(
+            normalised_loss=normalised[k],
+            noisy_classes=where[k],
+            mean_loss=mean_loss[k],
+            class_z=class_z[k],
+            gmm_noisy_probability=probability[k],
+            noisy_votes=votes[k],
+        )
         for k in range(features.shape[0])
     ]
 
 
-def _group_means(values: FloatArray, noisy: BoolArray) -> dict[str, float | None]:
+def _group_means(values: FloatArray, noisy: BoolArray) -> GroupMeans:
     """Mean of ``values`` over the noisy group and over the others (None for an empty group)."""
-    return {
-        "noisy": float(values[noisy].mean()) if noisy.any() else None,
-        "clean": float(values[~noisy].mean()) if not noisy.all() else None,
-    }
+    return GroupMeans(
+        noisy=float(values[noisy].mean()) if noisy.any() else None,
+        clean=float(values[~noisy].mean()) if not noisy.all() else None,
+    )
 
 
 class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
@@ -218,7 +219,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
 
     Attributes
     ----------
-    result_ : DetectionResult
+    result_ : FedNoRoResult
         The full result (method ``"fednoro"``).
     noisy_probability_ : ndarray of shape (n_clients,) or None
         Each client's noisy probability: the averaged posterior, or 0.0 for everybody when
@@ -414,13 +415,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         threshold: float,
         min_clients: int,
         confirmed: BoolArray | None = None,
-    ) -> DetectionResult:
+    ) -> FedNoRoResult:
         n_clients, n_classes = loss.shape
         if n_clients < min_clients:
             return undetermined(
                 "fednoro",
                 n_clients,
                 f"{n_clients} reporting client(s), fewer than min_clients={min_clients}",
+                FedNoRoSummary(),
             )
         # Steps 1-2: fill the missing classes, min-max normalise the informative columns.
         features, columns, column_summary = normalised_features(loss, missing)
@@ -465,7 +467,7 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
         self.ashman_d_ = guard.verdict.d_value
         statistics = {"mean_loss": mean_loss, "class_z": class_z}
         evidence = _evidence(n_classes, features, columns, chosen, vote, statistics)
-        verdicts: list[ClientVerdict | None] = [
+        verdicts: list[ClientVerdict[FedNoRoVerdictEvidence] | None] = [
             ClientVerdict(
                 score=float(statistic[k]),
                 probability=float(guarded_probability[k]),
@@ -474,15 +476,14 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
             )
             for k in range(n_clients)
         ]
-        summary = {
-            **column_summary,
-            **self._guard_summary(
-                vote, guard, require_separation, usable, flags_applied, z_classes
+        summary = replace(
+            self._guard_summary(
+                column_summary, vote, guard, require_separation, usable, flags_applied, z_classes
             ),
-            "n_flagged": int(labels.sum()),
-            "group_mean_loss": _group_means(mean_loss, vote_labels),
-            "group_mean_statistic": _group_means(statistic, vote_labels),
-        }
+            n_flagged=int(labels.sum()),
+            group_mean_loss=_group_means(mean_loss, vote_labels),
+            group_mean_statistic=_group_means(statistic, vote_labels),
+        )
         return DetectionResult("fednoro", "ok", None, verdicts, summary)
 
     def _guard(
@@ -523,14 +524,16 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
 
     def _guard_summary(
         self,
+        columns: FedNoRoSummary,
         vote: MixtureVote,
         guard: _Guard,
         require_separation: bool,
         usable: bool,
         flags_applied: bool,
         z_classes: IntArray,
-    ) -> dict[str, Any]:
-        """The summary's facts about the vote and the separation guard (with its note)."""
+    ) -> FedNoRoSummary:
+        """The ``columns`` summary with the facts about the vote and the separation guard (with
+        its note)."""
         verdict = guard.verdict
         d_value, threshold = verdict.d_value, verdict.threshold
         if flags_applied and require_separation and verdict.confirmed_group:
@@ -567,23 +570,24 @@ class FedNoRoDetector(BaseEstimator):  # type: ignore[misc]
                     else "none passed; the most voted of them is shown)"
                 )
             )
-        return {
-            "n_fits": len(vote.fits),
-            "vote_count": vote.votes[guard.winner],
-            "separation_groups": self.separation_groups,
-            "groups_tested": guard.n_candidates,
-            "group_rank": vote.ranked.index(guard.winner),
-            "separation_quantile_judged": guard.quantile,
-            "fits_converged": [f.converged for f in vote.fits],
-            "ashman_d": d_value if d_value is not None and math.isfinite(d_value) else None,
-            "ashman_d_infinite": d_value is not None and math.isinf(d_value),
-            "separation_required": require_separation,
-            "separation_threshold": threshold,
-            "separation_null_threshold": verdict.null_threshold,
-            "separation_passed": verdict.separated,
-            "separation_confirmed_group": verdict.confirmed_group,
-            "separation_statistic": self.separation_statistic,
-            "class_z_classes": z_classes.tolist(),
-            "guard": guard_note,
-            "mixture_noisy_count": int(vote.fit_of[guard.winner].labels.sum()),
-        }
+        return replace(
+            columns,
+            n_fits=len(vote.fits),
+            vote_count=vote.votes[guard.winner],
+            separation_groups=self.separation_groups,
+            groups_tested=guard.n_candidates,
+            group_rank=vote.ranked.index(guard.winner),
+            separation_quantile_judged=guard.quantile,
+            fits_converged=[f.converged for f in vote.fits],
+            ashman_d=d_value if d_value is not None and math.isfinite(d_value) else None,
+            ashman_d_infinite=d_value is not None and math.isinf(d_value),
+            separation_required=require_separation,
+            separation_threshold=threshold,
+            separation_null_threshold=verdict.null_threshold,
+            separation_passed=verdict.separated,
+            separation_confirmed_group=verdict.confirmed_group,
+            separation_statistic=self.separation_statistic,
+            class_z_classes=z_classes.tolist(),
+            guard=guard_note,
+            mixture_noisy_count=int(vote.fit_of[guard.winner].labels.sum()),
+        )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -23,6 +22,7 @@ from sklearn.mixture import GaussianMixture
 
 from service.audit._typing import BoolArray, FloatArray, IntArray
 from service.audit.detection import RANGE_EPS
+from service.audit.verdict_types import FedNoRoSummary
 
 __all__: list[str] = []
 
@@ -79,7 +79,7 @@ def noisy_classes(features: FloatArray, fit: GMMFit, columns: IntArray) -> list[
 
 def normalised_features(
     loss: FloatArray, missing: BoolArray
-) -> tuple[FloatArray, IntArray, dict[str, Any]]:
+) -> tuple[FloatArray, IntArray, FedNoRoSummary]:
     """Steps 1-2: the min-max normalised informative columns, their indices and a summary."""
     # Step 1: a missing class cannot hold noisy samples, so it is filled as the cleanest
     # value seen for that class.
@@ -94,11 +94,11 @@ def normalised_features(
     spread = hi - lo
     informative = present_any & (spread > RANGE_EPS)
     columns = np.flatnonzero(informative).astype(np.int64)
-    column_summary = {
-        "columns_used": columns.tolist(),
-        "columns_dropped_missing": np.flatnonzero(~present_any).tolist(),
-        "columns_dropped_constant": np.flatnonzero(present_any & ~informative).tolist(),
-    }
+    column_summary = FedNoRoSummary(
+        columns_used=columns.tolist(),
+        columns_dropped_missing=np.flatnonzero(~present_any).tolist(),
+        columns_dropped_constant=np.flatnonzero(present_any & ~informative).tolist(),
+    )
     features: FloatArray = (filled[:, columns] - lo[columns]) / spread[columns]
     return features, columns, column_summary
 
