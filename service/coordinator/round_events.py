@@ -44,7 +44,7 @@ def record_abstention(
         return
     reason = detection.reason or "no reason recorded"
     # whether it abstained for a noisy majority, as the detector said (majority_memory)
-    majority = bool((detection.summary or {}).get("majority_suspected"))
+    majority = detection.majority_suspected
     repo.add_event(
         session,
         kind=f"audit.{status}",

@@ -72,6 +72,12 @@ class StoredDetection(_Stored):
         guard = None if self.summary is None else self.summary.get("guard")
         return guard if isinstance(guard, str) else None
 
+    @property
+    def majority_suspected(self) -> bool:
+        """The evidence detector abstained for a noisy majority (its summary's
+        ``majority_suspected``; False where the summary has no such key)."""
+        return bool(None if self.summary is None else self.summary.get("majority_suspected"))
+
 
 class StoredAggregation(_Stored):
     """How the round's updates were aggregated."""
