@@ -31,6 +31,16 @@ class CoordinatorStartError(RuntimeError):
     """The coordinator process did not become ready; the message ends with its log."""
 
 
+class PortTakenError(CoordinatorStartError):
+    """The port was bound by another process before the coordinator could bind it."""
+
+
+PORT_ATTEMPTS = 5
+"""Ports tried when the port is chosen here (:class:`PortTakenError` on each but the last)."""
+
+_ADDRESS_IN_USE = "address already in use"
+
+
 class CoordinatorProcess:
     def __init__(
         self,
@@ -45,6 +55,9 @@ class CoordinatorProcess:
         workers: int = 1,
     ) -> None:
         self.data_dir = data_dir
+        # a port chosen here may be taken by another process before the child binds it (parallel
+        # test workers, simulations side by side): start() then tries another; a given one is kept
+        self._choose_port = port is None
         self.port = port or free_port()
         self.admin_token = admin_token or secrets.token_urlsafe(24)
         self.database_url = database_url
@@ -80,6 +93,17 @@ class CoordinatorProcess:
             check=True,
             capture_output=True,
         )
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._spawn()
+                return
+            except PortTakenError:
+                if not self._choose_port or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+
+    def _spawn(self) -> None:
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(
             [
@@ -99,26 +123,49 @@ class CoordinatorProcess:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        self._wait_ready()
+        self._wait_ready(log_start)
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, log_start: int) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
+        foreign = False
         while time.monotonic() < deadline:
             assert self._process is not None
             if self._process.poll() is not None:
+                if _ADDRESS_IN_USE in self._log_since(log_start).lower():
+                    raise PortTakenError(f"port {self.port} was taken:\n{self.log_tail()}")
                 raise CoordinatorStartError(
                     f"coordinator exited with {self._process.returncode}:\n{self.log_tail()}"
                 )
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+            if not foreign:
+                try:
+                    if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                        # ready, and ours? Another coordinator on this port refuses our admin
+                        # token: asked once (its sign-in throttle counts failures), then our
+                        # child is left to fail its bind and exit
+                        if self._answers_to_our_token():
+                            return
+                        foreign = True
+                except httpx.TransportError:
+                    pass
             time.sleep(0.1)
         self.kill()
         raise CoordinatorStartError(
             f"coordinator not ready after {self.startup_timeout_s}s:\n{self.log_tail()}"
         )
+
+    def _answers_to_our_token(self) -> bool:
+        response = httpx.get(
+            f"{self.url}/api/v1/federations",
+            params={"limit": 1},
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            timeout=2,
+        )
+        return response.status_code == 200
+
+    def _log_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
