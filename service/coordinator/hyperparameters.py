@@ -57,7 +57,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     absent_class_prior: Literal["rarest", "zero"] = "rarest"
     kd_samples: Literal["all", "contradicted"] = "all"
     kd_classes: Literal["held", "all"] = "held"
-    kd_marginal: Literal["teacher", "labels"] = "teacher"
+    kd_marginal: Literal["labels", "teacher"] = "labels"
     la_tau: UnitFloat = 0.0
 
 
