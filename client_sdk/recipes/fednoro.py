@@ -191,7 +191,11 @@ def kd_per_sample(
 
 
 def match_label_marginal(
-    teacher_logits: torch.Tensor, temperature: float, counts: torch.Tensor, iterations: int = 50
+    teacher_logits: torch.Tensor,
+    temperature: float,
+    counts: torch.Tensor,
+    iterations: int = 1000,
+    tolerance: float = 1e-6,
 ) -> torch.Tensor:
     """Teacher logits shifted per class so the site's mean teacher distribution is its label mix.
 
@@ -210,20 +214,27 @@ def match_label_marginal(
         T > 0, the distillation temperature (the offsets apply after the division by T).
     counts : torch.Tensor
         ``(C,)`` the site's label histogram (positive sum).
-    iterations : int
-        Fixed-point steps (each one softmax over ``(N, C)``).
+    iterations, tolerance : int, float
+        At most ``iterations`` fixed-point steps (each one softmax over ``(N, C)``), fewer once no
+        class's log mean is off by ``tolerance`` or more.
     """
-    held = counts > 0
-    target = counts.to(torch.float32) / counts.sum().to(torch.float32)
-    z = teacher_logits.detach().float() / temperature
+    # float64 and log space: a class the teacher all but rules out on every sample (a softmax
+    # that underflows to 0) still has a finite log mean, so its offset grows instead of
+    # becoming inf - inf = nan
+    z = teacher_logits.detach().to(torch.float64) / temperature
+    held = (counts > 0).to(z.device)
+    target = counts.to(device=z.device, dtype=torch.float64)
     minus_inf = torch.full_like(target, -math.inf)
-    b = torch.where(held, torch.zeros_like(target), minus_inf).to(z.device)
-    log_target = torch.where(held, torch.log(target), minus_inf).to(z.device)
+    log_target = torch.where(held, torch.log(target / target.sum()), minus_inf)
+    b = torch.where(held, torch.zeros_like(target), minus_inf)
+    log_n = math.log(z.shape[0])
     for _ in range(iterations):
-        mean = F.softmax(z + b, dim=1).mean(dim=0)
-        step = log_target - torch.log(torch.where(held.to(z.device), mean, torch.ones_like(mean)))
-        b = torch.where(held.to(z.device), b + step, b)
-    return (z + b) * temperature
+        log_mean = torch.logsumexp(F.log_softmax(z + b, dim=1), dim=0) - log_n
+        step = torch.where(held, log_target - torch.where(held, log_mean, 0.0), 0.0)
+        b = b + step
+        if float(step.abs().max()) < tolerance:
+            break
+    return ((z + b) * temperature).to(teacher_logits.dtype)
 
 
 def kd_weight(round_index: int, warmup_rounds: int, ramp_rounds: int, max_weight: float) -> float:

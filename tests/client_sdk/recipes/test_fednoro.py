@@ -182,6 +182,18 @@ class TestLabelMarginal:
         assert out[:, 2].tolist() == [-math.inf, -math.inf]
         assert torch.softmax(out / 0.8, 1).flatten().tolist() == pytest.approx([0.5, 0.5, 0.0] * 2)
 
+    def test_a_class_the_teacher_rules_out_still_gets_its_share(self) -> None:
+        # The teacher's class-1 probability underflows to 0 in float32 on both samples
+        # (logit gaps of 200 and 150); the labels are 1:1. Each sample is matched, not
+        # overflowed: finite offsets, and the sample the teacher found less sure of class 0
+        # (gap 150) takes class 1.
+        teacher = torch.tensor([[200.0, 0.0], [150.0, 0.0]])
+        out = match_label_marginal(teacher, 1.0, torch.tensor([1, 1]))
+        assert torch.isfinite(out).all()
+        p = torch.softmax(out.double(), 1)
+        assert p.mean(0).tolist() == pytest.approx([0.5, 0.5], abs=1e-3)
+        assert p[1, 1].item() > 0.99
+
     def test_the_order_of_the_samples_does_not_matter(self) -> None:
         gen = torch.Generator().manual_seed(3)
         teacher = torch.randn(40, 3, generator=gen) * 2.0
