@@ -31,7 +31,8 @@ every sample of a site flagged noisy (``"all"``, the default). The stress matrix
 this costs accuracy where the noise is mild or the site holds classes few others hold (m04,
 seed 1: 5.4 points; m06: 1.1) and gains where it is heavy (m07: 2.8), since pulling the whole
 update towards the global model also discards what the correctly labelled samples teach.
-``"contradicted"`` distils only the samples whose label the teacher's top class contradicts and
+``"contradicted"`` distils only the samples whose label the teacher's top class contradicts (the
+teacher as distilled: shifted to the site's label mix under ``kd_marginal="labels"``) and
 keeps the cross-entropy on the others; it is offered for measurement and is not the default
 until the whole matrix has been run with it.
 
@@ -43,22 +44,23 @@ while the cross-entropy keeps the ``"rarest"`` prior; ``"all"`` runs it over eve
 Measured (FedNoRo alone, 40 rounds): m04 seed 1 0.865 with ``"all"``, 0.897 with ``"held"``
 (FedAvg 0.923); m07 (3 seeds) 0.991 both; m06 seed 0 0.942 both.
 
-**The class mix of the distillation target** (``kd_marginal``, a change to the paper). The
-teacher is the global model, whose class mix is the federation's: where it is biased towards a
-majority class (PneumoniaMNIST: three pneumonia images to one normal, a small model that calls
-most normal images pneumonia), distilling a flagged site towards it passes that bias on and
-sharpens it, round after round. On 20 PneumoniaMNIST sites, 9 of them at 10-30 % symmetric noise
-(the third held-out draw's h3-01, 30 rounds, seed 1), FedAvg's model ended with recall 0.47 on
-normal images and FedNoRo's with 0.29 (balanced accuracy 0.711 against 0.642). By default
-(``"labels"``) the teacher's softmax is shifted per class (Saerens, Latinne and Decaestecker,
-"Adjusting the outputs of a classifier to new a priori probabilities", Neural Computation 2002)
-so that its mean over the site's samples is the site's own label mix: the distillation then
-moves samples between classes as the teacher sees them, but not the share of each class, which
-the cross-entropy sets. h3-01 over seeds 0-2: 0.736 against FedAvg's 0.743 (the teacher's own
-mix: 0.705); the stress matrix's PneumoniaMNIST row m11 +7.1 points over FedAvg (+4.5 with the
-teacher's mix), BreastMNIST m12 +1.2 (+0.1); the digit and wine rows unchanged
-(docs/evaluation.md, "Do no harm: the distillation's class mix"). ``"teacher"`` keeps the
-paper's target.
+**The class mix of the distillation target** (``kd_marginal``, a change to the paper). The teacher
+is the global model, whose class mix is the federation's: where it is biased towards a majority
+class (PneumoniaMNIST: three pneumonia images to one normal, a small model that calls most normal
+images pneumonia), distilling a flagged site towards it passes that bias on and sharpens it, round
+after round. On 20 PneumoniaMNIST sites, 9 of them at 10-30 % symmetric noise (the third held-out
+draw's h3-01, 30 rounds, seed 1), FedAvg's model ended with recall 0.47 on normal images and
+FedNoRo's with 0.29 (balanced accuracy 0.711 against 0.642). By default (``"labels"``) the
+teacher's softmax is shifted per class (Saerens, Latinne and Decaestecker, "Adjusting the outputs
+of a classifier to new a priori probabilities", Neural Computation 2002) so that its mean over the
+site's samples is the site's own label mix: the distillation then moves samples between classes as
+the teacher sees them, but not the share of each class, which the cross-entropy sets. The mix is
+the one of the site's given labels, noisy ones included (symmetric noise moves it towards uniform),
+so part of the gain in balanced accuracy is the global model calling the minority class more often.
+h3-01 over seeds 0-2: 0.736 against FedAvg's 0.743 (the teacher's own mix: 0.705); the stress
+matrix's PneumoniaMNIST row m11 +7.1 points over FedAvg (+4.5 with the teacher's mix), BreastMNIST
+m12 +1.2 (+0.1); the digit and wine rows unchanged (docs/evaluation.md, "Do no harm: the
+distillation's class mix"). ``"teacher"`` keeps the paper's target.
 
 **How strong the logit adjustment is** (``la_tau``, a change to the paper). The offsets are
 ``tau * log pi`` (Menon et al., "Long-tail learning via logit adjustment", ICLR 2021, eq. 10,
@@ -73,23 +75,26 @@ docs/algorithms.md). With tau = 0 the absent-class prior does not enter the trai
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from client_sdk.recipes.base import LocalData, RoundContext, TrainReport
-from client_sdk.recipes.errors import InvalidHyperparameterError, RecipeError
+from client_sdk.recipes.errors import InvalidHyperparameterError, ModelContractError, RecipeError
 from client_sdk.recipes.model_io import check_logits, class_counts, predict_logits
 from client_sdk.recipes.training import BatchLoss, prepare_round, run_local_training, seeded_rng
 
 __all__ = [
     "FedNoRoRecipe",
+    "MatchedTeacher",
     "kd_loss",
     "kd_per_sample",
     "kd_weight",
     "log_class_prior",
     "logit_adjusted_cross_entropy",
+    "match_label_marginal",
     "scaled_log_prior",
 ]
 
@@ -190,51 +195,82 @@ def kd_per_sample(
     return torch.where(present, terms, torch.zeros_like(terms)).sum(dim=1)
 
 
+class MatchedTeacher(NamedTuple):
+    """:func:`match_label_marginal`'s result."""
+
+    logits: torch.Tensor
+    """``(N, C)`` the shifted teacher logits, on the input's device and dtype."""
+    log_error: float
+    """The largest ``|log(label share) - log(mean teacher share)|`` over the held classes left
+    at the last step: below the tolerance when the iteration converged."""
+
+
 def match_label_marginal(
     teacher_logits: torch.Tensor,
     temperature: float,
     counts: torch.Tensor,
     iterations: int = 1000,
     tolerance: float = 1e-6,
-) -> torch.Tensor:
+) -> MatchedTeacher:
     """Teacher logits shifted per class so the site's mean teacher distribution is its label mix.
 
-    Returns ``teacher_logits + temperature * b`` with ``b`` the per-class offsets for which the
-    mean over the site's samples of ``softmax(teacher_logits / T + b)`` equals ``counts / sum``
-    (Saerens, Latinne and Decaestecker, "Adjusting the outputs of a classifier to new a priori
-    probabilities", Neural Computation 2002: the offsets ``log(new prior / old prior)``, found by
-    fixed-point iteration). Classes with no sample get ``-inf`` (the teacher is renormalised
-    over the held classes).
+    The logits returned are ``teacher_logits + temperature * b`` with ``b`` the per-class offsets
+    for which the mean over the site's samples of ``softmax(teacher_logits / T + b)`` equals
+    ``counts / sum``: a scaling of the ``(N, C)`` matrix of teacher probabilities to known class
+    totals (Sinkhorn's iteration with the row sums kept at one, ``b += log(target) - log(mean)``;
+    unique up to a constant). Where the teacher is calibrated, ``b`` is the prior-shift
+    correction ``log(new prior / old prior)`` of Saerens, Latinne and Decaestecker, "Adjusting
+    the outputs of a classifier to new a priori probabilities" (Neural Computation, 2002), with
+    the new prior known instead of estimated. Classes with no sample get ``-inf`` (the teacher
+    is renormalised over the held classes).
 
     Parameters
     ----------
     teacher_logits : torch.Tensor
-        ``(N, C)``, every sample of the site.
+        ``(N, C)``, every sample of the site; finite.
     temperature : float
         T > 0, the distillation temperature (the offsets apply after the division by T).
     counts : torch.Tensor
         ``(C,)`` the site's label histogram (positive sum).
     iterations, tolerance : int, float
-        At most ``iterations`` fixed-point steps (each one softmax over ``(N, C)``), fewer once no
-        class's log mean is off by ``tolerance`` or more.
+        At most ``iterations`` steps (each one softmax over ``(N, C)``), fewer once no class's
+        log mean is off by ``tolerance`` or more; what is left is ``log_error``.
+
+    Raises
+    ------
+    RecipeError
+        If there is no sample or ``counts`` is not a histogram with a positive sum.
+    ModelContractError
+        If a teacher logit is NaN or infinite.
     """
-    # float64 and log space: a class the teacher all but rules out on every sample (a softmax
-    # that underflows to 0) still has a finite log mean, so its offset grows instead of
-    # becoming inf - inf = nan
-    z = teacher_logits.detach().to(torch.float64) / temperature
-    held = (counts > 0).to(z.device)
-    target = counts.to(device=z.device, dtype=torch.float64)
+    if teacher_logits.dim() != 2 or teacher_logits.shape[0] == 0:
+        raise RecipeError("teacher_logits: expected (N, C) with N >= 1")
+    if counts.shape != (teacher_logits.shape[1],) or bool((counts < 0).any()):
+        raise RecipeError("counts: expected a non-negative (C,) histogram")
+    if int(counts.sum().item()) <= 0:
+        raise RecipeError("counts: expected a positive sum")
+    # On the CPU in float64 (N x C numbers; MPS has no float64) and in log space: a class the
+    # teacher all but rules out on every sample (a softmax that underflows to 0) still has a
+    # finite log mean, so its offset grows instead of becoming inf - inf = nan.
+    z = teacher_logits.detach().to(device="cpu", dtype=torch.float64) / temperature
+    if not bool(torch.isfinite(z).all()):
+        raise ModelContractError("global model: non-finite logits on the site's data")
+    held = counts.detach().cpu() > 0
+    target = counts.detach().to(device="cpu", dtype=torch.float64)
     minus_inf = torch.full_like(target, -math.inf)
     log_target = torch.where(held, torch.log(target / target.sum()), minus_inf)
     b = torch.where(held, torch.zeros_like(target), minus_inf)
     log_n = math.log(z.shape[0])
+    error = math.inf
     for _ in range(iterations):
         log_mean = torch.logsumexp(F.log_softmax(z + b, dim=1), dim=0) - log_n
         step = torch.where(held, log_target - torch.where(held, log_mean, 0.0), 0.0)
-        b = b + step
-        if float(step.abs().max()) < tolerance:
+        error = float(step.abs().max())
+        if error < tolerance:
             break
-    return ((z + b) * temperature).to(teacher_logits.dtype)
+        b = b + step
+    logits = ((z + b) * temperature).to(device=teacher_logits.device, dtype=teacher_logits.dtype)
+    return MatchedTeacher(logits=logits, log_error=error)
 
 
 def kd_weight(round_index: int, warmup_rounds: int, ramp_rounds: int, max_weight: float) -> float:
@@ -310,10 +346,12 @@ class FedNoRoRecipe:
         distil = stage2 and ctx.role == "noisy"
         weight = kd_weight(ctx.round_index, warmup, ramp, weight_max) if distil else 0.0
         teacher = predict_logits(global_model, d.inputs)[0] if distil else None
+        marginal_error: float | None = None
         if teacher is not None and kd_marginal == "labels":
-            teacher = match_label_marginal(teacher, temperature, counts.to(teacher.device))
+            teacher, marginal_error = match_label_marginal(teacher, temperature, counts)
         # "contradicted" (beyond the paper): distil only the samples whose label the teacher's
-        # top class contradicts; the others keep their cross-entropy (module docstring).
+        # top class contradicts (the teacher as it is distilled: shifted to the site's label mix
+        # under kd_marginal "labels"); the others keep their cross-entropy (module docstring).
         distilled: torch.Tensor | None = None
         if teacher is not None:
             distilled = teacher.argmax(dim=1) != d.labels
@@ -343,5 +381,9 @@ class FedNoRoRecipe:
                 "distilled": 1.0 if distil else 0.0,
                 "kd_weight": weight,
                 "kd_fraction": 0.0 if distilled is None else float(distilled.float().mean()),
+                # 1 when the target was shifted to the site's label mix, and what was left of
+                # the mismatch (log units, largest class)
+                "kd_marginal_matched": 0.0 if marginal_error is None else 1.0,
+                "kd_marginal_error": 0.0 if marginal_error is None else marginal_error,
             },
         )
