@@ -50,9 +50,10 @@ def test_a_chosen_port_taken_in_between_is_replaced(
                 timeout=5,
             )
             assert foreign.status_code == 401
-        assert "address already in use" in (tmp_path / "second" / "coordinator.log").read_text(
-            errors="replace"
-        ).lower()
+        assert (
+            "address already in use"
+            in (tmp_path / "second" / "coordinator.log").read_text(errors="replace").lower()
+        )
 
 
 def test_a_given_port_that_is_taken_is_an_error(tmp_path: Path) -> None:
