@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import betabinom
 
 from service.audit import InvalidInputError
 from service.audit.confident_errors import betabinom_upper, round_counts, share_evidence
@@ -17,10 +18,14 @@ def test_the_share_by_hand() -> None:
     # First fit (every site): site 4's share from the others, (8 + s) / (40 + 1) with s the
     # overall share (17 + 0.5) / (50 + 1); far above: it leaves the fit set. Refit without it:
     # s = (8 + 0.5) / (40 + 1) = 0.207317; site 4's share (8 + s) / 41 = 0.200178, expected
-    # confident errors 2.00178, and P(X >= 9) for X ~ Bin(10, 0.200178) (scipy's binom.sf(8,
-    # 10, 0.200178)) = 4.23e-6 with rho = 0; beta-binomial with rho = 0.02 (a = s (1 / rho - 1),
-    # b = (1 - s) (1 / rho - 1): scipy's betabinom.sf(8, 10, 9.8087, 39.1913)) = 3.37e-5. A
-    # clean site: 2 against 2.0 expected, below the floor of 5 % of its 100 samples: p = 1.
+    # confident errors 2.00178. The share is an estimate from the others' 40 errors: its
+    # variance s (1 - s) / (40 + 2), times 10^2 for site 4's 10 errors, over the pairs
+    # 10 x 9 x s (1 - s), is an intra-site correlation of 100 / 42 / 90 = 0.026455, and the
+    # test takes the larger of it and rho: with rho = 0 and with rho = 0.02 alike, beta-binomial
+    # at r = 0.026455 (a = s (1 / r - 1) = 7.36657, b = 29.43343), P(X >= 9) = scipy's
+    # betabinom.sf(8, 10, 7.36657, 29.43343) = 5.473e-5 (the binomial, with the share taken as
+    # known: 4.23e-6; rho = 0.02 alone: 3.37e-5). With rho = 0.05 it is rho's: 0.05. A clean
+    # site: 2 against 2.0 expected, below the floor of 5 % of its 100 samples: p = 1.
     errors = np.full((5, 1), 10)
     confident = np.array([[2], [2], [2], [2], [9]])
     every = np.ones(5, dtype=bool)
@@ -28,9 +33,13 @@ def test_the_share_by_hand() -> None:
     ev = share_evidence(errors, confident, samples, reporting=every, dispersion=0.0)
     assert ev.fit_set.tolist() == [True, True, True, True, False]
     assert ev.expected[4] == pytest.approx(10 * (8 + 8.5 / 41) / 41)
-    assert ev.p_value[4] == pytest.approx(4.23e-6, rel=0.01)
+    assert ev.p_value[4] == pytest.approx(5.473e-5, rel=0.01)
     spread = share_evidence(errors, confident, samples, reporting=every, dispersion=0.02)
-    assert spread.p_value[4] == pytest.approx(3.37e-5, rel=0.01)
+    assert spread.p_value[4] == pytest.approx(5.473e-5, rel=0.01)
+    # rho = 0.05 above the estimate's 0.026455: a = s x 19 = 3.80338, b = 15.19662,
+    # scipy's betabinom.sf(8, 10, 3.80338, 15.19662)
+    wide = share_evidence(errors, confident, samples, reporting=every, dispersion=0.05)
+    assert wide.p_value[4] == pytest.approx(betabinom.sf(8, 10, 3.80338, 15.19662), rel=0.01)
     assert ev.p_value[:4].tolist() == [1.0] * 4
     assert ev.observed.tolist() == [2, 2, 2, 2, 9]
 
@@ -78,9 +87,11 @@ def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
     # Every error of site 0 is confident. Once site 0 has left the fit set, each class's share
     # is (5 + s) / 26 (5 confident among the other sites' 25 errors) with s = (10 + 0.5) / 51 =
     # 0.205882 its overall share: 0.200226; site 0's 10 errors should hold 2.0023 confident
-    # ones, and all 10 are. Below 10 sites the share is beta-binomial with rho = 0.05: P(X >=
-    # 10) = scipy's betabinom.sf(9, 10, 0.200226 x 19, 0.799774 x 19) = 1.668e-5. Three times
-    # that is below BH's 0.01 / 6 for the first of six.
+    # ones, and all 10 are. Below 10 sites the share is beta-binomial with rho = 0.05 (the
+    # shares' own estimation variance, 2 classes x 5^2 x s (1 - s) / (25 + 2) over
+    # 10 x 9 x s (1 - s) = 0.020576, is below it): P(X >= 10) = scipy's betabinom.sf(9, 10,
+    # 0.200226 x 19, 0.799774 x 19) = 1.668e-5. Three times that is below BH's 0.01 / 6 for
+    # the first of six.
     loss, counts, sd, errors, confident = _six_sites(5)
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
