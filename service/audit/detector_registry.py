@@ -46,7 +46,7 @@ from service.audit.geometry_evidence import (
 from service.audit.majority_memory import remember_majority
 from service.audit.round_inputs import CheckedClients, StatusHistory, missing
 from service.audit.round_pass import RoundPass
-from service.audit.verdict_types import ABSENT
+from service.audit.verdict_types import or_none
 
 if TYPE_CHECKING:  # audit_config reads the registry's names: only the types are needed here
     from service.audit.audit_config import AuditConfig
@@ -212,7 +212,7 @@ def _with_geometry(call: DetectorCall, result: EvidenceResult) -> EvidenceResult
     if not settings.check or result.status != "ok":
         return result
     k = len(data.ids)
-    mode = None if result.summary.mode is ABSENT else result.summary.mode
+    mode = or_none(result.summary.mode)
     in_noisy_role = noisy_role(call.history, k)
     groups = geometry_peers(data, call.config, call.history)
     anchors = None if call.anchors is None else np.asarray(call.anchors, dtype=bool)

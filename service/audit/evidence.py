@@ -303,8 +303,13 @@ class EvidenceDetector:
         site's p is the Bonferroni combination of the loss and the error-count evidence (in
         anchored mode the counts against the anchors' rates: :mod:`service.audit.anchor_mode`)."""
         # the class fits rest on the holders of min_class_count samples or more (class_null)
-        fit = partial(class_evidence, min_holders=self.min_holders, exclude=exclude)
-        ev = fit(loss, counts, sd, reference=reference, min_fit_count=self.min_class_count)
+        fit = partial(
+            class_evidence,
+            min_holders=self.min_holders,
+            exclude=exclude,
+            min_fit_count=self.min_class_count,
+        )
+        ev = fit(loss, counts, sd, reference=reference)
         # Consensus mode only: in anchored mode tau would come from the few anchors, and with
         # 0.37 (anchors - 1) degrees of freedom the site part's tail is too wide to find anyone.
         site = (
@@ -320,7 +325,7 @@ class EvidenceDetector:
                 return ev.z
             scale = np.exp(-shift)
             scaled = None if sd is None else sd * scale  # (no site part with a reference)
-            return fit(loss * scale, counts, scaled, min_fit_count=self.min_class_count).z
+            return fit(loss * scale, counts, scaled).z
 
         class_z = given_site(direction)
 

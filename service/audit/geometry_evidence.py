@@ -85,7 +85,7 @@ from service.audit._validation import InvalidInputError, as_float_array
 from service.audit.class_null import benjamini_hochberg
 from service.audit.detection import ClientVerdict, EvidenceResult
 from service.audit.geometry_null import critical_z, mad_z
-from service.audit.verdict_types import ABSENT, EvidenceSummary, EvidenceVerdictEvidence
+from service.audit.verdict_types import EvidenceVerdictEvidence, or_none
 
 __all__ = [
     "GeometryEvidence",
@@ -358,7 +358,7 @@ def add_geometry(
     if not usable and geometry.applies:
         note = f"geometry not used: the loss evidence is {result.status}"
         if result.status == "ok":
-            note += f" in {_mode(result.summary)} mode"
+            note += f" in {or_none(result.summary.mode)} mode"
     if added.any():
         cap = _over_cap(flags | added, sizes, max_flagged_fraction)
         if cap is not None:
@@ -418,11 +418,6 @@ def raised_by_geometry(verdict: ClientVerdict) -> bool:
 
 def _number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
-
-
-def _mode(summary: EvidenceSummary) -> str | None:
-    """The summary's mode (None where it has none)."""
-    return None if summary.mode is ABSENT else summary.mode
 
 
 def carry_flags(

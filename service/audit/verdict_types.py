@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from service.audit._json import to_jsonable
 
@@ -45,7 +45,11 @@ __all__ = [
     "GroupMeans",
     "JsonRecord",
     "VerdictEvidence",
+    "or_none",
 ]
+
+
+T = TypeVar("T")
 
 
 class Absent(enum.Enum):
@@ -64,6 +68,12 @@ class Absent(enum.Enum):
 
 ABSENT: Final = Absent.ABSENT
 """A field left out of the JSON (the key is absent); ``None`` is written as null."""
+
+
+def or_none(value: T | Absent) -> T | None:
+    """A record's field, None where it is :data:`ABSENT` (for a reader to whom a missing key
+    and a null mean the same)."""
+    return None if value is ABSENT else value
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from service.audit.verdict_types import (
     FedNoRoSummary,
     FedNoRoVerdictEvidence,
     GroupMeans,
+    or_none,
 )
 from tests.audit._readers import present
 
@@ -33,6 +34,14 @@ def test_an_absent_field_has_no_key_and_none_is_null() -> None:
     assert EmptySummary().to_json() == {}
     assert not ABSENT
     assert repr(ABSENT) == "ABSENT"
+
+
+def test_or_none_reads_an_absent_field_as_none() -> None:
+    summary = EvidenceSummary(mode="consensus", reason=None)
+    assert or_none(summary.mode) == "consensus"
+    assert or_none(summary.reason) is None
+    assert or_none(summary.q) is None
+    assert or_none(EvidenceSummary(flagged=0).flagged) == 0
 
 
 def test_numpy_values_become_plain_json_and_nan_is_refused() -> None:
