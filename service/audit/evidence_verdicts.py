@@ -9,7 +9,9 @@ as the decision.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,13 +65,21 @@ class EvidencePass:
     stouffer: FloatArray
     flags: BoolArray
     q_values: FloatArray
-    low: BoolArray
+    find_low: Callable[[], BoolArray]
+    """Computes :attr:`low` when it is first read: a first pass that flagged sites is followed
+    by a second, and only the chosen pass's lower tail is looked at."""
     p_loss: FloatArray
     score: FloatArray
     """(K,) the site z, or the z-equivalent of its per-class part where that is larger."""
     errors: ErrorEvidence | None = None
     confident: ErrorEvidence | None = None
     """The confident errors' evidence (:mod:`service.audit.confident_errors`), where counted."""
+
+    @cached_property
+    def low(self) -> BoolArray:
+        """(K,) the sites significantly *below* the consensus (the same rule in the other
+        direction)."""
+        return self.find_low()
 
 
 def checked_inputs(

@@ -21,6 +21,7 @@ from service.audit import (
 )
 from service.audit.class_null import (
     SMALL_CLASS_Z_CAP,
+    _median_above,
     benjamini_hochberg,
     fit_class_null,
     site_p_values,
@@ -388,6 +389,22 @@ class TestNoisyMajority:
 
 def test_weighted_median_leaves_out_zero_weights():
     assert weighted_median(np.array([0.0, 1.0, 10.0]), np.array([1.0, 0.0, 1.0])) == 5.0
+
+
+def test_median_above_by_counting_answers_as_the_median_does():
+    # hand-checked: [1, 2, 3, 4] has median 2.5; [1, 1, 5] has median 1
+    assert _median_above(np.array([4.0, 1.0, 3.0, 2.0]), 2.4)
+    assert not _median_above(np.array([4.0, 1.0, 3.0, 2.0]), 2.5)
+    assert _median_above(np.array([1.0, 5.0, 1.0]), 0.99)
+    assert not _median_above(np.array([1.0, 5.0, 1.0]), 1.0)
+    # every size up to 11, ties, thresholds at every value and every midpoint of two values
+    # (where the two middle values straddle the threshold their mean decides, rounded alike)
+    rng = np.random.default_rng(7)
+    for _ in range(1500):
+        x = rng.integers(0, 6, size=int(rng.integers(1, 12))) / rng.choice([1.0, 3.0, 7.0])
+        pairs = (x[:, None] + x[None, :]).ravel() / 2.0
+        for t in np.concatenate([x, pairs, np.nextafter(pairs, np.inf), [-1.0, 9.0]]):
+            assert _median_above(x.copy(), float(t)) == bool(np.median(x) > t), (x, t)
 
 
 class TestAnchorGuards:
