@@ -47,6 +47,7 @@ __all__ = [
     "accuracy",
     "auroc",
     "balanced_accuracy",
+    "class_recall",
     "detection_metrics",
     "detection_scores",
     "label_precision_recall",
@@ -297,8 +298,11 @@ def accuracy(y_true: npt.ArrayLike, y_pred: npt.ArrayLike) -> float:
     return float(np.mean(t == p))
 
 
-def balanced_accuracy(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, num_classes: int) -> float:
-    """Mean per-class recall over the classes present in ``y_true``.
+def class_recall(
+    y_true: npt.ArrayLike, y_pred: npt.ArrayLike, num_classes: int
+) -> list[float | None]:
+    """Per class c in [0, num_classes): the fraction of the samples of class c predicted as c;
+    None for a class absent from ``y_true``.
 
     Parameters
     ----------
@@ -313,7 +317,22 @@ def balanced_accuracy(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, num_classes:
     for name, arr in (("y_true", t), ("y_pred", p)):
         if int(arr.min()) < 0 or int(arr.max()) >= num_classes:
             raise MetricInputError(f"{name} has labels outside [0, {num_classes})")
-    recalls = [float(np.mean(p[t == c] == c)) for c in np.unique(t)]
+    return [
+        float(np.mean(p[t == c] == c)) if bool(np.any(t == c)) else None for c in range(num_classes)
+    ]
+
+
+def balanced_accuracy(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, num_classes: int) -> float:
+    """Mean per-class recall (:func:`class_recall`) over the classes present in ``y_true``.
+
+    Parameters
+    ----------
+    y_true, y_pred : array_like of int, shape (n,)
+        True and predicted labels in [0, num_classes).
+    num_classes : int
+        Number of classes C (used to validate the labels).
+    """
+    recalls = [r for r in class_recall(y_true, y_pred, num_classes) if r is not None]
     return float(np.mean(recalls))
 
 

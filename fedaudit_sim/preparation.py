@@ -14,7 +14,7 @@ gives each client's per-class loss under it (the heat map's fallback input).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,7 @@ from client_sdk.recipes import LocalData
 from fedaudit_sim.custom_data import load_callable, load_npz
 from fedaudit_sim.data_splits import DatasetError, DataSplit
 from fedaudit_sim.datasets import load_dataset
-from fedaudit_sim.metrics import accuracy, balanced_accuracy
+from fedaudit_sim.metrics import accuracy, balanced_accuracy, class_recall
 from fedaudit_sim.models import ModelConfigError, TorchvisionNotInstalledError, build_model
 from fedaudit_sim.noise import NoiseReport, inject_noise
 from fedaudit_sim.noise_protocols import NoiseError, noise_levels
@@ -34,6 +34,7 @@ from fedaudit_sim.partition import PartitionError, partition
 from fedaudit_sim.scenario import Scenario, ScenarioError
 
 __all__ = [
+    "ModelScores",
     "PreparedData",
     "client_names",
     "evaluate_state",
@@ -246,8 +247,18 @@ def curated(
     )
 
 
-def evaluate_state(model: nn.Module, state: bytes, split: DataSplit) -> tuple[float, float]:
-    """Accuracy and balanced accuracy of ``state`` (loaded into ``model``) on the test split."""
+class ModelScores(NamedTuple):
+    """A global model's scores on the clean test split."""
+
+    accuracy: float
+    balanced_accuracy: float
+    class_recall: list[float | None]
+    """Per class, the fraction of its test samples predicted as it (None: not in the split)."""
+
+
+def evaluate_state(model: nn.Module, state: bytes, split: DataSplit) -> ModelScores:
+    """Accuracy, balanced accuracy and per-class recall of ``state`` (loaded into ``model``)
+    on the test split."""
     load_state_bytes(model, state)
     model.eval()
     x = torch.from_numpy(split.test.x)
@@ -256,8 +267,12 @@ def evaluate_state(model: nn.Module, state: bytes, split: DataSplit) -> tuple[fl
         for start in range(0, x.shape[0], _EVAL_BATCH):
             predictions.append(model(x[start : start + _EVAL_BATCH]).argmax(dim=1))
     predicted = torch.cat(predictions).numpy().astype(np.int64)
-    y = split.test.y
-    return accuracy(y, predicted), balanced_accuracy(y, predicted, split.test.num_classes)
+    y, classes = split.test.y, split.test.num_classes
+    return ModelScores(
+        accuracy(y, predicted),
+        balanced_accuracy(y, predicted, classes),
+        class_recall(y, predicted, classes),
+    )
 
 
 def per_class_losses(

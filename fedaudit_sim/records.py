@@ -95,6 +95,9 @@ class RoundRecord:
     ashman_d: float | None
     clients: list[ClientRoundRecord]
     metrics: dict[str, Any] = field(default_factory=dict)
+    class_recall: list[float | None] | None = None
+    """Per class, the global model's recall on the test split (None: the class is not in it);
+    None where not measured."""
 
 
 @dataclass

@@ -10,9 +10,12 @@ and what each client's training reported (:class:`ClientRound`) into a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedaudit_sim.records import ClientRoundRecord, RoundRecord
+
+if TYPE_CHECKING:
+    from fedaudit_sim.preparation import ModelScores
 
 __all__ = [
     "ClientRound",
@@ -81,7 +84,7 @@ def round_record(
     round_index: int,
     info: Any,
     statuses: dict[str, str],
-    acc: tuple[float, float],
+    acc: ModelScores,
     trained: tuple[float, list[ClientRound]],
 ) -> RoundRecord:
     """The record of one closed round.
@@ -96,8 +99,8 @@ def round_record(
         ``aggregation_rule``).
     statuses : dict
         Client name -> status after the round.
-    acc : tuple of float
-        The global model's accuracy and balanced accuracy on the test split.
+    acc : ModelScores
+        The global model's accuracy, balanced accuracy and per-class recall on the test split.
     trained : tuple
         The round's wall seconds and, per client in index order, its :class:`ClientRound`.
     """
@@ -119,8 +122,9 @@ def round_record(
             if audit.get("in_warmup") is None
             else bool(audit["in_warmup"])
         ),
-        accuracy=acc[0],
-        balanced_accuracy=acc[1],
+        accuracy=acc.accuracy,
+        balanced_accuracy=acc.balanced_accuracy,
+        class_recall=acc.class_recall,
         coordinator_seconds=_float_or_none(info.coordinator_seconds),
         wall_seconds=wall,
         aggregation_rule=info.aggregation_rule or aggregation.get("rule"),

@@ -314,6 +314,7 @@ def _quality_and_cost_summary(run: RunResult, last: RoundRecord) -> dict[str, An
         "balanced_accuracy": dict(summarise_curve([r.balanced_accuracy for r in run.rounds])),
         "final_accuracy": last.accuracy,
         "final_balanced_accuracy": last.balanced_accuracy,
+        "final_class_recall": last.class_recall,
         "coordinator_seconds_mean": _mean(r.coordinator_seconds for r in run.rounds),
         "bytes_up_per_client_round": _mean(c.upload_bytes for c in client_rounds),
         "bytes_down_per_client_round": _mean(c.download_bytes for c in client_rounds),

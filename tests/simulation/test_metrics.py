@@ -10,6 +10,7 @@ from fedaudit_sim.metrics import (
     accuracy,
     auroc,
     balanced_accuracy,
+    class_recall,
     detection_metrics,
     detection_scores,
     label_precision_recall,
@@ -197,6 +198,14 @@ class TestAccuracy:
         assert accuracy(y_true, y_pred) == pytest.approx(0.75)
         # balanced = mean over PRESENT classes {0, 1} = (5/6 + 1/2) / 2 = (4/3) / 2 = 2/3.
         assert balanced_accuracy(y_true, y_pred, 3) == pytest.approx(2 / 3)
+
+    def test_class_recall_hand_computed_none_for_an_absent_class(self):
+        # the same labels: class 0 5 of 6 right, class 1 1 of 2, class 2 absent
+        y_true = [0, 0, 0, 0, 0, 0, 1, 1]
+        y_pred = [0, 0, 0, 0, 0, 2, 1, 0]
+        assert class_recall(y_true, y_pred, 3) == [pytest.approx(5 / 6), 0.5, None]
+        with pytest.raises(MetricInputError, match="outside"):
+            class_recall([0, 1], [0, 3], 3)
 
     def test_balanced_equals_plain_on_balanced_data(self):
         # 2 samples per class, 3 of 6 correct spread 1/2, 1/2, 1/2 -> both 0.5.

@@ -17,7 +17,13 @@ from client_sdk._responses import AuditRecord
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.datasets import Dataset, DataSplit
 from fedaudit_sim.federation import Federation, create_federation
-from fedaudit_sim.preparation import client_names, evaluate_state, per_class_losses, prepare_data
+from fedaudit_sim.preparation import (
+    ModelScores,
+    client_names,
+    evaluate_state,
+    per_class_losses,
+    prepare_data,
+)
 from fedaudit_sim.round_records import ClientRound, round_record
 from fedaudit_sim.scenario import MethodSpec, ScenarioError, validate_scenario
 
@@ -177,9 +183,10 @@ def test_evaluate_state_by_hand():
     eye = np.eye(3)
     split = _split(eye[[0, 1, 2, 2, 0]], [0, 1, 1, 2, 2])
     other = nn.Linear(3, 3)  # evaluation loads the state into whatever model it is given
-    acc, bal = evaluate_state(other, state, split)
+    acc, bal, recall = evaluate_state(other, state, split)
     assert acc == pytest.approx(3 / 5)
     # Per-class recall: class 0 1/1, class 1 1/2, class 2 1/2: mean 2/3.
+    assert recall == [1.0, 0.5, 0.5]
     assert bal == pytest.approx(2 / 3)
     assert not other.training
 
@@ -288,7 +295,8 @@ def test_round_record_maps_the_stored_audit_by_client_id():
             ClientRound(role="noisy", summary=_summary()),
         ],
     )
-    record = round_record(fed, 4, info, {"client-02": "suspect"}, (0.8, 0.7), trained)
+    scores = ModelScores(0.8, 0.7, [0.9, None, 0.5])
+    record = round_record(fed, 4, info, {"client-02": "suspect"}, scores, trained)
     by_name = {c.name: c for c in record.clients}
     c0, c1, c2 = by_name["client-00"], by_name["client-01"], by_name["client-02"]
     assert (c0.primary_flag, c1.primary_flag, c2.primary_flag) == (False, None, True)
@@ -311,6 +319,7 @@ def test_round_record_maps_the_stored_audit_by_client_id():
     assert (c2.status, c0.status) == ("suspect", None)
     assert (c2.role, c1.label_precision, c0.label_precision) == ("noisy", 0.9, None)
     assert (record.index, record.accuracy, record.balanced_accuracy) == (4, 0.8, 0.7)
+    assert record.class_recall == [0.9, None, 0.5]
     assert (record.coordinator_seconds, record.ashman_d, record.wall_seconds) == (0.25, 4.5, 1.5)
     assert record.detector_status == {"fednoro": "ok", "fedncl": "undetermined"}
 
