@@ -353,10 +353,6 @@ class EvidenceDetector:
         )
         p_high = np.where(never, 1.0, p_high)
         flags, q_values = benjamini_hochberg(p_high, self.q)
-
-        def low() -> BoolArray:
-            return benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)[0]
-
         return EvidencePass(
             ev,
             class_z,
@@ -366,7 +362,7 @@ class EvidenceDetector:
             stouffer,
             flags,
             q_values,
-            low,
+            lambda: benjamini_hochberg(np.where(never, 1.0, loss_p(-direction)[0]), self.q)[0],
             p_loss,
             score,
             counted,
