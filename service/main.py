@@ -28,7 +28,7 @@ from service.api.routes import (
 )
 from service.audit import one_blas_thread_in_this_process
 from service.config import Settings, get_settings
-from service.coordinator.housekeeping import sweep_leftovers
+from service.coordinator.housekeeping import DataDirectoryLease, sweep_leftovers
 from service.coordinator.reaper import DeadlineReaper
 from service.coordinator.resources import Services
 from service.coordinator.update_metadata import UpdateMetadata
@@ -149,8 +149,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        lease = DataDirectoryLease(settings.data_dir)
         if settings.startup_sweep:
-            sweep_leftovers(services)
+            sweep_leftovers(services, lease=lease)
+        lease.share()  # while this process serves, another's start-up does not sweep
         services.notifier.start()  # on PostgreSQL: other replicas' signals wake our long-polls
         reaper = DeadlineReaper(services) if run_reaper else None
         if reaper is not None:
@@ -161,6 +163,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
             if reaper is not None:
                 reaper.stop()
             services.close()
+            lease.release()
             prometheus.process_exited(metrics_files)
 
     app = FastAPI(

@@ -148,9 +148,11 @@ def _prepare_workers(settings: Any) -> None:
 
     parent = create_app(settings, run_reaper=False)
     if settings.startup_sweep:
-        from service.coordinator.housekeeping import sweep_leftovers
+        from service.coordinator.housekeeping import DataDirectoryLease, sweep_leftovers
 
-        sweep_leftovers(parent.state.services)
+        lease = DataDirectoryLease(settings.data_dir)
+        sweep_leftovers(parent.state.services, lease=lease)
+        lease.release()  # each worker holds its own shared lock while it serves
         os.environ["FEDAUDIT_STARTUP_SWEEP"] = "false"
     parent.state.services.close()
 

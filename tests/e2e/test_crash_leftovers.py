@@ -126,3 +126,62 @@ def test_kill_during_upload_leaves_no_part_file_and_no_orphan_blob(
     finally:
         release.set()
         server.stop()
+
+
+def test_a_second_coordinator_on_a_live_data_directory_leaves_its_uploads_alone(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A first-use trial started `fedaudit serve` twice on one data directory: the second one's
+    # start-up sweep removed the first one's staged upload as a crash's leftover. Now the
+    # sweep runs only where no other coordinator process serves the directory.
+    names = ["a", "b", "c"]
+    data_dir = tmp_path / "coord"
+    first = CoordinatorProcess(data_dir, database_url=database_url)
+    first.start()
+    second = CoordinatorProcess(data_dir, database_url=database_url, admin_token=first.admin_token)
+    release = threading.Event()
+    try:
+        with AdminClient(first.url, first.admin_token) as admin:
+            federation, tokens = create_federation(admin, names, rounds=2)
+        for seed, name in enumerate(names):
+            counts = torch.bincount(tiny_data(seed).labels, minlength=2).tolist()
+            with FederationClient(first.url, tokens[name]) as client:
+                client.join(federation.id, num_samples=40, class_counts=counts)
+        answers: list[int] = []
+
+        def upload() -> None:
+            response = httpx.post(
+                f"{first.url}/api/v1/federations/{federation.id}/rounds/0/updates",
+                content=stalled_upload(release),
+                headers={
+                    "Authorization": f"Bearer {tokens['b']}",
+                    "Idempotency-Key": "b-0",
+                    "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+                },
+                timeout=60,
+            )
+            answers.append(response.status_code)
+
+        sender = threading.Thread(target=upload)
+        sender.start()
+        deadline = time.monotonic() + 30
+        while not list(data_dir.glob("tmp/upload-*.part")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        staged = list(data_dir.glob("tmp/upload-*.part"))
+        assert staged, f"the upload was never staged:\n{first.log_tail()}"
+
+        second.start()  # the same data directory and database, another port
+        assert "start-up sweep skipped" in second.log_tail()
+        assert all(path.exists() for path in staged), "the second start-up removed the upload"
+        second.stop()
+
+        release.set()
+        sender.join(30)
+        # the body ends where the state's bytes do: a malformed state, refused, not lost
+        assert len(answers) == 1
+        assert answers[0] in (400, 413, 422), answers
+        assert part_files(data_dir) == []  # the first coordinator cleaned up after itself
+    finally:
+        release.set()
+        second.stop()
+        first.stop()
