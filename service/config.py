@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S3_SINGLE_PUT_LIMIT = 5 * 1024**3
@@ -274,7 +274,26 @@ class Settings(BaseSettings):
         return self.admin_token.get_secret_value()
 
 
+class SettingsError(ValueError):
+    """A setting's value in the environment is not valid: one line per setting, named as it
+    is set (``FEDAUDIT_PORT='abc': ...``)."""
+
+
+def _problem(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        name = "_".join(str(part) for part in error["loc"]) or "settings"
+        given = error.get("input")
+        shown = f"={given!r}" if isinstance(given, str | int | float) else ""
+        lines.append(f"FEDAUDIT_{name.upper()}{shown}: {error['msg']}")
+    return "invalid setting" + ("s" if len(lines) > 1 else "") + ": " + "; ".join(lines)
+
+
 @lru_cache
 def get_settings() -> Settings:
-    """Settings from the environment, read once per process."""
-    return Settings()
+    """Settings from the environment, read once per process; :class:`SettingsError` where a
+    value is not valid."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(_problem(exc)) from None

@@ -148,6 +148,17 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def env_settings() -> Any:
+    """The coordinator's settings from the environment, or the CLI's error saying which value
+    is not valid (instead of pydantic's traceback)."""
+    from service.config import SettingsError, get_settings
+
+    try:
+        return get_settings()
+    except SettingsError as exc:
+        fail(str(exc))
+
+
 def admin_client(url: str, token: str) -> Any:
     from client_sdk import AdminClient
 

@@ -19,6 +19,7 @@ from service.cli._app import (
     admin_client,
     call,
     client_app,
+    env_settings,
     err,
     fail,
     output_format,
@@ -139,13 +140,12 @@ def admin_rotate_token() -> None:
     """Set a new admin token in the database (printed once). From then on it is the admin
     token on every replica, with no restart; FEDAUDIT_ADMIN_TOKEN and the previous tokens are
     refused, and every dashboard session ends."""
-    from service.config import get_settings
     from service.coordinator import admin_auth
     from service.store.base import utcnow
     from service.store.migrate import check_at_head
     from service.store.session import make_engine, make_sessionmaker
 
-    engine = make_engine(get_settings().resolved_database_url)
+    engine = make_engine(env_settings().resolved_database_url)
     try:
         check_at_head(engine)
         with make_sessionmaker(engine).begin() as session:
@@ -161,13 +161,12 @@ def admin_rotate_token() -> None:
 @admin_app.command("logout-everywhere")
 def admin_logout_everywhere() -> None:
     """End every dashboard session."""
-    from service.config import get_settings
     from service.coordinator import admin_auth
     from service.store.base import utcnow
     from service.store.migrate import check_at_head
     from service.store.session import make_engine, make_sessionmaker
 
-    engine = make_engine(get_settings().resolved_database_url)
+    engine = make_engine(env_settings().resolved_database_url)
     try:
         check_at_head(engine)
         with make_sessionmaker(engine).begin() as session:

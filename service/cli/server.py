@@ -19,6 +19,7 @@ from rich.markup import escape
 from service.cli._app import (
     app,
     db_app,
+    env_settings,
     err,
     fail,
     stdout,
@@ -83,12 +84,11 @@ def serve(
     _check_metrics_directory()
     import uvicorn
 
-    from service.config import get_settings
     from service.errors import MigrationsNotAtHeadError, StartupError
     from service.logs import log_config
     from service.main import create_app
 
-    settings = get_settings()
+    settings = env_settings()
     logs = log_config(settings.log_level, settings.log_format)
     tls = _tls_options(
         tls_cert or settings.tls_certfile,
@@ -260,10 +260,9 @@ def _tls_options(cert: Path | None, key: Path | None, client_ca: Path | None) ->
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Apply the database migrations (default: up to head)."""
-    from service.config import get_settings
     from service.store.migrate import upgrade
 
-    settings = get_settings()
+    settings = env_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url, revision)
     stdout().print(f"database at {revision}: {_redact(settings.resolved_database_url)}")

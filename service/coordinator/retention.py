@@ -186,7 +186,8 @@ def prune(
         keep_rounds = services.settings.retention_rounds
     if keep_rounds is None:
         raise BadRequestError(
-            "keep_rounds is required: the coordinator has no retention_rounds setting",
+            "keep_rounds is required (`fedaudit prune --keep-rounds N`): the coordinator has "
+            "no FEDAUDIT_RETENTION_ROUNDS setting to fall back on",
             errors=[{"loc": ["body", "keep_rounds"], "msg": "required"}],
         )
     # A dry run works in a transaction it rolls back; a prune in one that commits.

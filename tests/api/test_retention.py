@@ -265,7 +265,7 @@ async def test_prune_needs_a_number_of_rounds(api: httpx.AsyncClient) -> None:
     url = f"/api/v1/federations/{fed.id}/prune"
     response = await api.post(url, json={}, headers=ADMIN)
     assert response.status_code == 400, response.text
-    assert "retention_rounds" in response.json()["detail"]
+    assert "FEDAUDIT_RETENTION_ROUNDS" in response.json()["detail"]
     negative = await api.post(url, json={"keep_rounds": -1}, headers=ADMIN)
     assert negative.status_code == 422
     unknown = await api.post(
@@ -347,7 +347,7 @@ async def test_fedaudit_prune_prints_what_went_and_what_stayed(
     missing = await invoke("prune", fed.id)
     assert missing.exit_code == 1
     assert "400" in missing.output
-    assert "retention_rounds" in missing.output
+    assert "FEDAUDIT_RETENTION_ROUNDS" in missing.output
 
 
 FEDRN = {"method": "fedrn", "hyperparameters": {"head_name": "norm"}, "warmup_rounds": 0}

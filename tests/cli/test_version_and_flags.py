@@ -31,6 +31,24 @@ def test_report_refuses_csv_and_json_together():
     assert "--csv and --json exclude each other" in " ".join(result.output.split())
 
 
+def test_a_setting_that_is_not_valid_is_named_without_a_traceback():
+    from service.config import get_settings
+
+    get_settings.cache_clear()
+    try:
+        env = {"FEDAUDIT_PORT": "abc", "FEDAUDIT_LOG_FORMAT": "xml"}
+        for command in (["serve"], ["admin", "rotate-token"], ["db", "upgrade"]):
+            result = runner.invoke(app, command, env=env)
+            assert result.exit_code == 1, result.output
+            text = " ".join(result.output.split())
+            assert "FEDAUDIT_PORT='abc': Input should be a valid integer" in text
+            assert "FEDAUDIT_LOG_FORMAT='xml': Input should be 'text' or 'json'" in text
+            assert "Traceback" not in text
+            assert result.exception is None or isinstance(result.exception, SystemExit)
+    finally:
+        get_settings.cache_clear()
+
+
 def _command_paths() -> list[list[str]]:
     """Every command and group of `fedaudit` (the plugins' too), as argument lists."""
     import typer.main
