@@ -71,39 +71,47 @@ def test_all_sites_at_the_same_share_flag_nobody_and_permute() -> None:
     assert int(np.argmin(a.p_value)) == 7
 
 
-def _six_sites(confident0: int, per_class_errors: int = 5) -> tuple[np.ndarray, ...]:
+def _six_sites(
+    confident0: int, per_class_errors: int = 5, errors0: int | None = None
+) -> tuple[np.ndarray, ...]:
     """Six sites, 2 classes of 20 samples, losses alike, ``per_class_errors`` errors per class
-    everywhere (the error counts see nothing; at 5 the model errs on a quarter of the samples,
-    half as often as always answering one label); one confident error per class everywhere but
-    at site 0, which makes ``confident0`` per class."""
+    everywhere (at 5 the model errs on a quarter of the samples, half as often as always
+    answering one label) but at site 0, which makes ``errors0`` (default the same: the error
+    counts see nothing); one confident error per class everywhere but at site 0, which makes
+    ``confident0`` per class."""
     counts = np.full((6, 2), 20)
     errors = np.full((6, 2), per_class_errors, dtype=np.int64)
+    errors[0] = per_class_errors if errors0 is None else errors0
     confident = np.ones((6, 2), dtype=np.int64)
     confident[0] = confident0
     return np.full((6, 2), 0.3), counts, np.full((6, 2), 0.8), errors, confident
 
 
 def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
-    # Every error of site 0 is confident. Once site 0 has left the fit set, each class's share
-    # is (5 + s) / 26 (5 confident among the other sites' 25 errors) with s = (10 + 0.5) / 51 =
-    # 0.205882 its overall share: 0.200226; site 0's 10 errors should hold 2.0023 confident
-    # ones, and all 10 are. Below 10 sites the share is beta-binomial with rho = 0.05 (the
-    # shares' own estimation variance, 2 classes x 5^2 x s (1 - s) / (25 + 2) over
-    # 10 x 9 x s (1 - s) = 0.020576, is below it): P(X >= 10) = scipy's betabinom.sf(9, 10,
-    # 0.200226 x 19, 0.799774 x 19) = 1.668e-5. Three times that is below BH's 0.01 / 6 for
-    # the first of six.
-    loss, counts, sd, errors, confident = _six_sites(5)
+    # Every error of site 0 is confident, 8 per class where the others make 5 (1 confident).
+    # Once site 0 has left the fit set, each class's share is (5 + s) / 26 (5 confident among
+    # the other sites' 25 errors) with s = (10 + 0.5) / 51 = 0.205882 its overall share:
+    # 0.200226; site 0's 16 errors should hold 3.2036 confident ones, and all 16 are. Below 10
+    # sites the share is beta-binomial with rho = 0.05 (the shares' own estimation variance,
+    # 2 classes x 8^2 x s (1 - s) / (25 + 2) over 16 x 15 x s (1 - s) = 0.019753, is below
+    # it): P(X >= 16) = scipy's betabinom.sf(15, 16, 0.200226 x 19, 0.799774 x 19) =
+    # 3.129e-7. Its errors, 16 against 2 x 20 x 25.5 / 101 = 10.099 expected (the others'
+    # rate, (25 + 0.5) / (100 + 1) a class), are 5.90 above: more than a quarter of the
+    # confident errors' excess, 12.80, so the share counts, and three times its p-value is
+    # below BH's 0.01 / 6 for the first of six; the errors alone are not.
+    loss, counts, sd, errors, confident = _six_sites(8, errors0=8)
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
     assert result.summary.confident_errors_counted is True
     first = result.verdicts[0]
     assert first is not None
-    assert first.evidence.confident_errors == 10
-    assert first.evidence.confident_errors_expected == pytest.approx(10 * (5 + 10.5 / 51) / 26)
-    assert first.evidence.confident_errors_p_value == pytest.approx(1.668e-5, rel=1e-3)
-    assert first.evidence.errors == 10
+    assert first.evidence.confident_errors == 16
+    assert first.evidence.confident_errors_expected == pytest.approx(16 * (5 + 10.5 / 51) / 26)
+    assert first.evidence.confident_errors_p_value == pytest.approx(3.129e-7, rel=1e-3)
+    assert first.evidence.errors == 16
     assert first.evidence.errors_expected == pytest.approx(2 * 20 * 25.5 / 101)
+    assert given(first.evidence.errors_p_value) > 0.01 / 6
     assert first.evidence.p_value == pytest.approx(
         3 * given(first.evidence.confident_errors_p_value)
     )
@@ -113,6 +121,35 @@ def test_confident_errors_find_a_site_the_error_counts_cannot_tell() -> None:
     assert plain.summary.confident_errors_counted is False
     assert plain.verdicts[0].evidence.confident_errors is ABSENT
     assert not any(v.flag for v in plain.verdicts if v is not None)
+
+
+def test_confident_errors_without_more_errors_are_not_label_noise() -> None:
+    # Site 0 makes as many errors as every site (5 a class, 10.099 expected) and all of them
+    # confident. Its share p-value is 1, so it stays in the share's fit set: the overall
+    # share s = (20 + 0.5) / (60 + 1) = 0.336066, its classes' (5 + s) / 26 = 0.205233, and
+    # 10 x that = 2.0523 confident errors expected. Flips would have added errors, and its 10
+    # are 0.099 below their expectation, short of a quarter of the confident excess (7.95 / 4 =
+    # 1.99): its share does not count, and nobody is flagged. The share test alone, without
+    # the error counts' evidence, trims it from the fit set (s = 10.5 / 51, the share
+    # 0.200226) and gives it P(X >= 10) = betabinom.sf(9, 10, 0.200226 x 19,
+    # 0.799774 x 19) = 1.668e-5 (the clean BreastMNIST
+    # site of the fourth held-out draw's h4-08 looked like this: 19 confident of 30 errors,
+    # its errors 2.3 above their expectation).
+    loss, counts, sd, errors, confident = _six_sites(5)
+    result = EvidenceDetector().fit(
+        loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+    )
+    first = result.verdicts[0]
+    assert first is not None
+    assert first.evidence.confident_errors == 10
+    assert first.evidence.confident_errors_expected == pytest.approx(10 * (5 + 20.5 / 61) / 26)
+    assert first.evidence.confident_errors_p_value == 1.0
+    assert first.evidence.errors_expected == pytest.approx(2 * 20 * 25.5 / 101)
+    assert not any(v.flag for v in result.verdicts if v is not None)
+    alone = share_evidence(
+        errors, confident, counts, reporting=np.ones(6, dtype=bool), dispersion=0.05
+    )
+    assert alone.p_value[0] == pytest.approx(1.668e-5, rel=1e-3)
 
 
 def test_no_confident_share_from_a_model_no_better_than_the_label_prior() -> None:
