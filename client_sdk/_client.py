@@ -152,7 +152,16 @@ class _Base:
                 ):
                     raise status_error(response)
             delay = self._delay(attempt, response)
-            log.info("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt + 1)
+            why = "no answer" if response is None else f"answer {response.status_code}"
+            log.info(
+                "retrying %s %s in %.2fs (%s; attempt %d of %d)",
+                method,
+                path,
+                delay,
+                why,
+                attempt + 1,
+                self.max_retries,
+            )
             self._sleep(delay)
             attempt += 1
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
@@ -159,11 +160,29 @@ def env_settings() -> Any:
         fail(str(exc))
 
 
+class _RetryNotice(logging.Handler):
+    """Says on stderr when the SDK waits before retrying a request (a 429 with its
+    Retry-After, a 5xx, no answer): the CLI would otherwise sit silent for up to a minute."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(f"[yellow]waiting:[/] {escape(record.getMessage())}", soft_wrap=True)
+
+
+def _announce_retries() -> None:
+    sdk_log = logging.getLogger("client_sdk")
+    if not any(isinstance(h, _RetryNotice) for h in sdk_log.handlers):
+        handler = _RetryNotice(logging.INFO)
+        handler.addFilter(lambda record: record.getMessage().startswith("retrying"))
+        sdk_log.addHandler(handler)
+        sdk_log.setLevel(min(sdk_log.getEffectiveLevel(), logging.INFO))
+
+
 def admin_client(url: str, token: str) -> Any:
     from client_sdk import AdminClient
 
     if not token:
         fail("an admin token is required (--token or FEDAUDIT_ADMIN_TOKEN)")
+    _announce_retries()
     return AdminClient(url, token, max_retries=2)
 
 
