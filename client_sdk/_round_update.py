@@ -122,6 +122,7 @@ def round_context(
         amp=amp,
         seed=instructions.seed,
         state=state,
+        noisy_classes=instructions.noisy_classes,
     )
 
 

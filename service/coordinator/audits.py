@@ -32,7 +32,12 @@ from service.coordinator.privacy_budget import round_privacy
 from service.coordinator.resources import Services
 from service.coordinator.round_events import anchor_led_rounds, majority_rounds
 from service.coordinator.signal_policy import policy_of
-from service.coordinator.stored_audit import flag_entries, read_neighbors
+from service.coordinator.stored_audit import (
+    client_audit_in,
+    flag_entries,
+    read_audit,
+    read_neighbors,
+)
 from service.coordinator.tensors import SafetensorsReader, write_state
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Federation, ModelUpdate, ModelVersion, Round
@@ -396,6 +401,26 @@ class AssignedNeighbor(TypedDict):
     model_id: str
     model_sha256: str
     weight: float
+
+
+def noisy_classes_named(
+    audit: AuditResult | None, client_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, list[int]]:
+    """Per client asked for, the classes the audit's primary detector names noisy at it, where
+    it names some (FedNoRo's ``kd_scope: "classes"`` distils only those at a noisy site)."""
+    if audit is None or not client_ids:
+        return {}
+    stored = read_audit(audit.result)
+    positions, primary = stored.positions, stored.primary
+    named: dict[uuid.UUID, list[int]] = {}
+    for client_id in client_ids:
+        position = positions.get(str(client_id))
+        if position is None or primary is None:
+            continue
+        verdict = client_audit_in(audit.result, position, str(client_id)).detectors.get(primary)
+        if verdict is not None and verdict.noisy_classes:
+            named[client_id] = list(verdict.noisy_classes)
+    return named
 
 
 def neighbor_assignments(

@@ -162,6 +162,7 @@ class SiteInstructions(TypedDict):
     """The federation's signal policy (``SignalPolicy``), as JSON."""
     seed: int
     role: Literal["clean", "noisy"]
+    noisy_classes: list[int] | None  # a noisy site's classes the last audit named (or None)
     label_correction: bool
     neighbors: list[audits.AssignedNeighbor]
     self_weight: float | None
@@ -180,17 +181,15 @@ def build_instructions(
     after_warmup = rnd.index >= config["warmup_rounds"]
     signals = list(config["signals"])
     neighbor_sets = audits.neighbor_assignments(session, federation, previous_audit)
-    t_corr = int(config["audit"]["fedncl_t_corr"])
-    alpha = float(config["audit"]["fedncl_alpha"])
-    probe: ProbeSpec | None = (
-        {"seed": rnd.probe_seed, "size": config["probe_size"]}
-        if "probe_softmax" in signals
-        else None
-    )
+    t_corr, alpha = int(config["audit"]["fedncl_t_corr"]), float(config["audit"]["fedncl_alpha"])
+    probe: ProbeSpec | None = None
+    if "probe_softmax" in signals:
+        probe = {"seed": rnd.probe_seed, "size": config["probe_size"]}
     privacy = policy_of(config).model_dump()
+    noisy = {c.id for c in selected if after_warmup and effective_status(c) == "noisy"}
+    named = audits.noisy_classes_named(previous_audit, sorted(noisy, key=str))
     result: dict[uuid.UUID, SiteInstructions] = {}
     for client in selected:
-        status = effective_status(client)
         neighbors, self_weight = neighbor_sets.get(client.id, ([], None))
         result[client.id] = SiteInstructions(
             recipe=config["recipe"],
@@ -208,7 +207,8 @@ def build_instructions(
             privacy=privacy,
             # by name, not by its random id: the same federation seed gives the same run
             seed=derive_seed(federation.seed, "client", client.name, rnd.index),
-            role="noisy" if after_warmup and status == "noisy" else "clean",
+            role="noisy" if client.id in noisy else "clean",
+            noisy_classes=named.get(client.id),
             label_correction=audits.is_correction_candidate(client, t_corr, alpha),
             neighbors=neighbors,
             self_weight=self_weight,

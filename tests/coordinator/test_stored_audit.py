@@ -90,3 +90,23 @@ def test_the_neighbors_handed_to_the_next_round() -> None:
 def test_the_flag_history_names_every_detector() -> None:
     # each detector's flag is stored under its name (service.coordinator.audits._flags_of)
     assert set(DETECTORS) <= FlagEntry.__optional_keys__
+
+
+def test_the_classes_named_for_a_noisy_sites_distillation() -> None:
+    # FedNoRo's kd_scope "classes" distils a noisy site's samples of the classes the primary
+    # detector names there: a's [1]; b has no verdict; c is not in the audit; a detector
+    # that names no class (fedncl as primary) gives nothing.
+    import uuid
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from service.coordinator.audits import noisy_classes_named
+
+    a, b, c = (uuid.UUID(int=n) for n in (1, 2, 3))
+    result: dict[str, Any] = {**RESULT, "client_ids": [str(a), str(b)]}
+    audit = cast(Any, SimpleNamespace(result=result))
+    assert noisy_classes_named(audit, [a, b, c]) == {a: [1]}
+    assert noisy_classes_named(audit, []) == {}
+    assert noisy_classes_named(None, [a]) == {}
+    as_fedncl = cast(Any, SimpleNamespace(result={**result, "primary": "fedncl"}))
+    assert noisy_classes_named(as_fedncl, [a, b]) == {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -137,6 +137,11 @@ class Instructions(BaseModel):
     deadline_at: datetime
     seed: int
     role: Literal["clean", "noisy"]
+    noisy_classes: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="For a site in the noisy role, the classes the previous round's audit names "
+        "noisy there (null: none named, or a round opened before this field)",
+    )
     label_correction: bool
     neighbors: list[Neighbor]
     privacy: SignalPolicy = Field(
