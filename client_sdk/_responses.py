@@ -168,7 +168,7 @@ class Instructions(_Model):
     deadline_at: datetime
     seed: int
     role: Literal["clean", "noisy"] = "clean"
-    noisy_classes: list[int] | None = None
+    distil_classes: list[int] | None = None
     label_correction: bool = False
     neighbors: list[Neighbor] = []
     self_weight: float | None = None

@@ -122,7 +122,7 @@ def round_context(
         amp=amp,
         seed=instructions.seed,
         state=state,
-        noisy_classes=instructions.noisy_classes,
+        distil_classes=instructions.distil_classes,
     )
 
 

@@ -230,9 +230,9 @@ class RoundContext:
         Per client per round; the source of all randomness.
     state : LocalStateStore
         Persistent per-client state.
-    noisy_classes : Sequence[int] or None
-        For a site in the "noisy" role, the classes the coordinator's audit names noisy there
-        (None: not named; FedNoRo's ``kd_scope: "classes"`` then distils every sample).
+    distil_classes : Sequence[int] or None
+        For a site in the "noisy" role, the classes whose samples FedNoRo's
+        ``kd_scope: "classes"`` distils, as the coordinator chose them (None: every class).
     """
 
     round_index: int
@@ -248,7 +248,7 @@ class RoundContext:
     amp: bool
     seed: int
     state: LocalStateStore
-    noisy_classes: Sequence[int] | None = None
+    distil_classes: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         """Validate the context and normalise the device."""
@@ -268,12 +268,12 @@ class RoundContext:
             raise InvalidRoundContextError(
                 f"role: expected 'clean', 'noisy' or None, got {self.role!r}"
             )
-        for index in self.noisy_classes or ():
+        for index in self.distil_classes or ():
             if not isinstance(index, int) or isinstance(index, bool):
-                raise InvalidRoundContextError(f"noisy_classes: {index!r} is not a class index")
+                raise InvalidRoundContextError(f"distil_classes: {index!r} is not a class index")
             if not 0 <= index < self.num_classes:
                 raise InvalidRoundContextError(
-                    f"noisy_classes: class {index} outside [0, {self.num_classes})"
+                    f"distil_classes: class {index} outside [0, {self.num_classes})"
                 )
         self.device = normalize_device(self.device)
         if self.self_weight is not None and not (

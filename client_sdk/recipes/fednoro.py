@@ -37,15 +37,16 @@ keeps the cross-entropy on the others; it is offered for measurement and is not 
 until the whole matrix has been run with it.
 
 **Which of a noisy site's classes it distils** (``kd_scope``, beyond the paper). The paper
-distils the whole site (``"site"``, the default). ``"classes"`` distils only the samples labelled
-with a class the coordinator's audit names noisy at the site (``RoundContext.noisy_classes``,
-the report's per-class evidence) and keeps the cross-entropy on the others; where the audit
-names no class it distils every sample, as ``"site"``. A flagged site may hold most of the
-federation's correctly labelled samples of a class: in the fourth held-out draw's h4-15 (25
-digit sites at Dirichlet(0.1), an asymmetric map 4 -> 5 at 50-80 %) the flagged site held 73 %
-of the correctly labelled fours and FedNoRo lost 6.5 points of recall on fours and 13.3 on
-eights against FedAvg, distilling those samples towards a global model weakest on them.
-Combined with ``kd_samples="contradicted"``, a sample is distilled where both say so.
+distils the whole site (``"site"``, the default). A flagged site may hold most of the
+federation's samples of a class: in the fourth held-out draw's h4-15 (25 digit sites at
+Dirichlet(0.1), an asymmetric map 4 -> 5 at 50-80 %) the flagged site held 73 % of the
+correctly labelled fours and FedNoRo lost 6.5 points of recall on fours and 13.3 on eights
+against FedAvg, distilling those samples towards a global model weakest on them. With
+``"classes"`` the site distils only the samples labelled with the classes the coordinator lists
+(``RoundContext.distil_classes``): every class but those the site holds a large share of and
+the audit does not name noisy there (``service.coordinator.audits.distil_classes``); every
+sample where the coordinator lists none. Combined with ``kd_samples="contradicted"``, a sample is
+distilled where both say so.
 
 **Which classes the KL runs over** (``kd_classes``). With the paper's -inf prior the KL left the
 classes a site does not hold out; the finite ``"rarest"`` prior lets them in, and the student
@@ -303,7 +304,7 @@ class FedNoRoRecipe:
     (0.8), ``ramp_rounds`` (39), ``absent_class_prior`` (``"rarest"``; ``"zero"`` is the
     paper's -inf), ``kd_samples`` (``"all"``, the paper; ``"contradicted"``: only the samples
     whose label the teacher's top class contradicts), ``kd_scope`` (``"site"``, the paper:
-    every class of a noisy site; ``"classes"``: only the classes the audit names noisy there),
+    every class of a noisy site; ``"classes"``: only the classes the coordinator lists for it),
     ``kd_classes`` (the classes the KL runs
     over: ``"held"`` as in the paper, or ``"all"``), ``kd_marginal`` (the target's class mix:
     ``"labels"``, the site's own, or ``"teacher"``, the paper's), ``la_tau`` (the strength of
@@ -371,9 +372,9 @@ class FedNoRoRecipe:
             distilled = teacher.argmax(dim=1) != d.labels
             if kd_samples == "all":
                 distilled = torch.ones_like(distilled)
-            if kd_scope == "classes" and ctx.noisy_classes:  # the audit's classes only
+            if kd_scope == "classes" and ctx.distil_classes is not None:
                 named = torch.zeros(ctx.num_classes, dtype=torch.bool, device=d.labels.device)
-                named[list(ctx.noisy_classes)] = True
+                named[list(ctx.distil_classes)] = True
                 distilled = distilled & named[d.labels]
 
         def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:

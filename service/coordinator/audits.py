@@ -423,6 +423,34 @@ def noisy_classes_named(
     return named
 
 
+OWNED_CLASS_SHARE = 0.25
+"""A site holds a class (for FedNoRo's ``kd_scope: "classes"``) where it declared at least this
+share, and at least 2 / K, of the round's K sites' declared samples of it."""
+
+
+def distil_classes(
+    audit: AuditResult | None, selected: list[Client], noisy: set[uuid.UUID], num_classes: int
+) -> dict[uuid.UUID, list[int]]:
+    """Per noisy site, the classes it distils under FedNoRo's ``kd_scope: "classes"``: every
+    class but those it holds (:data:`OWNED_CLASS_SHARE`) and the audit does not name noisy
+    there; none listed (every class distilled) where the audit names no class at the site."""
+    named = noisy_classes_named(audit, sorted(noisy, key=str))
+    totals = [0] * num_classes
+    for client in selected:
+        for c, n in enumerate(client.class_counts or []):
+            totals[c] += n or 0
+    share = max(OWNED_CLASS_SHARE, 2.0 / max(len(selected), 1))
+    result: dict[uuid.UUID, list[int]] = {}
+    for client in selected:
+        if client.id not in named:
+            continue
+        counts = [n or 0 for n in (client.class_counts or [])] + [0] * num_classes
+        held = {c for c in range(num_classes) if totals[c] and counts[c] >= share * totals[c]}
+        kept = held - set(named[client.id])
+        result[client.id] = [c for c in range(num_classes) if c not in kept]
+    return result
+
+
 def neighbor_assignments(
     session: Session, federation: Federation, audit: AuditResult | None
 ) -> dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]]:

@@ -162,7 +162,7 @@ class SiteInstructions(TypedDict):
     """The federation's signal policy (``SignalPolicy``), as JSON."""
     seed: int
     role: Literal["clean", "noisy"]
-    noisy_classes: list[int] | None  # a noisy site's classes the last audit named (or None)
+    distil_classes: list[int] | None  # kd_scope "classes": what a noisy site distils (None: all)
     label_correction: bool
     neighbors: list[audits.AssignedNeighbor]
     self_weight: float | None
@@ -187,7 +187,7 @@ def build_instructions(
         probe = {"seed": rnd.probe_seed, "size": config["probe_size"]}
     privacy = policy_of(config).model_dump()
     noisy = {c.id for c in selected if after_warmup and effective_status(c) == "noisy"}
-    named = audits.noisy_classes_named(previous_audit, sorted(noisy, key=str))
+    distil = audits.distil_classes(previous_audit, selected, noisy, federation.num_classes)
     result: dict[uuid.UUID, SiteInstructions] = {}
     for client in selected:
         neighbors, self_weight = neighbor_sets.get(client.id, ([], None))
@@ -208,7 +208,7 @@ def build_instructions(
             # by name, not by its random id: the same federation seed gives the same run
             seed=derive_seed(federation.seed, "client", client.name, rnd.index),
             role="noisy" if client.id in noisy else "clean",
-            noisy_classes=named.get(client.id),
+            distil_classes=distil.get(client.id),
             label_correction=audits.is_correction_candidate(client, t_corr, alpha),
             neighbors=neighbors,
             self_weight=self_weight,

@@ -103,7 +103,7 @@ async def test_audit_flags_the_outlier_and_reports_agree(api: httpx.AsyncClient)
     assert (await current(api, fed, "d"))["instructions"]["role"] == "noisy"
     assert (await current(api, fed, "a"))["instructions"]["role"] == "clean"
     # Fed-NCL judges sites, not classes: no class to restrict FedNoRo's distillation to
-    assert (await current(api, fed, "d"))["instructions"]["noisy_classes"] is None
+    assert (await current(api, fed, "d"))["instructions"]["distil_classes"] is None
     history = (
         await api.get(
             f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['d']}/history", headers=ADMIN

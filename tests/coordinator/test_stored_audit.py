@@ -110,3 +110,37 @@ def test_the_classes_named_for_a_noisy_sites_distillation() -> None:
     assert noisy_classes_named(None, [a]) == {}
     as_fedncl = cast(Any, SimpleNamespace(result={**result, "primary": "fedncl"}))
     assert noisy_classes_named(as_fedncl, [a, b]) == {}
+
+
+def test_the_classes_a_noisy_site_distils_spare_those_it_holds_unless_named() -> None:
+    # Four sites, 3 classes. a (noisy; the audit names class 1 at it) declares 30 of the 40
+    # samples of class 0 (75 %, above max(0.25, 2 / 4) = 0.5), 10 of class 1's 40 (25 %) and
+    # 10 of class 2's 40: it keeps class 0 (held, not named) and distils 1 and 2. Had the audit
+    # named class 0 too, it would distil all three. b is noisy but not named by the audit: no
+    # list (it distils every class). Declared counts may be null (not sent): read as 0.
+    import uuid
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from service.coordinator.audits import distil_classes
+
+    a, b, c, d = (uuid.UUID(int=n) for n in (1, 2, 3, 4))
+    result: dict[str, Any] = {**RESULT, "client_ids": [str(a), str(b)]}
+    audit = cast(Any, SimpleNamespace(result=result))
+    sites = [
+        SimpleNamespace(id=a, class_counts=[30, 10, 10]),
+        SimpleNamespace(id=b, class_counts=[5, 10, None]),
+        SimpleNamespace(id=c, class_counts=[5, 10, 15]),
+        SimpleNamespace(id=d, class_counts=[0, 10, 15]),
+    ]
+    selected = cast(Any, sites)
+    assert distil_classes(audit, selected, {a, b}, 3) == {a: [1, 2]}
+    both = {**result, "detections": {**result["detections"]}}
+    both["detections"]["fednoro"] = {
+        **result["detections"]["fednoro"],
+        "verdicts": [{"score": 2.5, "flag": True, "evidence": {"noisy_classes": [0, 1]}}, None],
+    }
+    assert distil_classes(cast(Any, SimpleNamespace(result=both)), selected, {a}, 3) == {
+        a: [0, 1, 2]
+    }
+    assert distil_classes(None, selected, {a}, 3) == {}

@@ -137,10 +137,11 @@ class Instructions(BaseModel):
     deadline_at: datetime
     seed: int
     role: Literal["clean", "noisy"]
-    noisy_classes: list[Annotated[int, Field(ge=0)]] | None = Field(
+    distil_classes: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
-        description="For a site in the noisy role, the classes the previous round's audit names "
-        "noisy there (null: none named, or a round opened before this field)",
+        description="For a site in the noisy role under FedNoRo's kd_scope 'classes': the "
+        "classes whose samples it distils (every class but those it holds a large share of "
+        "and the previous audit does not name noisy there); null: every class",
     )
     label_correction: bool
     neighbors: list[Neighbor]

@@ -297,20 +297,20 @@ class TestRecipe:
         report_all = get_recipe("fednoro").train(scaled_identity(1.0), teacher, data, ctx_all)
         assert report_all.metrics["kd_fraction"] == pytest.approx(1.0)
 
-    def test_kd_scope_classes_distils_only_the_classes_the_audit_named(self) -> None:
+    def test_kd_scope_classes_distils_only_the_classes_the_coordinator_lists(self) -> None:
         # one_hot_data(30, 6) with 3 classes: labels i % 3 but the first six moved to c + 1,
         # so label 1 is held by samples 0 and 3 (flipped from 0) and 7, 10, ..., 28: 10 of 30,
-        # and label 2 likewise by 1, 4 and 8, 11, ..., 29: 10. With the audit naming class 1,
-        # "classes" distils those 10 (kd_fraction 10 / 30); with "contradicted" as well only
-        # the two flipped ones among them (2 / 30); "site", and a site the audit named no
-        # class at, distil all 30.
+        # and label 2 likewise by 1, 4 and 8, 11, ..., 29: 10. With the coordinator listing
+        # class 1, "classes" distils those 10 (kd_fraction 10 / 30); with "contradicted" as
+        # well only the two flipped ones among them (2 / 30); "site", and a site it lists no
+        # classes for, distil all 30.
         data = one_hot_data(30, num_flipped=6)
         teacher = frozen(scaled_identity(4.0))
         hp = {"batch_size": 8, "warmup_rounds": 0, "ramp_rounds": 0, "kd_scope": "classes"}
 
         def fraction(hyperparameters: dict[str, object], named: list[int] | None) -> float:
             ctx = make_context(
-                round_index=3, role="noisy", hyperparameters=hyperparameters, noisy_classes=named
+                round_index=3, role="noisy", hyperparameters=hyperparameters, distil_classes=named
             )
             report = get_recipe("fednoro").train(scaled_identity(1.0), teacher, data, ctx)
             return float(report.metrics["kd_fraction"])
@@ -321,11 +321,11 @@ class TestRecipe:
         assert fraction(hp, None) == pytest.approx(1.0)
         assert fraction(hp, [1, 2]) == pytest.approx(20 / 30)
 
-    def test_noisy_classes_outside_the_task_are_refused(self) -> None:
+    def test_distil_classes_outside_the_task_are_refused(self) -> None:
         with pytest.raises(InvalidRoundContextError, match="class 3 outside"):
-            make_context(noisy_classes=[3])
+            make_context(distil_classes=[3])
         with pytest.raises(InvalidRoundContextError, match="not a class index"):
-            make_context(noisy_classes=[True])
+            make_context(distil_classes=[True])
 
     def test_a_teacher_that_agrees_everywhere_leaves_plain_training(self) -> None:
         # No label contradicted: "contradicted" trains a noisy site exactly like a clean one.
