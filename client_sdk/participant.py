@@ -171,6 +171,12 @@ class Participant:
         fetched unless given), as coarse as the federation's privacy policy asks
         (``client_sdk.privacy``)."""
         task = task if task is not None else self.client.get_task(self.federation_id)
+        shape = tuple(self.data.inputs.shape[1:])
+        if shape != tuple(task.input_shape):
+            raise ValueError(
+                f"the local inputs are shaped {list(shape)} but the federation's task expects "
+                f"{list(task.input_shape)}: the site would fail every round"
+            )
         labels = self.data.labels.cpu()
         if int(labels.max().item()) >= task.num_classes:
             raise ValueError(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from client_sdk import AdminClient, Diagnostics, FederationClient, Participant, RoundSummary
 from client_sdk._progress import round_line
@@ -99,6 +100,33 @@ def test_progress_false_says_nothing_and_true_prints_to_stderr(
             Participant(client, federation.id, tiny_model(), tiny_data(), device="cpu").join()
         err = capsys.readouterr().err
         assert err.startswith(f"fedaudit site: joined federation {federation.id} as 'b'")
+
+
+def test_inputs_of_another_shape_are_refused_before_the_join(tmp_path: Path) -> None:
+    # A first-use trial joined a site with [1, 8, 8] images to a [1, 28, 28] task: it joined,
+    # then failed the round. The labels were already checked before the join; the shape is too.
+    with (
+        CoordinatorProcess(tmp_path / "coord") as server,
+        AdminClient(server.url, server.admin_token) as admin,
+    ):
+        federation = admin.create_federation(
+            {
+                "name": "shapes",
+                "task": {"num_classes": 2, "input_shape": [4]},
+                "plan": {"rounds": 1, "min_clients": 1},
+                "config": {"method": "fedavg"},
+            }
+        )
+        admin.upload_initial_model(federation.id, state_to_bytes(tiny_model()))
+        token = admin.add_client(federation.id, "wide").token
+        wide = tiny_data()
+        wide = type(wide)(inputs=torch.cat([wide.inputs, wide.inputs], dim=1), labels=wide.labels)
+        with FederationClient(server.url, token) as client:
+            site = Participant(client, federation.id, tiny_model(), wide, device="cpu")
+            refused = r"shaped \[8\] but the federation's task expects \[4\]"
+            with pytest.raises(ValueError, match=refused):
+                site.join()
+        assert [c.joined_at for c in admin.list_clients(federation.id)] == [None]
 
 
 def test_the_round_line_leaves_out_an_accuracy_the_site_did_not_measure() -> None:
