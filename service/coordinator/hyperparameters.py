@@ -56,7 +56,7 @@ class FedNoRoHyperparameters(CommonHyperparameters):
     ramp_rounds: Rounds = 39
     absent_class_prior: Literal["rarest", "zero"] = "rarest"
     kd_samples: Literal["all", "contradicted"] = "all"
-    kd_scope: Literal["site", "classes"] = "site"
+    kd_scope: Literal["site", "classes"] = "classes"
     kd_classes: Literal["held", "all"] = "held"
     kd_marginal: Literal["labels", "teacher"] = "labels"
     la_tau: UnitFloat = 0.0

@@ -318,6 +318,8 @@ class TestRecipe:
         assert fraction(hp, [1]) == pytest.approx(10 / 30)
         assert fraction({**hp, "kd_samples": "contradicted"}, [1]) == pytest.approx(2 / 30)
         assert fraction({**hp, "kd_scope": "site"}, [1]) == pytest.approx(1.0)
+        unset = {k: v for k, v in hp.items() if k != "kd_scope"}  # the default is "classes"
+        assert fraction(unset, [1]) == pytest.approx(10 / 30)
         assert fraction(hp, None) == pytest.approx(1.0)
         assert fraction(hp, [1, 2]) == pytest.approx(20 / 30)
 
@@ -528,6 +530,7 @@ def test_the_default_mix_is_the_coordinators() -> None:
     from service.coordinator.hyperparameters import FedNoRoHyperparameters
 
     assert FedNoRoHyperparameters().kd_marginal == "labels"
+    assert FedNoRoHyperparameters().kd_scope == "classes"
     data = make_data(24, flip=0.2)
     base = {"warmup_rounds": 0, "ramp_rounds": 0, "batch_size": 8}
     trained = []
