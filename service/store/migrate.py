@@ -45,7 +45,20 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def check_at_head(engine: Engine) -> None:
-    """Raise `MigrationsNotAtHeadError` (saying how to fix it) unless the schema is at head."""
+    """Raise `MigrationsNotAtHeadError` (saying how to fix it) unless the schema is at head.
+    A SQLite database file that does not exist is reported without connecting (connecting
+    would leave an empty file behind)."""
+    database = engine.url.database
+    if (
+        engine.url.get_backend_name() == "sqlite"
+        and database not in (None, "", ":memory:")
+        and not str(database).startswith("file:")
+        and not Path(str(database)).exists()
+    ):
+        raise MigrationsNotAtHeadError(
+            f"there is no database at {database}; run `fedaudit db upgrade` (with the same "
+            "FEDAUDIT_DATABASE_URL / FEDAUDIT_DATA_DIR) and start again"
+        )
     current = current_revision(engine)
     head = head_revision()
     if current != head:

@@ -55,6 +55,13 @@ def test_service_refuses_to_start_on_unmigrated_database(tmp_path: Path) -> None
     )
     with pytest.raises(MigrationsNotAtHeadError, match="fedaudit db upgrade"):
         create_app(settings, run_reaper=False)
+    # refused without connecting: no empty database file is left behind (a first-use trial
+    # found a 4 KB fedaudit.db where none had been)
+    assert not (tmp_path / "empty.db").exists()
+    # an existing database that is not migrated: refused as well, by its revision
+    make_engine(f"sqlite:///{tmp_path / 'empty.db'}").connect().close()
+    with pytest.raises(MigrationsNotAtHeadError, match="at migration <none>"):
+        create_app(settings, run_reaper=False)
 
 
 def test_metrics_event_count_reads_the_kind_index(tmp_path: Path) -> None:
