@@ -59,7 +59,10 @@ site's confident errors exceed their expectation by X make its errors exceed the
 X (1 - r) or more. A site's share test therefore counts only where its errors (the error
 counts' test, :mod:`service.audit.error_evidence`: observed minus expected over its entered
 classes) exceed their expectation by at least :data:`ERRORS_BEHIND_SHARE` (a quarter) of its
-confident errors' excess, the bound at error rates up to three quarters. On the stored signals
+confident errors' excess, the bound at error rates up to three quarters; where the error
+counts' test entered none of the site's classes (it needs ``min_holders`` holders of a class,
+the share test :data:`MIN_OTHER_SITES` other site with errors in it: two sites alone holding a
+class) there is nothing to compare, and the share counts alone, as before. On the stored signals
 of the held-out draws 1-4 and the stress matrix (their FedAvg federations, rounds after the
 warm-up) 4,774 of the 4,780 noisy site-rounds with a share p below 5e-4 had errors at or above
 their expectation, and 99.2 % cleared the quarter; the clean site-rounds with a share p below
@@ -271,7 +274,8 @@ def _share_p(
     floor = np.maximum(min_excess * np.maximum(samples, 1.0), MIN_EXCESS_COUNT)
     enough = (n > 0) & (x - expected >= floor)
     if error_excess is not None:  # label noise adds errors (module docstring)
-        enough &= error_excess >= ERRORS_BEHIND_SHARE * (x - expected)
+        # NaN where the error counts' test entered none of the site's classes: no gate there
+        enough &= ~(error_excess < ERRORS_BEHIND_SHARE * (x - expected))
     # The shares are estimates: their sampling variance, s (1 - s) / (errors pooled + 2) per
     # class, as an intra-site correlation (the variance of the expected count over
     # n (n - 1) s (1 - s), the beta-binomial's excess over the binomial); rho is at least that
@@ -317,9 +321,13 @@ def share_evidence(
     send its confident errors (``reporting`` False) has p-value 1, enters no fit and shows
     nothing. With ``counted``, the same round's error-count evidence, a site's share counts only
     where its errors exceed their expectation by :data:`ERRORS_BEHIND_SHARE` of its confident
-    errors' excess."""
+    errors' excess (no condition where that test entered none of the site's classes: it needs
+    three holders of a class, the share test one other site with errors in it)."""
     base = reporting.copy() if exclude is None else reporting & ~np.asarray(exclude, dtype=bool)
-    excess = None if counted is None else counted.observed - counted.expected
+    excess = None
+    if counted is not None:  # NaN where the error test entered none of the site's classes
+        entered = counted.expected > 0
+        excess = np.where(entered, counted.observed - counted.expected, np.nan)
     samples = counts.sum(axis=1).astype(np.float64)
     fit = base.copy()
     seen: list[BoolArray] = []

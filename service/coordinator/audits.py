@@ -429,11 +429,17 @@ share, and at least 2 / K, of the round's K sites' declared samples of it."""
 
 
 def distil_classes(
-    audit: AuditResult | None, selected: list[Client], noisy: set[uuid.UUID], num_classes: int
+    audit: AuditResult | None, selected: list[Client], noisy: set[uuid.UUID], federation: Federation
 ) -> dict[uuid.UUID, list[int]]:
-    """Per noisy site, the classes it distils under FedNoRo's ``kd_scope: "classes"``: every
-    class but those it holds (:data:`OWNED_CLASS_SHARE`) and the audit does not name noisy
-    there; none listed (every class distilled) where the audit names no class at the site."""
+    """Per noisy site, the classes it distils under FedNoRo's ``kd_scope: "classes"`` (nothing
+    for another recipe or scope): every class but those it holds (:data:`OWNED_CLASS_SHARE`;
+    with K = 2 sites or fewer no site holds a class) and the audit does not name noisy there;
+    none listed (every class distilled) where the audit names no class at the site."""
+    config, num_classes = federation.config, federation.num_classes
+    if config["recipe"] != "fednoro" or config["hyperparameters"].get("kd_scope", "classes") != (
+        "classes"
+    ):
+        return {}
     named = noisy_classes_named(audit, sorted(noisy, key=str))
     totals = [0] * num_classes
     for client in selected:

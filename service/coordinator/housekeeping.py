@@ -50,13 +50,24 @@ class DataDirectoryLease:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_NAME
         self._file: IO[bytes] | None = None
+        self._unusable = False
 
     def _open(self) -> IO[bytes] | None:
-        if fcntl is None:
+        if fcntl is None or self._unusable:
             return None
         if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("ab")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("ab")
+            except OSError as exc:  # e.g. a lock file another user created: sweep as before
+                self._unusable = True
+                log.warning(
+                    "cannot open %s (%s): the start-up sweep cannot tell whether another "
+                    "coordinator process serves this data directory",
+                    self.path,
+                    exc,
+                )
+                return None
         return self._file
 
     def sole(self) -> bool:
@@ -74,7 +85,12 @@ class DataDirectoryLease:
     def share(self) -> None:
         """Hold the shared lock while serving (waits while another process sweeps)."""
         handle = self._open()
-        if handle is not None and fcntl is not None:
+        if handle is None or fcntl is None:
+            return
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another coordinator process's start-up sweep of %s", self.path)
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
 
     def release(self) -> None:

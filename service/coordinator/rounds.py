@@ -187,7 +187,7 @@ def build_instructions(
         probe = {"seed": rnd.probe_seed, "size": config["probe_size"]}
     privacy = policy_of(config).model_dump()
     noisy = {c.id for c in selected if after_warmup and effective_status(c) == "noisy"}
-    distil = audits.distil_classes(previous_audit, selected, noisy, federation.num_classes)
+    distil = audits.distil_classes(previous_audit, selected, noisy, federation)
     result: dict[uuid.UUID, SiteInstructions] = {}
     for client in selected:
         neighbors, self_weight = neighbor_sets.get(client.id, ([], None))

@@ -353,3 +353,28 @@ def test_a_beta_binomial_tail_of_millions_of_terms_is_left_to_scipy() -> None:
     # the same computation as scipy's (1 - CDF), not 2.6 million terms at 72 bytes each
     assert got[0] == betabinom.sf(x - 1, n, a, b)[0]
     assert peak < 100 * 2**20
+
+
+def test_the_errors_condition_needs_the_error_counts_to_see_the_class() -> None:
+    # Classes 0 and 1 are held by sites 0 and 1 alone: the error counts' test needs three
+    # holders of a class and enters neither (site 0's expected errors 0), while the share test
+    # needs one other site with errors in it. Site 0 makes 20 errors of 40 in each, 18 of them
+    # confident, against 8 and 1 elsewhere: with nothing to compare its errors with, its share
+    # counts alone (found by an independent review: the condition had silenced it).
+    counts = np.zeros((6, 4), dtype=np.int64)
+    counts[0:2, 0:2] = 40
+    counts[2:6, 2:4] = 40
+    errors = np.where(counts > 0, 8, 0)
+    confident = np.where(counts > 0, 1, 0)
+    errors[0, 0:2], confident[0, 0:2] = 20, 18
+    loss, sd = np.where(counts > 0, 0.3, np.nan), np.where(counts > 0, 0.8, np.nan)
+    result = EvidenceDetector().fit(
+        loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
+    )
+    first = result.verdicts[0]
+    assert first is not None
+    assert first.evidence.errors_expected == 0.0
+    alone = share_evidence(errors, confident, counts, reporting=np.ones(6, dtype=bool))
+    assert first.evidence.confident_errors_p_value == pytest.approx(alone.p_value[0])
+    assert given(first.evidence.confident_errors_p_value) < 1e-6
+    assert [i for i, v in enumerate(result.verdicts) if v is not None and v.flag] == [0]

@@ -117,7 +117,9 @@ def test_the_classes_a_noisy_site_distils_spare_those_it_holds_unless_named() ->
     # samples of class 0 (75 %, above max(0.25, 2 / 4) = 0.5), 10 of class 1's 40 (25 %) and
     # 10 of class 2's 40: it keeps class 0 (held, not named) and distils 1 and 2. Had the audit
     # named class 0 too, it would distil all three. b is noisy but not named by the audit: no
-    # list (it distils every class). Declared counts may be null (not sent): read as 0.
+    # list (it distils every class). A declared count may be null (coarsened by the privacy
+    # policy: at least 1, fewer than its minimum): read as 0. Another recipe or kd_scope
+    # "site": nothing listed.
     import uuid
     from types import SimpleNamespace
     from typing import Any, cast
@@ -134,13 +136,21 @@ def test_the_classes_a_noisy_site_distils_spare_those_it_holds_unless_named() ->
         SimpleNamespace(id=d, class_counts=[0, 10, 15]),
     ]
     selected = cast(Any, sites)
-    assert distil_classes(audit, selected, {a, b}, 3) == {a: [1, 2]}
+    fed = cast(Any, SimpleNamespace(config={"recipe": "fednoro", "hyperparameters": {}}))
+    fed.num_classes = 3
+    assert distil_classes(audit, selected, {a, b}, fed) == {a: [1, 2]}
     both = {**result, "detections": {**result["detections"]}}
     both["detections"]["fednoro"] = {
         **result["detections"]["fednoro"],
         "verdicts": [{"score": 2.5, "flag": True, "evidence": {"noisy_classes": [0, 1]}}, None],
     }
-    assert distil_classes(cast(Any, SimpleNamespace(result=both)), selected, {a}, 3) == {
+    assert distil_classes(cast(Any, SimpleNamespace(result=both)), selected, {a}, fed) == {
         a: [0, 1, 2]
     }
-    assert distil_classes(None, selected, {a}, 3) == {}
+    assert distil_classes(None, selected, {a}, fed) == {}
+    for config in (
+        {"recipe": "fedavg", "hyperparameters": {}},
+        {"recipe": "fednoro", "hyperparameters": {"kd_scope": "site"}},
+    ):
+        other = cast(Any, SimpleNamespace(config=config, num_classes=3))
+        assert distil_classes(audit, selected, {a, b}, other) == {}
