@@ -48,12 +48,14 @@ def check_at_head(engine: Engine) -> None:
     """Raise `MigrationsNotAtHeadError` (saying how to fix it) unless the schema is at head.
     A SQLite database file that does not exist is reported without connecting (connecting
     would leave an empty file behind)."""
-    database = engine.url.database
+    database = str(engine.url.database or "")
+    if database.startswith("file:") and engine.url.query.get("uri") in ("true", "1"):
+        database = database.removeprefix("file:").split("?")[0]  # an SQLite URI's file
     if (
         engine.url.get_backend_name() == "sqlite"
-        and database not in (None, "", ":memory:")
-        and not str(database).startswith("file:")
-        and not Path(str(database)).exists()
+        and database not in ("", ":memory:")
+        and engine.url.query.get("mode") != "memory"
+        and not Path(database).exists()
     ):
         raise MigrationsNotAtHeadError(
             f"there is no database at {database}; run `fedaudit db upgrade` (with the same "
