@@ -323,15 +323,8 @@ def class_recall(
 
 
 def balanced_accuracy(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, num_classes: int) -> float:
-    """Mean per-class recall (:func:`class_recall`) over the classes present in ``y_true``.
-
-    Parameters
-    ----------
-    y_true, y_pred : array_like of int, shape (n,)
-        True and predicted labels in [0, num_classes).
-    num_classes : int
-        Number of classes C (used to validate the labels).
-    """
+    """Mean per-class recall over the classes present in ``y_true`` (:func:`class_recall`,
+    whose parameters these are)."""
     recalls = [r for r in class_recall(y_true, y_pred, num_classes) if r is not None]
     return float(np.mean(recalls))
 

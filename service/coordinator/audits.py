@@ -407,15 +407,17 @@ def noisy_classes_named(
     audit: AuditResult | None, client_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, list[int]]:
     """Per client asked for, the classes the audit's primary detector names noisy at it, where
-    it names some (FedNoRo's ``kd_scope: "classes"`` distils only those at a noisy site)."""
+    it names some (:func:`distil_classes` does not spare those)."""
     if audit is None or not client_ids:
         return {}
     stored = read_audit(audit.result)
     positions, primary = stored.positions, stored.primary
+    if primary is None:
+        return {}
     named: dict[uuid.UUID, list[int]] = {}
     for client_id in client_ids:
         position = positions.get(str(client_id))
-        if position is None or primary is None:
+        if position is None:
             continue
         verdict = client_audit_in(audit.result, position, str(client_id)).detectors.get(primary)
         if verdict is not None and verdict.noisy_classes:
@@ -450,8 +452,8 @@ def distil_classes(
     for client in selected:
         if client.id not in named:
             continue
-        counts = [n or 0 for n in (client.class_counts or [])] + [0] * num_classes
-        held = {c for c in range(num_classes) if totals[c] and counts[c] >= share * totals[c]}
+        counts = client.class_counts or []
+        held = {c for c, n in enumerate(counts) if totals[c] and (n or 0) >= share * totals[c]}
         kept = held - set(named[client.id])
         result[client.id] = [c for c in range(num_classes) if c not in kept]
     return result

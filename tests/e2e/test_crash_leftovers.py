@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,6 +53,33 @@ def stalled_upload(release: threading.Event) -> Iterator[bytes]:
     yield f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
+def joined_federation(server: CoordinatorProcess, names: list[str]) -> tuple[Any, dict[str, str]]:
+    """A two-round federation of ``names``, every site joined with tiny_data's counts."""
+    with AdminClient(server.url, server.admin_token) as admin:
+        federation, tokens = create_federation(admin, names, rounds=2)
+    for seed, name in enumerate(names):
+        counts = torch.bincount(tiny_data(seed).labels, minlength=2).tolist()
+        with FederationClient(server.url, tokens[name]) as client:
+            client.join(federation.id, num_samples=40, class_counts=counts)
+    return federation, tokens
+
+
+def post_stalled_upload(
+    server: CoordinatorProcess, federation_id: Any, token: str, release: threading.Event
+) -> httpx.Response:
+    """Round 0's update of the site holding ``token``, its body stalled until ``release``."""
+    return httpx.post(
+        f"{server.url}/api/v1/federations/{federation_id}/rounds/0/updates",
+        content=stalled_upload(release),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Idempotency-Key": "b-0",
+            "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        },
+        timeout=60,
+    )
+
+
 def test_kill_during_upload_leaves_no_part_file_and_no_orphan_blob(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -61,12 +89,7 @@ def test_kill_during_upload_leaves_no_part_file_and_no_orphan_blob(
     server.start()
     release = threading.Event()
     try:
-        with AdminClient(server.url, server.admin_token) as admin:
-            federation, tokens = create_federation(admin, names, rounds=2)
-        for seed, name in enumerate(names):
-            counts = torch.bincount(tiny_data(seed).labels, minlength=2).tolist()
-            with FederationClient(server.url, tokens[name]) as client:
-                client.join(federation.id, num_samples=40, class_counts=counts)
+        federation, tokens = joined_federation(server, names)
         assert submit_round(server, federation.id, tokens["a"], 0) == 0  # acknowledged
         referenced = blob_keys(data_dir)
         assert len(referenced) == 2  # the initial model and a's update
@@ -75,16 +98,7 @@ def test_kill_during_upload_leaves_no_part_file_and_no_orphan_blob(
 
         def upload() -> None:
             try:
-                httpx.post(
-                    f"{server.url}/api/v1/federations/{federation.id}/rounds/0/updates",
-                    content=stalled_upload(release),
-                    headers={
-                        "Authorization": f"Bearer {tokens['b']}",
-                        "Idempotency-Key": "b-0",
-                        "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
-                    },
-                    timeout=60,
-                )
+                post_stalled_upload(server, federation.id, tokens["b"], release)
             except httpx.TransportError as exc:  # the server died under it: expected
                 errors.append(exc)
 
@@ -141,25 +155,11 @@ def test_a_second_coordinator_on_a_live_data_directory_leaves_its_uploads_alone(
     second = CoordinatorProcess(data_dir, database_url=database_url, admin_token=first.admin_token)
     release = threading.Event()
     try:
-        with AdminClient(first.url, first.admin_token) as admin:
-            federation, tokens = create_federation(admin, names, rounds=2)
-        for seed, name in enumerate(names):
-            counts = torch.bincount(tiny_data(seed).labels, minlength=2).tolist()
-            with FederationClient(first.url, tokens[name]) as client:
-                client.join(federation.id, num_samples=40, class_counts=counts)
+        federation, tokens = joined_federation(first, names)
         answers: list[int] = []
 
         def upload() -> None:
-            response = httpx.post(
-                f"{first.url}/api/v1/federations/{federation.id}/rounds/0/updates",
-                content=stalled_upload(release),
-                headers={
-                    "Authorization": f"Bearer {tokens['b']}",
-                    "Idempotency-Key": "b-0",
-                    "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
-                },
-                timeout=60,
-            )
+            response = post_stalled_upload(first, federation.id, tokens["b"], release)
             answers.append(response.status_code)
 
         sender = threading.Thread(target=upload)

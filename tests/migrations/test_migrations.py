@@ -47,31 +47,25 @@ def test_upgrade_downgrade_round_trip(database_url: str) -> None:
 
 
 def test_service_refuses_to_start_on_unmigrated_database(tmp_path: Path) -> None:
-    settings = Settings(
-        _env_file=None,
-        data_dir=tmp_path,
-        database_url=f"sqlite:///{tmp_path / 'empty.db'}",
-        admin_token=SecretStr("x" * 20),
-    )
+    def settings(url: str) -> Settings:
+        return Settings(
+            _env_file=None, data_dir=tmp_path, database_url=url, admin_token=SecretStr("x" * 20)
+        )
+
+    plain = settings(f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(MigrationsNotAtHeadError, match="fedaudit db upgrade"):
-        create_app(settings, run_reaper=False)
+        create_app(plain, run_reaper=False)
     # refused without connecting: no empty database file is left behind (a first-use trial
     # found a 4 KB fedaudit.db where none had been)
     assert not (tmp_path / "empty.db").exists()
     # the same through an SQLite URI (sqlite:///file:...?uri=true)
-    uri = Settings(
-        _env_file=None,
-        data_dir=tmp_path,
-        database_url=f"sqlite:///file:{tmp_path / 'uri.db'}?uri=true",
-        admin_token=SecretStr("x" * 20),
-    )
     with pytest.raises(MigrationsNotAtHeadError, match="there is no database"):
-        create_app(uri, run_reaper=False)
+        create_app(settings(f"sqlite:///file:{tmp_path / 'uri.db'}?uri=true"), run_reaper=False)
     assert not (tmp_path / "uri.db").exists()
     # an existing database that is not migrated: refused as well, by its revision
     make_engine(f"sqlite:///{tmp_path / 'empty.db'}").connect().close()
     with pytest.raises(MigrationsNotAtHeadError, match="at migration <none>"):
-        create_app(settings, run_reaper=False)
+        create_app(plain, run_reaper=False)
 
 
 def test_metrics_event_count_reads_the_kind_index(tmp_path: Path) -> None:
