@@ -375,9 +375,9 @@ class FedNoRoRecipe:
             if kd_samples == "all":
                 distilled = torch.ones_like(distilled)
             if kd_scope == "classes" and ctx.distil_classes is not None:
-                named = torch.zeros(ctx.num_classes, dtype=torch.bool, device=d.labels.device)
-                named[list(ctx.distil_classes)] = True
-                distilled = distilled & named[d.labels]
+                listed = torch.zeros(ctx.num_classes, dtype=torch.bool, device=d.labels.device)
+                listed[list(ctx.distil_classes)] = True
+                distilled = distilled & listed[d.labels]
 
         def step(idx: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> BatchLoss:
             logits = model(x)
