@@ -85,6 +85,18 @@ class AdminClient(_Base):
             response = self._request("PUT", path, json={"reason": reason}, retry_status=False)
         return ClientInfo.model_validate(response.json())
 
+    def suspend_client(
+        self, federation_id: uuid.UUID | str, client_id: uuid.UUID | str, reason: str | None
+    ) -> ClientInfo:
+        """Suspend a site (``reason`` says why): it is not selected for rounds, and is withdrawn
+        from the open round unless its update is stored; ``reason=None`` resumes it."""
+        path = f"{API}/federations/{federation_id}/clients/{client_id}/suspend"
+        if reason is None:
+            response = self._request("DELETE", path, retry_status=False)
+        else:
+            response = self._request("PUT", path, json={"reason": reason}, retry_status=False)
+        return ClientInfo.model_validate(response.json())
+
     def pin_client(
         self,
         federation_id: uuid.UUID | str,

@@ -106,6 +106,12 @@ class ClientInfo(_Model):
     class_counts: list[int | None] | None = None
     joined_at: datetime | None = None
     last_seen_at: datetime | None = None
+    attendance: str = "not_joined"
+    """not_joined, present, absent (missed rounds in a row), suspended, token_revoked."""
+    suspended_at: datetime | None = None
+    suspend_reason: str | None = None
+    missed_rounds: int = 0
+    absent_since: datetime | None = None
 
 
 class ClientCreated(ClientInfo):

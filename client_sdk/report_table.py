@@ -184,6 +184,16 @@ def _add_columns(
         table.add_column(name, justify="right")
 
 
+ATTENDANCE_MARKS = {
+    "not_joined": " (not joined)",
+    "absent": " (absent)",
+    "suspended": " (suspended)",
+    "token_revoked": " (token revoked)",
+}
+"""After a site's status: why it does not take part in the next rounds (the report's
+``attendance``)."""
+
+
 def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -> Table:
     """The report as a rich table; `truth` (simulation only) adds the true noise rate."""
     latest = data.get("latest") or {}
@@ -225,6 +235,7 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
             row["status"]
             + (" (pinned)" if row.get("pinned_status") else "")
             + (" (anchor)" if row.get("anchor") else "")
+            + ATTENDANCE_MARKS.get(row.get("attendance") or "present", "")
         )
         cells = [escape(row["name"]), f"[{styles.get(row['status'], '')}]{escape(status)}[/]"]
         if truth is not None:

@@ -117,6 +117,9 @@ class ReportRow:
     last_inconsistent_at: datetime | None
     epsilon_round: float | None
     epsilon_total: float | None
+    attendance: str = "present"
+    """Whether it takes part in the next rounds (``service.coordinator.attendance.state``)."""
+    suspend_reason: str | None = None
 
 
 @dataclass(frozen=True)

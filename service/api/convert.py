@@ -27,6 +27,7 @@ from service.api.schemas.reports import (
     RecomputeResult,
 )
 from service.api.schemas.rounds import RoundRead
+from service.coordinator import attendance
 from service.coordinator.federations import federation_summary
 from service.coordinator.overrides import RecomputedRound
 from service.coordinator.retention import pruned_clients
@@ -86,6 +87,11 @@ def client_read(client: Client) -> ClientRead:
         class_counts=client.class_counts,
         joined_at=client.joined_at,
         last_seen_at=client.last_seen_at,
+        attendance=attendance.state(client),
+        suspended_at=client.suspended_at,
+        suspend_reason=client.suspend_reason,
+        missed_rounds=client.missed_rounds or 0,
+        absent_since=client.absent_since,
     )
 
 

@@ -71,6 +71,44 @@ def client_anchor(
     stdout().print(escape(f"client {client.name} ({client.id}) is {state}"))
 
 
+@client_app.command("suspend")
+def client_suspend(
+    federation_id: str,
+    client_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept in the event trail)")],
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Suspend a site: it is not selected for rounds (and leaves the open round unless its
+    update is in) until `client resume`."""
+    with admin_client(url, token) as admin:
+        client = call(admin.suspend_client, federation_id, client_id, reason)
+    stdout().print(escape(f"client {client.name} ({client.id}) is suspended"))
+
+
+@client_app.command("resume")
+def client_resume(
+    federation_id: str,
+    client_id: str,
+    url: UrlOption = "http://127.0.0.1:8000",
+    token: TokenOption = "",
+) -> None:
+    """Resume a suspended site: it can be selected again from the next round."""
+    with admin_client(url, token) as admin:
+        client = call(admin.suspend_client, federation_id, client_id, None)
+    stdout().print(escape(f"client {client.name} ({client.id}) is resumed ({client.attendance})"))
+
+
+# The API's attendance values as the table shows them.
+ATTENDANCE_WORDS = {
+    "not_joined": "not joined",
+    "present": "yes",
+    "absent": "absent",
+    "suspended": "suspended",
+    "token_revoked": "token revoked",
+}
+
+
 class PinStatus(StrEnum):
     trusted = "trusted"
     suspect = "suspect"
@@ -206,6 +244,9 @@ def client_list(
                 "num_samples",
                 "joined_at",
                 "last_seen_at",
+                "attendance",
+                "missed_rounds",
+                "suspend_reason",
             ],
             [
                 [
@@ -219,19 +260,22 @@ def client_list(
                     c.num_samples,
                     c.joined_at,
                     c.last_seen_at,
+                    c.attendance,
+                    c.missed_rounds,
+                    c.suspend_reason,
                 ]
                 for c in clients
             ],
         )
         return
-    table = Table(Column("name", overflow="fold"), "status", "samples", "joined")
+    table = Table(Column("name", overflow="fold"), "status", "samples", "takes part")
     table.add_column("id", no_wrap=True, min_width=36)
     for c in clients:
         table.add_row(
             escape(c.name),
             c.pinned_status or c.status,
             str(c.num_samples or "-"),
-            "yes" if c.joined_at else "no",
+            ATTENDANCE_WORDS.get(c.attendance, c.attendance),
             str(c.id),
         )
     stdout().print(table)

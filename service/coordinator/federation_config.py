@@ -108,6 +108,10 @@ COMMON_HYPERPARAMETERS: dict[str, Any] = {
 }
 
 
+# Rounds in a row a selected site may miss before it is absent (service.coordinator.attendance).
+DEFAULT_ABSENT_AFTER_MISSED = 2
+
+
 class InvalidHyperparametersError(ValueError):
     """The hyper-parameters do not fit the recipe; `errors` locate each problem inside them."""
 
@@ -151,6 +155,16 @@ class FederationConfigInput(BaseModel):
             "as a fraction d of the joined num_samples n: |num_samples - n| <= d n and the sum "
             "over classes of |class count - joined class count| <= d n. 0: exactly the join. "
             "An update outside is refused (422, /problems/update-inconsistent)."
+        ),
+    )
+    absent_after_missed: int = Field(
+        default=DEFAULT_ABSENT_AFTER_MISSED,
+        ge=0,
+        le=1000,
+        description=(
+            "Rounds in a row a selected site may end without its update before it counts as "
+            "absent: not selected again until it polls the coordinator, so a site that stopped "
+            "does not make every round wait for its deadline. 0: never absent."
         ),
     )
     privacy: SignalPolicy = Field(
@@ -217,6 +231,7 @@ def resolve_config(data: FederationConfigInput, *, rounds: int) -> dict[str, Any
         "audit": audit_config.to_json(),
         "probe_size": data.probe_size,
         "max_sample_drift": data.max_sample_drift,
+        "absent_after_missed": data.absent_after_missed,
         "privacy": data.privacy.model_dump(),
         "signals": sorted(signals),
     }

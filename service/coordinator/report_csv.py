@@ -61,6 +61,7 @@ CSV_COLUMNS = (
     "fednoro_normalised_loss",
     "anchor",
     *(f"evidence_{part}" for part in LATER_EVIDENCE_PARTS),
+    "attendance",
 )
 """The columns: new ones go at the end, so that a script reading by position keeps working."""
 
@@ -105,6 +106,7 @@ def report_csv(report: ReportView) -> str:
                 *_evidence_cells(row),
                 "true" if row.anchor else "false",
                 *_later_evidence_cells(row),
+                row.attendance,
             ]
         )
     return buffer.getvalue()

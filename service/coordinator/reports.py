@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import DETECTORS
+from service.coordinator import attendance
 from service.coordinator.privacy_budget import report_privacy
 from service.coordinator.report_evidence import class_evidence, detector_evidence
 from service.coordinator.rounds import effective_status, get_round
@@ -196,6 +197,8 @@ def _report_row(
         last_inconsistent_at=refused_at,
         epsilon_round=None if latest is None else latest.epsilon_round,
         epsilon_total=None if latest is None else latest.epsilon_total,
+        attendance=attendance.state(client),
+        suspend_reason=client.suspend_reason,
     )
 
 

@@ -142,7 +142,7 @@ class BackgroundWorker:
     """One thread that closes rounds off the request path; each round is queued at most once.
 
     Nothing lives only here: a round that was queued when the process died is found again by
-    the deadline checker (`rounds.check_rounds`) after a restart, because its updates are stored.
+    the deadline checker (`reaper.check_rounds`) after a restart, because its updates are stored.
     """
 
     def __init__(self) -> None:

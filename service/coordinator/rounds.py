@@ -1,4 +1,5 @@
-"""Round lifecycle: open, tell each client what to do, close exactly once, check deadlines.
+"""Round lifecycle: open, tell each client what to do, close exactly once (the deadline checker
+that closes or extends a round at its deadline is `service.coordinator.reaper`).
 
 A round opens with its selected clients and their instructions. It closes exactly once when every
 selected client has submitted, or at the deadline when at least ``min_clients`` did (otherwise the
@@ -26,14 +27,14 @@ from sqlalchemy.orm import Session
 from typing_extensions import TypedDict
 
 from service.audit import next_status
-from service.coordinator import audits, retention, round_events
+from service.coordinator import attendance, audits, retention, round_events
 from service.coordinator.notify import mark_changed
 from service.coordinator.resources import Services
 from service.coordinator.signal_policy import policy_of
 from service.coordinator.stored_audit import read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
-from service.store.poll_state import poll_state
+from service.store.poll_state import PollState, poll_state
 from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
 
 log = logging.getLogger(__name__)
@@ -85,12 +86,14 @@ def effective_status(client: Client) -> str:
 # --- opening -----------------------------------------------------------------------------------
 
 
-def select_clients(federation: Federation, joined: list[Client], index: int) -> list[Client]:
-    """Every joined client, or a seeded random subset of max_clients of them."""
-    if federation.max_clients is None or len(joined) <= federation.max_clients:
-        return list(joined)
+def select_clients(federation: Federation, available: list[Client], index: int) -> list[Client]:
+    """Every site that may take part (`attendance.pool`), or a seeded random subset of
+    max_clients of them."""
+    if federation.max_clients is None or len(available) <= federation.max_clients:
+        return list(available)
     rng = random.Random(derive_seed(federation.seed, "select", index))
-    return sorted(rng.sample(joined, federation.max_clients), key=lambda c: (c.name, str(c.id)))
+    chosen = rng.sample(available, federation.max_clients)
+    return sorted(chosen, key=lambda c: (c.name, str(c.id)))
 
 
 def open_round(
@@ -102,8 +105,8 @@ def open_round(
     now: datetime,
     previous_audit: AuditResult | None,
 ) -> Round:
-    joined = repo.joined_clients(session, federation.id)
-    selected = select_clients(federation, joined, index)
+    available = attendance.pool(federation, repo.joined_clients(session, federation.id))
+    selected = select_clients(federation, available.available, index)
     rnd = Round(
         federation_id=federation.id,
         index=index,
@@ -129,6 +132,7 @@ def open_round(
             "clients": [str(c.id) for c in selected],
             "model_in": str(model.id),
             "deadline_at": rnd.deadline_at.isoformat(),
+            "left_out": available.left_out(),
         },
     )
     return rnd
@@ -269,13 +273,21 @@ def current_for(services: Services, client_id: uuid.UUID) -> Train | Wait | Fini
     """What the client should do now, read in a short session of its own (a long-poll calls
     this again after each change signal and holds no connection in between)."""
     with services.sessions() as session:
-        return current_for_client_id(session, client_id)
+        state = poll_state(session, client_id)
+        answer = answer_poll(state, client_id)
+    if state is not None and state.absent:
+        attendance.mark_returned(services, client_id)  # the one write a poll can make
+    return answer
 
 
 def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wait | Finished:
     """What the client should do now, from one read of its federation's state
-    (:func:`service.store.poll_state.poll_state`)."""
-    state = poll_state(session, client_id)
+    (:func:`service.store.poll_state.poll_state`); writes nothing."""
+    return answer_poll(poll_state(session, client_id), client_id)
+
+
+def answer_poll(state: PollState | None, client_id: uuid.UUID) -> Train | Wait | Finished:
+    """The answer to a site's poll in the state read."""
     if state is None:
         raise NotFoundError(f"client {client_id} does not exist")
     if state.federation_status == "finished":
@@ -294,6 +306,8 @@ def current_for_client_id(session: Session, client_id: uuid.UUID) -> Train | Wai
         )
     if not state.joined:
         return Wait(WAIT_DEFAULT_S, "join the federation first")
+    if state.suspended and not state.has_update:
+        return Wait(WAIT_DEFAULT_S, "suspended by the federation's admin until they resume it")
     if state.round_id is None or state.round_index is None or state.deadline_at is None:
         return Wait(WAIT_AGGREGATING_S, "the last round is being aggregated")
     if not state.selected or state.instructions is None:
@@ -400,6 +414,7 @@ def _close_claimed(
         bool(stored.in_warmup),
         verdict=stored.primary_detection.status,
     )
+    attendance.record_round(session, federation, rnd, clients, {u.client_id for u in updates}, now)
     _log_closed(session, rnd, reason, len(updates), model_out.id, outcome)
     round_events.record_flags(session, rnd, clients, stored, outcome.result)
     round_events.record_abstention(session, federation.id, rnd, stored)
@@ -535,62 +550,6 @@ def _mark_failed(services: Services, round_id: uuid.UUID, reason: str) -> None:
             federation_id=rnd.federation_id,
             round_id=rnd.id,
         )
-
-
-def check_rounds(services: Services) -> list[uuid.UUID]:
-    """The deadline checker: close complete or expired rounds, extend starved ones.
-
-    Runs at start-up (so open rounds resume after a restart) and then periodically.
-    Returns the ids of rounds it closed.
-    """
-    closed: list[uuid.UUID] = []
-    with services.sessions() as session:
-        candidates = [(r.id, r.federation_id) for r in repo.all_open_rounds(session)]
-    for round_id, _ in candidates:
-        action = _deadline_action(services, round_id)
-        if action is not None and close_round(services, round_id, reason=action):
-            closed.append(round_id)
-    return closed
-
-
-def _deadline_action(services: Services, round_id: uuid.UUID) -> str | None:
-    """'complete' or 'deadline' when the round should close now; extends it when starved."""
-    now = services.clock()
-    with services.sessions.begin() as session:
-        rnd = repo.get_round(session, round_id)
-        if rnd is None or rnd.state != "open":
-            return None
-        if round_is_complete(session, rnd):
-            return "complete"
-        if now < rnd.deadline_at:
-            return None
-        federation = repo.get_federation(session, rnd.federation_id)
-        assert federation is not None
-        submitted = repo.count_updates_of_round(session, rnd.id)
-        if submitted >= federation.min_clients:
-            return "deadline"
-        if not repo.touch_open_round(session, rnd.id):
-            return None
-        # Locked now; another replica's checker may have extended it since it was read.
-        session.refresh(rnd)
-        if now < rnd.deadline_at:
-            return None
-        old = rnd.deadline_at
-        rnd.deadline_at = now + timedelta(seconds=federation.round_deadline_s)
-        rnd.deadline_extensions += 1
-        repo.add_event(
-            session,
-            kind="round.deadline_extended",
-            actor="system",
-            message=(
-                f"round {rnd.index}: {submitted} of {federation.min_clients} required updates at "
-                f"the deadline; extended to {rnd.deadline_at.isoformat()}"
-            ),
-            federation_id=federation.id,
-            round_id=rnd.id,
-            data={"old_deadline": old.isoformat(), "new_deadline": rnd.deadline_at.isoformat()},
-        )
-        return None
 
 
 def get_round(session: Session, federation_id: uuid.UUID, index: int) -> Round:

@@ -34,6 +34,10 @@ class PollState:
     current_model_id: uuid.UUID | None
     joined: bool
     """Whether the polling site has joined."""
+    suspended: bool
+    """Whether an admin suspended the site (``service.coordinator.attendance``)."""
+    absent: bool
+    """Whether the site counts as absent (it missed rounds); its poll marks it present."""
     clients: int | None
     """Sites registered in the federation; counted only while it waits for them (None else)."""
     joined_clients: int | None
@@ -100,6 +104,8 @@ def _poll_query() -> Select[Any]:
             Federation.status_reason,
             Federation.current_model_id,
             site.joined_at,
+            site.suspended_at,
+            site.absent_since,
             # Counted only where the answer quotes them: O(sites) each, a thousand sites at once.
             case((Federation.status == "waiting", registered)),
             case((Federation.status == "waiting", joined)),
@@ -135,14 +141,17 @@ def poll_state(session: Session, client_id: uuid.UUID) -> PollState | None:
     row = session.execute(_POLL, {"client_id": client_id}).first()
     if row is None:
         return None
-    (name, status, reason, model_id, joined_at, n_clients, n_joined) = row[:7]
-    (round_id, index, deadline, chosen_id, instructions, has_update, n_sel, n_sub) = row[7:]
+    (name, status, reason, model_id, joined_at, suspended_at, absent_since) = row[:7]
+    (n_clients, n_joined, round_id, index, deadline, chosen_id, instructions) = row[7:14]
+    (has_update, n_sel, n_sub) = row[14:]
     return PollState(
         federation_name=name,
         federation_status=status,
         status_reason=reason,
         current_model_id=model_id,
         joined=joined_at is not None,
+        suspended=suspended_at is not None,
+        absent=absent_since is not None,
         clients=None if n_clients is None else int(n_clients),
         joined_clients=None if n_joined is None else int(n_joined),
         round_id=round_id,

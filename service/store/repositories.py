@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.base import utcnow
@@ -287,6 +287,16 @@ def participation_counts(session: Session, round_id: uuid.UUID) -> tuple[int, in
         .where(ModelUpdate.round_id == round_id)
     )
     return int(session.scalar(selected) or 0), int(session.scalar(submitted) or 0)
+
+
+def remove_participant(session: Session, round_id: uuid.UUID, client_id: uuid.UUID) -> bool:
+    """Withdraw a client from a round's selection; whether it was selected."""
+    result = session.execute(
+        delete(RoundParticipant).where(
+            RoundParticipant.round_id == round_id, RoundParticipant.client_id == client_id
+        )
+    )
+    return bool(getattr(result, "rowcount", 0))
 
 
 def participant(

@@ -78,6 +78,13 @@ class Client(Base):
     token_revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     joined_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Attendance (service.coordinator.attendance): an admin's suspension, with its reason, and
+    # the rounds in a row the site was selected for without sending an update; at the
+    # federation's limit it is absent (not selected) until it polls again.
+    suspended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    suspend_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    missed_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    absent_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     flag_history: Mapped[list[Any]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -32,9 +32,9 @@ def test_every_operation_with_a_body_documents_the_400_for_an_unreadable_one() -
         for method, operation in operations.items()
         if "requestBody" in operation
     ]
-    # create, stop, add client, join, pin, anchor, revoke a site's token, recompute, close a
-    # round, 2 uploads, a site's error report, prune
-    assert len(with_body) == 13
+    # create, stop, add client, join, pin, anchor, suspend, revoke a site's token, recompute,
+    # close a round, 2 uploads, a site's error report, prune
+    assert len(with_body) == 14
     for method, path, operation in with_body:
         assert "400" in operation["responses"], (method, path)
 

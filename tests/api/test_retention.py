@@ -128,7 +128,11 @@ async def prune(api: httpx.AsyncClient, fed: Any, **body: Any) -> dict[str, Any]
 async def test_prune_removes_old_updates_and_keeps_what_reports_and_replays_read(
     api: httpx.AsyncClient, app: FastAPI
 ) -> None:
-    fed = await make_federation(api, clients=SITES, rounds=6)
+    # c stays selected though it sends nothing after round 0 (attendance off): the admin closes
+    config = {"method": "fedavg", "detectors": ["fedncl"], "primary_detector": "fedncl"}
+    fed = await make_federation(
+        api, clients=SITES, rounds=6, config={**config, "absent_after_missed": 0}
+    )
     for index in range(4):
         await play(api, fed, index)
     report_before = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()

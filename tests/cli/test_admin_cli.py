@@ -82,6 +82,22 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         unanchored = runner.invoke(app, ["client", "anchor", fid, client_id, "--remove"], env=env)
         assert "is not a trust anchor" in unanchored.output
 
+        # a site that never joined says so; a suspended one too, until it is resumed
+        assert re.search(r"hospital-a .* not joined", clients.output), clients.output
+        no_reason = runner.invoke(app, ["client", "suspend", fid, client_id], env=env)
+        assert no_reason.exit_code != 0
+        suspended = runner.invoke(
+            app, ["client", "suspend", fid, client_id, "--reason", "maintenance"], env=env
+        )
+        assert suspended.exit_code == 0, suspended.output
+        assert "is suspended" in suspended.output
+        listed = runner.invoke(app, ["client", "list", fid, "--csv"], env=env)
+        row = next(line for line in listed.output.splitlines() if "hospital-a" in line)
+        assert row.endswith(",suspended,0,maintenance"), row
+        resumed = runner.invoke(app, ["client", "resume", fid, client_id], env=env)
+        assert resumed.exit_code == 0, resumed.output
+        assert "is resumed (not_joined)" in resumed.output
+
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output
         assert "hospital-a" in report.output

@@ -209,3 +209,14 @@ def test_a_trust_anchor_is_marked_in_its_status():
     data["clients"][0]["anchor"] = True
     assert "trusted (anchor)" in text_of(data)
     assert "(anchor)" not in text_of(report("class_z"))
+
+
+def test_a_site_that_does_not_take_part_says_why_in_its_status():
+    data = report("class_z")
+    data["clients"][0]["attendance"] = "absent"
+    assert "trusted (absent)" in text_of(data)
+    data["clients"][0]["attendance"] = "suspended"
+    assert "trusted (suspended)" in text_of(data)
+    plain = text_of(report("class_z"))  # present, or a report from before attendance
+    assert "(absent)" not in plain
+    assert "(suspended)" not in plain

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.coordinator import clients, federations, rounds, updates
+from service.coordinator import clients, federations, reaper, rounds, updates
 from service.coordinator.federation_config import FederationConfigInput
 from service.coordinator.resources import Services
 from service.store import repositories, tables
@@ -161,7 +161,7 @@ def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None
 
     # Nobody submitted and the deadline passed: the deadline is extended and recorded.
     services.clock = lambda: opened + timedelta(seconds=31)
-    assert rounds.check_rounds(services) == []
+    assert reaper.check_rounds(services) == []
     with services.sessions() as session:
         rnd = session.get(tables.Round, round_id)
         assert rnd.state == "open"
@@ -174,9 +174,9 @@ def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None
     services.clock = lambda: opened + timedelta(seconds=32)
     submit(services, fid, members["a"], 1.0)
     submit(services, fid, members["b"], 1.0)
-    assert rounds.check_rounds(services) == []  # not yet at the extended deadline
+    assert reaper.check_rounds(services) == []  # not yet at the extended deadline
     services.clock = lambda: opened + timedelta(seconds=120)
-    assert rounds.check_rounds(services) == [round_id]
+    assert reaper.check_rounds(services) == [round_id]
     with services.sessions() as session:
         rnd = session.get(tables.Round, round_id)
         assert rnd.state == "closed"
@@ -196,7 +196,7 @@ def test_reaper_resumes_a_complete_round_after_restart(settings: Settings, tmp_p
     before_crash.close()
 
     after_restart = make_services(settings)
-    assert rounds.check_rounds(after_restart) == [round_id]
+    assert reaper.check_rounds(after_restart) == [round_id]
     with after_restart.sessions() as session:
         assert session.get(tables.Round, round_id).state == "closed"
     after_restart.close()
@@ -218,14 +218,14 @@ def test_two_replicas_extend_a_starved_round_once(
         if not interleaved:
             interleaved.append("a")
             worker = threading.Thread(
-                target=lambda: interleaved.append(rounds._deadline_action(replica_a, rid))
+                target=lambda: interleaved.append(reaper._deadline_action(replica_a, rid))
             )
             worker.start()
             worker.join(timeout=60)
         return touch(session, rid)
 
     monkeypatch.setattr(repositories, "touch_open_round", a_extends_first)
-    assert rounds._deadline_action(replica_b, round_id) is None
+    assert reaper._deadline_action(replica_b, round_id) is None
     assert interleaved == ["a", None]  # A ran in between (and extended)
     with replica_a.sessions() as session:
         rnd = session.get(tables.Round, round_id)

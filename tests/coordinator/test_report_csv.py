@@ -70,13 +70,14 @@ def test_new_columns_come_last() -> None:
         "flag_basis",
     ]
     # then each detector's evidence beside the verdict, then whether the site is an anchor, then
-    # the evidence parts added later (28 November: the confident errors)
-    assert header.split(",")[-3:] == [
+    # the evidence parts added later (28 November: the confident errors), then its attendance
+    assert header.split(",")[-4:] == [
         "anchor",
         "evidence_confident_errors_z",
         "evidence_confident_errors_p_value",
+        "attendance",
     ]
-    assert header.split(",")[22:-3] == [
+    assert header.split(",")[22:-4] == [
         "evidence_p_value",
         "evidence_q_value",
         "evidence_site_z",
@@ -158,8 +159,8 @@ def test_each_detectors_evidence_has_its_cells() -> None:
     assert a["evidence_class_z"] == "'=cat:-0.25 eel:4.5"
     assert a["fednoro_normalised_loss"] == "eel:0.875"
     for empty in (parsed["id-b"], parsed["id-c"]):
-        assert [empty[c] for c in list(empty)[22:-3]] == [""] * 14
-        assert [empty[c] for c in list(empty)[-2:]] == ["", ""]
+        assert [empty[c] for c in list(empty)[22:-4]] == [""] * 14
+        assert [empty[c] for c in list(empty)[-3:-1]] == ["", ""]
 
 
 def test_the_anchor_column_says_which_sites_are_trust_anchors() -> None:
@@ -169,3 +170,12 @@ def test_the_anchor_column_says_which_sites_are_trust_anchors() -> None:
     )
     rows = list(csv.DictReader(io.StringIO(report_csv(shown))))
     assert [(r["name"], r["anchor"]) for r in rows] == [("a", "true"), ("b", "false")]
+
+
+def test_the_attendance_column_says_whether_a_site_takes_part() -> None:
+    shown = report(
+        primary_detector="evidence",
+        clients=[replace(row("a", None, None), attendance="absent"), row("b", None, None)],
+    )
+    rows = list(csv.DictReader(io.StringIO(report_csv(shown))))
+    assert [(r["name"], r["attendance"]) for r in rows] == [("a", "absent"), ("b", "present")]

@@ -182,6 +182,20 @@ def test_client_table_shows_inconsistent_claims():
     assert '<td class="num"><span class="muted">0</span></td>' in clean
 
 
+def test_client_table_says_why_a_site_does_not_take_part() -> None:
+    present = pages.client_table("f1", [_report_row(name="a")])
+    assert "attendance" not in present
+    suspended = _report_row(name="a", attendance="suspended", suspend_reason="audit <pending>")
+    html = pages.client_table("f1", [suspended])
+    assert (
+        '<br><span class="muted attendance">suspended by the admin: audit &lt;pending&gt;</span>'
+        in html
+    )
+    absent = pages.client_table("f1", [_report_row(name="a", attendance="absent")])
+    assert "absent: missed its last rounds; selected again once it polls" in absent
+    assert "has not joined" in pages.client_table("f1", [_report_row(attendance="not_joined")])
+
+
 def _report_row(**fields: Any) -> ReportRow:
     """A trusted site's row of the report's client table, with ``fields`` on top."""
     return report_row(last_weight=0.4, **fields)

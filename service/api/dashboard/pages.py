@@ -13,6 +13,13 @@ from typing import Any
 from urllib.parse import quote
 
 from service.api.dashboard import svg
+from service.api.dashboard.cells import (
+    EPSILON_HEADERS,
+    attendance_note,
+    epsilon_cells,
+    neighbors_cell,
+    refused_cell,
+)
 from service.api.dashboard.evidence import evidence_section
 from service.api.dashboard.plots import (
     audited_rounds,
@@ -26,7 +33,6 @@ from service.report_views import (
     ClientPageView,
     ClientRound,
     FederationOverview,
-    NamedNeighbor,
     PageRound,
     ReportRow,
     ReportView,
@@ -217,41 +223,6 @@ def _scores(client: ReportRow, primary: str | None) -> str:
     return "<br>".join(parts)
 
 
-def _neighbors(neighbors: Sequence[NamedNeighbor] | None) -> str:
-    if not neighbors:
-        return '<span class="muted">-</span>'
-    return ", ".join(f"{esc(n.name)} ({number(n.weight)})" for n in neighbors)
-
-
-def _refused(client: ReportRow) -> str:
-    """Updates refused as inconsistent with the site's join: how many, and the last one's time."""
-    count = client.inconsistent_updates or 0
-    if not count:
-        return '<span class="muted">0</span>'
-    last = client.last_inconsistent_at
-    when = last.strftime("%Y-%m-%d %H:%M UTC") if isinstance(last, datetime) else str(last or "")
-    return (
-        f'<span class="badge noisy">{esc(count)}</span>'
-        f'<br><span class="muted">last {esc(when)}</span>'
-    )
-
-
-def _epsilon_cells(epsilon_round: float | None, epsilon_total: float | None) -> str:
-    """The Gaussian mechanism's epsilon of a round and of every round so far."""
-    return (
-        f'<td class="num">{number(epsilon_round, 3)}</td>'
-        f'<td class="num">{number(epsilon_total, 3)}</td>'
-    )
-
-
-EPSILON_HEADERS = (
-    '<th title="epsilon of the site\'s update in the round (Gaussian mechanism)">'
-    "\u03b5 round</th>"
-    '<th title="epsilon of all the site\'s updates so far, composed by the accountant">'
-    "\u03b5 total</th>"
-)
-
-
 def client_table(
     federation_id: str,
     clients: Sequence[ReportRow],
@@ -268,9 +239,10 @@ def client_table(
             if c.pinned_status
             else ""
         )
+        pinned += attendance_note(c)
         classes = esc(_classes_text(c.noisy_classes, c.flag_basis))
         classes = '<span class="muted">-</span>' if classes == "-" else classes
-        epsilons = _epsilon_cells(c.epsilon_round, c.epsilon_total) if dp else ""
+        epsilons = epsilon_cells(c.epsilon_round, c.epsilon_total) if dp else ""
         rows.append(
             "<tr>"
             f'<td><a href="{esc(client_url(federation_id, c.client_id))}">{esc(c.name)}</a>'
@@ -278,10 +250,10 @@ def client_table(
             f'<td class="num">{esc(c.times_flagged)} / {esc(c.rounds_audited)}</td>'
             f"<td>{_scores(c, primary)}</td>"
             f'<td>{classes}</td><td class="num">{number(c.reliability)}</td>'
-            f"<td>{_neighbors(c.neighbors)}</td>"
+            f"<td>{neighbors_cell(c.neighbors)}</td>"
             f'<td class="num">{number(c.last_weight)}</td>'
             f'<td class="num">{number(c.num_samples)}</td>'
-            f'<td class="num">{_refused(c)}</td>'
+            f'<td class="num">{refused_cell(c)}</td>'
             f"{epsilons}"
             "</tr>"
         )
@@ -521,8 +493,8 @@ def client_page(view: ClientPageView, primary: str | None) -> str:
         + f"<td>{esc(_classes_text(r.audit.noisy_classes, r.audit.flag_basis))}</td>"
         f'<td class="num">{number(r.audit.reliability)}</td>'
         f'<td class="num">{number(r.audit.weight)}</td>'
-        f"<td>{_neighbors(r.neighbors)}</td>"
-        f"{_epsilon_cells(r.audit.epsilon_round, r.audit.epsilon_total) if dp else ''}"
+        f"<td>{neighbors_cell(r.neighbors)}</td>"
+        f"{epsilon_cells(r.audit.epsilon_round, r.audit.epsilon_total) if dp else ''}"
         "</tr>"
         for r in rounds
     )

@@ -1,7 +1,8 @@
 """Noisy-client reports (JSON and CSV), client histories, pins, recomputations, diagnostics.
 
 Reads go through the request's read session; a pin or an anchor is one use case of
-`service.coordinator.reports`, which commits it.
+`service.coordinator.overrides`, a suspension one of `service.coordinator.attendance`, each of
+which commits it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from service.api import convert
 from service.api.deps import AdminDep, CurrentClient, ServicesDep, SessionDep
-from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404, PROBLEM_410
+from service.api.problems import PROBLEM_400, PROBLEM_401, PROBLEM_404, PROBLEM_409, PROBLEM_410
 from service.api.schemas.federations import ClientRead
 from service.api.schemas.reports import (
     AnchorRequest,
@@ -25,9 +26,10 @@ from service.api.schemas.reports import (
     PinRequest,
     RecomputeRequest,
     RecomputeResult,
+    SuspendRequest,
 )
+from service.coordinator import attendance, overrides, queries, report_csv, reports
 from service.coordinator import clients as client_use_cases
-from service.coordinator import overrides, queries, report_csv, reports
 from service.coordinator.resources import Services
 from service.inputs import INT32_MAX
 
@@ -134,6 +136,34 @@ def unanchor_client(
     federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
     client = overrides.anchor(services, federation_id, client_id, reason=None, actor=actor)
+    return convert.client_read(client)
+
+
+@router.put(
+    "/clients/{client_id}/suspend",
+    summary="Suspend a site: it is not selected for rounds until resumed (with a reason)",
+    responses={**PROBLEM_401, **PROBLEM_404, **PROBLEM_409},
+)
+def suspend_client(
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    body: SuspendRequest,
+    services: ServicesDep,
+    actor: AdminDep,
+) -> ClientRead:
+    client = attendance.suspend(services, federation_id, client_id, reason=body.reason, actor=actor)
+    return convert.client_read(client)
+
+
+@router.delete(
+    "/clients/{client_id}/suspend",
+    summary="Resume a suspended site: it can be selected again from the next round",
+    responses={**PROBLEM_401, **PROBLEM_404},
+)
+def resume_client(
+    federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
+) -> ClientRead:
+    client = attendance.suspend(services, federation_id, client_id, reason=None, actor=actor)
     return convert.client_read(client)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -199,6 +199,20 @@ class ClientRead(BaseModel):
     )
     joined_at: datetime | None
     last_seen_at: datetime | None
+    attendance: Literal["not_joined", "present", "absent", "suspended", "token_revoked"] = Field(
+        default="not_joined",
+        description=(
+            "Whether the site takes part in the next rounds: not_joined (never joined), present, "
+            "absent (it missed absent_after_missed rounds in a row; present again at its next "
+            "poll), suspended (by an admin), token_revoked"
+        ),
+    )
+    suspended_at: datetime | None = None
+    suspend_reason: str | None = None
+    missed_rounds: int = Field(
+        default=0, description="Rounds in a row it was selected for without sending its update"
+    )
+    absent_since: datetime | None = None
 
 
 class ClientCreated(ClientRead):

@@ -50,6 +50,17 @@ class AnchorRequest(BaseModel):
     reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
 
 
+class SuspendRequest(BaseModel):
+    """Suspend a site: it is not selected for rounds until resumed (why, for the event trail)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"reason": "site offline for maintenance until Monday"}]},
+    )
+
+    reason: Text = Field(min_length=1, max_length=2000, description=TEXT_RULES)
+
+
 class RecomputeRequest(BaseModel):
     """Re-run a past round's audit with other settings, or a what-if aggregation."""
 
@@ -198,6 +209,15 @@ class ReportClient(BaseModel):
         description="Under the Gaussian mechanism: the epsilon of all the site's updates up to "
         "its latest audited round, composed by the accountant; null without it",
     )
+    attendance: Literal["not_joined", "present", "absent", "suspended", "token_revoked"] = Field(
+        default="present",
+        description=(
+            "Whether the site takes part in the next rounds: not_joined, present, absent (it "
+            "missed the federation's absent_after_missed rounds in a row), suspended (by an "
+            "admin), token_revoked"
+        ),
+    )
+    suspend_reason: str | None = Field(default=None, description="Why an admin suspended it")
 
 
 class ReportLatest(BaseModel):

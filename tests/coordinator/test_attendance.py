@@ -1,0 +1,316 @@
+"""Attendance (``service.coordinator.attendance``): a suspended site, a site whose token is
+revoked and a site that stopped sending updates are left out of the rounds' selection, so a
+dead site does not make every round wait for its deadline."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service.config import Settings
+from service.coordinator import attendance, clients, federations, reaper, rounds
+from service.coordinator.federation_config import FederationConfigInput
+from service.coordinator.resources import Services
+from service.errors import BadRequestError, FederationStateError
+from service.store import repositories as repo
+from service.store import tables
+from tests.coordinator.test_close_once import make_services, staged, submit
+from tests.factories import state_bytes, tiny_state
+
+pytestmark = pytest.mark.db
+
+# --- which joined sites a round may select (no database) -----------------------------------
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def site(name: str, **fields: Any) -> tables.Client:
+    values: dict[str, Any] = {"joined_at": T0, "suspended_at": None, "token_revoked_at": None}
+    values.update({"absent_since": None, "missed_rounds": 0, **fields})
+    return tables.Client(id=uuid.uuid4(), name=name, **values)
+
+
+def federation(min_clients: int) -> tables.Federation:
+    return tables.Federation(min_clients=min_clients, max_clients=None, config={})
+
+
+def names(sites: list[tables.Client]) -> list[str]:
+    return [c.name for c in sites]
+
+
+def test_every_present_site_is_available() -> None:
+    joined = [site("a"), site("b"), site("c")]
+    pool = attendance.pool(federation(2), joined)
+    assert names(pool.available) == ["a", "b", "c"]
+    assert pool.left_out() == {"suspended": [], "token_revoked": [], "absent": []}
+
+
+def test_suspended_revoked_and_absent_sites_are_left_out_by_reason() -> None:
+    a, b = site("a"), site("b")
+    s = site("s", suspended_at=T0)
+    r = site("r", token_revoked_at=T0)
+    gone = site("gone", absent_since=T0, missed_rounds=2)
+    pool = attendance.pool(federation(2), [a, s, r, gone, b])
+    assert names(pool.available) == ["a", "b"]
+    assert pool.left_out() == {
+        "suspended": [str(s.id)],
+        "token_revoked": [str(r.id)],
+        "absent": [str(gone.id)],
+    }
+
+
+def test_absent_sites_come_back_when_too_few_would_remain() -> None:
+    """min_clients 3 with two present sites: the absent one is asked again (a round nobody can
+    fill is worse); a suspended or revoked site is not."""
+    joined = [
+        site("a"),
+        site("b"),
+        site("gone", absent_since=T0),
+        site("s", suspended_at=T0),
+        site("r", token_revoked_at=T0),
+    ]
+    pool = attendance.pool(federation(3), joined)
+    assert names(pool.available) == ["a", "b", "gone"]
+    assert pool.absent == []
+    assert names(pool.suspended) == ["s"]
+    assert names(pool.revoked) == ["r"]
+
+
+def test_state_names_each_case() -> None:
+    assert attendance.state(site("a", joined_at=None)) == "not_joined"
+    assert attendance.state(site("a")) == "present"
+    assert attendance.state(site("a", absent_since=T0)) == "absent"
+    assert attendance.state(site("a", token_revoked_at=T0)) == "token_revoked"
+    # a suspension is said first: it is the admin's decision and outlasts the others
+    assert attendance.state(site("a", suspended_at=T0, token_revoked_at=T0)) == "suspended"
+    assert attendance.state(site("a", joined_at=None, suspended_at=T0)) == "suspended"
+
+
+def test_the_default_applies_to_federations_stored_without_the_setting() -> None:
+    assert attendance.absent_after_missed(federation(1)) == 2
+    fed = tables.Federation(min_clients=1, config={"absent_after_missed": 0})
+    assert attendance.absent_after_missed(fed) == 0
+
+
+# --- through the coordinator's use cases, on the database -----------------------------------
+
+
+def start(
+    services: Services, names: list[str], *, min_clients: int = 1, absent_after: int = 2
+) -> tuple[uuid.UUID, dict[str, tables.Client]]:
+    """A five-round federation with round 0 open, every site joined, 30 s deadlines."""
+    config = FederationConfigInput(
+        method="fedavg",
+        detectors=["fedncl"],
+        primary_detector="fedncl",
+        absent_after_missed=absent_after,
+    )
+    with services.sessions.begin() as session:
+        fed = federations.create_federation(
+            session,
+            name="attendance",
+            num_classes=2,
+            input_shape=[2],
+            class_names=None,
+            rounds=5,
+            min_clients=min_clients,
+            max_clients=None,
+            round_deadline_s=30,
+            config=config,
+            seed=1,
+            actor="admin",
+        )
+        upload = staged(services.settings, state_bytes(tiny_state(0.0)))
+        federations.upload_initial_model(
+            services,
+            session,
+            fed.id,
+            staged=upload.path,
+            sha256=upload.sha256,
+            size=upload.size,
+            actor="admin",
+        )
+        created = [federations.add_client(session, fed.id, name=n, actor="admin")[0] for n in names]
+        for client in created:
+            clients.join(session, client, num_samples=10, class_counts=[5, 5], now=services.clock())
+        return fed.id, {c.name: c for c in created}
+
+
+def selected(services: Services, fid: uuid.UUID, index: int) -> set[str]:
+    with services.sessions() as session:
+        rnd = rounds.get_round(session, fid, index)
+        by_id = {c.id: c.name for c in repo.list_clients(session, fid)}
+        return {by_id[cid] for cid in repo.selected_client_ids(session, rnd.id)}
+
+
+def round_state(services: Services, fid: uuid.UUID, index: int) -> tuple[str, str | None]:
+    with services.sessions() as session:
+        rnd = rounds.get_round(session, fid, index)
+        return rnd.state, rnd.state_reason
+
+
+def client_row(services: Services, client_id: uuid.UUID) -> tables.Client:
+    with services.sessions() as session:
+        client = repo.get_client(session, client_id)
+        assert client is not None
+        session.expunge(client)
+        return client
+
+
+def event_kinds(services: Services, client_id: uuid.UUID) -> list[str]:
+    with services.sessions() as session:
+        query = select(tables.Event.kind).where(tables.Event.client_id == client_id)
+        return list(session.scalars(query.order_by(tables.Event.id)))
+
+
+def past_deadline(services: Services, fid: uuid.UUID, index: int) -> None:
+    """Move the clock past round `index`'s deadline and run the deadline checker."""
+    with services.sessions() as session:
+        deadline = rounds.get_round(session, fid, index).deadline_at
+    services.clock = lambda: deadline + timedelta(seconds=1)
+    reaper.check_rounds(services)
+
+
+def test_a_site_that_stopped_is_left_out_after_two_missed_rounds_and_returns_when_it_polls(
+    settings: Settings,
+) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"])
+    a, b, c = site_of["a"], site_of["b"], site_of["c"]
+    for index in (0, 1):  # c sends nothing: each round waits for its deadline
+        submit(services, fid, a, 1.0, index)
+        submit(services, fid, b, 1.0, index)
+        assert round_state(services, fid, index) == ("open", None)
+        past_deadline(services, fid, index)
+        assert round_state(services, fid, index) == ("closed", "deadline")
+    row = client_row(services, c.id)
+    assert row.missed_rounds == 2
+    assert row.absent_since is not None
+    assert client_row(services, a.id).missed_rounds == 0
+    assert "client.absent" in event_kinds(services, c.id)
+
+    # Round 2 leaves c out and closes as soon as a and b have sent theirs: no deadline.
+    assert selected(services, fid, 2) == {"a", "b"}
+    submit(services, fid, a, 1.0, 2)
+    submit(services, fid, b, 1.0, 2)
+    assert round_state(services, fid, 2) == ("closed", "complete")
+
+    # c polls: it is told it was not selected, and is present again from the next round.
+    answer = rounds.current_for(services, c.id)
+    assert isinstance(answer, rounds.Wait)
+    assert "not selected" in answer.reason
+    row = client_row(services, c.id)
+    assert (row.absent_since, row.missed_rounds) == (None, 0)
+    assert event_kinds(services, c.id)[-1] == "client.returned"
+    submit(services, fid, a, 1.0, 3)
+    submit(services, fid, b, 1.0, 3)
+    assert selected(services, fid, 4) == {"a", "b", "c"}
+    services.close()
+
+
+def test_a_poll_of_a_present_site_writes_nothing(settings: Settings) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b"])
+    before = event_kinds(services, site_of["a"].id)
+    assert isinstance(rounds.current_for(services, site_of["a"].id), rounds.Train)
+    assert event_kinds(services, site_of["a"].id) == before
+    services.close()
+
+
+def test_attendance_off_keeps_selecting_a_silent_site(settings: Settings) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b"], absent_after=0)
+    for index in (0, 1, 2):
+        submit(services, fid, site_of["a"], 1.0, index)
+        past_deadline(services, fid, index)
+    assert selected(services, fid, 3) == {"a", "b"}
+    row = client_row(services, site_of["b"].id)
+    assert (row.missed_rounds, row.absent_since) == (3, None)
+    services.close()
+
+
+def test_a_suspended_site_leaves_the_open_round_and_is_not_selected_until_resumed(
+    settings: Settings,
+) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"])
+    a, b, c = site_of["a"], site_of["b"], site_of["c"]
+    submit(services, fid, a, 1.0, 0)
+    submit(services, fid, b, 1.0, 0)
+    assert round_state(services, fid, 0) == ("open", None)  # waiting for c
+
+    suspended = attendance.suspend(services, fid, c.id, reason="offline until Monday", actor="x")
+    assert suspended.suspend_reason == "offline until Monday"
+    assert selected(services, fid, 0) == {"a", "b"}
+    with services.sessions() as session:
+        event = session.scalars(
+            select(tables.Event).where(tables.Event.kind == "client.suspended")
+        ).one()
+    assert event.data == {"reason": "offline until Monday", "withdrawn_from_round": 0}
+    # the deadline checker closes the round now complete, before its deadline
+    assert round_state(services, fid, 0) == ("open", None)
+    reaper.check_rounds(services)
+    assert round_state(services, fid, 0) == ("closed", "complete")
+    assert selected(services, fid, 1) == {"a", "b"}
+    answer = rounds.current_for(services, c.id)
+    assert isinstance(answer, rounds.Wait)
+    assert "suspended" in answer.reason
+    assert "Monday" not in answer.reason  # the admin's reason stays with the admin
+
+    resumed = attendance.suspend(services, fid, c.id, reason=None, actor="x")
+    assert (resumed.suspended_at, resumed.suspend_reason) == (None, None)
+    submit(services, fid, a, 1.0, 1)
+    submit(services, fid, b, 1.0, 1)
+    assert selected(services, fid, 2) == {"a", "b", "c"}
+    assert event_kinds(services, c.id)[-2:] == ["client.suspended", "client.resumed"]
+    services.close()
+
+
+def test_a_site_whose_update_is_stored_stays_in_the_open_round_when_suspended(
+    settings: Settings,
+) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"])
+    submit(services, fid, site_of["c"], 1.0, 0)
+    attendance.suspend(services, fid, site_of["c"].id, reason="audit", actor="x")
+    assert selected(services, fid, 0) == {"a", "b", "c"}
+    services.close()
+
+
+def test_a_suspension_that_leaves_too_few_sites_is_refused_and_changes_nothing(
+    settings: Settings,
+) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"], min_clients=2)
+    attendance.suspend(services, fid, site_of["c"].id, reason="one", actor="x")
+    with pytest.raises(FederationStateError, match="would leave 1 sites able to take part"):
+        attendance.suspend(services, fid, site_of["b"].id, reason="two", actor="x")
+    row = client_row(services, site_of["b"].id)
+    assert row.suspended_at is None
+    assert selected(services, fid, 0) == {"a", "b"}
+    with pytest.raises(BadRequestError, match="needs a reason"):
+        attendance.suspend(services, fid, site_of["a"].id, reason="  ", actor="x")
+    services.close()
+
+
+def test_a_site_whose_token_is_revoked_is_not_selected(settings: Settings) -> None:
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b"])
+    with services.sessions.begin() as session:
+        repo.get_client(session, site_of["b"].id).token_revoked_at = services.clock()  # type: ignore[union-attr]
+    submit(services, fid, site_of["a"], 1.0, 0)
+    past_deadline(services, fid, 0)
+    assert selected(services, fid, 1) == {"a"}
+    with services.sessions() as session:
+        opened = session.scalars(
+            select(tables.Event)
+            .where(tables.Event.kind == "round.opened")
+            .order_by(tables.Event.id.desc())
+        ).first()
+    assert opened is not None
+    assert opened.data["left_out"]["token_revoked"] == [str(site_of["b"].id)]
+    services.close()
