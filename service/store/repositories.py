@@ -12,6 +12,7 @@ from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.base import utcnow
+from service.store.event_kinds import EVENT_KINDS
 from service.store.event_log import remember_event
 from service.store.tables import (
     AuditResult,
@@ -522,6 +523,9 @@ def add_event(
     client_id: uuid.UUID | None = None,
     data: Mapping[str, object] | None = None,
 ) -> Event:
+    """Record an audit-trail event; ``kind`` must be one of ``event_kinds.EVENT_KINDS``."""
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"event kind {kind!r} is not in service.store.event_kinds")
     event = Event(
         kind=kind,
         actor=storable(actor),

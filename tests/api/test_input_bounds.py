@@ -220,6 +220,12 @@ async def test_event_kind_filter_and_idempotency_key_are_checked(api: httpx.Asyn
         f"/api/v1/federations/{fed.id}/events", params={"kind": "a\x00b"}, headers=ADMIN
     )
     refused(events, 422, ["query", "kind"])
+    # a well-formed kind that does not exist is refused too, naming the kinds that do
+    typo = await api.get(
+        f"/api/v1/federations/{fed.id}/events", params={"kind": "client.pined"}, headers=ADMIN
+    )
+    refused(typo, 422, ["query", "kind"])
+    assert "client.pinned" in typo.text
     ok = await api.get(
         f"/api/v1/federations/{fed.id}/events", params={"kind": "client.added"}, headers=ADMIN
     )

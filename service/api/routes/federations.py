@@ -8,6 +8,7 @@ request's read session.
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -43,11 +44,12 @@ from service.coordinator import queries, retention, rounds
 from service.coordinator.resources import Services
 from service.coordinator.updates import StagedUpload
 from service.inputs import INT32_MAX, INT64_MAX
+from service.store.event_kinds import EVENT_KIND_NAMES
 
 router = APIRouter(prefix="/federations", tags=["federations"])
 
-EVENT_KIND_PATTERN = r"^[a-z0-9_.-]+$"
-"""Event kinds are lower-case dotted names (``update.rejected``)."""
+EventKind = Literal[EVENT_KIND_NAMES]  # type: ignore[valid-type]
+"""The kinds of event a filter may name (``service.store.event_kinds``): another is refused."""
 
 
 @router.post(
@@ -284,7 +286,7 @@ def list_events(
     federation_id: uuid.UUID,
     session: SessionDep,
     _: AdminDep,
-    kind: str | None = Query(None, min_length=1, max_length=60, pattern=EVENT_KIND_PATTERN),
+    kind: EventKind | None = Query(None, description="Only events of this kind"),
     client_id: uuid.UUID | None = None,
     after_id: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(1000, ge=1, le=10000),
