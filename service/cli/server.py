@@ -95,6 +95,8 @@ def serve(
         tls_key or settings.tls_keyfile,
         tls_client_ca or settings.tls_client_ca,
     )
+    bind_host, bind_port = host or settings.host, settings.port if port is None else port
+    _check_port_free(bind_host, bind_port)
     if settings.admin_token is None:
         token = settings.admin_secret()
         # worker processes read their settings from the environment: give them the same token
@@ -108,7 +110,6 @@ def serve(
     replaced = _configure_logging(logs)
     try:
         with _metrics_directory(workers):
-            bind_host, bind_port = host or settings.host, settings.port if port is None else port
             if workers > 1:
                 _prepare_workers(settings)
                 uvicorn.run(
@@ -139,6 +140,33 @@ def serve(
     except BaseException:
         _restore_logging(replaced)
         raise
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse at once, before any start-up work or log line, an address another process holds
+    (uvicorn would run the app's start-up first and then fail to bind). Bound and closed as
+    uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT passes; port 0 (any free) is not checked.
+    """
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ][0]
+        with socket.create_server((host, port), family=family):
+            pass
+    except socket.gaierror as exc:
+        fail(f"cannot serve on {host}:{port}: the host does not resolve ({exc.strerror})")
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            fail(
+                f"port {port} on {host} is already in use (another fedaudit serve, or another "
+                "program): stop it, or serve on another --port (FEDAUDIT_PORT)"
+            )
+        fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 
 
 def _prepare_workers(settings: Any) -> None:
