@@ -319,6 +319,8 @@ class CoordinatorAuditor:
                 "primary_detector": config.primary_detector,
                 "detectors": detectors,
                 "warmup_rounds": 0,
+                # Flower picks the nodes; forwarded sites never poll, so none may become absent
+                "absent_after_missed": 0,
                 "audit": config.to_json(),
                 **({"probe_size": len(probe)} if probe else {}),
                 **({"privacy": self.privacy.model_dump()} if self.privacy is not None else {}),

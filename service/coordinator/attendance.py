@@ -4,9 +4,11 @@ every round wait for its deadline.
 
 - **Suspended** (an admin's decision, with a reason: ``PUT/DELETE .../clients/{id}/suspend``,
   ``fedaudit client suspend/resume``): not selected until resumed. Suspended while the open
-  round waits for its update, it is withdrawn from that round, which then closes with the
-  others. A suspension that would leave fewer than ``min_clients`` sites able to take part in
-  a running federation is refused.
+  round waits for its update, it is withdrawn from that round (which closes at once if the
+  others have all sent theirs), unless fewer than ``min_clients`` selected sites would remain
+  in it: then it stays in that round and is left out of the next. A suspension that would
+  leave fewer than ``min_clients`` sites able to take part in a running federation is refused;
+  round 0 opens only with ``min_clients`` sites that are not suspended.
 - **Revoked token**: not selected (it can neither poll nor upload) until a rotation.
 - **Absent**: selected for ``absent_after_missed`` rounds in a row (the federation's setting,
   default 2; 0 turns it off) without its update stored when they closed. Not selected again
@@ -28,7 +30,6 @@ from typing import Literal
 
 from sqlalchemy.orm import Session
 
-from service.coordinator import queries
 from service.coordinator.federation_config import DEFAULT_ABSENT_AFTER_MISSED
 from service.coordinator.resources import Services
 from service.errors import BadRequestError, FederationStateError
@@ -44,7 +45,6 @@ __all__ = [
     "record_round",
     "set_suspended",
     "state",
-    "suspend",
 ]
 
 
@@ -139,15 +139,20 @@ def record_round(
 
 
 def mark_returned(services: Services, client_id: uuid.UUID) -> None:
-    """An absent site polled: it is present again from the next round on (its own write, made
-    only when the poll found it absent; a concurrent poll that cleared it first wins)."""
+    """An absent site polled: it is present again from the next round on. Its own write, made
+    only when the poll found it absent, after the federation's lock (so it cannot interleave with
+    a round's close, which counts the rounds sites missed); of two concurrent polls, one clears
+    the mark and records the return. Nothing is written once the federation stopped running."""
     with services.sessions.begin() as session:
         client = repo.get_client(session, client_id)
         if client is None or client.absent_since is None:
             return
+        federation = repo.lock_federation(session, client.federation_id)
+        if federation is None or federation.status != "running":
+            return
         since = client.absent_since
-        client.absent_since = None
-        client.missed_rounds = 0
+        if not repo.clear_absence(session, client_id):
+            return  # another poll cleared it first
         repo.add_event(
             session,
             kind="client.returned",
@@ -167,80 +172,95 @@ def set_suspended(
     reason: str | None,
     actor: str,
     now: datetime,
-) -> Client:
-    """Suspend a site (``reason`` given) or resume it (None), recorded in the event trail.
+) -> Round | None:
+    """Suspend a site (``reason`` given) or resume it (None), recorded in the event trail; the
+    caller holds the federation's write lock (``repo.lock_federation_for_write``).
 
-    A suspended site is withdrawn from the open round unless its update is already stored.
-    Refused (409) when it would leave a running federation fewer than ``min_clients`` sites
-    able to take part.
+    A suspended site is withdrawn from the open round unless its update is already stored or
+    the round would be left with fewer than ``min_clients`` selected sites. Refused (409) when
+    it would leave a running federation fewer than ``min_clients`` sites able to take part.
+    Resuming a site that is not suspended changes nothing. Returns the round the site was
+    withdrawn from (which may now be complete), else None.
     """
     if reason is not None and not reason.strip():
         raise BadRequestError(
             "a suspension needs a reason", errors=[{"loc": ["body", "reason"], "msg": "required"}]
         )
-    withdrawn: int | None = None
-    if reason is not None and client.suspended_at is None and federation.status == "running":
-        others = [
-            c
-            for c in repo.joined_clients(session, federation.id)
-            if c.id != client.id and not _barred(c)
-        ]
-        if len(others) < federation.min_clients:
-            raise FederationStateError(
-                f"suspending {client.name!r} would leave {len(others)} sites able to take part; "
-                f"the federation needs {federation.min_clients} per round"
-            )
-        withdrawn = _withdraw_from_open_round(session, federation, client)
-    if reason is not None:
-        client.suspended_at = client.suspended_at or now
-        client.suspend_reason = reason
-    else:
-        client.suspended_at = None
-        client.suspend_reason = None
+    if reason is None:
+        if client.suspended_at is None:
+            return None
+        client.suspended_at = client.suspend_reason = None
+        client.missed_rounds = 0
+        repo.add_event(
+            session,
+            kind="client.resumed",
+            actor=actor,
+            message=f"client {client.name!r} resumed by {actor}: it can be selected again",
+            federation_id=federation.id,
+            client_id=client.id,
+            data={"reason": None},
+        )
+        return None
+    withdrawn: Round | None = None
+    kept_in: int | None = None
+    if client.suspended_at is None and federation.status == "running":
+        _check_enough_remain(session, federation, client)
+        withdrawn, kept_in = _withdraw_from_open_round(session, federation, client)
+    client.suspended_at = client.suspended_at or now
+    client.suspend_reason = reason
+    note = ""
+    if withdrawn is not None:
+        note = f" (withdrawn from round {withdrawn.index})"
+    elif kept_in is not None:
+        note = (
+            f" (it stays in round {kept_in}: without it the round would have fewer than "
+            f"{federation.min_clients} selected sites)"
+        )
     repo.add_event(
         session,
-        kind="client.suspended" if reason is not None else "client.resumed",
+        kind="client.suspended",
         actor=actor,
-        message=(
-            f"client {client.name!r} suspended by {actor}: {reason}"
-            + (f" (withdrawn from round {withdrawn})" if withdrawn is not None else "")
-            if reason is not None
-            else f"client {client.name!r} resumed by {actor}: it can be selected again"
-        ),
+        message=f"client {client.name!r} suspended by {actor}: {reason}{note}",
         federation_id=federation.id,
         client_id=client.id,
-        data={"reason": reason, "withdrawn_from_round": withdrawn},
+        data={
+            "reason": reason,
+            "withdrawn_from_round": None if withdrawn is None else withdrawn.index,
+        },
     )
-    return client
+    return withdrawn
+
+
+def _check_enough_remain(session: Session, federation: Federation, client: Client) -> None:
+    others = [
+        c
+        for c in repo.joined_clients(session, federation.id)
+        if c.id != client.id and not _barred(c)
+    ]
+    if len(others) < federation.min_clients:
+        sites = "site" if len(others) == 1 else "sites"
+        raise FederationStateError(
+            f"suspending {client.name!r} would leave {len(others)} {sites} able to take part; "
+            f"the federation needs {federation.min_clients} per round"
+        )
 
 
 def _withdraw_from_open_round(
     session: Session, federation: Federation, client: Client
-) -> int | None:
-    """Remove the site from the open round's selection if its update is not stored; the round's
-    index, or None when there was nothing to withdraw."""
+) -> tuple[Round | None, int | None]:
+    """Remove the site from the open round's selection if its update is not stored and enough
+    selected sites remain: (the round it was withdrawn from, None), or (None, the index of the
+    round it stays in), or (None, None) when it was in no open round's wait. The round's row is
+    locked first, as an upload locks it, so an update cannot slip in between."""
     rnd = repo.open_round_of(session, federation.id)
-    if rnd is None or repo.has_update(session, rnd.id, client.id):
-        return None
-    if not repo.remove_participant(session, rnd.id, client.id):
-        return None
-    return rnd.index
-
-
-def suspend(
-    services: Services,
-    federation_id: uuid.UUID,
-    client_id: uuid.UUID,
-    *,
-    reason: str | None,
-    actor: str,
-) -> Client:
-    """Suspend a site, or resume it with reason None (`set_suspended`), and commit."""
-    with services.sessions.begin() as session:
-        federation = repo.lock_federation(session, federation_id)
-        if federation is None:
-            federation = queries.federation_of(session, federation_id)  # raises the 404
-        client = queries.get_client(session, federation_id, client_id)
-        return set_suspended(
-            session, federation, client, reason=reason, actor=actor, now=services.clock()
-        )
+    if rnd is None or not repo.touch_open_round(session, rnd.id):
+        return None, None
+    if repo.has_update(session, rnd.id, client.id):
+        return None, None
+    if repo.participant(session, rnd.id, client.id) is None:
+        return None, None
+    selected, _ = repo.participation_counts(session, rnd.id)
+    if selected - 1 < federation.min_clients:
+        return None, rnd.index
+    repo.remove_participant(session, rnd.id, client.id)
+    return rnd, None

@@ -16,10 +16,11 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import AuditConfig, InvalidParameterError
-from service.coordinator import audits, queries, retention
+from service.coordinator import attendance, audits, queries, retention
 from service.coordinator.resources import Services
-from service.coordinator.rounds import get_round
+from service.coordinator.rounds import get_round, round_is_complete
 from service.coordinator.tensors import SafetensorsReader
+from service.coordinator.updates import schedule_close
 from service.errors import BadRequestError, NotFoundError
 from service.store import repositories as repo
 from service.store.base import utcnow
@@ -34,6 +35,7 @@ __all__ = [
     "recompute_round",
     "set_anchor",
     "set_pin",
+    "suspend",
 ]
 
 
@@ -241,6 +243,29 @@ def anchor(
     with services.sessions.begin() as session:
         federation, client = _federation_and_client(session, federation_id, client_id)
         return set_anchor(session, federation, client, reason=reason, actor=actor)
+
+
+def suspend(
+    services: Services,
+    federation_id: uuid.UUID,
+    client_id: uuid.UUID,
+    *,
+    reason: str | None,
+    actor: str,
+) -> Client:
+    """Suspend a site, or resume it with reason None (`attendance.set_suspended`), and commit;
+    a round the withdrawal left complete is closed then, as after its last upload."""
+    with services.sessions.begin() as session:
+        if repo.lock_federation_for_write(session, federation_id) is None:
+            raise NotFoundError(f"federation {federation_id} does not exist")
+        federation, client = _federation_and_client(session, federation_id, client_id)
+        withdrawn = attendance.set_suspended(
+            session, federation, client, reason=reason, actor=actor, now=services.clock()
+        )
+        complete = withdrawn is not None and round_is_complete(session, withdrawn)
+    if complete and withdrawn is not None:
+        schedule_close(services, withdrawn.id)
+    return client
 
 
 def recompute(

@@ -241,6 +241,17 @@ def maybe_start(session: Session, federation: Federation, now: datetime, *, forc
         return False
     if not force and joined < registered:
         return False
+    available = len(
+        attendance.pool(federation, repo.joined_clients(session, federation.id)).available
+    )
+    if available < federation.min_clients:
+        if force:
+            raise FederationStateError(
+                f"only {available} of the {joined} sites that joined can take part (the others "
+                f"are suspended or their tokens revoked); the federation needs at least "
+                f"{federation.min_clients} per round"
+            )
+        return False
     model = repo.get_model_version(session, federation.current_model_id)
     assert model is not None
     federation.status = "running"

@@ -302,8 +302,9 @@ def _submit(
 
 
 def _lock_open_round(session: Session, rnd: Round, client: Client) -> None:
-    """Lock the round against a concurrent close; refuse the update if the round closed
-    meanwhile or the client's update for it was accepted already."""
+    """Lock the round against a concurrent close (and a suspension's withdrawal); refuse the
+    update if the round closed meanwhile, the client's update for it was accepted already, or the
+    client was withdrawn from it (``attendance``)."""
     if not repo.touch_open_round(session, rnd.id):
         raise RoundClosedError(
             f"round {rnd.index} closed while this update was being received",
@@ -312,6 +313,10 @@ def _lock_open_round(session: Session, rnd: Round, client: Client) -> None:
     if repo.has_update(session, rnd.id, client.id):
         raise DuplicateUpdateError(
             f"an update for round {rnd.index} was already accepted from this client"
+        )
+    if repo.participant(session, rnd.id, client.id) is None:  # an admin's suspension meanwhile
+        raise ForbiddenError(
+            f"this client was withdrawn from round {rnd.index} while its update was received"
         )
 
 

@@ -115,6 +115,19 @@ def lock_federation(session: Session, federation_id: uuid.UUID) -> Federation | 
     )
 
 
+def lock_federation_for_write(session: Session, federation_id: uuid.UUID) -> Federation | None:
+    """The federation row, locked against every other writer on both databases: a no-op UPDATE
+    first (on SQLite a transaction's first write takes the database's write lock; a read, as
+    `lock_federation`'s on SQLite, takes none), then the row."""
+    session.execute(
+        update(Federation)
+        .where(Federation.id == federation_id)
+        .values(name=Federation.name)
+        .execution_options(synchronize_session=False)
+    )
+    return lock_federation(session, federation_id)
+
+
 # --- clients ---------------------------------------------------------------------------------
 
 
@@ -142,6 +155,17 @@ def joined_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
         Client.federation_id == federation_id, Client.joined_at.is_not(None)
     )
     return list(session.scalars(query.order_by(Client.name, Client.id)))
+
+
+def clear_absence(session: Session, client_id: uuid.UUID) -> bool:
+    """Mark an absent client present (``attendance``); False when it was not absent (any more)."""
+    result = session.execute(
+        update(Client)
+        .where(Client.id == client_id, Client.absent_since.is_not(None))
+        .values(absent_since=None, missed_rounds=0)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
 
 
 def touch_client(session: Session, client_id: uuid.UUID, when: datetime) -> None:

@@ -34,7 +34,7 @@ async def test_suspend_and_resume_a_site(api: httpx.AsyncClient) -> None:
     refused = await api.put(other, json={"reason": "also"}, headers=ADMIN)
     assert refused.status_code == 409
     assert refused.headers["content-type"] == "application/problem+json"
-    assert "would leave 1 sites able to take part" in refused.json()["detail"]
+    assert "would leave 1 site able to take part" in refused.json()["detail"]
     listed = (await api.get(f"/api/v1/federations/{fed.id}/clients", headers=ADMIN)).json()
     assert {c["name"]: c["attendance"] for c in listed} == {
         "a": "present",

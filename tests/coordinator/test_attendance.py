@@ -4,6 +4,7 @@ dead site does not make every round wait for its deadline."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,10 +13,10 @@ import pytest
 from sqlalchemy import select
 
 from service.config import Settings
-from service.coordinator import attendance, clients, federations, reaper, rounds
+from service.coordinator import attendance, clients, federations, overrides, reaper, rounds, updates
 from service.coordinator.federation_config import FederationConfigInput
 from service.coordinator.resources import Services
-from service.errors import BadRequestError, FederationStateError
+from service.errors import BadRequestError, FederationStateError, ForbiddenError
 from service.store import repositories as repo
 from service.store import tables
 from tests.coordinator.test_close_once import make_services, staged, submit
@@ -243,7 +244,7 @@ def test_a_suspended_site_leaves_the_open_round_and_is_not_selected_until_resume
     submit(services, fid, b, 1.0, 0)
     assert round_state(services, fid, 0) == ("open", None)  # waiting for c
 
-    suspended = attendance.suspend(services, fid, c.id, reason="offline until Monday", actor="x")
+    suspended = overrides.suspend(services, fid, c.id, reason="offline until Monday", actor="x")
     assert suspended.suspend_reason == "offline until Monday"
     assert selected(services, fid, 0) == {"a", "b"}
     with services.sessions() as session:
@@ -251,9 +252,7 @@ def test_a_suspended_site_leaves_the_open_round_and_is_not_selected_until_resume
             select(tables.Event).where(tables.Event.kind == "client.suspended")
         ).one()
     assert event.data == {"reason": "offline until Monday", "withdrawn_from_round": 0}
-    # the deadline checker closes the round now complete, before its deadline
-    assert round_state(services, fid, 0) == ("open", None)
-    reaper.check_rounds(services)
+    # the round, now complete, closes at once, as after its last upload
     assert round_state(services, fid, 0) == ("closed", "complete")
     assert selected(services, fid, 1) == {"a", "b"}
     answer = rounds.current_for(services, c.id)
@@ -261,7 +260,7 @@ def test_a_suspended_site_leaves_the_open_round_and_is_not_selected_until_resume
     assert "suspended" in answer.reason
     assert "Monday" not in answer.reason  # the admin's reason stays with the admin
 
-    resumed = attendance.suspend(services, fid, c.id, reason=None, actor="x")
+    resumed = overrides.suspend(services, fid, c.id, reason=None, actor="x")
     assert (resumed.suspended_at, resumed.suspend_reason) == (None, None)
     submit(services, fid, a, 1.0, 1)
     submit(services, fid, b, 1.0, 1)
@@ -276,7 +275,7 @@ def test_a_site_whose_update_is_stored_stays_in_the_open_round_when_suspended(
     services = make_services(settings)
     fid, site_of = start(services, ["a", "b", "c"])
     submit(services, fid, site_of["c"], 1.0, 0)
-    attendance.suspend(services, fid, site_of["c"].id, reason="audit", actor="x")
+    overrides.suspend(services, fid, site_of["c"].id, reason="audit", actor="x")
     assert selected(services, fid, 0) == {"a", "b", "c"}
     services.close()
 
@@ -286,14 +285,14 @@ def test_a_suspension_that_leaves_too_few_sites_is_refused_and_changes_nothing(
 ) -> None:
     services = make_services(settings)
     fid, site_of = start(services, ["a", "b", "c"], min_clients=2)
-    attendance.suspend(services, fid, site_of["c"].id, reason="one", actor="x")
-    with pytest.raises(FederationStateError, match="would leave 1 sites able to take part"):
-        attendance.suspend(services, fid, site_of["b"].id, reason="two", actor="x")
+    overrides.suspend(services, fid, site_of["c"].id, reason="one", actor="x")
+    with pytest.raises(FederationStateError, match="would leave 1 site able to take part"):
+        overrides.suspend(services, fid, site_of["b"].id, reason="two", actor="x")
     row = client_row(services, site_of["b"].id)
     assert row.suspended_at is None
     assert selected(services, fid, 0) == {"a", "b"}
     with pytest.raises(BadRequestError, match="needs a reason"):
-        attendance.suspend(services, fid, site_of["a"].id, reason="  ", actor="x")
+        overrides.suspend(services, fid, site_of["a"].id, reason="  ", actor="x")
     services.close()
 
 
@@ -313,4 +312,137 @@ def test_a_site_whose_token_is_revoked_is_not_selected(settings: Settings) -> No
         ).first()
     assert opened is not None
     assert opened.data["left_out"]["token_revoked"] == [str(site_of["b"].id)]
+    services.close()
+
+
+def test_an_update_sent_while_its_site_is_withdrawn_is_refused(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suspension lands while c's upload is being checked: the upload, which locks the
+    round, finds c no longer selected and is refused; nothing of it is stored."""
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"])
+    checked = updates.check_join_consistency
+
+    def suspended_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        overrides.suspend(services, fid, site_of["c"].id, reason="meanwhile", actor="x")
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(updates, "check_join_consistency", suspended_meanwhile)
+    with pytest.raises(ForbiddenError, match="withdrawn from round 0"):
+        submit(services, fid, site_of["c"], 9.0, 0)
+    monkeypatch.setattr(updates, "check_join_consistency", checked)
+    with services.sessions() as session:
+        rnd = rounds.get_round(session, fid, 0)
+        assert repo.submitted_client_ids(session, rnd.id) == []
+    assert selected(services, fid, 0) == {"a", "b"}
+    services.close()
+
+
+def test_a_suspended_site_stays_in_a_round_that_would_have_too_few_sites_without_it(
+    settings: Settings,
+) -> None:
+    """min_clients 2, and c absent: round 2 selected a and b. Suspending b keeps b in round 2
+    (one selected site would be below min_clients) and leaves it out of round 3."""
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"], min_clients=2)
+    for index in (0, 1):
+        submit(services, fid, site_of["a"], 1.0, index)
+        submit(services, fid, site_of["b"], 1.0, index)
+        past_deadline(services, fid, index)
+    assert selected(services, fid, 2) == {"a", "b"}  # c absent
+    overrides.suspend(services, fid, site_of["b"].id, reason="check", actor="x")
+    assert selected(services, fid, 2) == {"a", "b"}
+    with services.sessions() as session:
+        event = session.scalars(
+            select(tables.Event).where(tables.Event.kind == "client.suspended")
+        ).one()
+    assert "it stays in round 2" in event.message
+    assert event.data["withdrawn_from_round"] is None
+    submit(services, fid, site_of["a"], 1.0, 2)
+    submit(services, fid, site_of["b"], 1.0, 2)
+    # without b, a alone is below min_clients: the absent c is asked again
+    assert selected(services, fid, 3) == {"a", "c"}
+    services.close()
+
+
+def test_round_0_opens_only_with_min_clients_sites_that_are_not_suspended(
+    settings: Settings,
+) -> None:
+    services = make_services(settings)
+    with services.sessions.begin() as session:
+        fed = federations.create_federation(
+            session,
+            name="waiting",
+            num_classes=2,
+            input_shape=[2],
+            class_names=None,
+            rounds=2,
+            min_clients=2,
+            max_clients=None,
+            round_deadline_s=30,
+            config=FederationConfigInput(
+                method="fedavg", detectors=["fedncl"], primary_detector="fedncl"
+            ),
+            seed=1,
+            actor="admin",
+        )
+        upload = staged(services.settings, state_bytes(tiny_state(0.0)))
+        federations.upload_initial_model(
+            services,
+            session,
+            fed.id,
+            staged=upload.path,
+            sha256=upload.sha256,
+            size=upload.size,
+            actor="admin",
+        )
+        a, b, _ = (
+            federations.add_client(session, fed.id, name=n, actor="admin")[0]
+            for n in ("a", "b", "c")
+        )
+        for client in (a, b):
+            clients.join(session, client, num_samples=10, class_counts=[5, 5], now=services.clock())
+        fid = fed.id
+    overrides.suspend(services, fid, b.id, reason="not ready", actor="x")  # waiting: allowed
+    with pytest.raises(FederationStateError, match="only 1 of the 2 sites that joined can take"):
+        rounds.start_now(services, fid)
+    with services.sessions() as session:
+        assert repo.open_round_of(session, fid) is None
+    overrides.suspend(services, fid, b.id, reason=None, actor="x")
+    rounds.start_now(services, fid)
+    assert selected(services, fid, 0) == {"a", "b"}
+    services.close()
+
+
+def test_a_return_is_recorded_once_when_two_polls_race(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two polls of an absent site (two replicas): the second to take the federation's lock
+    finds it present already and records nothing."""
+    services = make_services(settings)
+    fid, site_of = start(services, ["a", "b", "c"])
+    for index in (0, 1):
+        submit(services, fid, site_of["a"], 1.0, index)
+        submit(services, fid, site_of["b"], 1.0, index)
+        past_deadline(services, fid, index)
+    c = site_of["c"].id
+    assert client_row(services, c).absent_since is not None
+    lock = repo.lock_federation
+    order: list[str] = []
+
+    def other_poll_first(session: Any, federation_id: uuid.UUID) -> Any:
+        if not order:
+            order.append("outer")
+            inner = threading.Thread(target=lambda: attendance.mark_returned(services, c))
+            inner.start()
+            inner.join(timeout=60)
+            order.append("inner done")
+        return lock(session, federation_id)
+
+    monkeypatch.setattr(repo, "lock_federation", other_poll_first)
+    attendance.mark_returned(services, c)
+    assert order == ["outer", "inner done"]
+    assert event_kinds(services, c).count("client.returned") == 1
+    assert client_row(services, c).absent_since is None
     services.close()

@@ -1,8 +1,7 @@
 """Noisy-client reports (JSON and CSV), client histories, pins, recomputations, diagnostics.
 
 Reads go through the request's read session; a pin or an anchor is one use case of
-`service.coordinator.overrides`, a suspension one of `service.coordinator.attendance`, each of
-which commits it.
+`service.coordinator.overrides`, which commits it (a suspension too).
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from service.api.schemas.reports import (
     RecomputeResult,
     SuspendRequest,
 )
-from service.coordinator import attendance, overrides, queries, report_csv, reports
 from service.coordinator import clients as client_use_cases
+from service.coordinator import overrides, queries, report_csv, reports
 from service.coordinator.resources import Services
 from service.inputs import INT32_MAX
 
@@ -151,7 +150,7 @@ def suspend_client(
     services: ServicesDep,
     actor: AdminDep,
 ) -> ClientRead:
-    client = attendance.suspend(services, federation_id, client_id, reason=body.reason, actor=actor)
+    client = overrides.suspend(services, federation_id, client_id, reason=body.reason, actor=actor)
     return convert.client_read(client)
 
 
@@ -163,7 +162,7 @@ def suspend_client(
 def resume_client(
     federation_id: uuid.UUID, client_id: uuid.UUID, services: ServicesDep, actor: AdminDep
 ) -> ClientRead:
-    client = attendance.suspend(services, federation_id, client_id, reason=None, actor=actor)
+    client = overrides.suspend(services, federation_id, client_id, reason=None, actor=actor)
     return convert.client_read(client)
 
 
