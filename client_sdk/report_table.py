@@ -202,8 +202,10 @@ def render_report(data: dict[str, Any], truth: dict[str, float] | None = None) -
         f"{data['federation']}: {data['rounds_audited']} rounds audited, primary detector "
         f"{data['primary_detector']}"
     )
-    if data.get("status") == "failed":
-        title += escape(f"; FAILED: {data.get('status_reason') or 'no reason recorded'}")
+    if data.get("status") in ("failed", "stopped"):
+        title += escape(
+            f"; {data['status'].upper()}: {data.get('status_reason') or 'no reason recorded'}"
+        )
     caption = _caption(data, latest)
     privacy = data.get("privacy")
     table = Table(title=title, caption=escape(caption.lstrip("\n")))

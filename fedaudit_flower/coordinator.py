@@ -365,7 +365,7 @@ class CoordinatorAuditor:
         admin = self.admin()
         assert self.federation_id is not None
         federation = admin.get_federation(self.federation_id)
-        if federation.status in ("finished", "failed"):
+        if federation.status in ("finished", "failed", "stopped"):
             why = f": {federation.status_reason}" if federation.status_reason else ""
             raise AuditNotRun(
                 f"the coordinator's federation {federation.name!r} has {federation.status}"

@@ -104,7 +104,7 @@ def run_methods(
     The federations run in lock-step (module docstring). Each gets the same clients (names,
     local data, noisy labels), the same initial model and the same federation seed. A
     federation whose client's training fails is dropped from the lock-step, stopped on the
-    coordinator (status "failed", with the client, round and error as the reason) and
+    coordinator (status "stopped", with the client, round and error as the reason) and
     recorded; the others go on.
 
     Returns

@@ -42,7 +42,7 @@ from service.errors import (
     NotFoundError,
 )
 from service.store import repositories as repo
-from service.store.tables import Client, Federation, ModelVersion
+from service.store.tables import ENDED_STATUSES, Client, Federation, ModelVersion
 
 CLIENT_TOKEN_PREFIX = "fa_c_"
 
@@ -138,7 +138,7 @@ def _federation_before_first_round(session: Session, federation_id: uuid.UUID) -
     if federation is None:
         raise NotFoundError(f"federation {federation_id} does not exist")
     session.refresh(federation)  # the locked row's values
-    if federation.status in ("finished", "failed"):
+    if federation.status in ENDED_STATUSES:
         raise FederationStateError(
             f"federation {federation.name!r} has {federation.status}; its initial model can no "
             "longer be replaced"
@@ -249,7 +249,7 @@ def upload_initial_model(
 def stop_federation(
     session: Session, federation_id: uuid.UUID, *, reason: str, actor: str
 ) -> Federation:
-    """Stop a federation for good: status ``failed`` with the admin's reason, its open round
+    """Stop a federation for good: status ``stopped`` with the admin's reason, its open round
     ``failed``; the sites' next instruction call answers 409 with the reason (the SDK raises
     ``FederationFailedError``).
 
@@ -270,12 +270,12 @@ def stop_federation(
     if federation is None:
         raise NotFoundError(f"federation {federation_id} does not exist")
     session.refresh(federation)  # the locked row's values, even if a caller loaded it before
-    if federation.status in ("finished", "failed"):
+    if federation.status in ENDED_STATUSES:
         raise FederationStateError(
             f"federation {federation.name!r} has already {federation.status}; nothing to stop"
         )
     failed_rounds += repo.fail_open_rounds(session, federation_id, round_reason)
-    federation.status = "failed"
+    federation.status = "stopped"
     mark_changed(session, federation.id)
     federation.status_reason = f"stopped by the admin: {reason}"
     repo.add_event(
@@ -295,7 +295,7 @@ def add_client(
 ) -> tuple[Client, str]:
     """Register a client; its token is returned once and only its hash is stored."""
     federation = get_federation(session, federation_id)
-    if federation.status in ("finished", "failed"):
+    if federation.status in ENDED_STATUSES:
         raise FederationStateError(f"federation {federation.name!r} is {federation.status}")
     if repo.client_name_taken(session, federation.id, name):
         raise ConflictError(f"federation {federation.name!r} already has a client named {name!r}")

@@ -303,9 +303,10 @@ def answer_poll(state: PollState | None, client_id: uuid.UUID) -> Train | Wait |
         raise NotFoundError(f"client {client_id} does not exist")
     if state.federation_status == "finished":
         return Finished(final_model_id=state.current_model_id)
-    if state.federation_status == "failed":
+    if state.federation_status in ("failed", "stopped"):
+        how = "failed:" if state.federation_status == "failed" else "was"  # "was stopped by ..."
         raise FederationStateError(
-            f"federation {state.federation_name!r} failed: {state.status_reason}"
+            f"federation {state.federation_name!r} {how} {state.status_reason}"
         )
     if state.federation_status == "created":
         return Wait(WAIT_DEFAULT_S, "the federation has not started (no initial model yet)")

@@ -55,7 +55,7 @@ def status_counts(session: Session) -> dict[str, dict[str, int]]:
     """Aggregate counts for the metrics endpoint: a handful of GROUP BY queries, no rows.
 
     ``clients``: the sites of the running federations only, by effective status (a pin wins
-    over the detectors); a finished or failed federation's sites leave the count.
+    over the detectors); a finished, failed or stopped federation's sites leave the count.
     """
     federations = session.execute(
         select(Federation.status, func.count()).group_by(Federation.status)

@@ -27,7 +27,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from service.store.base import Base, UTCDateTime, new_id, utcnow
 
-FEDERATION_STATUSES = ("created", "waiting", "running", "finished", "failed")
+FEDERATION_STATUSES = ("created", "waiting", "running", "finished", "failed", "stopped")
+ENDED_STATUSES = ("finished", "failed", "stopped")
+"""A federation in one of these runs no more rounds (stopped: by an admin)."""
 CLIENT_STATUSES = ("trusted", "suspect", "noisy")
 ROUND_STATES = ("open", "aggregating", "closed", "failed")
 

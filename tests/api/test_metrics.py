@@ -218,7 +218,8 @@ async def test_a_stopped_federation_leaves_the_site_counts_and_its_site_errors(
     metrics = parse_exposition((await api.get("/metrics")).text)
 
     # Assert: the stopped federation's two sites are counted nowhere any more
-    assert value(metrics, "fedaudit_federations", status="failed") == 1
+    assert value(metrics, "fedaudit_federations", status="stopped") == 1
+    assert value(metrics, "fedaudit_federations", status="failed") == 0
     assert value(metrics, "fedaudit_clients", status="trusted") == 3
     assert sum(metrics["fedaudit_clients"]["samples"].values()) == 3
     going_labels = {"federation": str(going.id), "name": "going"}

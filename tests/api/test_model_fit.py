@@ -169,7 +169,7 @@ async def test_a_stopped_federation_keeps_its_initial_model(api: httpx.AsyncClie
         f"/api/v1/federations/{fed.id}/model", content=state_bytes(tiny_state(5.0)), headers=OCTET
     )
     assert late.status_code == 409
-    assert "has failed; its initial model can no longer be replaced" in late.json()["detail"]
+    assert "has stopped; its initial model can no longer be replaced" in late.json()["detail"]
 
 
 async def create_task(api: httpx.AsyncClient, name: str, input_shape: list[int]) -> str:

@@ -26,10 +26,10 @@ async def test_stop_fails_the_open_round_and_tells_the_sites_why(api: httpx.Asyn
     # Execute
     response = await stop(api, fed.id, {"reason": "site b sent a wrong data set"})
 
-    # Assert: the federation and its round are failed, with the reason
+    # Assert: the federation is stopped and its round failed, with the reason
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["status"] == "failed"
+    assert body["status"] == "stopped"
     assert body["status_reason"] == "stopped by the admin: site b sent a wrong data set"
     round_0 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/0", headers=ADMIN)).json()
     assert round_0["state"] == "failed"
@@ -59,7 +59,7 @@ async def test_a_federation_that_has_not_started_can_be_stopped(api: httpx.Async
     fed = await make_federation(api, join=False)
     response = await stop(api, fed.id, {"reason": "created by mistake"})
     assert response.status_code == 200, response.text
-    assert response.json()["status"] == "failed"
+    assert response.json()["status"] == "stopped"
     added = await api.post(
         f"/api/v1/federations/{fed.id}/clients", json={"name": "late"}, headers=ADMIN
     )
@@ -90,7 +90,7 @@ async def test_stopping_twice_unknown_or_without_the_token_is_refused(
     assert first.status_code == 200
     again = await stop(api, fed.id, {"reason": "second"})
     assert again.status_code == 409
-    assert "has already failed; nothing to stop" in again.json()["detail"]
+    assert "has already stopped; nothing to stop" in again.json()["detail"]
     # the first reason stands
     after = (await api.get(f"/api/v1/federations/{fed.id}", headers=ADMIN)).json()
     assert after["status_reason"] == "stopped by the admin: first"
@@ -117,10 +117,10 @@ async def test_the_report_and_the_dashboard_say_why_it_was_stopped(
     report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
     page = await api.get(f"/admin/federations/{fed.id}", headers=ADMIN)
 
-    assert report["status"] == "failed"
+    assert report["status"] == "stopped"
     assert report["status_reason"] == "stopped by the admin: labels <unchecked>"
     assert page.status_code == 200
     assert (
-        "<dt>status</dt><dd>failed (stopped by the admin: labels &lt;unchecked&gt;)</dd>"
+        "<dt>status</dt><dd>stopped (stopped by the admin: labels &lt;unchecked&gt;)</dd>"
         in page.text
     )

@@ -118,10 +118,10 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         assert "stopped by the admin: wrong task spec" in stopped.output
         shown = runner.invoke(app, ["federation", "show", fid], env=env)
         assert shown.exit_code == 0, shown.output  # the admin still sees a stopped federation
-        assert json.loads(shown.output)["status"] == "failed"
+        assert json.loads(shown.output)["status"] == "stopped"
         assert json.loads(shown.output)["status_reason"] == "stopped by the admin: wrong task spec"
         stopped_report = runner.invoke(app, ["report", fid], env=env)
-        assert "FAILED: stopped by the admin: wrong task spec" in " ".join(
+        assert "STOPPED: stopped by the admin: wrong task spec" in " ".join(
             stopped_report.output.split()
         )
         again = runner.invoke(app, ["federation", "stop", fid, "--reason", "x"], env=env)

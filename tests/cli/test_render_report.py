@@ -88,7 +88,7 @@ def test_names_reasons_and_classes_are_text_not_markup():
     # a style tag and drop it.
     data = report("class_z")
     data["federation"] = "fed[b]"
-    data["status"] = "failed"
+    data["status"] = "stopped"
     data["status_reason"] = "stopped by the admin: [audit] relabelled"
     data["clients"][0].update({"name": "site[a]", "noisy_classes": ["[x]"]})
     data["latest"]["warnings"] = ["look at [site]"]
@@ -220,3 +220,12 @@ def test_a_site_that_does_not_take_part_says_why_in_its_status():
     plain = text_of(report("class_z"))  # present, or a report from before attendance
     assert "(absent)" not in plain
     assert "(suspended)" not in plain
+
+
+def test_a_stopped_or_failed_federation_says_so_in_the_title():
+    data = report("class_z")
+    data["status"], data["status_reason"] = "stopped", "stopped by the admin: wrong spec"
+    assert "STOPPED: stopped by the admin: wrong spec" in " ".join(text_of(data).split())
+    data["status"], data["status_reason"] = "failed", "round 3 failed to close: boom"
+    assert "FAILED: round 3 failed to close: boom" in " ".join(text_of(data).split())
+    assert "STOPPED" not in text_of(report("class_z"))

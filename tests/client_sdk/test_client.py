@@ -197,7 +197,7 @@ def test_stop_federation_posts_the_reason_and_does_not_retry_a_conflict() -> Non
     federation = {
         "id": FID,
         "name": "f",
-        "status": "failed",
+        "status": "stopped",
         "status_reason": "stopped by the admin: bad data",
         "task": {"num_classes": 2, "input_shape": [4]},
         "plan": {"rounds": 3},
@@ -214,17 +214,17 @@ def test_stop_federation_posts_the_reason_and_does_not_retry_a_conflict() -> Non
         sent.append(request)
         if len(sent) == 1:
             return httpx.Response(200, json=federation)
-        return problem(409, "federation-state", "federation 'f' has already failed")
+        return problem(409, "federation-state", "federation 'f' has already stopped")
 
     http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coord")
     admin = AdminClient(api_token="t" * 20, http_client=http, sleep=lambda s: None)
     stopped = admin.stop_federation(FID, "bad data")
-    assert stopped.status == "failed"
+    assert stopped.status == "stopped"
     assert stopped.status_reason == "stopped by the admin: bad data"
     assert sent[0].method == "POST"
     assert sent[0].url.path == f"/api/v1/federations/{FID}/stop"
     assert json.loads(sent[0].content) == {"reason": "bad data"}
-    with pytest.raises(ConflictError, match="already failed"):
+    with pytest.raises(ConflictError, match="already stopped"):
         admin.stop_federation(FID, "again")
     assert len(sent) == 2  # a 409 is an answer, not retried
 

@@ -188,3 +188,35 @@ def test_older_federations_keep_uncapped_weights_and_get_the_drift_check(
     downgrade(database_url, f"{BOUNDED_INFLUENCE_REVISION}-1")
     assert _federation_configs(database_url)["old"] == old
     upgrade(database_url)
+
+
+STOPPED_REVISION = "f2c8d5a9b614"
+
+
+def _statuses(url: str) -> dict[str, str]:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT name, status FROM federation")).all()
+    engine.dispose()
+    return dict(rows)
+
+
+def test_federations_an_admin_stopped_become_stopped(database_url: str) -> None:
+    downgrade(database_url, f"{STOPPED_REVISION}-1")
+    _insert_federations(database_url, {n: {"method": "fedavg"} for n in ("halted", "broke", "on")})
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        for name, reason in (
+            ("halted", "stopped by the admin: wrong spec"),
+            ("broke", "round 2 failed to close: ValueError: boom"),
+        ):
+            connection.execute(
+                text("UPDATE federation SET status = 'failed', status_reason = :r WHERE name = :n"),
+                {"r": reason, "n": name},
+            )
+    engine.dispose()
+    upgrade(database_url, STOPPED_REVISION)
+    assert _statuses(database_url) == {"halted": "stopped", "broke": "failed", "on": "running"}
+    downgrade(database_url, f"{STOPPED_REVISION}-1")
+    assert _statuses(database_url) == {"halted": "failed", "broke": "failed", "on": "running"}
+    upgrade(database_url)

@@ -281,7 +281,7 @@ def test_a_diverging_method_fails_alone_and_the_comparison_completes(tmp_path: P
             "SELECT status, status_reason FROM federation WHERE id = ?",
             (failure["federation_id"].replace("-", ""),),
         ).fetchone()
-    assert status == "failed"
+    assert status == "stopped"
     assert reason.startswith("stopped by the admin: simulation: client-00 failed in round 0 (")
 
 
