@@ -462,14 +462,19 @@ def distil_classes(
 def neighbor_assignments(
     session: Session, federation: Federation, audit: AuditResult | None
 ) -> dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]]:
-    """Per client: its neighbors (with weights and the model id of their latest local model)."""
+    """Per client: its neighbors (with weights and the model id of their latest local model).
+    A suspended site's model is not handed out (an admin may suspend a site while its labels are
+    checked), nor a pruned one; the site ensembles the neighbours it is given."""
     if audit is None:
         return {}
     stored = read_neighbors(audit.result)
     neighbors, self_weights = stored.neighbors, stored.self_weights
     if not neighbors:
         return {}
-    wanted = {uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries}
+    suspended = {c.id for c in repo.list_clients(session, federation.id) if c.suspended_at}
+    wanted = {
+        uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries
+    } - suspended
     latest = repo.latest_updates(session, federation.id, sorted(wanted, key=str))
     result: dict[uuid.UUID, tuple[list[AssignedNeighbor], float | None]] = {}
     for client_id, entries in neighbors.items():

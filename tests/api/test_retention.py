@@ -414,3 +414,33 @@ async def test_prune_keeps_the_neighbour_models_an_open_round_hands_out(
     round2 = (await api.get(f"/api/v1/federations/{fed.id}/rounds/2", headers=ADMIN)).json()
     assert round2["state"] == "closed"
     assert round2["audit"]["neighbors"]
+
+
+async def test_a_suspended_sites_model_is_not_handed_out_as_a_neighbour(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """FedRN: b is suspended in round 1 (withdrawn: its update was not in); round 2 gives c
+    the models of the sites it may learn from, not b's round-0 model."""
+    fed = await make_federation(api, clients=SITES, rounds=4, config=FEDRN)
+    for site in SITES:
+        await send_fedrn(api, fed, site, 0)
+    rows = updates_by_site_and_round(app, fed)
+    first = (
+        await api.get(f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers("c"))
+    ).json()["instructions"]
+    assert str(rows[("b", 0)].id) in {n["model_id"] for n in first["neighbors"]}
+    suspended = await api.put(
+        f"/api/v1/federations/{fed.id}/clients/{fed.client_ids['b']}/suspend",
+        json={"reason": "labels being checked"},
+        headers=ADMIN,
+    )
+    assert suspended.status_code == 200, suspended.text
+    await send_fedrn(api, fed, "a", 1)
+    await send_fedrn(api, fed, "c", 1)
+    second = (
+        await api.get(f"/api/v1/federations/{fed.id}/rounds/current", headers=fed.headers("c"))
+    ).json()
+    assert second["round"]["index"] == 2
+    handed = {n["model_id"] for n in second["instructions"]["neighbors"]}
+    assert str(rows[("b", 0)].id) not in handed
+    assert handed  # a's model still is
