@@ -14,7 +14,14 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from client_sdk._detection_responses import (
+    AuditEvidenceSummary,
+    AuditExpertiseSummary,
+    AuditFedNCLSummary,
+    AuditFedNoRoSummary,
+)
 
 
 class _Model(BaseModel):
@@ -154,14 +161,42 @@ class DetectorOutcome(_Model):
     reason: str | None = None
 
 
+_SUMMARIES: dict[str, Any] = {
+    "evidence": TypeAdapter(AuditEvidenceSummary),
+    "fednoro": TypeAdapter(AuditFedNoRoSummary),
+    "fedncl": TypeAdapter(AuditFedNCLSummary),
+    "expertise": TypeAdapter(AuditExpertiseSummary),
+}
+
+
 class ReportLatest(_Model):
-    """The federation's latest audit (every field None before the first)."""
+    """The federation's latest audit (every field None before the first). ``primary_summary``
+    is the primary detector's round summary, a dict typed by that detector (as a round's
+    ``AuditRecord.detections[name].summary``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _summary_of_the_primary(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        summary, primary = data.get("primary_summary"), data.get("primary_detector")
+        adapter = _SUMMARIES.get(primary) if isinstance(primary, str) else None
+        if isinstance(summary, dict) and adapter is not None:
+            return {**data, "primary_summary": adapter.validate_python(summary)}
+        return data
 
     round: int | None = None
     primary_detector: str | None = None
     primary_status: str | None = None
     primary_reason: str | None = None
-    primary_summary: dict[str, Any] | None = None
+    primary_summary: (
+        AuditEvidenceSummary
+        | AuditFedNoRoSummary
+        | AuditFedNCLSummary
+        | AuditExpertiseSummary
+        | dict[str, Any]
+        | None
+    ) = None
     aggregation_rule: str | None = None
     fallback_reason: str | None = None
     in_warmup: bool | None = None

@@ -6,10 +6,17 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.api.schemas.audits import AuditRecord
+from service.api.schemas.detection_summaries import (
+    EvidenceSummary,
+    ExpertiseSummary,
+    FedNCLSummary,
+    FedNoRoSummary,
+)
 from service.api.schemas.evidence import ClassEvidence, DetectorEvidence
+from service.api.schemas.stored_record import StoredRecord
 from service.audit import ClientStatus
 from service.inputs import TEXT_RULES, BoundedJson, Text
 
@@ -220,14 +227,44 @@ class ReportClient(BaseModel):
     suspend_reason: str | None = Field(default=None, description="Why an admin suspended it")
 
 
+PrimarySummary = EvidenceSummary | FedNoRoSummary | FedNCLSummary | ExpertiseSummary
+"""Any detector's round summary; which one is read by the report's ``primary_detector``."""
+
+SUMMARY_MODELS: dict[str, type[StoredRecord]] = {
+    "evidence": EvidenceSummary,
+    "fednoro": FedNoRoSummary,
+    "fedncl": FedNCLSummary,
+    "expertise": ExpertiseSummary,
+}
+"""The summary record of each detector (the round audit's detection records name the same)."""
+
+
 class ReportLatest(BaseModel):
     """The federation's latest audit; every field is absent before the first audit."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _summary_of_the_primary(cls, data: Any) -> Any:
+        """Read ``primary_summary`` as its detector's record (not whichever model fits first)."""
+        if not isinstance(data, dict):
+            return data
+        summary, primary = data.get("primary_summary"), data.get("primary_detector")
+        model = SUMMARY_MODELS.get(primary) if isinstance(primary, str) else None
+        if isinstance(summary, dict) and model is not None:
+            return {**data, "primary_summary": model.model_validate(summary)}
+        return data
 
     round: int | None = None
     primary_detector: str | None = None
     primary_status: Literal["ok", "undetermined", "inconclusive"] | None = None
     primary_reason: str | None = None
-    primary_summary: dict[str, Any] | None = None
+    primary_summary: PrimarySummary | None = Field(
+        default=None,
+        description=(
+            "The primary detector's round summary, the record of its kind (the evidence "
+            "detector's, FedNoRo's, Fed-NCL's or FedRN's expertise), as in the round's audit"
+        ),
+    )
     aggregation_rule: str | None = None
     fallback_reason: str | None = None
     in_warmup: bool | None = None
