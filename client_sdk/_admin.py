@@ -44,9 +44,10 @@ class AdminClient(_Base):
         return [Federation.model_validate(f) for f in response.json()["items"]]
 
     def get_federation(self, federation_id: uuid.UUID | str) -> Federation:
-        """The federation's record, whatever its status: a failed or stopped one comes back with
-        ``status="failed"`` and its ``status_reason`` (the admin looks at it; the sites'
-        calls are the ones that raise ``FederationFailedError``)."""
+        """The federation's record, whatever its status: a failed one (a round could not be
+        closed) or a stopped one (by an admin) comes back with ``status="failed"`` or
+        ``"stopped"`` and its ``status_reason`` (the admin looks at it; the sites' calls are the
+        ones that raise ``FederationFailedError``)."""
         response = self._request("GET", f"{API}/federations/{federation_id}")
         return Federation.model_validate(response.json())
 
@@ -162,9 +163,9 @@ class AdminClient(_Base):
         return int(response.json()["ended"])
 
     def stop_federation(self, federation_id: uuid.UUID | str, reason: str) -> Federation:
-        """Stop the federation for good; its status becomes ``failed`` with ``reason``, its open
+        """Stop the federation for good; its status becomes ``stopped`` with ``reason``, its open
         round fails, and every site is told why on its next call. 409 (``ConflictError``) when
-        it has already finished or failed."""
+        it has already finished, failed or stopped."""
         response = self._request(
             "POST",
             f"{API}/federations/{federation_id}/stop",

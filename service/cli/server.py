@@ -145,19 +145,20 @@ def serve(
 def _check_port_free(host: str, port: int) -> None:
     """Refuse at once, before any start-up work or log line, an address another process holds
     (uvicorn would run the app's start-up first and then fail to bind). Bound and closed as
-    uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT passes; port 0 (any free) is not checked.
+    uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT passes; port 0 (any free) and the
+    empty host (every interface) are not checked.
     """
     import errno
     import socket
 
-    if port == 0:
+    if port == 0 or not host:  # "" binds every interface, as uvicorn does with it
         return
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-            0
-        ][0]
-        with socket.create_server((host, port), family=family):
-            pass
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # every address the name gives, as asyncio binds them (an IPv6 one IPv6 only)
+        for family, address in {(info[0], info[4][:2]) for info in found}:
+            with socket.create_server(address, family=family):
+                pass
     except socket.gaierror as exc:
         fail(f"cannot serve on {host}:{port}: the host does not resolve ({exc.strerror})")
     except OSError as exc:

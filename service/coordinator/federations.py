@@ -133,7 +133,7 @@ def create_federation(
 
 def _federation_before_first_round(session: Session, federation_id: uuid.UUID) -> Federation:
     """The federation, locked, while its initial model may still be replaced (no round opened,
-    not finished or failed); raises otherwise."""
+    not finished, failed or stopped); raises otherwise."""
     federation = repo.lock_federation(session, federation_id)
     if federation is None:
         raise NotFoundError(f"federation {federation_id} does not exist")
@@ -262,7 +262,7 @@ def stop_federation(
     NotFoundError
         No such federation.
     FederationStateError
-        The federation has already finished or failed.
+        The federation has already finished, failed or stopped.
     """
     round_reason = f"the federation was stopped by the admin: {reason}"
     failed_rounds = repo.fail_open_rounds(session, federation_id, round_reason)

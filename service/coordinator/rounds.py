@@ -35,7 +35,14 @@ from service.coordinator.stored_audit import read_audit
 from service.errors import FederationStateError, NotFoundError
 from service.store import repositories as repo
 from service.store.poll_state import PollState, poll_state
-from service.store.tables import AuditResult, Client, Federation, ModelVersion, Round
+from service.store.tables import (
+    ENDED_STATUSES,
+    AuditResult,
+    Client,
+    Federation,
+    ModelVersion,
+    Round,
+)
 
 log = logging.getLogger(__name__)
 
@@ -545,12 +552,15 @@ def _update_statuses(
 def _mark_failed(services: Services, round_id: uuid.UUID, reason: str) -> None:
     with services.sessions.begin() as session:
         rnd = repo.get_round(session, round_id)
-        if rnd is None or rnd.state == "closed":
+        if rnd is None or rnd.state != "open":  # closed meanwhile, or failed by an admin's stop
+            return
+        federation = repo.lock_federation_for_write(session, rnd.federation_id)
+        assert federation is not None
+        session.refresh(rnd)
+        if rnd.state != "open" or federation.status in ENDED_STATUSES:
             return
         rnd.state = "failed"
         rnd.state_reason = reason
-        federation = repo.get_federation(session, rnd.federation_id)
-        assert federation is not None
         mark_changed(session, federation.id)
         federation.status = "failed"
         federation.status_reason = f"round {rnd.index} failed to close: {reason}"

@@ -239,3 +239,44 @@ def test_two_replicas_extend_a_starved_round_once(
     assert extended == 1
     replica_a.close()
     replica_b.close()
+
+
+def test_a_close_that_fails_after_an_admin_stop_leaves_the_stop(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close raises, and before its failure is recorded an admin stops the federation: the
+    federation stays stopped with the admin's reason (not failed with the close's error)."""
+    from service.coordinator import audits
+
+    settings.close_rounds_inline = False
+    services = make_services(settings)
+    services.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # closed below
+    fid, round_id, members = prepare_round(services, ["a", "b"])
+    submit(services, fid, members["a"], 1.0)
+    submit(services, fid, members["b"], 3.0)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("boom")
+
+    record_failure = rounds._mark_failed
+
+    def stopped_first(services_: Services, rid: uuid.UUID, reason: str) -> None:
+        federations.stop(services, fid, reason="enough", actor="admin")
+        record_failure(services_, rid, reason)
+
+    monkeypatch.setattr(audits, "audit_round", broken)
+    monkeypatch.setattr(rounds, "_mark_failed", stopped_first)
+    with pytest.raises(ValueError, match="boom"):
+        rounds.close_round(services, round_id, reason="complete")
+    with services.sessions() as session:
+        federation = session.get(tables.Federation, fid)
+        rnd = session.get(tables.Round, round_id)
+        kinds = session.scalars(select(tables.Event.kind)).all()
+    assert (federation.status, federation.status_reason) == (
+        "stopped",
+        "stopped by the admin: enough",
+    )
+    assert rnd.state == "failed"
+    assert rnd.state_reason == "the federation was stopped by the admin: enough"
+    assert "round.failed" not in kinds
+    services.close()

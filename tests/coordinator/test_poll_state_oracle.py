@@ -35,6 +35,8 @@ def old_current_for_client_id(session, client_id):
         raise FederationStateError(
             f"federation {federation.name!r} failed: {federation.status_reason}"
         )
+    if federation.status == "stopped":  # added with the status (an admin's stop)
+        raise FederationStateError(f"federation {federation.name!r} was {federation.status_reason}")
     if federation.status == "created":
         return rounds.Wait(
             rounds.WAIT_DEFAULT_S, "the federation has not started (no initial model yet)"
@@ -164,6 +166,7 @@ def test_the_one_statement_poll_answers_as_the_orm_reads(settings: Settings) -> 
         ("waiting", None),
         ("finished", None),
         ("failed", "boom"),
+        ("stopped", "stopped by the admin: x"),
         ("running", None),
         ("paused", "x"),
     ):

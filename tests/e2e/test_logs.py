@@ -103,21 +103,24 @@ def test_an_event_is_logged_when_its_transaction_commits_only(
     caplog.set_level(logging.INFO, logger=EVENT_LOGGER)
     try:
         with sessions() as session:
-            repo.add_event(session, kind="test.rolled_back", actor="test", message="never")
+            repo.add_event(session, kind="client.added", actor="test", message="never")
             assert caplog.records == []  # not before the commit
             session.rollback()
         with sessions() as session:
-            repo.add_event(session, kind="test.kept", actor="test", message="kept")
+            repo.add_event(session, kind="client.pinned", actor="test", message="kept")
             assert caplog.records == []
             session.commit()
         # a session closed without committing, then used again: the closed one's event is gone
         reused = sessions()
-        repo.add_event(reused, kind="test.closed", actor="test", message="never")
+        repo.add_event(reused, kind="client.added", actor="test", message="never")
         reused.close()
-        repo.add_event(reused, kind="test.reused", actor="test", message="reused")
+        repo.add_event(reused, kind="client.anchored", actor="test", message="reused")
         reused.commit()
         reused.close()
     finally:
         engine.dispose()
-    assert [r.getMessage() for r in caplog.records] == ["test.kept: kept", "test.reused: reused"]
-    assert caplog.records[0].__dict__["event"] == "test.kept"
+    assert [r.getMessage() for r in caplog.records] == [
+        "client.pinned: kept",
+        "client.anchored: reused",
+    ]
+    assert caplog.records[0].__dict__["event"] == "client.pinned"
