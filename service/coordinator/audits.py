@@ -471,7 +471,7 @@ def neighbor_assignments(
     neighbors, self_weights = stored.neighbors, stored.self_weights
     if not neighbors:
         return {}
-    suspended = {c.id for c in repo.list_clients(session, federation.id) if c.suspended_at}
+    suspended = repo.suspended_client_ids(session, federation.id)
     wanted = {
         uuid.UUID(n["client_id"]) for entries in neighbors.values() for n in entries
     } - suspended

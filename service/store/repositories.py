@@ -160,6 +160,14 @@ def joined_clients(session: Session, federation_id: uuid.UUID) -> list[Client]:
     return list(session.scalars(query.order_by(Client.name, Client.id)))
 
 
+def suspended_client_ids(session: Session, federation_id: uuid.UUID) -> set[uuid.UUID]:
+    """The federation's clients an admin suspended (their ids only)."""
+    query = select(Client.id).where(
+        Client.federation_id == federation_id, Client.suspended_at.is_not(None)
+    )
+    return set(session.scalars(query))
+
+
 def clear_absence(session: Session, client_id: uuid.UUID) -> bool:
     """Mark an absent client present (``attendance``); False when it was not absent (any more)."""
     result = session.execute(
