@@ -164,8 +164,8 @@ def _check_port_free(host: str, port: int) -> None:
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             fail(
-                f"port {port} on {host} is already in use (another fedaudit serve, or another "
-                "program): stop it, or serve on another --port (FEDAUDIT_PORT)"
+                f"cannot serve on {host}:{port}: address already in use (another fedaudit "
+                "serve, or another program): stop it, or serve on another --port (FEDAUDIT_PORT)"
             )
         fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 

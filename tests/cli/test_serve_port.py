@@ -30,7 +30,7 @@ def test_serve_refuses_a_port_in_use_before_any_start_up(tmp_path: Path) -> None
             get_settings.cache_clear()
     text = " ".join(result.output.split())
     assert result.exit_code == 1, result.output
-    assert f"port {port} on 127.0.0.1 is already in use" in text
+    assert f"cannot serve on 127.0.0.1:{port}: address already in use" in text
     assert "Traceback" not in text
     assert not data.exists()  # no start-up work: no database, no lock, no sweep
 
