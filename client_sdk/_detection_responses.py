@@ -152,6 +152,7 @@ class AuditEvidenceSummary(TypedDict, total=False):
     geometry_note: str | None
     geometry_carried: int | None
     geometry_carry_note: str | None
+    disagreeing_classes: list[int]
 
 
 @with_config(_KEEP_NEW_KEYS)

@@ -279,6 +279,7 @@ class EvidenceSummary(JsonRecord):
     geometry_note: str | None | Absent = ABSENT
     geometry_carried: int | Absent = ABSENT
     geometry_carry_note: str | None | Absent = ABSENT
+    disagreeing_classes: list[int] | Absent = ABSENT
 
 
 @dataclass(frozen=True)

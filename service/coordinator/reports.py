@@ -220,7 +220,9 @@ def _latest_summary(
             name: DetectorState(status=d.status, reason=d.reason)
             for name, d in last.detections.items()
         },
-        warnings=_warnings(round_index, last) + label_skew_warnings(federation, clients),
+        warnings=_warnings(round_index, last)
+        + disagreement_warnings(round_index, last, federation)
+        + label_skew_warnings(federation, clients),
     )
 
 
@@ -334,6 +336,26 @@ def _warnings(round_index: int, audit: StoredAudit) -> list[str]:
         "with the global model and assume it is fitted mostly by correctly labelled data; "
         "when most clients and most of the data are flagged, the flags may be inverted (the "
         "unflagged clients may be the noisy ones). Check both groups."
+    ]
+
+
+def disagreement_warnings(
+    round_index: int, audit: StoredAudit, federation: Federation
+) -> list[str]:
+    """Where the evidence detector flagged nobody but the sites disagree in some classes far
+    beyond sampling error (its summary's ``disagreeing_classes``): "ok" there does not mean the
+    labels agree (``service.audit.evidence_abstention.MAX_CLASS_HETEROGENEITY``)."""
+    summary = audit.primary_detection.summary or {}
+    classes = summary.get("disagreeing_classes") if audit.primary == "evidence" else None
+    if audit.in_warmup or not isinstance(classes, list) or not classes:
+        return []
+    names = ", ".join(_class_label(federation, int(c)) for c in classes)
+    return [
+        f"round {round_index} flags nobody, but in class(es) {names} the sites disagree far "
+        "beyond sampling error (I^2 above 0.9) and none stands out: several sites may hold wrong "
+        "labels there, a group too large or too spread to single out, or those classes differ "
+        "between the sites' populations. Check those classes' labels at the sites with the "
+        "highest scores."
     ]
 
 

@@ -560,3 +560,39 @@ def test_a_loss_beyond_any_model_is_refused_not_a_failed_round() -> None:
     loss[0, 1] = 1e155
     with pytest.raises(InvalidInputError, match="per_class_loss: a loss above 1e"):
         EvidenceDetector().fit(loss, counts, sd)
+
+
+def test_a_class_the_sites_disagree_on_is_named_when_nobody_is_flagged() -> None:
+    from service.audit.class_null import ClassEvidence
+    from service.audit.evidence_abstention import disagreeing_classes
+
+    def evidence(i2: list[float]) -> ClassEvidence:
+        n = len(i2)
+        zeros = np.zeros((1, n))
+        return ClassEvidence(z=zeros, mu=np.zeros(n), tau=np.zeros(n), heterogeneity=np.asarray(i2))
+
+    none, one = np.zeros(3, dtype=bool), np.array([False, True, False])
+    i2 = evidence([0.5, 0.95, float("nan")])
+    assert disagreeing_classes(i2, none, "ok", "consensus") == [1]
+    assert disagreeing_classes(evidence([0.9, 0.89, 0.0]), none, "ok", "consensus") == []
+    assert disagreeing_classes(i2, one, "ok", "consensus") == []  # someone stands out
+    assert disagreeing_classes(i2, none, "inconclusive", "consensus") == []
+    assert disagreeing_classes(i2, none, "ok", "anchored") == []
+
+
+def test_a_spread_class_without_an_outlier_is_named_and_flags_nobody() -> None:
+    # 20 sites: class 0 agrees (loss 0.05 everywhere); class 1 spreads evenly from 0.05 to 0.6
+    # (about 100 standard errors of a site's mean across the range), a continuum with no site
+    # apart from the rest: the fitted spread tau takes it in, nobody is significant, and the
+    # summary says that the sites disagree in class 1. Sampling noise alone names nothing.
+    k = 20
+    loss = np.full((k, 2), 0.05)
+    loss[:, 1] = np.linspace(0.05, 0.6, k)
+    counts = np.full((k, 2), 100)
+    sd = np.full((k, 2), 0.1)
+    result = EvidenceDetector().fit(loss, counts, sd)
+    assert result.status == "ok"
+    assert not any(v.flag for v in result.verdicts)
+    assert result.summary.disagreeing_classes == [1]
+    calm = np.full((k, 2), 0.05) + np.random.default_rng(3).normal(0, 0.01, (k, 2))
+    assert EvidenceDetector().fit(calm, counts, sd).summary.disagreeing_classes == []

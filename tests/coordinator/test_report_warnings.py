@@ -98,3 +98,39 @@ def test_two_classes_per_site_under_the_papers_fednoro_warns() -> None:
 )
 def test_label_skew_warning_cases(fed: Any, clients: list[Any], warns: bool) -> None:
     assert bool(label_skew_warnings(fed, clients)) is warns
+
+
+def _stored(primary: str, summary: dict[str, Any], *, in_warmup: bool = False) -> Any:
+    from service.coordinator.stored_audit import read_audit
+
+    return read_audit(
+        {
+            "primary": primary,
+            "in_warmup": in_warmup,
+            "detections": {primary: {"status": "ok", "summary": summary}},
+        }
+    )
+
+
+def test_classes_where_the_sites_disagree_are_named_when_nobody_is_flagged() -> None:
+    from service.coordinator.reports import disagreement_warnings
+
+    federation = SimpleNamespace(class_names=["normal", "benign", "malignant"])
+    (warning,) = disagreement_warnings(
+        7, _stored("evidence", {"disagreeing_classes": [1, 2]}), federation
+    )
+    assert warning.startswith(
+        "round 7 flags nobody, but in class(es) benign, malignant the sites disagree far beyond"
+    )
+    unnamed = SimpleNamespace(class_names=None)
+    assert (
+        "in class(es) 2 the sites"
+        in disagreement_warnings(7, _stored("evidence", {"disagreeing_classes": [2]}), unnamed)[0]
+    )
+    for quiet in (
+        _stored("evidence", {"disagreeing_classes": []}),
+        _stored("evidence", {}),  # an audit stored before the field existed
+        _stored("evidence", {"disagreeing_classes": [1]}, in_warmup=True),
+        _stored("fednoro", {"disagreeing_classes": [1]}),  # only the evidence detector's
+    ):
+        assert disagreement_warnings(7, quiet, federation) == []

@@ -92,6 +92,11 @@ class EvidenceSummary(StoredRecord):
         "Sites whose geometry flag was carried from an earlier round"
     )
     geometry_carry_note: str | None | MISSING = stored_key("Why nothing was carried")
+    disagreeing_classes: list[int] | MISSING = stored_key(
+        "Where the round flagged nobody: the classes in which the sites disagree far beyond "
+        "sampling error (I^2 above 0.9), a group of noisy sites too large or too spread to "
+        "single out, or populations that differ there"
+    )
 
 
 class GroupMeans(StoredRecord):
