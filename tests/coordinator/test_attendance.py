@@ -300,7 +300,9 @@ def test_a_site_whose_token_is_revoked_is_not_selected(settings: Settings) -> No
     services = make_services(settings)
     fid, site_of = start(services, ["a", "b"])
     with services.sessions.begin() as session:
-        repo.get_client(session, site_of["b"].id).token_revoked_at = services.clock()  # type: ignore[union-attr]
+        revoked = repo.get_client(session, site_of["b"].id)
+        assert revoked is not None
+        revoked.token_revoked_at = services.clock()
     submit(services, fid, site_of["a"], 1.0, 0)
     past_deadline(services, fid, 0)
     assert selected(services, fid, 1) == {"a"}

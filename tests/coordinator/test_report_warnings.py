@@ -115,14 +115,14 @@ def _stored(primary: str, summary: dict[str, Any], *, in_warmup: bool = False) -
 def test_classes_where_the_sites_disagree_are_named_when_nobody_is_flagged() -> None:
     from service.coordinator.reports import disagreement_warnings
 
-    federation = SimpleNamespace(class_names=["normal", "benign", "malignant"])
+    federation: Any = SimpleNamespace(class_names=["normal", "benign", "malignant"])
     (warning,) = disagreement_warnings(
         7, _stored("evidence", {"disagreeing_classes": [1, 2]}), federation
     )
     assert warning.startswith(
         "round 7 flags nobody, but in class(es) benign, malignant the sites disagree far beyond"
     )
-    unnamed = SimpleNamespace(class_names=None)
+    unnamed: Any = SimpleNamespace(class_names=None)
     assert (
         "in class(es) 2 the sites"
         in disagreement_warnings(7, _stored("evidence", {"disagreeing_classes": [2]}), unnamed)[0]
