@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from client_sdk import AdminClient, FederationClient, Participant
+from client_sdk import AdminClient, FederationClient, Participant, RoundSummary
 from client_sdk.participant import state_to_bytes
 from fedaudit_sim.coordinator_process import CoordinatorProcess
 from tests.e2e.test_federation_e2e import tiny_data, tiny_model
@@ -38,11 +38,25 @@ def test_a_site_that_stops_is_left_out_and_comes_back_when_it_polls(tmp_path: Pa
         admin.upload_initial_model(fid, state_to_bytes(tiny_model()))
         tokens = {name: admin.add_client(fid, name).token for name in ("a", "b", "c")}
         errors: list[BaseException] = []
+        came_back = threading.Event()
+
+        def hold_after_round_3(summary: RoundSummary) -> None:
+            # a waits after its round-3 update until c has polled: the federation cannot finish
+            # before c's return, however slow the machine (round 4 needs a's update)
+            if summary.round_index == 3:
+                came_back.wait(timeout=120)
 
         def run(name: str, seed: int, max_rounds: int | None) -> None:
             try:
                 with FederationClient(server.url, tokens[name]) as client:
-                    site = Participant(client, fid, tiny_model(seed), tiny_data(seed), device="cpu")
+                    site = Participant(
+                        client,
+                        fid,
+                        tiny_model(seed),
+                        tiny_data(seed),
+                        device="cpu",
+                        on_round=hold_after_round_3 if name == "a" else None,
+                    )
                     site.run(max_rounds=max_rounds)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
@@ -63,6 +77,7 @@ def test_a_site_that_stops_is_left_out_and_comes_back_when_it_polls(tmp_path: Pa
         # c comes back: a restarted site's first step is a poll
         with FederationClient(server.url, tokens["c"]) as client:
             assert client.get_current_round(fid).status == "wait"
+        came_back.set()
         for thread in threads:
             thread.join(timeout=300)
         assert not errors, errors
