@@ -37,7 +37,6 @@ from service.store import repositories as repo
 from service.store.tables import Client, Federation, Round
 
 __all__ = [
-    "DEFAULT_ABSENT_AFTER_MISSED",
     "Pool",
     "absent_after_missed",
     "mark_returned",

@@ -14,14 +14,14 @@ from service.openapi_spec import build_spec
 
 
 def test_the_summary_is_read_as_the_primary_detectors_record() -> None:
-    # {"mean", "std"} fits every record (their fields are optional, unknown keys kept): the
-    # detector's name decides
+    # keys only one record has: any reading gets these right
     fedncl = ReportLatest.model_validate(
         {"primary_detector": "fedncl", "primary_summary": {"mean": 1.5, "std": 0.5}}
     )
     assert type(fedncl.primary_summary) is FedNCLSummary
     # an undetermined Fed-NCL round's summary is empty, and FedNoRo counts its flags under the
-    # same key: only the name tells them apart
+    # same key: only the name tells them apart (without the validator these read as the
+    # evidence detector's and FedNoRo's records: checked by removing it)
     for summary in ({}, {"n_flagged": 0}):
         read = ReportLatest.model_validate(
             {"primary_detector": "fedncl", "primary_summary": summary}

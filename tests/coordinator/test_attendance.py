@@ -19,8 +19,7 @@ from service.coordinator.resources import Services
 from service.errors import BadRequestError, FederationStateError, ForbiddenError
 from service.store import repositories as repo
 from service.store import tables
-from tests.coordinator.test_close_once import make_services, staged, submit
-from tests.factories import state_bytes, tiny_state
+from tests.coordinator.test_close_once import federation_with_model, make_services, submit
 
 pytestmark = pytest.mark.db
 
@@ -111,29 +110,14 @@ def start(
         absent_after_missed=absent_after,
     )
     with services.sessions.begin() as session:
-        fed = federations.create_federation(
-            session,
-            name="attendance",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=5,
-            min_clients=min_clients,
-            max_clients=None,
-            round_deadline_s=30,
-            config=config,
-            seed=1,
-            actor="admin",
-        )
-        upload = staged(services.settings, state_bytes(tiny_state(0.0)))
-        federations.upload_initial_model(
+        fed = federation_with_model(
             services,
             session,
-            fed.id,
-            staged=upload.path,
-            sha256=upload.sha256,
-            size=upload.size,
-            actor="admin",
+            name="attendance",
+            min_clients=min_clients,
+            deadline_s=30,
+            config=config,
+            rounds=5,
         )
         created = [federations.add_client(session, fed.id, name=n, actor="admin")[0] for n in names]
         for client in created:
@@ -213,12 +197,25 @@ def test_a_site_that_stopped_is_left_out_after_two_missed_rounds_and_returns_whe
     services.close()
 
 
-def test_a_poll_of_a_present_site_writes_nothing(settings: Settings) -> None:
+def test_a_poll_of_a_present_site_changes_neither_its_record_nor_the_trail(
+    settings: Settings,
+) -> None:
     services = make_services(settings)
     fid, site_of = start(services, ["a", "b"])
-    before = event_kinds(services, site_of["a"].id)
-    assert isinstance(rounds.current_for(services, site_of["a"].id), rounds.Train)
-    assert event_kinds(services, site_of["a"].id) == before
+    a = site_of["a"].id
+
+    def seen() -> tuple[object, ...]:
+        row = client_row(services, a)
+        return (
+            row.absent_since,
+            row.missed_rounds,
+            row.last_seen_at,
+            tuple(event_kinds(services, a)),
+        )
+
+    before = seen()
+    assert isinstance(rounds.current_for(services, a), rounds.Train)
+    assert seen() == before
     services.close()
 
 
@@ -373,31 +370,8 @@ def test_round_0_opens_only_with_min_clients_sites_that_are_not_suspended(
 ) -> None:
     services = make_services(settings)
     with services.sessions.begin() as session:
-        fed = federations.create_federation(
-            session,
-            name="waiting",
-            num_classes=2,
-            input_shape=[2],
-            class_names=None,
-            rounds=2,
-            min_clients=2,
-            max_clients=None,
-            round_deadline_s=30,
-            config=FederationConfigInput(
-                method="fedavg", detectors=["fedncl"], primary_detector="fedncl"
-            ),
-            seed=1,
-            actor="admin",
-        )
-        upload = staged(services.settings, state_bytes(tiny_state(0.0)))
-        federations.upload_initial_model(
-            services,
-            session,
-            fed.id,
-            staged=upload.path,
-            sha256=upload.sha256,
-            size=upload.size,
-            actor="admin",
+        fed = federation_with_model(
+            services, session, name="waiting", min_clients=2, deadline_s=30, rounds=2
         )
         a, b, _ = (
             federations.add_client(session, fed.id, name=n, actor="admin")[0]

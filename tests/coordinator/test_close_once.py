@@ -40,15 +40,16 @@ def federation_with_model(
     min_clients: int = 1,
     deadline_s: float = 600,
     config: FederationConfigInput | None = None,
+    rounds: int = 3,
 ) -> tables.Federation:
-    """A three-round, two-class federation with its initial model (no clients)."""
+    """A two-class federation of ``rounds`` rounds (3) with its initial model (no clients)."""
     federation = federations.create_federation(
         session,
         name=name,
         num_classes=2,
         input_shape=[2],
         class_names=None,
-        rounds=3,
+        rounds=rounds,
         min_clients=min_clients,
         max_clients=None,
         round_deadline_s=deadline_s,
