@@ -12,7 +12,6 @@ one the wire type of the same field says; a ``None`` is a JSON null.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +19,8 @@ from typing_extensions import TypedDict
 
 # The reports' neighbors are the audit's (re-exported for the coordinator and the API).
 from service.audit.reliability import NeighborWeight as NeighborWeight
+from service.audit_records.detection_summaries import FedNoRoSummary
+from service.audit_records.stored_record import StoredRecord
 
 
 class ClassEvidenceEntry(TypedDict):
@@ -138,8 +139,8 @@ class LatestAudit:
     primary_detector: str | None
     primary_status: str | None
     primary_reason: str | None
-    # The primary detector's own figures, free-form JSON whose keys are the detector's.
-    primary_summary: Mapping[str, object] | None
+    # The primary detector's own figures, as its record (service.audit_records).
+    primary_summary: StoredRecord | None
     aggregation_rule: str | None
     fallback_reason: str | None
     in_warmup: bool | None
@@ -149,7 +150,8 @@ class LatestAudit:
     @property
     def guard(self) -> str | None:
         """FedNoRo's note on its separation guard, where the summary has one."""
-        guard = None if self.primary_summary is None else self.primary_summary.get("guard")
+        summary = self.primary_summary
+        guard = summary.guard if isinstance(summary, FedNoRoSummary) else None
         return guard if isinstance(guard, str) else None
 
 

@@ -10,7 +10,7 @@ detector:
 * ``expertise``: :class:`ExpertiseVerdictEvidence` and :class:`ExpertiseSummary`.
 
 The field names are the JSON keys, the same as the API's models of a stored audit
-(``service.api.schemas.verdict_evidence`` and ``service.api.schemas.detection_summaries``, which
+(``service.audit_records.verdict_evidence`` and ``service.audit_records.detection_summaries``, which
 this package may not import). Which keys a record holds depends on the path the detector took
 (an undetermined round says little; the error counts enter only where the sites sent them; the
 update geometry only where it was judged): such a field defaults to :data:`ABSENT` and is left out

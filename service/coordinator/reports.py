@@ -345,9 +345,8 @@ def disagreement_warnings(
     """Where the evidence detector flagged nobody but the sites disagree in some classes far
     beyond sampling error (its summary's ``disagreeing_classes``): "ok" there does not mean the
     labels agree (``service.audit.evidence_abstention.MAX_CLASS_HETEROGENEITY``)."""
-    summary = audit.primary_detection.summary or {}
-    classes = summary.get("disagreeing_classes") if audit.primary == "evidence" else None
-    if audit.in_warmup or not isinstance(classes, list) or not classes:
+    classes = audit.primary_detection.disagreeing_classes if audit.primary == "evidence" else []
+    if audit.in_warmup or not classes:
         return []
     names = ", ".join(_class_label(federation, int(c)) for c in classes)
     return [

@@ -33,6 +33,12 @@ from sqlalchemy.orm import Session
 from typing_extensions import TypedDict
 
 from service.audit import DETECTOR_REGISTRY, DETECTORS
+from service.audit_records.detection_summaries import (
+    EvidenceSummary,
+    FedNoRoSummary,
+    read_summary,
+)
+from service.audit_records.stored_record import StoredRecord
 from service.coordinator.stored_evidence import ClientEvidence, read_parts
 from service.report_views import NeighborWeight
 from service.store.audit_json import JsonPath, audit_values
@@ -63,20 +69,53 @@ class StoredDetection(_Stored):
 
     status: str | None = None
     reason: str | None = None
-    summary: dict[str, Any] | None = None
-    """The detector's own figures (docs/algorithms.md); their keys are the detector's."""
+    summary: StoredRecord | None = None
+    """The detector's own figures (docs/algorithms.md) as its record
+    (:data:`~service.audit_records.detection_summaries.SUMMARY_MODELS`; a plain
+    :class:`~service.audit_records.stored_record.StoredRecord` for a detector this version does
+    not know)."""
 
     @property
     def guard(self) -> str | None:
         """FedNoRo's note on its separation guard, where the summary has one."""
-        guard = None if self.summary is None else self.summary.get("guard")
+        summary = self.summary
+        guard = summary.guard if isinstance(summary, FedNoRoSummary) else None
         return guard if isinstance(guard, str) else None
 
     @property
     def majority_suspected(self) -> bool:
         """The evidence detector abstained for a noisy majority (its summary's
         ``majority_suspected``; False where the summary has no such key)."""
-        return bool(None if self.summary is None else self.summary.get("majority_suspected"))
+        summary = self.summary
+        return isinstance(summary, EvidenceSummary) and summary.majority_suspected is True
+
+    @property
+    def disagreeing_classes(self) -> list[int]:
+        """The evidence detector's classes of far disagreement in a round that flagged nobody
+        (its summary's ``disagreeing_classes``; none where the summary has no such key)."""
+        summary = self.summary
+        classes = summary.disagreeing_classes if isinstance(summary, EvidenceSummary) else None
+        return classes if isinstance(classes, list) else []
+
+
+def _typed_detections(value: object) -> object:
+    """The stored detections (name -> result) with each summary read as its detector's record
+    (a stored null as no detections)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return value
+    return {
+        name: {**found, "summary": _summary_record(name, found["summary"])}
+        if isinstance(found, dict) and "summary" in found
+        else found
+        for name, found in value.items()
+    }
+
+
+def _summary_record(name: object, summary: object) -> object:
+    record = read_summary(name if isinstance(name, str) else None, summary)
+    return StoredRecord.model_validate(record) if isinstance(record, dict) else record
 
 
 class StoredAggregation(_Stored):
@@ -99,7 +138,7 @@ class StoredAudit(_Stored):
     primary: str | None = None
     primary_flags: Annotated[list[bool | None], NoneIsEmptyList] = []
     in_warmup: bool | None = None
-    detections: Annotated[dict[str, StoredDetection], NoneIsEmptyDict] = {}
+    detections: Annotated[dict[str, StoredDetection], BeforeValidator(_typed_detections)] = {}
     aggregation: Annotated[StoredAggregation, NoneIsEmptyDict] = StoredAggregation()
     clients: Annotated[list[StoredClient], NoneIsEmptyList] = []
 

@@ -28,6 +28,7 @@ from service.api.schemas.audits import (
     FedNoRoDetectionRecord,
 )
 from service.audit import DETECTORS, AuditConfig, run_audit
+from service.audit_records.detection_summaries import SUMMARY_MODELS
 from tests.audit.test_pipeline import N_CLASSES, NOISY, flagged_before, make_federation
 
 
@@ -56,6 +57,16 @@ def test_the_typed_records_cover_the_registry() -> None:
     # the catch-all's schema excludes them, so that a typed record matches one member only
     excluded = DetectionRecord.model_json_schema()["properties"]["method"]["not"]["enum"]
     assert set(excluded) == _TYPED_DETECTORS
+    # the coordinator and the report read each stored summary as its detector's record
+    assert set(SUMMARY_MODELS) == set(DETECTORS)
+    for name in DETECTORS:
+        record = {
+            "evidence": EvidenceDetectionRecord,
+            "fednoro": FedNoRoDetectionRecord,
+            "fedncl": FedNCLDetectionRecord,
+            "expertise": ExpertiseDetectionRecord,
+        }[name]
+        assert record.model_fields["summary"].annotation is SUMMARY_MODELS[name]
 
 
 def test_a_real_audit_validates_as_typed_records_and_serialises_as_stored() -> None:
@@ -229,14 +240,14 @@ def test_the_aggregation_details_round_trip(rule: str) -> None:
 def test_every_key_the_audit_writes_is_typed_on_the_wire() -> None:
     # A key a detector starts writing without its field here would still be served (extra
     # keys are kept), untyped: this catches it. Audits of every mode and rule.
-    from service.api.schemas.aggregation_details import AggregationDetails
-    from service.api.schemas.detection_summaries import (
+    from service.audit_records.aggregation_details import AggregationDetails
+    from service.audit_records.detection_summaries import (
         EvidenceSummary,
         ExpertiseSummary,
         FedNCLSummary,
         FedNoRoSummary,
     )
-    from service.api.schemas.verdict_evidence import (
+    from service.audit_records.verdict_evidence import (
         EvidenceVerdictEvidence,
         ExpertiseVerdictEvidence,
         FedNCLVerdictEvidence,

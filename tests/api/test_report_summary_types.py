@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from client_sdk._report_responses import ReportLatest as SdkReportLatest
-from service.api.schemas.detection_summaries import (
+from service.api.schemas.reports import ReportLatest
+from service.audit_records.detection_summaries import (
     EvidenceSummary,
     FedNCLSummary,
     FedNoRoSummary,
 )
-from service.api.schemas.reports import ReportLatest
 from service.openapi_spec import build_spec
 
 

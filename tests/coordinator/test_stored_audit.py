@@ -4,7 +4,11 @@ null reads as the reports always read it."""
 
 from __future__ import annotations
 
+import pytest
+
 from service.audit import DETECTORS
+from service.audit_records.detection_summaries import EvidenceSummary, FedNoRoSummary
+from service.audit_records.stored_record import StoredRecord
 from service.coordinator.stored_audit import (
     FlagEntry,
     StoredDetection,
@@ -61,6 +65,47 @@ def test_nulls_and_missing_keys_read_as_none() -> None:
     assert empty.client_ids == []
     assert read_audit(None).primary is None
     assert read_neighbors({"neighbors": None}).neighbors == {}
+
+
+def test_each_summary_reads_as_its_detectors_record() -> None:
+    # the same keys under two detectors: each is read by its own detector's record only
+    shared = {"guard": "separation guard passed", "majority_suspected": True}
+    audit = read_audit(
+        {
+            "primary": "evidence",
+            "detections": {
+                "evidence": {"summary": {**shared, "disagreeing_classes": [2, 5]}},
+                "fednoro": {"summary": dict(shared)},
+                "newdetector": {"summary": {"anything": 1}},
+                "fedncl": {"summary": None},
+            },
+        }
+    )
+    evidence, fednoro = audit.detections["evidence"], audit.detections["fednoro"]
+    assert type(evidence.summary) is EvidenceSummary
+    assert type(fednoro.summary) is FedNoRoSummary
+    assert (evidence.majority_suspected, evidence.guard) == (True, None)
+    assert evidence.disagreeing_classes == [2, 5]
+    assert (fednoro.majority_suspected, fednoro.guard) == (False, "separation guard passed")
+    assert fednoro.disagreeing_classes == []
+    unknown = audit.detections["newdetector"].summary
+    assert type(unknown) is StoredRecord and unknown.model_dump() == {"anything": 1}
+    assert audit.detections["fedncl"].summary is None
+
+
+@pytest.mark.parametrize("summary", [{"majority_suspected": False}, {}, None])
+def test_majority_is_suspected_only_where_the_evidence_summary_says_so(
+    summary: dict | None,
+) -> None:
+    detection = read_audit({"detections": {"evidence": {"summary": summary}}}).detections
+    assert detection["evidence"].majority_suspected is False
+
+
+def test_a_wrongly_typed_stored_summary_is_refused() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        read_audit({"detections": {"evidence": {"summary": {"disagreeing_classes": "2"}}}})
 
 
 def test_one_client_of_a_loaded_result() -> None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from service.api.dashboard import pages, plots, svg
+from service.audit_records.detection_summaries import FedNoRoSummary
 from service.report_views import (
     ClientPageView,
     ClientRound,
@@ -142,7 +143,8 @@ def test_federation_page_shows_the_latest_audits_warnings_escaped():
 
 def test_federation_page_shows_the_separation_guards_verdict():
     guard = "separation guard: Ashman's D (class_z) = 6.8 < 12"
-    html = pages.federation_page(federation_report({"primary_summary": {"guard": guard}}), None)
+    summary = FedNoRoSummary(guard=guard)
+    html = pages.federation_page(federation_report({"primary_summary": summary}), None)
     assert (
         "<dt>separation guard</dt><dd>separation guard: Ashman&#x27;s D (class_z) = 6.8 &lt; 12"
         in html

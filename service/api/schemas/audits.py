@@ -2,8 +2,9 @@
 
 The envelope is typed (detectors, verdicts, flags, aggregation, the clients in order), and so is
 each verdict's ``evidence`` and each detection's ``summary`` for the detectors of the registry
-(``evidence``, ``fednoro``, ``fedncl``, ``expertise``: :mod:`service.api.schemas.verdict_evidence`,
-:mod:`service.api.schemas.detection_summaries`), chosen by the detection's ``method``; a detector
+(``evidence``, ``fednoro``, ``fedncl``, ``expertise``:
+:mod:`service.audit_records.verdict_evidence`, :mod:`service.audit_records.detection_summaries`),
+chosen by the detection's ``method``; a detector
 this version does not know keeps plain objects (``DetectionRecord``). Audits stored by older
 versions may lack the fields added since, so those are optional; a field this version does not
 know is kept (``extra="allow"``).
@@ -15,14 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
 
-from service.api.schemas.aggregation_details import AggregationDetails
-from service.api.schemas.detection_summaries import (
+from service.audit_records.aggregation_details import AggregationDetails
+from service.audit_records.detection_summaries import (
     EvidenceSummary,
     ExpertiseSummary,
     FedNCLSummary,
     FedNoRoSummary,
 )
-from service.api.schemas.verdict_evidence import (
+from service.audit_records.verdict_evidence import (
     EvidenceVerdictEvidence,
     ExpertiseVerdictEvidence,
     FedNCLVerdictEvidence,

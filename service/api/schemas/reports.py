@@ -9,15 +9,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.api.schemas.audits import AuditRecord
-from service.api.schemas.detection_summaries import (
-    EvidenceSummary,
-    ExpertiseSummary,
-    FedNCLSummary,
-    FedNoRoSummary,
-)
 from service.api.schemas.evidence import ClassEvidence, DetectorEvidence
-from service.api.schemas.stored_record import StoredRecord
 from service.audit import ClientStatus
+from service.audit_records.detection_summaries import PrimarySummary, read_summary
 from service.inputs import TEXT_RULES, BoundedJson, Text
 
 DetectorStatus = Literal["ok", "undetermined", "inconclusive"]
@@ -227,18 +221,6 @@ class ReportClient(BaseModel):
     suspend_reason: str | None = Field(default=None, description="Why an admin suspended it")
 
 
-PrimarySummary = EvidenceSummary | FedNoRoSummary | FedNCLSummary | ExpertiseSummary
-"""Any detector's round summary; which one is read by the report's ``primary_detector``."""
-
-SUMMARY_MODELS: dict[str, type[StoredRecord]] = {
-    "evidence": EvidenceSummary,
-    "fednoro": FedNoRoSummary,
-    "fedncl": FedNCLSummary,
-    "expertise": ExpertiseSummary,
-}
-"""The summary record of each detector (the round audit's detection records name the same)."""
-
-
 class ReportLatest(BaseModel):
     """The federation's latest audit; every field is absent before the first audit."""
 
@@ -248,11 +230,10 @@ class ReportLatest(BaseModel):
         """Read ``primary_summary`` as its detector's record (not whichever model fits first)."""
         if not isinstance(data, dict):
             return data
-        summary, primary = data.get("primary_summary"), data.get("primary_detector")
-        model = SUMMARY_MODELS.get(primary) if isinstance(primary, str) else None
-        if isinstance(summary, dict) and model is not None:
-            return {**data, "primary_summary": model.model_validate(summary)}
-        return data
+        primary = data.get("primary_detector")
+        if "primary_summary" not in data or not isinstance(primary, str):
+            return data
+        return {**data, "primary_summary": read_summary(primary, data["primary_summary"])}
 
     round: int | None = None
     primary_detector: str | None = None

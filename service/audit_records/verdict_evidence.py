@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import MISSING
 
-from service.api.schemas.stored_record import StoredRecord, stored_key
+from service.audit_records.stored_record import StoredRecord, stored_key
 
 __all__ = [
     "EvidenceVerdictEvidence",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import MISSING
 
-from service.api.schemas.stored_record import StoredRecord, stored_key
+from service.audit_records.stored_record import StoredRecord, stored_key
 
 __all__ = ["AggregationDetails", "AnchorLead"]
 

@@ -1,6 +1,6 @@
 """Each detector's round ``summary`` in a stored audit, typed.
 
-As with the verdicts' evidence (:mod:`service.api.schemas.verdict_evidence`), which keys a
+As with the verdicts' evidence (:mod:`service.audit_records.verdict_evidence`), which keys a
 summary holds depends on the detector, on the path it took (an undetermined FedNoRo says only
 which columns it used; a small federation's evidence detector answers a narrower question) and
 on the version that stored it: every field is optional and absent from the JSON where the stored
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from pydantic import MISSING
 
-from service.api.schemas.stored_record import StoredRecord, stored_key
+from service.audit_records.stored_record import StoredRecord, stored_key
 
 __all__ = [
+    "SUMMARY_MODELS",
     "EvidenceSummary",
     "ExpertiseSummary",
     "FedNCLSummary",
     "FedNoRoSummary",
     "GroupMeans",
+    "PrimarySummary",
+    "read_summary",
 ]
 
 
@@ -167,3 +170,31 @@ class ExpertiseSummary(StoredRecord):
     min_accuracy: float | MISSING = stored_key("The lowest local accuracy")
     max_accuracy: float | MISSING = stored_key("The highest local accuracy")
     note: str | MISSING = stored_key("What the expertise is for")
+
+
+PrimarySummary = EvidenceSummary | FedNoRoSummary | FedNCLSummary | ExpertiseSummary
+"""Any detector's round summary; which one a stored summary is, its detector's name says."""
+
+SUMMARY_MODELS: dict[str, type[StoredRecord]] = {
+    "evidence": EvidenceSummary,
+    "fednoro": FedNoRoSummary,
+    "fedncl": FedNCLSummary,
+    "expertise": ExpertiseSummary,
+}
+"""The summary record of each detector (``tests/api/test_audit_records.py`` checks that it names
+the registry's detectors)."""
+
+
+def read_summary(detector: str | None, summary: object) -> object:
+    """A stored summary as its detector's record: a JSON object, or a record read for another
+    detector (a generic :class:`StoredRecord` where the detector was not known). Anything else
+    is returned as it is (a null, a value that is not an object: the model that holds it
+    decides), and a detector this version does not know keeps a plain object."""
+    model = SUMMARY_MODELS.get(detector) if detector is not None else None
+    if isinstance(summary, StoredRecord):
+        if model is not None and type(summary) is model:
+            return summary
+        summary = summary.model_dump()
+    if isinstance(summary, dict) and model is not None:
+        return model.model_validate(summary)
+    return summary
