@@ -181,9 +181,12 @@ def admin_rotate_token() -> None:
     from service.coordinator import admin_auth
     from service.store.base import utcnow
     from service.store.migrate import check_at_head
-    from service.store.session import make_engine, make_sessionmaker
+    from service.store.session import DatabaseMissingError, make_engine, make_sessionmaker
 
-    engine = make_engine(env_settings().resolved_database_url)
+    try:
+        engine = make_engine(env_settings().resolved_database_url, must_exist=True)
+    except DatabaseMissingError as exc:
+        fail(str(exc))
     try:
         check_at_head(engine)
         with make_sessionmaker(engine).begin() as session:
@@ -202,9 +205,12 @@ def admin_logout_everywhere() -> None:
     from service.coordinator import admin_auth
     from service.store.base import utcnow
     from service.store.migrate import check_at_head
-    from service.store.session import make_engine, make_sessionmaker
+    from service.store.session import DatabaseMissingError, make_engine, make_sessionmaker
 
-    engine = make_engine(env_settings().resolved_database_url)
+    try:
+        engine = make_engine(env_settings().resolved_database_url, must_exist=True)
+    except DatabaseMissingError as exc:
+        fail(str(exc))
     try:
         check_at_head(engine)
         with make_sessionmaker(engine).begin() as session:
@@ -273,7 +279,8 @@ def client_list(
     for c in clients:
         table.add_row(
             escape(c.name),
-            c.pinned_status or c.status,
+            # as the report's table: the pin wins and says so (--csv/--json: both columns)
+            f"{c.pinned_status} (pinned)" if c.pinned_status else c.status,
             str(c.num_samples or "-"),
             ATTENDANCE_WORDS.get(c.attendance, c.attendance),
             str(c.id),

@@ -19,6 +19,10 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
+class DatabaseMissingError(FileNotFoundError):
+    """A command that needs an existing coordinator database found no SQLite file."""
+
+
 def make_engine(
     url: str,
     *,
@@ -26,12 +30,17 @@ def make_engine(
     pool_size: int | None = None,
     max_overflow: int | None = None,
     pool_timeout_s: float | None = None,
+    must_exist: bool = False,
 ) -> Engine:
     """Create an engine for `url`, configured for concurrent use.
 
     The pool arguments (None: SQLAlchemy's defaults) size the connection pool; a checkout that
     waits longer than `pool_timeout_s` raises `sqlalchemy.exc.TimeoutError`. An in-memory SQLite
     database has no such pool and ignores them.
+
+    A SQLite file's directory is created where missing (the coordinator's first start), unless
+    `must_exist` (a command that works on an existing coordinator's database): then a missing
+    file raises :class:`DatabaseMissingError` and nothing is created.
     """
     parsed = make_url(url)
     pool: dict[str, Any] = {
@@ -46,6 +55,12 @@ def make_engine(
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:":
+            if must_exist and not Path(database).is_file():
+                raise DatabaseMissingError(
+                    f"no database at {database}: start the coordinator there once "
+                    "(fedaudit serve), or point FEDAUDIT_DATA_DIR or FEDAUDIT_DATABASE_URL at "
+                    "its data"
+                )
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         else:
             pool = {}

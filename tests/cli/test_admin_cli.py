@@ -97,6 +97,18 @@ def test_federation_client_and_report_commands(tmp_path: Path) -> None:
         resumed = runner.invoke(app, ["client", "resume", fid, client_id], env=env)
         assert resumed.exit_code == 0, resumed.output
         assert "is resumed (not_joined)" in resumed.output
+        # a pinned status: the table shows the pin and says so; --csv has both columns
+        pinned = runner.invoke(
+            app,
+            ["client", "pin", fid, client_id, "--status", "noisy", "--reason", "audit"],
+            env=piped_env(env),
+        )
+        assert pinned.exit_code == 0, pinned.output
+        table = runner.invoke(app, ["client", "list", fid], env=piped_env(env))
+        assert re.search(r"hospital-a .* noisy \(pinned\)", table.output), table.output
+        listed = runner.invoke(app, ["client", "list", fid, "--csv"], env=env)
+        row = next(line for line in listed.output.splitlines() if "hospital-a" in line)
+        assert f"{client_id},hospital-a,trusted,noisy,audit," in row, row
 
         report = runner.invoke(app, ["report", fid], env=env)
         assert report.exit_code == 0, report.output
@@ -185,3 +197,8 @@ def test_an_error_message_is_printed_as_text_not_markup(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["federation", "create", str(spec)], env=env)
     assert result.exit_code == 2, result.output
     assert "spec[site].json" in "".join(result.output.split())
+
+
+def piped_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a pipe: no terminal width, so the table gets 120 columns."""
+    return {k: v for k, v in env.items() if k != "COLUMNS"}

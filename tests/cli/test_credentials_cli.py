@@ -72,3 +72,21 @@ def test_site_and_admin_tokens_rotate_and_sessions_end(tmp_path: Path) -> None:
                 old.list_federations()
         with AdminClient(server.url, new_admin_token) as admin:
             assert [f.id for f in admin.list_federations()] == [federation.id]
+
+
+@pytest.mark.parametrize("command", [["admin", "rotate-token"], ["admin", "logout-everywhere"]])
+def test_a_database_command_without_a_database_creates_nothing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    data_dir = tmp_path / "not-yet" / "data"
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(
+            app, command, env={"FEDAUDIT_DATA_DIR": str(data_dir), "FEDAUDIT_DATABASE_URL": ""}
+        )
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 1, result.output
+    assert "no database at" in result.output
+    assert "fedaudit.db" in result.output
+    assert not (tmp_path / "not-yet").exists()  # no directory, no empty database file

@@ -89,7 +89,8 @@ def test_each_summary_reads_as_its_detectors_record() -> None:
     assert (fednoro.majority_suspected, fednoro.guard) == (False, "separation guard passed")
     assert fednoro.disagreeing_classes == []
     unknown = audit.detections["newdetector"].summary
-    assert type(unknown) is StoredRecord and unknown.model_dump() == {"anything": 1}
+    assert type(unknown) is StoredRecord
+    assert unknown.model_dump() == {"anything": 1}
     assert audit.detections["fedncl"].summary is None
 
 
