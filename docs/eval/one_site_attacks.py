@@ -1,25 +1,27 @@
-"""What one lying site can do to the evidence detector's verdict: a grid of reports, 8 seeds.
+"""What lying sites can do to the evidence detector's verdict: a grid of reports, 8 seeds.
 
 A simulated round: ten clean sites of 99 samples (three classes, 10 % errors, a fifth of them
 confident), one noisy site (40 % errors, 70 % of them confident, a higher loss) and one liar
-that reports whatever the grid says: its per-class mean loss and spread, its error rate, the
-confident share of its errors, and its size (99 or 399 samples, within a join's drift). Each
-report is judged on 8 rounds (seeds 0-7) by the product's ``EvidenceDetector`` (defaults).
+(``--liars N``: N colluding liars, each sending the same report) that reports whatever the grid
+says: its per-class mean loss and spread, its error rate, the confident share of its errors,
+and its size (99 or 399 samples, within a join's drift). Each report is judged on 8 rounds
+(seeds 0-7) by the product's ``EvidenceDetector`` (defaults).
 
 A report has an effect when, in some round, the audit abstains (``inconclusive``: the noisy
-site goes unflagged), misses the noisy site, or flags one of the ten clean sites. The liar's own
-flag is not counted: what it reports about itself is its business.
+site goes unflagged), misses the noisy site, or flags one of the ten clean sites. The liars'
+own flags are not counted: what they report about themselves is their business.
 
 With ``--random N``: N reports drawn at random instead (seed 123), each class its own loss
 (0-5, or 0-0.1), spread (0.005-3), error rate and confident share, judged on 4 rounds.
 
 Usage (from the repository root; about a minute either way)::
 
-    .venv/bin/python docs/eval/one_site_attacks.py [--random 250]
+    .venv/bin/python docs/eval/one_site_attacks.py [--liars 2] [--random 250]
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -43,24 +45,24 @@ Report = tuple[Any, Any, Any, Any, int]
 """loss, spread, error rate, confident share (each a number or one per class), size."""
 
 
-def one_round(seed: int, report: Report) -> tuple[bool, bool, bool]:
-    """(abstained, noisy site missed, a clean site flagged) for one round with the liar's
-    ``report`` (loss, spread, error rate, confident share, each a number or one per class;
-    size)."""
+def one_round(seed: int, report: Report, liars: int = 1) -> tuple[bool, bool, bool]:
+    """(abstained, noisy site missed, a clean site flagged) for one round in which ``liars``
+    sites send the same ``report`` (loss, spread, error rate, confident share, each a number or
+    one per class; size)."""
     loss_value, spread, error_rate, confident_share, size = report
     rng = np.random.default_rng(seed)
-    k = 12
+    k = 11 + liars
     counts = np.full((k, CLASSES), 33)
-    counts[11] = size // CLASSES
-    rates = np.array([0.1] * 10 + [0.4, 0.1])
+    counts[11:] = size // CLASSES
+    rates = np.array([0.1] * 10 + [0.4] + [0.1] * liars)
     errors = rng.binomial(counts, rates[:, None]).astype(np.float64)
     sure = np.where(rates[:, None] > 0.2, 0.7, 0.2)
     confident = rng.binomial(errors.astype(np.int64), sure).astype(np.float64)
     loss = 0.3 + 2.0 * (rates[:, None] - 0.1) + rng.normal(0.0, 0.03, size=(k, CLASSES))
     sd = np.full((k, CLASSES), 0.6)
-    loss[11], sd[11] = loss_value, spread
-    errors[11] = np.round(error_rate * counts[11])
-    confident[11] = np.round(confident_share * errors[11])
+    loss[11:], sd[11:] = loss_value, spread
+    errors[11:] = np.round(error_rate * counts[11:])
+    confident[11:] = np.round(confident_share * errors[11:])
     result = EvidenceDetector().fit(
         loss, counts, sd, per_class_errors=errors, per_class_confident_errors=confident
     )
@@ -82,9 +84,16 @@ def random_reports(count: int) -> list[Report]:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--random":
-        count = int(sys.argv[2])
-        hits = [r for r in random_reports(count) if any(any(one_round(s, r)) for s in range(4))]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--liars", type=int, default=1, help="colluding sites (same report)")
+    parser.add_argument("--random", type=int, default=0, help="N random reports, not the grid")
+    args = parser.parse_args()
+    liars = args.liars
+    if args.random:
+        count = args.random
+        hits = [
+            r for r in random_reports(count) if any(any(one_round(s, r, liars)) for s in range(4))
+        ]
         print(f"{len(hits)} of {count} random reports had an effect in some round")
         for hit in hits:
             print(hit)
@@ -96,7 +105,7 @@ def main() -> None:
     print("| loss | spread | error rate | confident share | size | abstained | missed | false |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for report in grid:
-        outcomes = np.array([one_round(seed, report) for seed in range(8)])
+        outcomes = np.array([one_round(seed, report, liars) for seed in range(8)])
         if outcomes.any():
             effective += 1
             a, m, f = outcomes.sum(axis=0)

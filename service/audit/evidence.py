@@ -69,8 +69,8 @@ and at least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites.
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
 the evidence is measured against is suspect: too few sites, a model that does not beat the label
 prior, sites that disagree far beyond sampling error, a flagged group that is not a clear
-minority (by the evidence or by FedNoRo's loss mixture), or evidence that points both ways. The
-rules and their reasons: :mod:`service.audit.evidence_abstention`.
+minority (by the evidence or by FedNoRo's loss mixture); sites far *below* it are only counted.
+The rules and their reasons: :mod:`service.audit.evidence_abstention`.
 
 **Trust anchors** (beyond the papers): sites an admin marks as curated, never flagged. When the
 consensus is inconclusive or the anchors look noisy against it, the anchors become the reference

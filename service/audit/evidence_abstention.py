@@ -39,17 +39,21 @@ abstains when
   whose rates vary (6 of 10 breast-cancer sites at 30-50 %) moves the robust centre into the
   noisy group and widens ``tau_c``, so that no site is significantly above or below it, while
   the clean minority stays a tight group below the others: the mixture sees the two groups, and
-  the evidence alone would have said "ok";
-* the evidence points both ways: some sites are significantly *above* the consensus and other
-  sites significantly *below* it (the same rule on the lower tail). Clean sites are not cleaner
-  than clean, so a significant lower tail among the unflagged means the consensus itself is
-  noisy. (A flagged site may have classes below the consensus: a pair flip c -> c + 1 leaves a
-  site's class c + 1 full of class-c samples the model has partly learned to call c + 1.)
-  A lower tail is :data:`MIN_LOWER_TAIL` (two) sites or more: one site far below the others is
-  one site's word, and a site can lie (issue 20): an accomplice reporting a near-perfect model
-  (loss 0.02, no error) made every round of a simulated federation abstain and so hid a noisy
-  site in 20 of 20 rounds (``tests/audit/test_evidence.py``). The lone site's z stays in the
-  report.
+  the evidence alone would have said "ok".
+
+The lower tail is not a reason to abstain. Sites significantly *below* the consensus while
+others are flagged above it ("the evidence points both ways") may mean that the consensus is
+noisy (clean sites are not cleaner than clean), or that those sites misreport: a site can lie
+(issue 20). This rule abstained once: one accomplice reporting a near-perfect model (loss 0.02,
+no error) then made every round of a simulated federation abstain and so hid a noisy site in 20
+of 20 rounds; from two sites up (:data:`MIN_LOWER_TAIL`) two colluders still did, in 32 of the
+240 reports of ``docs/eval/one_site_attacks.py --liars 2``. Replayed on the signals stored by
+403 federations (the held-out draws 1-7 and the stress matrix, m09 and m10 included: 11,601
+audited rounds), it never changed a verdict. So the flags stand, the summary counts the sites
+below (``significant_low``), and the report warns from :data:`MIN_LOWER_TAIL` of them
+(``service.coordinator.report_warnings``). A flagged site may have classes below the consensus:
+a pair flip c -> c + 1 leaves a site's class c + 1 full of class-c samples the model has partly
+learned to call c + 1.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ __all__ = [
 
 
 MIN_LOWER_TAIL = 2
-"""Unflagged sites significantly below the consensus that make the evidence "point both ways"
-(module docstring): one such site may be lying, and alone it would silence the audit."""
+"""Sites significantly below the consensus, in a round that flags others, from which the report
+warns that the evidence points both ways (module docstring); one such site is one site's word."""
 
 ACCURACY_INFORMATIVENESS = 0.25
 """The pooled 1 - sum E_k / sum E0_k at which the model beats the label prior by its errors
@@ -234,7 +238,6 @@ def consensus_reason(
     sizes = capped_sizes(sizes)  # a site and one other: < half (pooling)
     n_flag = int(result.flags.sum())
     share = float(sizes[result.flags].sum() / sizes.sum())
-    below = int((result.low & ~result.flags).sum())
     if entropy <= 0:
         return "every label belongs to one class: nothing to compare"
     if not informativeness.learned(min_informativeness):
@@ -264,9 +267,4 @@ def consensus_reason(
             )
     if n_flag >= max_flagged_fraction * k or share >= max_flagged_fraction:
         return f"{_FLAGGED_MAJORITY} ({n_flag} of {k} sites, {share:.0%} of the samples)"
-    if n_flag > 0 and below >= MIN_LOWER_TAIL:
-        return (
-            f"the evidence points both ways: {n_flag} site(s) significantly above the "
-            f"consensus and {below} other(s) significantly below it"
-        )
     return None

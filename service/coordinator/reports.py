@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
-import numpy as np
 from sqlalchemy.orm import Session
 
 from service.audit import DETECTORS
 from service.coordinator import attendance
 from service.coordinator.privacy_budget import report_privacy
 from service.coordinator.report_evidence import class_evidence, detector_evidence
+from service.coordinator.report_warnings import class_label, latest_warnings
 from service.coordinator.rounds import effective_status, get_round
 from service.coordinator.stored_audit import (
     CLASS_DETECTORS,
@@ -53,11 +53,6 @@ from service.report_views import (
 from service.store import audit_json
 from service.store import repositories as repo
 from service.store.tables import AuditResult, Client, Event, Federation
-
-
-def _class_label(federation: Federation, index: int) -> str:
-    names = federation.class_names
-    return names[index] if names and 0 <= index < len(names) else str(index)
 
 
 def _flag_basis(client: ClientAudit) -> str | None:
@@ -100,7 +95,7 @@ def _client_entry(federation: Federation, round_index: int, client: ClientAudit)
         flags[name] = verdict.flag if ok else None
         if ok and verdict.noisy_classes is not None:
             indices[name] = verdict.noisy_classes
-            classes[name] = [_class_label(federation, c) for c in verdict.noisy_classes]
+            classes[name] = [class_label(federation, c) for c in verdict.noisy_classes]
     chosen = client.primary if client.primary in CLASS_DETECTORS else "fednoro"
     return ClientRound(
         round=round_index,
@@ -113,7 +108,7 @@ def _client_entry(federation: Federation, round_index: int, client: ClientAudit)
         classes_by_detector=classes,
         detector_evidence=detector_evidence(client.evidence),
         class_evidence=class_evidence(
-            client.evidence, lambda c: _class_label(federation, c), indices
+            client.evidence, lambda c: class_label(federation, c), indices
         ),
         reliability=client.reliability,
         neighbors=client.neighbors,
@@ -220,9 +215,7 @@ def _latest_summary(
             name: DetectorState(status=d.status, reason=d.reason)
             for name, d in last.detections.items()
         },
-        warnings=_warnings(round_index, last)
-        + disagreement_warnings(round_index, last, federation)
-        + label_skew_warnings(federation, clients),
+        warnings=latest_warnings(round_index, last, federation, clients),
     )
 
 
@@ -305,97 +298,6 @@ def _held_losses(losses: list[Any], counts: list[int] | None) -> list[float | No
     ]
 
 
-def report_warnings(audit: AuditResult) -> list[str]:
-    """What the admin should know before trusting the latest audit's flags.
-
-    Every detector compares the clients with the global model, so each assumes that model is
-    fitted mostly by correctly labelled data. When the flagged clients are most of the
-    clients *and* hold most of the round's samples, that is doubtful: a site with most of the
-    data and mostly wrong labels, or a majority whose labels are inverted, pulls the model to
-    its labels, and then the clean sites look noisy (``docs/evaluation.md``, "Known
-    limits": flags inverted in every round this rule fired on except chance flags of
-    a clean federation; a rule on the share of samples alone also fired where a truly noisy
-    group happened to hold just over half of the data).
-    """
-    return _warnings(audit.round_index, read_audit(audit.result))
-
-
-def _warnings(round_index: int, audit: StoredAudit) -> list[str]:
-    """:func:`report_warnings` on an audit already read."""
-    flags = audit.primary_flags
-    if audit.in_warmup or not flags or len(flags) != len(audit.clients):
-        return []
-    sizes = [row.num_samples or 0 for row in audit.clients]
-    total = sum(sizes)
-    flagged = [n for n, flag in zip(sizes, flags, strict=True) if flag is True]
-    if total <= 0 or 2 * len(flagged) <= len(flags) or 2 * sum(flagged) <= total:
-        return []
-    return [
-        f"{len(flagged)} of the {len(flags)} clients, holding {sum(flagged) / total:.0%} of "
-        f"round {round_index}'s samples, are flagged: the detectors compare each client "
-        "with the global model and assume it is fitted mostly by correctly labelled data; "
-        "when most clients and most of the data are flagged, the flags may be inverted (the "
-        "unflagged clients may be the noisy ones). Check both groups."
-    ]
-
-
-def disagreement_warnings(
-    round_index: int, audit: StoredAudit, federation: Federation
-) -> list[str]:
-    """Where the evidence detector flagged nobody but the sites disagree in some classes far
-    beyond sampling error (its summary's ``disagreeing_classes``): "ok" there does not mean the
-    labels agree (``service.audit.evidence_abstention.MAX_CLASS_HETEROGENEITY``)."""
-    classes = audit.primary_detection.disagreeing_classes if audit.primary == "evidence" else []
-    if audit.in_warmup or not classes:
-        return []
-    names = ", ".join(_class_label(federation, int(c)) for c in classes)
-    return [
-        f"round {round_index} flags nobody, but in class(es) {names} the sites disagree far "
-        "beyond sampling error (I^2 above 0.9) and none stands out: several sites may hold wrong "
-        "labels there, a group too large or too spread to single out, or those classes differ "
-        "between the sites' populations. Check those classes' labels at the sites with the "
-        "highest scores."
-    ]
-
-
-def label_skew_warnings(federation: Federation, clients: list[Client]) -> list[str]:
-    """A warning when the paper's FedNoRo logit adjustment meets sites holding few classes.
-
-    With ``absent_class_prior: "zero"`` (the FedNoRo paper and its authors' code) and the logit
-    adjustment on (``la_tau`` > 0, the paper's 1) a class a site does not hold gets the logit
-    offset log 0 = -inf, so each site trains only the contrast
-    between its own classes. With two classes per site (digits, 20 sites) that cost 21 points
-    against FedAvg (the stress matrix's ``m04``, seed 0), where the default ``"rarest"`` matched
-    FedAvg in that seed and trailed it by 2.2 points over seeds 0-2
-    (``client_sdk/recipes/fednoro.py``). The line drawn here, the median site holding at
-    most half of the classes, is a heuristic; the warning says what to configure instead.
-    """
-    num_classes = federation.num_classes
-    if federation.config.get("recipe") != "fednoro" or num_classes < 3:
-        return []
-    hyperparameters = federation.config.get("hyperparameters") or {}
-    if hyperparameters.get("absent_class_prior", "rarest") != "zero":
-        return []
-    if float(hyperparameters.get("la_tau", 0.0)) <= 0.0:
-        return []  # no logit adjustment at all (the default since la_tau): nothing to warn of
-    held = [
-        sum(1 for count in client.class_counts if count is None or int(count) > 0)
-        for client in clients
-        if client.class_counts
-    ]
-    if not held:
-        return []
-    median = float(np.median(held))
-    if 2 * median > num_classes:
-        return []
-    return [
-        f"the median site holds {median:g} of the {num_classes} classes: with "
-        'absent_class_prior "zero" FedNoRo\'s logit adjustment trains each site only on the '
-        "contrast between its own classes, which cost 21 accuracy points against FedAvg with two "
-        'classes per site. The default, absent_class_prior "rarest", does not.'
-    ]
-
-
 def round_view(session: Session, federation: Federation, index: int) -> RoundView:
     """One round for the dashboard: state, the primary detector's verdict (and its separation
     guard's note), aggregation, and per client its weight, primary flag and per-class losses
@@ -438,7 +340,7 @@ def round_view(session: Session, federation: Federation, index: int) -> RoundVie
         guard=detection.guard,
         aggregation_rule=rnd.aggregation_rule,
         fallback_reason=stored.aggregation.fallback_reason,
-        classes=[_class_label(federation, c) for c in range(federation.num_classes)],
+        classes=[class_label(federation, c) for c in range(federation.num_classes)],
         clients=rows,
     )
 
@@ -510,7 +412,7 @@ def client_page_view(session: Session, federation: Federation, client: Client) -
         anchor=bool(client.anchor),
         anchor_reason=client.anchor_reason,
         rounds=rounds,
-        classes=[_class_label(federation, c) for c in range(federation.num_classes)],
+        classes=[class_label(federation, c) for c in range(federation.num_classes)],
         per_class_loss=per_class,
         class_counts=class_counts,
         site_errors=errors,

@@ -206,32 +206,37 @@ class TestDetector:
         assert "label prior" in (result.reason or "")
         assert not any(v.flag for v in result.verdicts)
 
-    def test_evidence_both_ways_abstains(self):
+    def test_evidence_both_ways_flags_and_counts_the_lower_tail(self):
         loss = np.full((10, 2), 0.3)
         loss[0] = 1.5  # far above the consensus
         loss[1:3] = 0.01  # two sites far below it
         counts = np.full((10, 2), 100)
         sd = np.full((10, 2), 0.3)
         result = EvidenceDetector().fit(loss, counts, sd)
-        assert result.status == "inconclusive"
-        assert "both ways" in (result.reason or "")
-        assert "2 other(s) significantly below" in (result.reason or "")
+        # the lower tail is the report's warning, not a reason to abstain (issue 20: sites can
+        # lie about their losses, and two that did silenced every round)
+        assert result.status == "ok"
+        assert [v.flag for v in result.verdicts] == [True] + [False] * 9
+        assert result.summary.significant_high == 1
+        assert result.summary.significant_low == 2
 
-    def test_one_site_below_the_consensus_does_not_silence_the_audit(self):
-        # Issue 20's accomplice: one site reports a near-perfect model (loss 0.01, its spread
-        # small) so that the evidence "points both ways" and the noisy site 0 goes unflagged.
-        # One site below is one site's word: the audit still flags site 0, and the lone site's
-        # verdict carries its large negative z.
+    @pytest.mark.parametrize("liars", [1, 2, 3])
+    def test_sites_below_the_consensus_do_not_silence_the_audit(self, liars):
+        # Issue 20's accomplices: sites report a near-perfect model (loss 0.01, a small spread)
+        # so that the evidence "points both ways" and the noisy site 0 goes unflagged. One, two
+        # or three of them among ten: the audit still flags site 0 and no one else, and the
+        # accomplices' verdicts carry their large negative z.
         loss = np.full((10, 2), 0.3)
         loss[0] = 1.5
-        loss[1] = 0.01
+        loss[1 : 1 + liars] = 0.01
         counts = np.full((10, 2), 100)
         sd = np.full((10, 2), 0.3)
-        sd[1] = 0.02
+        sd[1 : 1 + liars] = 0.02
         result = EvidenceDetector().fit(loss, counts, sd)
         assert result.status == "ok"
         assert [v.flag for v in result.verdicts] == [True] + [False] * 9
-        assert given(result.verdicts[1].evidence.stouffer_z) < -3
+        for liar in range(1, 1 + liars):
+            assert given(result.verdicts[liar].evidence.stouffer_z) < -3
 
     def test_an_anchor_that_looks_noisy_inverts_the_orientation(self):
         # The global model learned inverted labels: the curated site (0) and the one other clean

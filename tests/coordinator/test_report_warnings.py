@@ -1,5 +1,6 @@
-"""The report's warning about flags that may be inverted (``reports.report_warnings``), on literal
-stored audit results."""
+"""The report's warnings (``service.coordinator.report_warnings``) on literal stored audit
+results: flags that may be inverted, the FedNoRo recipe with few classes per site, classes where
+the sites disagree, sites far below the consensus."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.coordinator.reports import label_skew_warnings, report_warnings
+from service.coordinator.report_warnings import label_skew_warnings, report_warnings
 
 
 def audit(flags: list[bool | None], sizes: list[int], *, in_warmup: bool = False) -> Any:
@@ -113,7 +114,7 @@ def _stored(primary: str, summary: dict[str, Any], *, in_warmup: bool = False) -
 
 
 def test_classes_where_the_sites_disagree_are_named_when_nobody_is_flagged() -> None:
-    from service.coordinator.reports import disagreement_warnings
+    from service.coordinator.report_warnings import disagreement_warnings
 
     federation: Any = SimpleNamespace(class_names=["normal", "benign", "malignant"])
     (warning,) = disagreement_warnings(
@@ -134,3 +135,20 @@ def test_classes_where_the_sites_disagree_are_named_when_nobody_is_flagged() -> 
         _stored("fednoro", {"disagreeing_classes": [1]}),  # only the evidence detector's
     ):
         assert disagreement_warnings(7, quiet, federation) == []
+
+
+def test_sites_far_below_the_consensus_beside_flagged_ones_are_warned_of() -> None:
+    from service.coordinator.report_warnings import lower_tail_warnings
+
+    (warning,) = lower_tail_warnings(9, _stored("evidence", {"flagged": 1, "significant_low": 2}))
+    assert warning.startswith(
+        "round 9 flags 1 site(s) above the consensus while 2 other(s) lie significantly below it"
+    )
+    for quiet in (
+        _stored("evidence", {"flagged": 1, "significant_low": 1}),  # one site's word
+        _stored("evidence", {"flagged": 0, "significant_low": 3}),  # nobody flagged
+        _stored("evidence", {}),  # an audit stored before the fields existed
+        _stored("evidence", {"flagged": 1, "significant_low": 2}, in_warmup=True),
+        _stored("fednoro", {"flagged": 1, "significant_low": 2}),  # only the evidence detector's
+    ):
+        assert lower_tail_warnings(9, quiet) == []
