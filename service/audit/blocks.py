@@ -27,6 +27,11 @@ results would lose digits the detectors compare. DaAgg's squared distance ``|a|^
 of two differences to the global model can cancel when two clients are almost equal; its absolute
 error is about 1e-6 x (|a|^2 + |b|^2), and the result is clipped at 0 (tests state the tolerance).
 
+The tensors of a pass are spread over :data:`~service.audit.pass_workers.PASS_WORKERS` threads
+(:func:`~service.audit.pass_workers.in_order`); each tensor is computed as a serial pass would,
+and the results, totals over tensors included, are applied in the serial order, so they are the
+same to the bit whatever the number of threads (``tests/audit/test_pass_workers.py``).
+
 Coordinate-wise median and trimmed mean are in :mod:`service.audit.sorted_blocks`.
 
 Malformed states raise :class:`~service.audit._validation.InvalidInputError` with the same
@@ -36,7 +41,7 @@ block results (a NaN or infinity in any input makes them non-finite) and then lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -53,6 +58,7 @@ from service.audit.block_source import (
     span_sources,
     tensor_sources,
 )
+from service.audit.pass_workers import in_order
 from service.audit.state import (
     StateReader,
     check_state_names,
@@ -70,8 +76,10 @@ __all__ = [
 AXPY_BLOCK = 1 << 16
 """Entries per block of a plain weighted sum (256 KiB of float32 accumulator: stays in L2)."""
 
-STACK_BYTES = 4 << 20
-"""Bytes of a stacked K x b block (differences to the global model): b = STACK_BYTES / 4 / K."""
+STACK_BYTES = 8 << 20
+"""Bytes of a stacked K x b block (differences to the global model): b = STACK_BYTES / 4 / K,
+one per pass thread. 4 MiB cost a third more time at K = 100 (more reads of fewer bytes each);
+32 MiB no less than 8 (measured, ``docs/performance.md``)."""
 
 
 class _Shaped(Protocol):
@@ -140,6 +148,26 @@ def _raise_non_finite(sources: Sequence[TensorSource], name: str, start: int, st
 
 def _accumulation_dtype(dtype: np.dtype[Any]) -> type[np.floating[Any]]:
     return np.float64 if dtype == np.float64 else np.float32
+
+
+@dataclass
+class _TensorOut:
+    """What one tensor's work in a pass gave (applied to the pass's results in visit order)."""
+
+    name: str
+    is_float: bool
+    value: AnyArray | None = None
+    squared: FloatArray | None = None
+    cross: FloatArray | None = None
+    full: FloatArray | None = None
+    geometry: _ConsensusParts | None = None
+
+
+def _as_reference(out: AnyArray, reference: AnyArray, keep: bool) -> AnyArray | None:
+    """A weighted tensor in the global tensor's shape and dtype (None where no state is kept)."""
+    if not keep:
+        return None
+    return out.reshape(reference.shape).astype(reference.dtype, copy=False)
 
 
 class _Tensor:
@@ -241,35 +269,29 @@ def _stream_pass(
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     spans = state is not None and not stacked and layer_weights is None
     visit, runs = _visit_plan(names, updates, from_file, spans)
-    for name in _tensors_left(runs, global_state, updates, weights, state, float_names, label):
-        reference = read_global_tensor(global_state, name)
-        sources = tensor_sources(updates, from_file, name, label)
-        for j, source in enumerate(sources):
-            _check_meta(source, reference, name, f"{label}[{j}]")
-        if not is_float_tensor(reference):
-            if state is not None:
-                state[name] = np.array(sources[chosen].whole(), copy=True).reshape(reference.shape)
-            continue
-        float_names.append(name)
-        tensor = _Tensor(name, reference, sources)
-        w = None
-        if weighted:
-            w = layer_weights[name] if layer_weights and name in layer_weights else weights
-            if w is None:
-                raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
-        if stacked:
-            out, sq, cross, full = _stacked_tensor(
-                tensor, w, order, n_noisy, width, pairs, gram, geometry
-            )
-            squared_rows.append(sq)
-            if cross is not None:
-                pair_rows.append(cross)
-            if full is not None:
-                gram_rows.append(full)
-        else:
-            out = _weighted_tensor(tensor, np.asarray(w))
-        if state is not None and out is not None:
-            state[name] = out.reshape(reference.shape).astype(reference.dtype, copy=False)
+
+    work = _PassWork(
+        global_state, updates, from_file, label, weights, layer_weights, chosen, stacked,
+        state is not None, order, n_noisy, width, pairs, gram,
+        None if geometry is None else geometry.weights,
+    )  # fmt: skip
+    for outs in in_order(work.item, runs):
+        for done in outs:
+            if not done.is_float:
+                if state is not None and done.value is not None:
+                    state[done.name] = done.value
+                continue
+            float_names.append(done.name)
+            if state is not None and done.value is not None:
+                state[done.name] = done.value
+            if done.squared is not None:
+                squared_rows.append(done.squared)
+            if done.cross is not None:
+                pair_rows.append(done.cross)
+            if done.full is not None:
+                gram_rows.append(done.full)
+            if geometry is not None and done.geometry is not None:
+                geometry.replay(done.geometry)
     if visit is not names:  # results in the global state's order
         rows = _global_order(names, float_names)
         float_names = [float_names[i] for i in rows]
@@ -292,6 +314,21 @@ def _stream_pass(
     )
 
 
+class _ConsensusParts:
+    """One tensor's blocks' terms of the consensus geometry, kept in block order so that the
+    pass adds them to the totals in the order a serial pass would (the totals do not depend on
+    which thread computed which tensor)."""
+
+    def __init__(self, weights: FloatArray) -> None:
+        self.weights = weights
+        self.terms: list[tuple[FloatArray, float]] = []
+
+    def add(self, x: AnyArray) -> None:
+        """One block X (K x b): S_b = c @ X, then X @ S_b and ||S_b||^2 (two GEMVs)."""
+        s = self.weights.astype(x.dtype) @ x
+        self.terms.append(((x @ s).astype(np.float64), float(np.dot(s, s))))
+
+
 class _Consensus:
     """Running totals of the consensus geometry (clients in the pass's ``order``)."""
 
@@ -300,16 +337,76 @@ class _Consensus:
         self.dots = np.zeros(k)
         self.norm2 = 0.0
 
-    def add(self, x: AnyArray) -> None:
-        """One block X (K x b): S_b = c @ X, then X @ S_b and ||S_b||^2 (two GEMVs)."""
-        s = self.weights.astype(x.dtype) @ x
-        self.dots += (x @ s).astype(np.float64)
-        self.norm2 += float(np.dot(s, s))
+    def replay(self, parts: _ConsensusParts) -> None:
+        """Add one tensor's block terms, in block order."""
+        for dots, norm2 in parts.terms:
+            self.dots += dots
+            self.norm2 += norm2
 
     def dots_by_client(self, order: AnyArray) -> FloatArray:
         result = np.zeros_like(self.dots)
         result[order] = self.dots
         return result
+
+
+@dataclass(frozen=True)
+class _PassWork:
+    """One pass's work on one tensor or run of small tensors, the same whichever thread does
+    it (:func:`~service.audit.pass_workers.in_order`); its results are applied in visit order."""
+
+    global_state: StateReader
+    updates: Sequence[StateReader]
+    from_file: list[bool]
+    label: str
+    weights: FloatArray | None
+    layer_weights: Mapping[str, FloatArray] | None
+    chosen: int
+    stacked: bool
+    keep_state: bool
+    order: AnyArray
+    n_noisy: int
+    width: int
+    pairs: tuple[Sequence[int], Sequence[int]] | None
+    gram: bool
+    consensus: FloatArray | None
+
+    def item(self, run: list[str]) -> list[_TensorOut]:
+        """A run of small tensors read as one span where it can be, else tensor by tensor."""
+        if len(run) > 1 and self.keep_state and self.weights is not None and not self.stacked:
+            packed = _weighted_run(self.global_state, self.updates, run, self.weights, self.label)
+            if packed is not None:
+                return [_TensorOut(name, True, value) for name, value in packed.items()]
+        return [self.tensor(name) for name in run]
+
+    def tensor(self, name: str) -> _TensorOut:
+        """One tensor: its checks, then its weighted sum or its stacked block results."""
+        reference = read_global_tensor(self.global_state, name)
+        sources = tensor_sources(self.updates, self.from_file, name, self.label)
+        for j, source in enumerate(sources):
+            _check_meta(source, reference, name, f"{self.label}[{j}]")
+        if not is_float_tensor(reference):
+            copied = None
+            if self.keep_state:
+                copied = np.array(sources[self.chosen].whole(), copy=True)
+            return _TensorOut(
+                name, False, None if copied is None else copied.reshape(reference.shape)
+            )
+        tensor = _Tensor(name, reference, sources)
+        w = None
+        if self.weights is not None or self.layer_weights is not None:
+            layers = self.layer_weights
+            w = layers[name] if layers and name in layers else self.weights
+            if w is None:
+                raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
+        if not self.stacked:
+            summed = _weighted_tensor(tensor, np.asarray(w))
+            return _TensorOut(name, True, _as_reference(summed, reference, self.keep_state))
+        parts = None if self.consensus is None else _ConsensusParts(self.consensus)
+        out, sq, cross, full = _stacked_tensor(
+            tensor, w, self.order, self.n_noisy, self.width, self.pairs, self.gram, parts
+        )
+        value = None if out is None else _as_reference(out, reference, self.keep_state)
+        return _TensorOut(name, True, value, sq, cross, full, parts)
 
 
 def _pass_order(pairs: tuple[Sequence[int], Sequence[int]] | None, k: int) -> tuple[AnyArray, int]:
@@ -336,28 +433,6 @@ def _visit_plan(
     if spans and all(from_file):
         return visit, small_runs(first, visit, AXPY_BLOCK)
     return visit, [[name] for name in visit]
-
-
-def _tensors_left(
-    runs: list[list[str]],
-    global_state: StateReader,
-    updates: Sequence[StateReader],
-    weights: FloatArray | None,
-    state: dict[str, AnyArray] | None,
-    float_names: list[str],
-    label: str,
-) -> Iterator[str]:
-    """Weight each run of small tensors as one span into ``state`` (FedAvg's pass over files,
-    :func:`~service.audit.block_source.small_runs`); yield every other tensor's name, and a
-    run's names where it cannot be read as one span, for the pass to read one by one."""
-    for run in runs:
-        if len(run) > 1 and state is not None and weights is not None:
-            packed = _weighted_run(global_state, updates, run, weights, label)
-            if packed is not None:
-                state.update(packed)
-                float_names.extend(run)
-                continue
-        yield from run
 
 
 def _weighted_run(
@@ -464,7 +539,7 @@ def _stacked_tensor(
     width: int,
     pairs: tuple[Sequence[int], Sequence[int]] | None,
     gram: bool = False,
-    geometry: _Consensus | None = None,
+    geometry: _ConsensusParts | None = None,
 ) -> tuple[AnyArray | None, FloatArray, FloatArray | None, FloatArray | None]:
     """Per block: X = theta_k - theta_G stacked (K x b, clients in ``order``), then the squared
     norms (one row dot each), the noisy x clean Gram term, the consensus geometry and the

@@ -168,6 +168,7 @@ def test_public_api_matches_all():
         "geometry_evidence",
         "geometry_null",
         "majority_memory",
+        "pass_workers",
         "pipeline",
         "pooling",
         "reliability",
