@@ -88,13 +88,27 @@ class RoundPass:
         assert first.squared is not None
         return first.float_names, first.squared
 
-    def pair_squared(self, noisy: Sequence[int], clean: Sequence[int]) -> FloatArray:
-        """Squared distances between each noisy and each clean client, per float tensor."""
+    def pair_squared(
+        self,
+        noisy: Sequence[int],
+        clean: Sequence[int],
+        clean_weights: FloatArray | None = None,
+    ) -> tuple[FloatArray, dict[str, AnyArray] | None]:
+        """Squared distances between each noisy and each clean client, per float tensor; with
+        ``clean_weights`` (0 for every noisy client) also the state they weight (its non-float
+        tensors the largest weight's), where the distances take a pass of their own (None where
+        they come from the Gram matrices)."""
         if not self._gram or self._first is None:
             self.passes += 1
-            result = stream_pass(self.global_state, self.updates, pairs=(noisy, clean))
+            result = stream_pass(
+                self.global_state,
+                self.updates,
+                pairs=(noisy, clean),
+                weights=clean_weights,
+                chosen=0 if clean_weights is None else int(np.argmax(clean_weights)),
+            )
             assert result.pair_squared is not None
-            return result.pair_squared
+            return result.pair_squared, result.state
         first = self._run_first()
         assert first.gram is not None
         g = first.gram
@@ -103,7 +117,7 @@ class RoundPass:
         diag = np.diagonal(g, axis1=1, axis2=2)
         squared = diag[:, n_idx, None] + diag[:, None, c_idx] - 2.0 * g[:, n_idx][:, :, c_idx]
         result_pairs: FloatArray = np.maximum(squared, 0.0)
-        return result_pairs
+        return result_pairs, None
 
     def weighted(self, weights: FloatArray, chosen: int) -> dict[str, AnyArray]:
         """The weighted state: from the first pass when it had these weights, else a pass."""

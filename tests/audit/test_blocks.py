@@ -616,3 +616,45 @@ def test_a_source_outlives_the_name_of_its_reader(tmp_path: Path) -> None:
     other = SafetensorsReader(tmp_path / "b.safetensors")
     assert other.get("w").tolist() == [2.0] * 4
     assert source.whole().tolist() == [1.0] * 4
+
+
+class _Counting(DictStateReader):
+    """Counts the float tensors read from it (``get`` once per tensor and pass)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        super().__init__(tensors)
+        self.reads = 0
+
+    def get(self, name: str) -> np.ndarray:
+        self.reads += name == "conv"
+        return super().get(name)
+
+
+@pytest.mark.parametrize(
+    ("n", "chosen_noisy", "full_pass"),
+    [
+        (np.arange(1.0, 9.0), False, False),  # the largest weight a clean client's
+        (np.array([20.0, 1, 2, 3, 4, 5, 6, 7]), True, False),  # a noisy client's (n 20)
+        (np.array([1.0, 1, 1, 1, 1, 1, 1, 60]), False, True),  # the cap binds a clean client
+    ],
+)
+def test_daagg_reads_only_the_noisy_clients_a_second_time(
+    block: int, n: np.ndarray, chosen_noisy: bool, full_pass: bool
+) -> None:
+    """DaAgg's distances pass also sums the clean clients' states weighted by n; the weighted
+    pass then reads the noisy clients only, unless the cap changed the clean clients' weights
+    (then every client, as before). The state equals the float64 sum either way."""
+    base, updates = random_states(8, 21)
+    base.pop("half")  # a float16 model always takes the pass over every client
+    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    noisy = np.array([True, True, False, False, False, True, False, False])
+    counted = [_Counting(u) for u in updates]
+    result = aggregate_daagg(DictStateReader(base), counted, n, noisy)
+    assert result.weight_cap is not None
+    assert bool(result.weight_cap["capped"]) is full_pass
+    chosen = int(np.argmax(result.weights))
+    assert bool(noisy[chosen]) is chosen_noisy
+    second = [c.reads - 1 for c in counted]
+    assert second == [1] * 8 if full_pass else second == [int(f) for f in noisy]
+    assert_states_close(result.state, ref_weighted(updates, result.weights, chosen))
+    assert result.state["steps"] == updates[chosen]["steps"]

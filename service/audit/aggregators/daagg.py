@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from service.audit._typing import FloatArray
+from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import check_choice
 from service.audit.aggregators.common import (
     AggregationResult,
@@ -46,22 +46,32 @@ def _pairwise_distances(
     noisy_idx: Sequence[int],
     clean_idx: Sequence[int],
     variant: str,
-    shared: RoundPass | None = None,
-) -> FloatArray:
+    shared: RoundPass | None,
+    clean_n: FloatArray,
+) -> tuple[FloatArray, dict[str, AnyArray] | None]:
     """Distances between each noisy and each clean client over float tensors, in one blocked
     pass: per block the Gram cross term of the differences to the global model (one matrix
-    product) instead of one subtraction per pair (or from the shared pass's Gram matrices)."""
-    squared = (
-        shared.pair_squared(noisy_idx, clean_idx)
-        if shared is not None
-        else stream_pass(global_state, updates, pairs=(noisy_idx, clean_idx)).pair_squared
-    )
+    product) instead of one subtraction per pair (or from the shared pass's Gram matrices).
+    Where that pass reads the updates, it also sums the clean clients' states weighted by
+    ``clean_n`` (0 for the others): :func:`_final_state` then reads only the noisy ones."""
+    squared: FloatArray | None
+    if shared is not None:
+        squared, clean_sum = shared.pair_squared(noisy_idx, clean_idx, clean_n)
+    else:
+        first = stream_pass(
+            global_state,
+            updates,
+            pairs=(noisy_idx, clean_idx),
+            weights=clean_n,
+            chosen=int(np.argmax(clean_n)),
+        )
+        squared, clean_sum = first.pair_squared, first.state
     assert squared is not None
     if variant == "paper":
         result: FloatArray = np.sqrt(squared.sum(axis=0))
-        return result
+        return result, clean_sum
     per_tensor: FloatArray = np.sqrt(squared).sum(axis=0)
-    return per_tensor
+    return per_tensor, clean_sum
 
 
 def _nearest_clean(
@@ -72,19 +82,72 @@ def _nearest_clean(
     variant: str,
     shared: RoundPass | None,
     details: dict[str, Any],
-) -> FloatArray:
-    """d(i): each noisy client's distance to its nearest clean one (0 for a clean client); the
-    nearest clean client and the distances are written to ``details``."""
+    n: FloatArray,
+) -> tuple[FloatArray, dict[str, AnyArray] | None]:
+    """d(i): each noisy client's distance to its nearest clean one (0 for a clean client), and
+    the clean clients' state weighted by their sample counts where the distances' pass made it;
+    the nearest clean client and the distances are written to ``details``."""
     distances = np.zeros(len(updates))
+    clean_sum = None
     if noisy_idx:
-        pairwise = _pairwise_distances(global_state, updates, noisy_idx, clean_idx, variant, shared)
+        clean_n = n.copy()
+        clean_n[noisy_idx] = 0.0
+        pairwise, clean_sum = _pairwise_distances(
+            global_state, updates, noisy_idx, clean_idx, variant, shared, clean_n
+        )
         distances[noisy_idx] = pairwise.min(axis=1)
         nearest = [clean_idx[int(j)] for j in pairwise.argmin(axis=1)]
         details["nearest_clean"] = dict(zip([str(i) for i in noisy_idx], nearest, strict=True))
     else:
         details["note"] = "no noisy client: every d = 0, so the weights equal FedAvg's"
     details["distances"] = distances.tolist()
-    return distances
+    return distances, clean_sum
+
+
+def _final_state(
+    global_state: StateReader,
+    updates: Sequence[StateReader],
+    weights: FloatArray,
+    n: FloatArray,
+    noisy_idx: list[int],
+    clean_sum: dict[str, AnyArray] | None,
+    shared: RoundPass | None,
+) -> dict[str, AnyArray]:
+    """sum_k w_k theta_k. Where the distances' pass summed the clean clients' states weighted
+    by n, and their weights are still a multiple a of n (no cap bound them), it is
+    ``a * clean_sum + sum over noisy i of w_i theta_i``: a pass over the noisy clients only
+    (float32 and float64 tensors; a float16 model, or a cap that changed the clean clients'
+    proportions, takes the pass over every client)."""
+    clean = np.ones(len(updates), dtype=bool)
+    clean[noisy_idx] = False
+    ratio = weights[clean] / n[clean]
+    chosen = int(np.argmax(weights))  # whose non-float tensors every pass copies
+    clean_chosen = int(np.argmax(np.where(clean, n, 0.0)))  # the clean sum's
+    if (
+        clean_sum is None
+        or not noisy_idx
+        or ratio.max() - ratio.min() > 1e-12 * ratio.max()
+        or any(v.dtype == np.float16 for v in clean_sum.values())
+        or (clean[chosen] and chosen != clean_chosen)
+    ):
+        return weighted_state(global_state, updates, weights, shared)
+    scale = float(ratio.mean())
+    noisy_chosen = noisy_idx.index(chosen) if chosen in noisy_idx else 0
+    part = stream_pass(
+        global_state,
+        [updates[i] for i in noisy_idx],
+        weights=weights[noisy_idx],
+        chosen=noisy_chosen,
+    ).state
+    assert part is not None
+    state: dict[str, AnyArray] = {}
+    for name, summed in clean_sum.items():
+        if summed.dtype.kind != "f":  # the largest weight's, from the pass that read it
+            state[name] = summed if clean[chosen] else part[name]
+            continue
+        total = summed * summed.dtype.type(scale) + part[name]
+        state[name] = total.astype(summed.dtype, copy=False)
+    return state
 
 
 def aggregate_daagg(
@@ -154,8 +217,8 @@ def aggregate_daagg(
     if not clean_idx:
         return fall_back("every client is flagged noisy: no clean client")
     details: dict[str, Any] = {"variant": variant, "noisy": flags.tolist()}
-    distances = _nearest_clean(
-        global_state, updates, noisy_idx, clean_idx, variant, shared, details
+    distances, clean_sum = _nearest_clean(
+        global_state, updates, noisy_idx, clean_idx, variant, shared, details, n
     )
     max_d = float(distances.max())
     if noisy_idx and max_d == 0.0:
@@ -165,5 +228,5 @@ def aggregate_daagg(
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
     weights, cap = apply_cap(normalise(n * np.exp(-normalised), "num_samples"), factor)
-    state = weighted_state(global_state, updates, weights, shared)
+    state = _final_state(global_state, updates, weights, n, noisy_idx, clean_sum, shared)
     return result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
