@@ -27,9 +27,11 @@ __all__ = [
     "FileStateReader",
     "TensorSource",
     "file_readers",
+    "global_order",
     "small_runs",
     "span_sources",
     "tensor_sources",
+    "visit_plan",
 ]
 
 
@@ -225,3 +227,30 @@ def span_sources(
         span = f"{names[0]}..{names[-1]}"
         sources.append(_FileSource(file, first, dtype, (count,), span, f"{label}[{j}]"))
     return sources
+
+
+def visit_plan(
+    names: list[str],
+    updates: Sequence[StateReader],
+    from_file: list[bool],
+    spans: bool,
+    span_limit: int,
+) -> tuple[list[str], list[list[str]]]:
+    """The order of the pass (the first update's file order when it is a file, so reads move
+    forward through every file) and its runs (runs of small tensors read as one span where
+    ``spans`` and every update is a file, at most ``span_limit`` entries; otherwise one tensor a
+    run)."""
+    if not (from_file and from_file[0]):
+        return names, [[name] for name in names]
+    first = updates[0]
+    assert isinstance(first, FileStateReader)
+    visit = sorted(names, key=first.offset)
+    if spans and all(from_file):
+        return visit, small_runs(first, visit, span_limit)
+    return visit, [[name] for name in visit]
+
+
+def global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
+    """Positions in ``visited`` (file order) of its names, in the global state's order."""
+    rank = {name: i for i, name in enumerate(names)}
+    return sorted(range(len(visited)), key=lambda i: rank[visited[i]])

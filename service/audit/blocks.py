@@ -54,9 +54,10 @@ from service.audit.block_source import (
     FileStateReader,
     TensorSource,
     file_readers,
-    small_runs,
+    global_order,
     span_sources,
     tensor_sources,
+    visit_plan,
 )
 from service.audit.pass_workers import in_order
 from service.audit.state import (
@@ -195,6 +196,8 @@ def stream_pass(
     gram: bool = False,
     consensus: FloatArray | None = None,
     label: str = "updates",
+    base: Mapping[str, AnyArray] | None = None,
+    base_scale: float = 1.0,
 ) -> StreamResult:
     """Read every update once, block by block, and compute what is asked for.
 
@@ -222,6 +225,10 @@ def stream_pass(
         ``consensus_dots`` and ``consensus_norm2`` (implies ``distances``).
     label : str, default="updates"
         How error messages name the updates (``label[k]``).
+    base, base_scale : mapping of str to ndarray, float, optional
+        With ``weights`` and nothing stacked: the weighted sum of each float tensor is added to
+        ``base_scale * base[name]``, in ``base[name]``'s own memory (float32 or float64
+        tensors; DaAgg's clean sum completed by the noisy clients without another state).
 
     Returns
     -------
@@ -241,6 +248,8 @@ def stream_pass(
             gram,
             label,
             consensus,
+            base,
+            base_scale,
         )
 
 
@@ -255,6 +264,8 @@ def _stream_pass(
     gram: bool,
     label: str,
     consensus: FloatArray | None = None,
+    base: Mapping[str, AnyArray] | None = None,
+    base_scale: float = 1.0,
 ) -> StreamResult:
     names = check_state_names(global_state, updates)
     from_file = file_readers(updates)
@@ -267,13 +278,15 @@ def _stream_pass(
     squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
     geometry = None if consensus is None else _Consensus(np.asarray(consensus)[order], k)
     width = max(1, STACK_BYTES // 4 // max(k, 1))
-    spans = state is not None and not stacked and layer_weights is None
-    visit, runs = _visit_plan(names, updates, from_file, spans)
+    if base is not None and (stacked or weights is None or layer_weights is not None):
+        raise ValueError("base: only for a plain weighted sum")
+    spans = state is not None and not stacked and layer_weights is None and base is None
+    visit, runs = visit_plan(names, updates, from_file, spans, AXPY_BLOCK)
 
     work = _PassWork(
         global_state, updates, from_file, label, weights, layer_weights, chosen, stacked,
         state is not None, order, n_noisy, width, pairs, gram,
-        None if geometry is None else geometry.weights,
+        None if geometry is None else geometry.weights, base, base_scale,
     )  # fmt: skip
     for outs in in_order(work.item, runs):
         for done in outs:
@@ -293,7 +306,7 @@ def _stream_pass(
             if geometry is not None and done.geometry is not None:
                 geometry.replay(done.geometry)
     if visit is not names:  # results in the global state's order
-        rows = _global_order(names, float_names)
+        rows = global_order(names, float_names)
         float_names = [float_names[i] for i in rows]
         squared_rows, pair_rows, gram_rows = (
             [seq[i] for i in rows] if seq else seq for seq in (squared_rows, pair_rows, gram_rows)
@@ -369,6 +382,8 @@ class _PassWork:
     pairs: tuple[Sequence[int], Sequence[int]] | None
     gram: bool
     consensus: FloatArray | None
+    base: Mapping[str, AnyArray] | None
+    base_scale: float
 
     def item(self, run: list[str]) -> list[_TensorOut]:
         """A run of small tensors read as one span where it can be, else tensor by tensor."""
@@ -399,7 +414,8 @@ class _PassWork:
             if w is None:
                 raise InvalidInputError(f"layer_weights: no weights for tensor {name!r}")
         if not self.stacked:
-            summed = _weighted_tensor(tensor, np.asarray(w))
+            into = None if self.base is None else self.base[name].reshape(-1)
+            summed = _weighted_tensor(tensor, np.asarray(w), into, self.base_scale)
             return _TensorOut(name, True, _as_reference(summed, reference, self.keep_state))
         parts = None if self.consensus is None else _ConsensusParts(self.consensus)
         out, sq, cross, full = _stacked_tensor(
@@ -417,22 +433,6 @@ def _pass_order(pairs: tuple[Sequence[int], Sequence[int]] | None, k: int) -> tu
     clean = [int(i) for i in pairs[1]]
     rest = [i for i in range(k) if i not in set(noisy + clean)]
     return np.array(noisy + clean + rest), len(noisy)
-
-
-def _visit_plan(
-    names: list[str], updates: Sequence[StateReader], from_file: list[bool], spans: bool
-) -> tuple[list[str], list[list[str]]]:
-    """The order of the pass (the first update's file order when it is a file, so reads move
-    forward through every file) and its runs (runs of small tensors read as one span where
-    ``spans`` and every update is a file; otherwise one tensor a run)."""
-    if not (from_file and from_file[0]):
-        return names, [[name] for name in names]
-    first = updates[0]
-    assert isinstance(first, FileStateReader)
-    visit = sorted(names, key=first.offset)
-    if spans and all(from_file):
-        return visit, small_runs(first, visit, AXPY_BLOCK)
-    return visit, [[name] for name in visit]
 
 
 def _weighted_run(
@@ -476,19 +476,18 @@ class _Layout:
     dtype: np.dtype[Any]
 
 
-def _global_order(names: Sequence[str], visited: Sequence[str]) -> list[int]:
-    """Positions in ``visited`` (file order) of its names, in the global state's order."""
-    rank = {name: i for i, name in enumerate(names)}
-    return sorted(range(len(visited)), key=lambda i: rank[visited[i]])
-
-
-def _weighted_tensor(tensor: _Tensor, weights: FloatArray) -> AnyArray:
+def _weighted_tensor(
+    tensor: _Tensor, weights: FloatArray, into: AnyArray | None = None, scale: float = 1.0
+) -> AnyArray:
     """sum_k w_k theta_k[l], block by block, reading each client's values once into a buffer
     that stays in cache, like the accumulator. Each term is one numpy multiply and one add, each
     rounded on its own (BLAS's axpy fuses them in its vector body but not in its tail, so an
     entry's rounding would depend on where it sits in the call: a tensor read as part of a span
-    of small tensors would then differ from the same tensor read alone)."""
-    out = np.empty(tensor.size, dtype=tensor.acc_dtype)
+    of small tensors would then differ from the same tensor read alone). With ``into`` (of the
+    accumulation dtype, flat) the sum is added to ``scale * into``, in place."""
+    if into is not None and (into.dtype != tensor.acc_dtype or into.size != tensor.size):
+        raise ValueError(f"tensor {tensor.name!r}: base of another dtype or size")
+    out = np.empty(tensor.size, dtype=tensor.acc_dtype) if into is None else into
     length = min(AXPY_BLOCK, tensor.size)
     buffer = np.empty(length, dtype=tensor.reference.dtype)
     convert = tensor.reference.dtype != tensor.acc_dtype  # float16 inputs
@@ -498,7 +497,9 @@ def _weighted_tensor(tensor: _Tensor, weights: FloatArray) -> AnyArray:
     for start in range(0, tensor.size, AXPY_BLOCK):
         stop = min(start + AXPY_BLOCK, tensor.size)
         acc = out[start:stop]
-        first = True
+        first = into is None
+        if into is not None:
+            acc *= tensor.acc_dtype(scale)
         for j, source in enumerate(tensor.sources):
             if w[j] == 0.0:
                 continue

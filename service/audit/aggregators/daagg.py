@@ -131,23 +131,17 @@ def _final_state(
         or (clean[chosen] and chosen != clean_chosen)
     ):
         return weighted_state(global_state, updates, weights, shared)
-    scale = float(ratio.mean())
-    noisy_chosen = noisy_idx.index(chosen) if chosen in noisy_idx else 0
     part = stream_pass(
         global_state,
         [updates[i] for i in noisy_idx],
         weights=weights[noisy_idx],
-        chosen=noisy_chosen,
-    ).state
+        chosen=noisy_idx.index(chosen) if chosen in noisy_idx else 0,
+        base={name: v for name, v in clean_sum.items() if v.dtype.kind == "f"},
+        base_scale=float(ratio.mean()),
+    ).state  # the float tensors are clean_sum's arrays, completed in place
     assert part is not None
-    state: dict[str, AnyArray] = {}
-    for name, summed in clean_sum.items():
-        if summed.dtype.kind != "f":  # the largest weight's, from the pass that read it
-            state[name] = summed if clean[chosen] else part[name]
-            continue
-        total = summed * summed.dtype.type(scale) + part[name]
-        state[name] = total.astype(summed.dtype, copy=False)
-    return state
+    # non-float tensors: the largest weight's, from the pass that read it
+    return {name: part[name] if not clean[chosen] else v for name, v in clean_sum.items()}
 
 
 def aggregate_daagg(
