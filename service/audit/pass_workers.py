@@ -11,7 +11,9 @@ so the pass's results do not depend on the number of threads.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -21,9 +23,16 @@ __all__ = ["PASS_WORKERS", "in_order"]
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
 
-PASS_WORKERS = max(1, min(4, os.cpu_count() or 1))
-"""Threads of one pass: the machine's cores, at most 4 (the pass is bound by memory bandwidth
-beyond a few cores; on the 2-core machine of ``docs/performance.md`` two)."""
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the platform says; else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+PASS_WORKERS = max(1, min(4, _cores()))
+"""Threads of one pass: the cores the process may use, at most 4 (the pass is bound by memory
+bandwidth beyond a few cores; on the 2-core machine of ``docs/performance.md`` two)."""
 
 
 def in_order(
@@ -39,9 +48,17 @@ def in_order(
             yield work(item)
         return
     pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="fedaudit-pass")
+    waiting: deque[Future[_Out]] = deque()
+    pending = iter(items)
     try:
-        futures: list[Future[_Out]] = [pool.submit(work, item) for item in items]
-        for future in futures:
-            yield future.result()
+        # a window of 2 x workers items in flight: results are released once yielded, and a
+        # slow item holds back at most the window's
+        for item in itertools.islice(pending, 2 * count):
+            waiting.append(pool.submit(work, item))
+        while waiting:
+            done = waiting.popleft().result()
+            for item in itertools.islice(pending, 1):
+                waiting.append(pool.submit(work, item))
+            yield done
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

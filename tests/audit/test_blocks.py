@@ -658,3 +658,56 @@ def test_daagg_reads_only_the_noisy_clients_a_second_time(
     assert second == [1] * 8 if full_pass else second == [int(f) for f in noisy]
     assert_states_close(result.state, ref_weighted(updates, result.weights, chosen))
     assert result.state["steps"] == updates[chosen]["steps"]
+
+
+class _ChangedAfterFirstRead(DictStateReader):
+    """Finite on the first read, NaN afterwards (a stored update that changed between passes)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        super().__init__(tensors)
+        self.reads = 0
+
+    def get(self, name: str) -> np.ndarray:
+        self.reads += 1
+        value = super().get(name)
+        if self.reads > 1:
+            value = value.copy()
+            value.reshape(-1)[0] = np.nan
+        return value
+
+
+def test_daagg_names_the_noisy_client_whose_second_read_fails() -> None:
+    """The pass over the noisy clients only finds client 3's NaN; the error names client 3 (the
+    pass over every client, which it then makes), not its place among the noisy."""
+    rng = np.random.default_rng(0)
+    g = {"w": rng.normal(size=8).astype(np.float32)}
+    ups = [
+        {"w": (g["w"] + rng.normal(scale=0.3 if i == 3 else 0.01, size=8)).astype(np.float32)}
+        for i in range(5)
+    ]
+    states: list[DictStateReader] = [DictStateReader(u) for u in ups]
+    states[3] = _ChangedAfterFirstRead(ups[3])
+    with pytest.raises(InvalidInputError, match=r"updates\[3\]: tensor 'w' contains NaN"):
+        aggregate_daagg(DictStateReader(g), states, np.ones(5), [False, False, False, True, False])
+
+
+def test_daagg_on_a_float16_model_with_large_sums_warns_of_nothing() -> None:
+    """A float16 model takes the pass over every client and builds no clean sum (a sum of
+    float16 values weighted by sample counts overflowed the type, with a warning, which the
+    suite turns into an error)."""
+    g: dict[str, np.ndarray] = {
+        "w": np.full(4, 60.0, dtype=np.float16),
+        "b": np.zeros(2, dtype=np.float32),
+    }
+    ups: list[dict[str, np.ndarray]] = [
+        {"w": np.full(4, 60.0 + i, dtype=np.float16), "b": np.full(2, float(i), np.float32)}
+        for i in range(5)
+    ]
+    n = np.full(5, 500.0)
+    result = aggregate_daagg(
+        DictStateReader(g), readers(*ups), n, [True, False, False, False, False]
+    )
+    assert result.rule == "daagg"
+    assert_states_close(
+        result.state, ref_weighted(ups, result.weights, int(np.argmax(result.weights)))
+    )

@@ -118,3 +118,19 @@ def test_the_first_bad_tensor_in_file_order_is_named_with_threads(
             stream_pass(g, ups, distances=True)
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
+
+
+def test_a_window_of_items_is_in_flight_not_the_whole_pass() -> None:
+    """Results are held only for the items in flight (2 x workers ahead of the one yielded), so
+    a pass over many tensors does not keep every tensor's results until its end."""
+    started: list[int] = []
+
+    def work(i: int) -> int:
+        started.append(i)
+        return i
+
+    results = in_order(work, list(range(100)), workers=2)
+    assert next(results) == 0
+    time.sleep(0.05)  # let the threads run ahead as far as they may
+    assert len(started) <= 2 * 2 + 1
+    assert list(results) == list(range(1, 100))

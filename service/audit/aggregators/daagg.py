@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from service.audit._typing import AnyArray, FloatArray
-from service.audit._validation import check_choice
+from service.audit._validation import InvalidInputError, check_choice
 from service.audit.aggregators.common import (
     AggregationResult,
     check_shared,
@@ -30,6 +30,7 @@ from service.audit.aggregators.weight_cap import (
     check_factor,
     normalise,
 )
+from service.audit.block_source import FileStateReader
 from service.audit.blocks import stream_pass
 from service.audit.round_pass import RoundPass
 from service.audit.state import StateReader
@@ -47,13 +48,14 @@ def _pairwise_distances(
     clean_idx: Sequence[int],
     variant: str,
     shared: RoundPass | None,
-    clean_n: FloatArray,
+    clean_n: FloatArray | None,
 ) -> tuple[FloatArray, dict[str, AnyArray] | None]:
     """Distances between each noisy and each clean client over float tensors, in one blocked
     pass: per block the Gram cross term of the differences to the global model (one matrix
     product) instead of one subtraction per pair (or from the shared pass's Gram matrices).
-    Where that pass reads the updates, it also sums the clean clients' states weighted by
-    ``clean_n`` (0 for the others): :func:`_final_state` then reads only the noisy ones."""
+    Where that pass reads the updates and ``clean_n`` is given (the clean clients' shares of
+    their samples, 0 for the others), it also computes their weighted mean:
+    :func:`_noisy_completion` then reads only the noisy clients."""
     squared: FloatArray | None
     if shared is not None:
         squared, clean_sum = shared.pair_squared(noisy_idx, clean_idx, clean_n)
@@ -63,7 +65,7 @@ def _pairwise_distances(
             updates,
             pairs=(noisy_idx, clean_idx),
             weights=clean_n,
-            chosen=int(np.argmax(clean_n)),
+            chosen=0 if clean_n is None else int(np.argmax(clean_n)),
         )
         squared, clean_sum = first.pair_squared, first.state
     assert squared is not None
@@ -90,8 +92,11 @@ def _nearest_clean(
     distances = np.zeros(len(updates))
     clean_sum = None
     if noisy_idx:
-        clean_n = n.copy()
-        clean_n[noisy_idx] = 0.0
+        clean_n = None  # a float16 model: its clean sum would not be used (float16 overflows)
+        if not _has_float16(global_state):
+            clean_n = n.copy()
+            clean_n[noisy_idx] = 0.0
+            clean_n /= clean_n.sum()  # a weighted mean: no larger than the states themselves
         pairwise, clean_sum = _pairwise_distances(
             global_state, updates, noisy_idx, clean_idx, variant, shared, clean_n
         )
@@ -104,41 +109,54 @@ def _nearest_clean(
     return distances, clean_sum
 
 
-def _final_state(
+def _has_float16(global_state: StateReader) -> bool:
+    """Whether the model has a float16 tensor (from the header where the reader has one)."""
+    for name in global_state.keys():
+        dtype = (
+            global_state.layout(name)[0]
+            if isinstance(global_state, FileStateReader)
+            else np.asarray(global_state.get(name)).dtype
+        )
+        if dtype == np.float16:
+            return True
+    return False
+
+
+def _noisy_completion(
     global_state: StateReader,
     updates: Sequence[StateReader],
     weights: FloatArray,
     n: FloatArray,
     noisy_idx: list[int],
-    clean_sum: dict[str, AnyArray] | None,
-    shared: RoundPass | None,
-) -> dict[str, AnyArray]:
-    """sum_k w_k theta_k. Where the distances' pass summed the clean clients' states weighted
-    by n, and their weights are still a multiple a of n (no cap bound them), it is
-    ``a * clean_sum + sum over noisy i of w_i theta_i``: a pass over the noisy clients only
-    (float32 and float64 tensors; a float16 model, or a cap that changed the clean clients'
-    proportions, takes the pass over every client)."""
+    clean_sum: dict[str, AnyArray],
+) -> dict[str, AnyArray] | None:
+    """sum_k w_k theta_k from the clean clients' weighted mean (``clean_sum``, weights n / their
+    total n) where their weights are still a multiple a of n (no cap changed their proportions):
+    ``a * total * clean_sum + sum over noisy i of w_i theta_i``, a pass over the noisy clients
+    only that completes ``clean_sum`` in place. None where it does not apply, or where the noisy
+    clients' pass finds an error (the pass over every client then names the client as always).
+    Its clean part is summed as differences to the global model, as the shared FedAvg pass
+    does: rounding relative to the global model's values."""
     clean = np.ones(len(updates), dtype=bool)
     clean[noisy_idx] = False
     ratio = weights[clean] / n[clean]
     chosen = int(np.argmax(weights))  # whose non-float tensors every pass copies
-    clean_chosen = int(np.argmax(np.where(clean, n, 0.0)))  # the clean sum's
-    if (
-        clean_sum is None
-        or not noisy_idx
-        or ratio.max() - ratio.min() > 1e-12 * ratio.max()
-        or any(v.dtype == np.float16 for v in clean_sum.values())
-        or (clean[chosen] and chosen != clean_chosen)
+    clean_chosen = int(np.argmax(np.where(clean, n, 0.0)))  # the clean mean's
+    if ratio.max() - ratio.min() > 1e-12 * ratio.max() or (
+        clean[chosen] and chosen != clean_chosen
     ):
-        return weighted_state(global_state, updates, weights, shared)
-    part = stream_pass(
-        global_state,
-        [updates[i] for i in noisy_idx],
-        weights=weights[noisy_idx],
-        chosen=noisy_idx.index(chosen) if chosen in noisy_idx else 0,
-        base={name: v for name, v in clean_sum.items() if v.dtype.kind == "f"},
-        base_scale=float(ratio.mean()),
-    ).state  # the float tensors are clean_sum's arrays, completed in place
+        return None
+    try:
+        part = stream_pass(
+            global_state,
+            [updates[i] for i in noisy_idx],
+            weights=weights[noisy_idx],
+            chosen=noisy_idx.index(chosen) if chosen in noisy_idx else 0,
+            base={name: v for name, v in clean_sum.items() if v.dtype.kind == "f"},
+            base_scale=float(ratio.mean() * n[clean].sum()),
+        ).state  # the float tensors are clean_sum's arrays, completed in place
+    except InvalidInputError:
+        return None
     assert part is not None
     # non-float tensors: the largest weight's, from the pass that read it
     return {name: part[name] if not clean[chosen] else v for name, v in clean_sum.items()}
@@ -216,11 +234,19 @@ def aggregate_daagg(
     )
     max_d = float(distances.max())
     if noisy_idx and max_d == 0.0:
+        clean_sum = None  # not held while the fallback makes its state
         return fall_back(
             "max distance is 0 (noisy models equal clean ones), D = d / max d undefined", details
         )
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
     weights, cap = apply_cap(normalise(n * np.exp(-normalised), "num_samples"), factor)
-    state = _final_state(global_state, updates, weights, n, noisy_idx, clean_sum, shared)
+    state = (
+        None
+        if clean_sum is None
+        else _noisy_completion(global_state, updates, weights, n, noisy_idx, clean_sum)
+    )
+    clean_sum = None  # not held while the pass over every client makes its state
+    if state is None:
+        state = weighted_state(global_state, updates, weights, shared)
     return result(state, weights, "daagg", "daagg", details=details, weight_cap=cap)
