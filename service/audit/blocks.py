@@ -27,10 +27,8 @@ results would lose digits the detectors compare. DaAgg's squared distance ``|a|^
 of two differences to the global model can cancel when two clients are almost equal; its absolute
 error is about 1e-6 x (|a|^2 + |b|^2), and the result is clipped at 0 (tests state the tolerance).
 
-The tensors of a pass are spread over :data:`~service.audit.pass_workers.PASS_WORKERS` threads
-(:func:`~service.audit.pass_workers.in_order`); each tensor is computed as a serial pass would,
-and the results, totals over tensors included, are applied in the serial order, so they are the
-same to the bit whatever the number of threads (``tests/audit/test_pass_workers.py``).
+A pass's tensors are spread over threads (:mod:`service.audit.pass_workers`); the results,
+totals included, are applied in the serial order: the same to the bit on any number of threads.
 
 Coordinate-wise median and trimmed mean are in :mod:`service.audit.sorted_blocks`.
 
@@ -284,9 +282,11 @@ def _stream_pass(
     visit, runs = visit_plan(names, updates, from_file, spans, AXPY_BLOCK)
 
     work = _PassWork(
-        global_state, updates, from_file, label, weights, layer_weights, chosen, stacked,
-        state is not None, order, n_noisy, width, pairs, gram,
-        None if geometry is None else geometry.weights, base, base_scale,
+        global_state=global_state, updates=updates, from_file=from_file, label=label,
+        weights=weights, layer_weights=layer_weights, chosen=chosen, stacked=stacked,
+        keep_state=state is not None, order=order, n_noisy=n_noisy, width=width, pairs=pairs,
+        gram=gram, consensus=None if geometry is None else geometry.weights, base=base,
+        base_scale=base_scale,
     )  # fmt: skip
     for outs in in_order(work.item, runs):
         for done in outs:

@@ -69,7 +69,7 @@ def disagreement_warnings(
     """Where the evidence detector flagged nobody but the sites disagree in some classes far
     beyond sampling error (its summary's ``disagreeing_classes``): "ok" there does not mean the
     labels agree (``service.audit.evidence_abstention.MAX_CLASS_HETEROGENEITY``)."""
-    classes = audit.primary_detection.disagreeing_classes if audit.primary == "evidence" else []
+    classes = audit.primary_detection.disagreeing_classes  # none unless the evidence detector's
     if audit.in_warmup or not classes:
         return []
     names = ", ".join(class_label(federation, int(c)) for c in classes)
@@ -89,7 +89,7 @@ def lower_tail_warnings(round_index: int, audit: StoredAudit) -> list[str]:
     The flags stand (sites can lie about their losses, and two that did silenced the audit when
     this made the round abstain); the admin is told what else it may mean."""
     summary = audit.primary_detection.summary
-    if audit.in_warmup or audit.primary != "evidence" or not isinstance(summary, EvidenceSummary):
+    if audit.in_warmup or not isinstance(summary, EvidenceSummary):  # the evidence detector's
         return []
     flagged, below = summary.flagged, summary.significant_low
     if not isinstance(flagged, int) or not isinstance(below, int):

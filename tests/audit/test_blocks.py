@@ -165,6 +165,20 @@ def ref_squared(base, updates) -> np.ndarray:
     return np.array(rows)
 
 
+def save_states(directory: Path, base: dict[str, np.ndarray], updates: list) -> None:
+    """The global state and the updates as the safetensors files a coordinator stores
+    (``g.safetensors``, ``u0.safetensors``, ...)."""
+    save_file(base, str(directory / "g.safetensors"))
+    for i, update in enumerate(updates):
+        save_file(update, str(directory / f"u{i}.safetensors"))
+
+
+def open_states(directory: Path, k: int) -> tuple[SafetensorsReader, list[SafetensorsReader]]:
+    """Readers of the files :func:`save_states` wrote."""
+    g = SafetensorsReader(directory / "g.safetensors")
+    return g, [SafetensorsReader(directory / f"u{i}.safetensors") for i in range(k)]
+
+
 def assert_states_close(actual, expected, weights_rtol: float = 0.0) -> None:
     """Equal up to a few roundings of the dtype; ``weights_rtol`` adds the relative difference
     of weights computed from distances in another summation order."""
@@ -302,17 +316,14 @@ def test_random_median_and_trimmed_mean_equal_float64(
 
 def test_file_readers_give_the_same_results_and_map_nothing(tmp_path: Path, monkeypatch) -> None:
     base, updates = random_states(5, 7)
-    save_file(base, str(tmp_path / "g.safetensors"))
-    for i, u in enumerate(updates):
-        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    save_states(tmp_path, base, updates)
     # blocks smaller than the tensors, so that every tensor is read in several parts
     monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
     monkeypatch.setattr(blocks, "STACK_BYTES", 16 * 4 * 5)
     monkeypatch.setattr(sorted_blocks, "SORT_BYTES", 8 * 4 * 5)
 
     def from_files() -> tuple[SafetensorsReader, list[SafetensorsReader]]:
-        g = SafetensorsReader(tmp_path / "g.safetensors")
-        return g, [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(5)]
+        return open_states(tmp_path, 5)
 
     g, ups = from_files()
     assert isinstance(ups[0], FileStateReader)
@@ -566,16 +577,8 @@ def test_an_empty_tensor_is_aggregated_as_empty(rule: str, tmp_path: Path) -> No
     ups = [
         {"w": np.zeros((3, 0), dtype=np.float32), "b": np.full(2, i, np.float32)} for i in range(3)
     ]
-    save_file(base, str(tmp_path / "g.safetensors"))
-    for i, u in enumerate(ups):
-        save_file(u, str(tmp_path / f"u{i}.safetensors"))
-    for g, readers_ in (
-        (DictStateReader(base), readers(*ups)),
-        (
-            SafetensorsReader(tmp_path / "g.safetensors"),
-            [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(3)],
-        ),
-    ):
+    save_states(tmp_path, base, ups)
+    for g, readers_ in ((DictStateReader(base), readers(*ups)), open_states(tmp_path, 3)):
         state = aggregate(rule, g, readers_, [1, 1, 1], noisy=[True, False, False]).state
         assert state["w"].shape == (3, 0)
         assert state["b"].shape == (2,)
@@ -618,18 +621,6 @@ def test_a_source_outlives_the_name_of_its_reader(tmp_path: Path) -> None:
     assert source.whole().tolist() == [1.0] * 4
 
 
-class _Counting(DictStateReader):
-    """Counts the float tensors read from it (``get`` once per tensor and pass)."""
-
-    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
-        super().__init__(tensors)
-        self.reads = 0
-
-    def get(self, name: str) -> np.ndarray:
-        self.reads += name == "conv"
-        return super().get(name)
-
-
 @pytest.mark.parametrize(
     ("n", "chosen_noisy", "full_pass"),
     [
@@ -648,7 +639,7 @@ def test_daagg_reads_only_the_noisy_clients_a_second_time(
     base.pop("half")  # a float16 model always takes the pass over every client
     updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
     noisy = np.array([True, True, False, False, False, True, False, False])
-    counted = [_Counting(u) for u in updates]
+    counted = [CountingReader(u) for u in updates]
     result = aggregate_daagg(DictStateReader(base), counted, n, noisy)
     assert result.weight_cap is not None
     assert bool(result.weight_cap["capped"]) is full_pass

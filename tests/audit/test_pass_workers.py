@@ -10,13 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from service.audit import blocks, pass_workers
 from service.audit.blocks import stream_pass
 from service.audit.pass_workers import in_order
-from service.coordinator.tensors import SafetensorsReader
-from tests.audit.test_blocks import random_states, readers
+from tests.audit.test_blocks import open_states, random_states, readers, save_states
 
 
 def test_results_come_in_the_items_order_from_several_threads() -> None:
@@ -52,8 +50,7 @@ def test_an_error_is_raised_after_the_results_before_it() -> None:
 
 def _pass_results(tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> list:
     monkeypatch.setattr(pass_workers, "PASS_WORKERS", workers)
-    g = SafetensorsReader(tmp_path / "g.safetensors")
-    ups = [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(6)]
+    g, ups = open_states(tmp_path, 6)
     weights = np.array([0.1, 0.2, 0.3, 0.1, 0.2, 0.1])
     results = [
         stream_pass(g, ups, weights=weights, chosen=2),
@@ -68,9 +65,7 @@ def test_a_pass_is_the_same_to_the_bit_on_one_thread_or_several(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base, updates = random_states(6, 11)
-    save_file(base, str(tmp_path / "g.safetensors"))
-    for i, u in enumerate(updates):
-        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    save_states(tmp_path, base, updates)
     # blocks smaller than the tensors: several blocks per tensor, spans of small tensors
     monkeypatch.setattr(blocks, "AXPY_BLOCK", 16)
     monkeypatch.setattr(blocks, "STACK_BYTES", 16 * 4 * 6)
@@ -106,14 +101,11 @@ def test_the_first_bad_tensor_in_file_order_is_named_with_threads(
         bad = updates[2][name].copy()
         bad.reshape(-1)[0] = np.nan
         updates[2][name] = bad
-    save_file(base, str(tmp_path / "g.safetensors"))
-    for i, u in enumerate(updates):
-        save_file(u, str(tmp_path / f"u{i}.safetensors"))
+    save_states(tmp_path, base, updates)
     messages = []
     for workers in (1, 3):
         monkeypatch.setattr(pass_workers, "PASS_WORKERS", workers)
-        g = SafetensorsReader(tmp_path / "g.safetensors")
-        ups = [SafetensorsReader(tmp_path / f"u{i}.safetensors") for i in range(4)]
+        g, ups = open_states(tmp_path, 4)
         with pytest.raises(Exception, match=r"updates\[2\]") as raised:
             stream_pass(g, ups, distances=True)
         messages.append(str(raised.value))

@@ -104,13 +104,21 @@ def submit(services: Services, fid, client, value: float, index: int = 0) -> Non
     )
 
 
-def test_concurrent_closers_close_once(settings: Settings) -> None:
+def complete_round_not_closed(settings: Settings, values: tuple[float, float]):  # noqa: ANN201
+    """Services whose worker never runs a close (a crash, or a close the test runs itself) and
+    a round in which sites a and b sent updates of these values: complete, still open."""
     settings.close_rounds_inline = False
-    primary = make_services(settings)
-    primary.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # closers race below
-    fid, round_id, members = prepare_round(primary, ["a", "b"])
-    submit(primary, fid, members["a"], 1.0)
-    submit(primary, fid, members["b"], 3.0)
+    services = make_services(settings)
+    services.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]
+    fid, round_id, members = prepare_round(services, ["a", "b"])
+    submit(services, fid, members["a"], values[0])
+    submit(services, fid, members["b"], values[1])
+    return services, fid, round_id, members
+
+
+def test_concurrent_closers_close_once(settings: Settings) -> None:
+    # the closers race below
+    primary, fid, round_id, members = complete_round_not_closed(settings, (1.0, 3.0))
 
     replicas = [make_services(settings) for _ in range(4)]
     results: list[bool] = []
@@ -188,12 +196,8 @@ def test_deadline_closes_with_min_clients_or_extends(settings: Settings) -> None
 
 def test_reaper_resumes_a_complete_round_after_restart(settings: Settings, tmp_path: Path) -> None:
     """Updates accepted but the close never ran (crash): a new process's checker closes it."""
-    settings.close_rounds_inline = False
-    before_crash = make_services(settings)
-    before_crash.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # the crash
-    fid, round_id, members = prepare_round(before_crash, ["a", "b"])
-    submit(before_crash, fid, members["a"], 1.0)
-    submit(before_crash, fid, members["b"], 1.0)
+    # the crash: the close never runs
+    before_crash, fid, round_id, members = complete_round_not_closed(settings, (1.0, 1.0))
     before_crash.close()
 
     after_restart = make_services(settings)
@@ -249,12 +253,8 @@ def test_a_close_that_fails_after_an_admin_stop_leaves_the_stop(
     federation stays stopped with the admin's reason (not failed with the close's error)."""
     from service.coordinator import audits
 
-    settings.close_rounds_inline = False
-    services = make_services(settings)
-    services.worker.submit_once = lambda key, job: None  # type: ignore[method-assign]  # closed below
-    fid, round_id, members = prepare_round(services, ["a", "b"])
-    submit(services, fid, members["a"], 1.0)
-    submit(services, fid, members["b"], 3.0)
+    # closed below
+    services, fid, round_id, members = complete_round_not_closed(settings, (1.0, 3.0))
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("boom")
