@@ -13,7 +13,9 @@ repeat:
 * ``fedavg``, ``median``, ``trimmed_mean``: ``service.audit.aggregate`` through the
   coordinator's ``SafetensorsReader``, exactly as a round close reads them.
 * ``audit``: ``service.audit.run_audit`` with the FedNoRo configuration (DaAgg, 20 % of the
-  sites noisy for the aggregation), the Fed-NCL and FedRN detectors and the neighbors, in process.
+  sites noisy for the aggregation), the Fed-NCL and FedRN detectors and the neighbors, in process;
+  by default a federation past its warm-up whose noisy sites the status already holds
+  (``--audit-flags status``), or on the round's flags alone (``--audit-flags round``).
 * ``flwr_*``: Flower (``flwr``, the optional ``bench`` extra) on the same files: each file loaded
   with ``safetensors.numpy.load_file`` into its list of per-layer arrays, then
   ``flwr.server.strategy.aggregate.aggregate`` / ``aggregate_median`` /
@@ -59,6 +61,7 @@ from service.audit import (
     AggregationSettings,
     AuditConfig,
     ClientRoundData,
+    StatusHistory,
     aggregate,
     run_audit,
 )
@@ -120,8 +123,11 @@ def softmax_rows(values: Any) -> Any:
     return clipped / clipped.sum(axis=1, keepdims=True)
 
 
-def audit_inputs(global_path: Path, paths: list[Path]) -> tuple[Any, ...]:
-    """Client reports for ``run_audit``: the first 20 % have noisy per-class losses."""
+def audit_inputs(global_path: Path, paths: list[Path], flags: str = "status") -> tuple[Any, ...]:
+    """Client reports for ``run_audit``: the first 20 % have noisy per-class losses. With
+    ``flags="status"`` (the coordinator's default) a federation past its warm-up: those sites
+    noisy for three rounds, the others trusted, so the aggregation's noisy set is known before
+    the detectors run (DaAgg's split of the first pass); ``"round"``: the round's flags alone."""
     rng = np.random.default_rng(0)
     k = len(paths)
     n_noisy = max(1, k // 5)
@@ -145,17 +151,30 @@ def audit_inputs(global_path: Path, paths: list[Path]) -> tuple[Any, ...]:
         primary_detector="fednoro",
         aggregation="daagg",
         detectors=("fednoro", "fedncl", "expertise"),
-        aggregation_settings=AggregationSettings(flags="round"),
+        aggregation_settings=AggregationSettings(flags=flags),
     )
-    return reports, config
+    history = (
+        [
+            StatusHistory(status="noisy", flags=[True] * 3)
+            if i < n_noisy
+            else StatusHistory(status="trusted", flags=[False] * 3)
+            for i in range(k)
+        ]
+        if flags == "status"
+        else None
+    )
+    return reports, config, history
 
 
-def run_audit_once(global_path: Path, paths: list[Path], reports: Any, config: Any) -> Any:
+def run_audit_once(global_path: Path, paths: list[Path], inputs: tuple[Any, ...]) -> Any:
+    reports, config, history = inputs
     clients = [
         ClientRoundData(state=SafetensorsReader(p), **r)
         for p, r in zip(paths, reports, strict=True)
     ]
-    return run_audit(SafetensorsReader(global_path), clients, config, round_index=3)
+    return run_audit(
+        SafetensorsReader(global_path), clients, config, round_index=3, status_history=history
+    )
 
 
 def ours(rule: str, global_path: Path, paths: list[Path], n: Any) -> Callable[[], object]:
@@ -230,25 +249,27 @@ def check_equal(global_path: Path, paths: list[Path], n: Any, names: list[str]) 
     return diffs
 
 
-def run_config(k: int, width: int, repeats: int, workdir: Path | None) -> dict[str, Any]:
+def run_config(
+    k: int, width: int, repeats: int, workdir: Path | None, audit_flags: str = "status"
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-agg-") as tmp:
         global_path, paths, one_state = write_files(Path(tmp), k, width)
         names = [n for n in resnet18_shapes(width) if not n.endswith("num_batches_tracked")]
         n = np.array([500 + 10 * i for i in range(k)], dtype=np.float64)
-        reports, config = audit_inputs(global_path, paths)
+        inputs = audit_inputs(global_path, paths, audit_flags)
         subjects: dict[str, Callable[[], object]] = {
             "read_mmap": lambda: read_mmap(paths),
             "read_plain": make_read_plain(paths),
             "fedavg": ours("fedavg", global_path, paths, n),
             "median": ours("median", global_path, paths, n),
             "trimmed_mean": ours("trimmed_mean", global_path, paths, n),
-            "audit": lambda: run_audit_once(global_path, paths, reports, config),
+            "audit": lambda: run_audit_once(global_path, paths, inputs),
         }
         flwr_installed = has_module("flwr")
         if flwr_installed:
             subjects.update(flower_subjects(paths, n, names))
         equality = check_equal(global_path, paths, n, names)
-        audit_rule = run_audit_once(global_path, paths, reports, config).aggregation.rule
+        audit_rule = run_audit_once(global_path, paths, inputs).aggregation.rule
         gc.collect()
         times = alternate(subjects, repeats, warmup=1)
         file_bytes = sum(p.stat().st_size for p in paths)
@@ -278,6 +299,7 @@ def run_config(k: int, width: int, repeats: int, workdir: Path | None) -> dict[s
         "flwr_installed": flwr_installed,
         "max_abs_diff_vs_flwr": equality,
         "audit_rule_applied": audit_rule,
+        "audit_flags": audit_flags,
     }
 
 
@@ -293,8 +315,7 @@ n = np.array([500 + 10 * i for i in range(k)], dtype=np.float64)
 if {what!r} == "fedavg":
     b.ours("fedavg", g, paths, n)()
 else:
-    reports, config = b.audit_inputs(g, paths)
-    b.run_audit_once(g, paths, reports, config)
+    b.run_audit_once(g, paths, b.audit_inputs(g, paths))
 print(peak_rss())
 """
 
@@ -355,6 +376,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--memory-width", type=int, default=32, help="width of the memory runs")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
+    parser.add_argument(
+        "--audit-flags",
+        choices=("status", "round"),
+        default="status",
+        help="the audit's noisy set: 'status' (the coordinator's default, a federation past its "
+        "warm-up with the noisy sites known) or 'round' (this round's flags alone)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny states, 1 repeat")
     args = parser.parse_args(argv)
     if args.quick:
@@ -370,9 +398,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "memory_ks": args.memory,
             "memory_width": args.memory_width,
             "quick": args.quick,
+            "audit_flags": args.audit_flags,
             "flwr": _flwr_version(),
         },
-        "configs": [run_config(k, w, args.repeats, args.workdir) for k, w in configs],
+        "configs": [
+            run_config(k, w, args.repeats, args.workdir, args.audit_flags) for k, w in configs
+        ],
     }
     ks = [int(x) for x in args.memory.split(",") if x.strip()]
     if ks:

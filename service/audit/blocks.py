@@ -48,6 +48,7 @@ import numpy as np
 from service.audit._blas import one_blas_thread
 from service.audit._typing import AnyArray, FloatArray
 from service.audit._validation import InvalidInputError
+from service.audit.block_consensus import Consensus, ConsensusParts
 from service.audit.block_source import (
     FileStateReader,
     TensorSource,
@@ -159,7 +160,7 @@ class _TensorOut:
     squared: FloatArray | None = None
     cross: FloatArray | None = None
     full: FloatArray | None = None
-    geometry: _ConsensusParts | None = None
+    geometry: ConsensusParts | None = None
 
 
 def _as_reference(out: AnyArray, reference: AnyArray, keep: bool) -> AnyArray | None:
@@ -274,7 +275,7 @@ def _stream_pass(
     state: dict[str, AnyArray] | None = {} if weighted else None
     float_names: list[str] = []
     squared_rows, pair_rows, gram_rows = [], [], []  # per float tensor: FloatArray
-    geometry = None if consensus is None else _Consensus(np.asarray(consensus)[order], k)
+    geometry = None if consensus is None else Consensus(np.asarray(consensus)[order], k)
     width = max(1, STACK_BYTES // 4 // max(k, 1))
     if base is not None and (stacked or weights is None or layer_weights is not None):
         raise ValueError("base: only for a plain weighted sum")
@@ -325,41 +326,6 @@ def _stream_pass(
         consensus_dots=None if geometry is None else geometry.dots_by_client(order),
         consensus_norm2=None if geometry is None else geometry.norm2,
     )
-
-
-class _ConsensusParts:
-    """One tensor's blocks' terms of the consensus geometry, kept in block order so that the
-    pass adds them to the totals in the order a serial pass would (the totals do not depend on
-    which thread computed which tensor)."""
-
-    def __init__(self, weights: FloatArray) -> None:
-        self.weights = weights
-        self.terms: list[tuple[FloatArray, float]] = []
-
-    def add(self, x: AnyArray) -> None:
-        """One block X (K x b): S_b = c @ X, then X @ S_b and ||S_b||^2 (two GEMVs)."""
-        s = self.weights.astype(x.dtype) @ x
-        self.terms.append(((x @ s).astype(np.float64), float(np.dot(s, s))))
-
-
-class _Consensus:
-    """Running totals of the consensus geometry (clients in the pass's ``order``)."""
-
-    def __init__(self, weights: FloatArray, k: int) -> None:
-        self.weights = weights
-        self.dots = np.zeros(k)
-        self.norm2 = 0.0
-
-    def replay(self, parts: _ConsensusParts) -> None:
-        """Add one tensor's block terms, in block order."""
-        for dots, norm2 in parts.terms:
-            self.dots += dots
-            self.norm2 += norm2
-
-    def dots_by_client(self, order: AnyArray) -> FloatArray:
-        result = np.zeros_like(self.dots)
-        result[order] = self.dots
-        return result
 
 
 @dataclass(frozen=True)
@@ -417,7 +383,7 @@ class _PassWork:
             into = None if self.base is None else self.base[name].reshape(-1)
             summed = _weighted_tensor(tensor, np.asarray(w), into, self.base_scale)
             return _TensorOut(name, True, _as_reference(summed, reference, self.keep_state))
-        parts = None if self.consensus is None else _ConsensusParts(self.consensus)
+        parts = None if self.consensus is None else ConsensusParts(self.consensus)
         out, sq, cross, full = _stacked_tensor(
             tensor, w, self.order, self.n_noisy, self.width, self.pairs, self.gram, parts
         )
@@ -540,7 +506,7 @@ def _stacked_tensor(
     width: int,
     pairs: tuple[Sequence[int], Sequence[int]] | None,
     gram: bool = False,
-    geometry: _ConsensusParts | None = None,
+    geometry: ConsensusParts | None = None,
 ) -> tuple[AnyArray | None, FloatArray, FloatArray | None, FloatArray | None]:
     """Per block: X = theta_k - theta_G stacked (K x b, clients in ``order``), then the squared
     norms (one row dot each), the noisy x clean Gram term, the consensus geometry and the

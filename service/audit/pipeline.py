@@ -21,9 +21,14 @@ malformed client data raise :class:`~service.audit._validation.InvalidParameterE
 :class:`~service.audit._validation.InvalidInputError`.
 
 The Fed-NCL divergence and the aggregation share the round's reads of the updates
-(:class:`~service.audit.blocks.RoundPass`): one blocked pass computes the divergences together
-with, for FedAvg, the new state and, for DaAgg, the Gram matrices its distances need; DaAgg and the
-layer-wise rule then read the updates once more for their weighted sum. Never all states at once.
+(:class:`~service.audit.round_pass.RoundPass`): one blocked pass computes the divergences
+together with, for FedAvg, the new state and, for DaAgg, what its distances need: where the
+status rule and the pins say before the detectors run which clients it may treat as noisy
+(:func:`~service.audit.noisy_set.possible_noisy`), their distances to every other client and the
+mean of the others, so that its weighted sum reads only those clients again
+(:class:`~service.audit.round_pass.NoisySplit`); else the Gram matrices up to
+``GRAM_MAX_CLIENTS``, or a pass of its own. The layer-wise rule reads the updates once more for
+its weighted sum. Never all states at once.
 
 What it composes has rooms of its own: the configuration (:mod:`service.audit.audit_config`),
 the round's inputs and their checks (:mod:`service.audit.round_inputs`) and the detectors' runs
@@ -48,12 +53,14 @@ from service.audit._validation import (
 )
 from service.audit.aggregation import NOISY_SET_RULES, aggregate, with_fallback_context
 from service.audit.aggregators.common import AggregationResult
+from service.audit.aggregators.daagg import daagg_split
 from service.audit.aggregators.fedavg import planned_fedavg_weights
 from service.audit.anchor_mode import anchor_led_clients
 from service.audit.audit_config import PROBABILITY_DETECTORS, AuditConfig
 from service.audit.centroids import aggregate_centroids
-from service.audit.detection import ClientStatus, DetectionResult, next_status
+from service.audit.detection import DetectionResult
 from service.audit.detector_registry import geometry_peers
+from service.audit.noisy_set import noisy_set, possible_noisy
 from service.audit.reliability import NeighborWeight, k_reliable_neighbors
 from service.audit.round_detectors import run_detectors
 from service.audit.round_inputs import (
@@ -311,7 +318,7 @@ def run_audit(
     """
     rnd, data = _checked_round(config, round_index, clients, status_history, anchors)
 
-    shared = _round_pass(global_state, data, config, status_history)
+    shared = _round_pass(global_state, data, config, status_history, flag_overrides)
     lead = config.aggregation_settings.anchor_lead and bool(anchor_led_rounds)
     detections = run_detectors(
         data, config, shared, status_history, anchors, majority_rounds, lead and any(anchors or ())
@@ -327,7 +334,7 @@ def run_audit(
     neighbor_info = _neighbors(data, candidates, config)
 
     effective_flags: list[bool | None] | None = None
-    noisy = _noisy_set(primary, config, status_history, len(data.ids))
+    noisy = noisy_set(primary, config, status_history, len(data.ids))
     probability = (
         np.asarray(primary.probabilities, dtype=np.float64)
         if primary.status == "ok" and primary.method in PROBABILITY_DETECTORS
@@ -532,8 +539,12 @@ def _round_pass(
     data: CheckedClients,
     config: AuditConfig,
     history: Sequence[StatusHistory] | None,
+    pins: Sequence[bool | None] | None,
 ) -> RoundPass:
-    """The round's shared pass, planned for what the configured aggregation will ask."""
+    """The round's shared pass, planned for what the configured aggregation will ask: FedAvg's
+    state; for DaAgg, where the clients it may treat as noisy are known before the detectors
+    run, their distances to every client and the others' mean (:class:`NoisySplit`), else the
+    Gram matrices up to ``GRAM_MAX_CLIENTS``."""
     # The update geometry's consensus rides on the first pass, where some site can be judged.
     judged = (
         config.geometry.check
@@ -552,32 +563,11 @@ def _round_pass(
             chosen=int(np.argmax(weights)),
             consensus=consensus,
         )
+    if config.aggregation == "daagg":
+        split = daagg_split(
+            global_state, data.num_samples, possible_noisy(config, history, pins, len(data.ids))
+        )
+        if split is not None:
+            return RoundPass(global_state, data.states, split=split, consensus=consensus)
     gram = config.aggregation == "daagg" and len(data.states) <= GRAM_MAX_CLIENTS
     return RoundPass(global_state, data.states, gram=gram, consensus=consensus)
-
-
-def _noisy_set(
-    primary: DetectionResult,
-    config: AuditConfig,
-    history: Sequence[StatusHistory] | None,
-    n_clients: int,
-) -> np.ndarray | None:
-    """The clients the aggregation treats as noisy, before pins; None when undetermined."""
-    if primary.status != "ok":
-        return None
-    if config.aggregation_settings.flags == "round":
-        return np.asarray(primary.flags, dtype=bool)
-    noisy = np.zeros(n_clients, dtype=bool)
-    for i, flag in enumerate(primary.flags):
-        before = StatusHistory() if history is None else history[i]
-        try:
-            after: ClientStatus = next_status(
-                before.status,
-                [*before.flags, flag],
-                m=config.status.m,
-                w=config.status.w,
-            )
-        except (InvalidInputError, InvalidParameterError) as exc:
-            raise InvalidInputError(f"status_history[{i}]: {exc}") from None
-        noisy[i] = after == "noisy"
-    return noisy

@@ -32,10 +32,10 @@ from service.audit.aggregators.weight_cap import (
 )
 from service.audit.block_source import FileStateReader
 from service.audit.blocks import stream_pass
-from service.audit.round_pass import RoundPass
+from service.audit.round_pass import CleanPart, NoisySplit, RoundPass
 from service.audit.state import StateReader
 
-__all__ = ["aggregate_daagg"]
+__all__ = ["aggregate_daagg", "daagg_split"]
 
 
 _DAAGG_VARIANTS = ("paper", "reference")
@@ -49,14 +49,16 @@ def _pairwise_distances(
     variant: str,
     shared: RoundPass | None,
     clean_n: FloatArray | None,
-) -> tuple[FloatArray, dict[str, AnyArray] | None]:
+) -> tuple[FloatArray, CleanPart | None]:
     """Distances between each noisy and each clean client over float tensors, in one blocked
     pass: per block the Gram cross term of the differences to the global model (one matrix
-    product) instead of one subtraction per pair (or from the shared pass's Gram matrices).
-    Where that pass reads the updates and ``clean_n`` is given (the clean clients' shares of
-    their samples, 0 for the others), it also computes their weighted mean:
-    :func:`_noisy_completion` then reads only the noisy clients."""
+    product) instead of one subtraction per pair (or from the shared pass: its split or its Gram
+    matrices). Where that pass reads the updates and ``clean_n`` is given (the clean clients'
+    shares of their samples, 0 for the others), it also computes their weighted mean (the
+    shared pass's split: the mean of the clients outside its rows): :func:`_completion` then
+    reads only the clients outside that mean."""
     squared: FloatArray | None
+    clean_sum: CleanPart | None
     if shared is not None:
         squared, clean_sum = shared.pair_squared(noisy_idx, clean_idx, clean_n)
     else:
@@ -67,7 +69,10 @@ def _pairwise_distances(
             weights=clean_n,
             chosen=0 if clean_n is None else int(np.argmax(clean_n)),
         )
-        squared, clean_sum = first.pair_squared, first.state
+        squared = first.pair_squared
+        clean_sum = None
+        if first.state is not None and clean_n is not None:
+            clean_sum = CleanPart(first.state, clean_n)
     assert squared is not None
     if variant == "paper":
         result: FloatArray = np.sqrt(squared.sum(axis=0))
@@ -85,10 +90,10 @@ def _nearest_clean(
     shared: RoundPass | None,
     details: dict[str, Any],
     n: FloatArray,
-) -> tuple[FloatArray, dict[str, AnyArray] | None]:
+) -> tuple[FloatArray, CleanPart | None]:
     """d(i): each noisy client's distance to its nearest clean one (0 for a clean client), and
-    the clean clients' state weighted by their sample counts where the distances' pass made it;
-    the nearest clean client and the distances are written to ``details``."""
+    a weighted mean of clients where the distances' pass made one (:class:`CleanPart`); the
+    nearest clean client and the distances are written to ``details``."""
     distances = np.zeros(len(updates))
     clean_sum = None
     if noisy_idx:
@@ -105,6 +110,7 @@ def _nearest_clean(
         details["nearest_clean"] = dict(zip([str(i) for i in noisy_idx], nearest, strict=True))
     else:
         details["note"] = "no noisy client: every d = 0, so the weights equal FedAvg's"
+        clean_sum = None if shared is None else shared.clean_part()
     details["distances"] = distances.tolist()
     return distances, clean_sum
 
@@ -122,44 +128,67 @@ def _has_float16(global_state: StateReader) -> bool:
     return False
 
 
-def _noisy_completion(
+def _completion(
     global_state: StateReader,
     updates: Sequence[StateReader],
     weights: FloatArray,
-    n: FloatArray,
-    noisy_idx: list[int],
-    clean_sum: dict[str, AnyArray],
+    part: CleanPart,
 ) -> dict[str, AnyArray] | None:
-    """sum_k w_k theta_k from the clean clients' weighted mean (``clean_sum``, weights n / their
-    total n) where their weights are still a multiple a of n (no cap changed their proportions):
-    ``a * total * clean_sum + sum over noisy i of w_i theta_i``, a pass over the noisy clients
-    only that completes ``clean_sum`` in place. None where it does not apply, or where the noisy
-    clients' pass finds an error (the pass over every client then names the client as always).
-    Its clean part is summed as differences to the global model, as the shared FedAvg pass
-    does: rounding relative to the global model's values."""
-    clean = np.ones(len(updates), dtype=bool)
-    clean[noisy_idx] = False
-    ratio = weights[clean] / n[clean]
+    """sum_k w_k theta_k from a mean of some clients (``part``, weights p summing to 1) where
+    their final weights are still a multiple a of p (no cap changed their proportions):
+    ``a * part.state + sum over the others of w_i theta_i``, a pass over the others only (the
+    noisy clients, and the clean ones the split kept out of its mean) that completes the mean
+    in place. None where it does not apply, or where that pass finds an error (the pass over
+    every client then names the client as always). The mean is summed as differences to the
+    global model, as the shared FedAvg pass does: rounding relative to the global model's
+    values."""
+    covered = part.weights > 0.0
+    rest = [int(i) for i in np.flatnonzero(~covered)]
+    ratio = weights[covered] / part.weights[covered]
     chosen = int(np.argmax(weights))  # whose non-float tensors every pass copies
-    clean_chosen = int(np.argmax(np.where(clean, n, 0.0)))  # the clean mean's
     if ratio.max() - ratio.min() > 1e-12 * ratio.max() or (
-        clean[chosen] and chosen != clean_chosen
+        covered[chosen] and chosen != int(np.argmax(part.weights))
     ):
         return None
+    floats = {name: v for name, v in part.state.items() if v.dtype.kind == "f"}
+    if not rest:  # every client in the mean: the weights are a multiple of its own
+        for value in floats.values():
+            value *= value.dtype.type(ratio.mean())
+        return part.state
     try:
-        part = stream_pass(
+        completed = stream_pass(
             global_state,
-            [updates[i] for i in noisy_idx],
-            weights=weights[noisy_idx],
-            chosen=noisy_idx.index(chosen) if chosen in noisy_idx else 0,
-            base={name: v for name, v in clean_sum.items() if v.dtype.kind == "f"},
-            base_scale=float(ratio.mean() * n[clean].sum()),
-        ).state  # the float tensors are clean_sum's arrays, completed in place
+            [updates[i] for i in rest],
+            weights=weights[rest],
+            chosen=rest.index(chosen) if chosen in rest else 0,
+            base=floats,
+            base_scale=float(ratio.mean()),
+        ).state  # the float tensors are the mean's arrays, completed in place
     except InvalidInputError:
         return None
-    assert part is not None
+    assert completed is not None
     # non-float tensors: the largest weight's, from the pass that read it
-    return {name: part[name] if not clean[chosen] else v for name, v in clean_sum.items()}
+    return {name: completed[name] if not covered[chosen] else v for name, v in part.state.items()}
+
+
+def daagg_split(
+    global_state: StateReader, num_samples: Any, possible_noisy: Any
+) -> NoisySplit | None:
+    """DaAgg's plan for the round's shared pass (:class:`NoisySplit`), from the clients that
+    may be noisy this round; None where that is not known (``possible_noisy`` None) or where
+    more than half of the clients may be (the distances of every such client to every client
+    would cost more than DaAgg's own pass over the noisy x clean pairs)."""
+    if possible_noisy is None:
+        return None
+    maybe = np.asarray(possible_noisy, dtype=bool)
+    n = np.asarray(num_samples, dtype=np.float64)
+    if maybe.shape != n.shape or 2 * int(maybe.sum()) > len(n):
+        return None
+    base: FloatArray | None = None
+    if not _has_float16(global_state):  # float16 sums overflow: no mean for such a model
+        base = np.where(maybe, 0.0, n)
+        base /= base.sum()
+    return NoisySplit(tuple(int(i) for i in np.flatnonzero(maybe)), base)
 
 
 def aggregate_daagg(
@@ -241,11 +270,7 @@ def aggregate_daagg(
     normalised = distances / max_d if max_d > 0.0 else distances
     details["normalised_distances"] = normalised.tolist()
     weights, cap = apply_cap(normalise(n * np.exp(-normalised), "num_samples"), factor)
-    state = (
-        None
-        if clean_sum is None
-        else _noisy_completion(global_state, updates, weights, n, noisy_idx, clean_sum)
-    )
+    state = None if clean_sum is None else _completion(global_state, updates, weights, clean_sum)
     clean_sum = None  # not held while the pass over every client makes its state
     if state is None:
         state = weighted_state(global_state, updates, weights, shared)
