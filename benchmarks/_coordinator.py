@@ -36,6 +36,24 @@ FEDNCL_FEDAVG_CONFIG: dict[str, Any] = {
 }
 
 
+# The full audit: FedNoRo's per-class-loss detector as the primary, Fed-NCL, FedRN's expertise
+# and neighbors (probe softmax), DaAgg, from round 0 (no warm-up). The first 20 % of the sites
+# report per-class losses far above the others' (noisy); from the third round their status is
+# noisy, as in a federation past its warm-up.
+FEDNORO_DAAGG_CONFIG: dict[str, Any] = {
+    "method": "fednoro",
+    "detectors": ["fednoro", "fedncl", "expertise"],
+    "primary_detector": "fednoro",
+    "warmup_rounds": 0,
+}
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "fedncl-fedavg": FEDNCL_FEDAVG_CONFIG,
+    "fednoro-daagg": FEDNORO_DAAGG_CONFIG,
+}
+"""The configurations the HTTP benchmarks offer (``--config``)."""
+
+
 def state_bytes(state: Mapping[str, NDArray[Any]]) -> bytes:
     """A state as safetensors bytes (the SDK's wire format)."""
     return save(dict(state))
@@ -65,13 +83,14 @@ class Site:
     client: FederationClient
     class_counts: list[int]
     train_loss: float
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
         return sum(self.class_counts)
 
     def signals(self) -> dict[str, Any]:
-        return {"class_counts": self.class_counts, "train_loss": self.train_loss}
+        return {"class_counts": self.class_counts, "train_loss": self.train_loss, **self.extra}
 
     def timed_submit(
         self, federation_id: uuid.UUID, round_index: int, payload: bytes
@@ -134,6 +153,8 @@ def create_federation(
     admin.upload_initial_model(federation.id, initial_state)
     result = Federation(id=federation.id)
     rng = np.random.default_rng(seed)
+    stored = admin.get_federation(federation.id).config
+    wanted = set(stored["signals"])
     for k in range(clients):
         name = f"site-{k:04d}"
         token = admin.add_client(federation.id, name).token
@@ -143,10 +164,31 @@ def create_federation(
             client=FederationClient(server.url, token),
             class_counts=counts,
             train_loss=float(rng.uniform(0.2, 1.5)),
+            extra=_audit_signals(wanted, k < max(1, clients // 5), stored, rng),
         )
         site.client.join(federation.id, num_samples=site.num_samples, class_counts=counts)
         result.sites.append(site)
     return result
+
+
+def _audit_signals(
+    wanted: set[str], noisy: bool, config: Mapping[str, Any], rng: np.random.Generator
+) -> dict[str, Any]:
+    """The signals beyond class counts and train loss that the federation asks for: per-class
+    losses (a noisy site's about 2.0, a clean one's 0.5), a train accuracy, the probe softmax."""
+    extra: dict[str, Any] = {}
+    if "per_class_loss" in wanted:
+        loss = rng.normal(2.0 if noisy else 0.5, 0.05, size=NUM_CLASSES)
+        extra["per_class_loss"] = [round(float(v), 4) for v in loss]
+    if "train_accuracy" in wanted:
+        extra["train_accuracy"] = 0.5 if noisy else 0.9
+    if "probe_softmax" in wanted:
+        rows = rng.dirichlet(np.ones(NUM_CLASSES), size=int(config["probe_size"]))
+        extra["probe_softmax"] = [[round(float(v), 6) for v in row / row.sum()] for row in rows]
+    unknown = wanted - {"class_counts", "train_loss", *extra}
+    if unknown:
+        raise ValueError(f"the benchmark's sites cannot send {sorted(unknown)}")
+    return extra
 
 
 def blob_path(data_dir: Path, sha256: str) -> Path:

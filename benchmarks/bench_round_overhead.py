@@ -4,9 +4,16 @@ Starts a real coordinator (``CoordinatorProcess``: ``fedaudit db upgrade`` + ``f
 on SQLite in a temporary directory), creates a federation through ``AdminClient`` with a
 ResNet-18-sized initial model (11.2M float32, 45 MB, built with numpy: ResNet-18's tensor names
 and shapes), registers K sites, and each site uploads a distinct, well-formed update with
-``FederationClient.submit_update``. The federation uses FedAvg with the Fed-NCL detector only
-(its only signal is the train loss), so the round close reads every update twice (Fed-NCL's
-divergence, then FedAvg), writes the new model and opens the next round.
+``FederationClient.submit_update``. Two configurations (``--config``):
+
+* ``fedncl-fedavg`` (the default): FedAvg with the Fed-NCL detector only (its only signal is the
+  train loss); the round close reads every update once (Fed-NCL's divergence and FedAvg in one
+  pass), writes the new model and opens the next round;
+* ``fednoro-daagg``: the full audit of issue 18's target, FedNoRo's detector as the primary,
+  Fed-NCL and FedRN's expertise with the neighbors (the sites send per-class losses, a train
+  accuracy and the probe softmax; the first 20 % report losses far above the others'), DaAgg,
+  no warm-up. The medians count the closes from round 2, when the noisy sites' status is noisy
+  (flagged in rounds 0 and 1), as in a federation past its warm-up.
 
 Measured per round close:
 
@@ -18,16 +25,22 @@ Measured per round close:
   close commits), so a site learns of the round about as soon as this;
 * the I/O floor: reading the K stored update files once (raw ``readinto``, page cache), measured
   right after that close, so each ratio compares two measurements taken seconds apart;
-* for a breakdown, the audit and aggregation alone (``service.audit.run_audit`` with the
-  federation's stored audit configuration) re-run in the benchmark's process on the same stored
-  files, with numpy's default BLAS threads and again with one: the rest of
-  ``coordinator_seconds`` is writing the new model and the database work.
+* Flower's FedAvg on the same stored files right after (with ``flwr`` installed, the ``bench``
+  extra): each file loaded with ``safetensors.numpy.load_file``, then Flower's ``aggregate``;
+  the ratio is its time over ``coordinator_seconds``;
+* for a breakdown (``fedncl-fedavg`` only: the full audit's close depends on the sites' status
+  history, which the re-run does not have), the audit and aggregation alone
+  (``service.audit.run_audit`` with the federation's stored audit configuration) re-run in the
+  benchmark's process on the same stored files, with numpy's default BLAS threads and again
+  with one: the rest of ``coordinator_seconds`` is writing the new model and the database work.
 
 The uploads of K = 100 full-size updates are 4.5 GB per round: ``--max-upload-gb`` (default 2.5)
 caps the bytes uploaded per K; above it the state is scaled down (fewer channels, same 122
 tensors) and the result says so. ``--max-upload-gb 10`` runs K = 100 at full size.
 
     .venv/bin/python benchmarks/bench_round_overhead.py --out runs/bench_round_overhead.json
+    .venv/bin/python benchmarks/bench_round_overhead.py --config fednoro-daagg --clients 100 \
+        --rounds 4 --max-upload-gb 20 --out runs/round_fednoro.json
     .venv/bin/python benchmarks/bench_round_overhead.py --quick --out runs/round.json
 """
 
@@ -43,6 +56,7 @@ from typing import Any
 import numpy as np
 from _common import (
     benchmark_parser,
+    has_module,
     machine_info,
     make_state,
     mb,
@@ -53,7 +67,7 @@ from _common import (
     write_result,
 )
 from _coordinator import (
-    FEDNCL_FEDAVG_CONFIG,
+    CONFIGS,
     Federation,
     blob_path,
     create_federation,
@@ -80,6 +94,25 @@ def read_all(paths: list[Path], buffer: bytearray) -> int:
                     break
                 total += n
     return total
+
+
+def flower_fedavg_seconds(paths: list[Path], sites: list[Any]) -> float | None:
+    """Flower's FedAvg on the round's stored files, as ``bench_aggregation`` times it: each file
+    loaded with ``safetensors.numpy.load_file`` into its per-layer arrays, then
+    ``flwr.server.strategy.aggregate.aggregate`` with the sites' sample counts (None without
+    Flower)."""
+    if not has_module("flwr"):
+        return None
+    from flwr.server.strategy.aggregate import aggregate as flwr_aggregate
+    from safetensors.numpy import load_file
+
+    started = time.perf_counter()
+    results = []
+    for path, site in zip(paths, sites, strict=True):
+        tensors = load_file(str(path))
+        results.append(([tensors[name] for name in sorted(tensors)], site.num_samples))
+    flwr_aggregate(results)
+    return time.perf_counter() - started
 
 
 def time_audit(
@@ -146,6 +179,12 @@ def state_nbytes_for(width: int) -> int:
     return total
 
 
+STEADY_FROM = {"fedncl-fedavg": 0, "fednoro-daagg": 2}
+"""The first round whose close the medians count: FedNoRo's noisy sites are flagged in rounds 0
+and 1 and hold the status noisy from round 2 on (2 flags in 3 rounds), as in a federation past
+its warm-up; the earlier closes are reported too."""
+
+
 def run_k(
     server: CoordinatorProcess,
     admin: AdminClient,
@@ -154,6 +193,7 @@ def run_k(
     rounds: int,
     floor_repeats: int,
     poll_s: float,
+    config_name: str = "fedncl-fedavg",
 ) -> dict[str, Any]:
     """One federation with K clients; ``rounds`` round closes measured."""
     shapes = resnet18_shapes(width)
@@ -167,7 +207,7 @@ def run_k(
         state_bytes(base),
         clients=clients,
         rounds=rounds + 1,
-        config=FEDNCL_FEDAVG_CONFIG,
+        config=CONFIGS[config_name],
     )
     buffer = bytearray(8 * 2**20)
     closes: list[dict[str, Any]] = []
@@ -206,7 +246,13 @@ def run_k(
                 read = read_all(paths, buffer)
                 floors.append(time.perf_counter() - started)
             floor = median(floors)
-            audit_seconds, audit_one_thread = time_audit(server, admin, federation, r, paths)
+            flower = flower_fedavg_seconds(paths, federation.sites)
+            # in process only where it repeats the close (no status history to pass)
+            audit_seconds, audit_one_thread = (
+                time_audit(server, admin, federation, r, paths)
+                if config_name == "fedncl-fedavg"
+                else (None, None)
+            )
             closes.append(
                 {
                     "round": r,
@@ -218,8 +264,14 @@ def run_k(
                     "io_floor_bytes": read,
                     "coordinator_over_io_floor": info.coordinator_seconds / floor,
                     "wall_over_io_floor": wall / floor,
+                    "flwr_fedavg_seconds": flower,
+                    "coordinator_speedup_vs_flwr_fedavg": (
+                        None if flower is None else flower / info.coordinator_seconds
+                    ),
                     "audit_in_process_seconds": audit_seconds,
-                    "audit_share_of_coordinator": audit_seconds / info.coordinator_seconds,
+                    "audit_share_of_coordinator": (
+                        None if audit_seconds is None else audit_seconds / info.coordinator_seconds
+                    ),
                     "audit_in_process_one_blas_thread_seconds": audit_one_thread,
                     "upload_seconds_median": median(upload_seconds),
                     "upload_mb_per_s_median": mb(one_state) / median(upload_seconds),
@@ -228,24 +280,53 @@ def run_k(
             )
     finally:
         federation.close()
+    steady = [c for c in closes if c["round"] >= STEADY_FROM[config_name]] or closes
+
+    def mid(key: str) -> float | None:
+        values = [c[key] for c in steady if c[key] is not None]
+        return median(values) if values else None
+
     return {
         "clients": clients,
         "width": width,
+        "config": config_name,
         "state_bytes": one_state,
         "round_bytes": clients * one_state,
         "closes": closes,
-        "median_coordinator_seconds": median([c["coordinator_seconds"] for c in closes]),
-        "median_wall_seconds": median(
-            [c["wall_seconds_last_upload_to_next_round"] for c in closes]
-        ),
-        "median_io_floor_seconds": median([c["io_floor_seconds"] for c in closes]),
-        "coordinator_over_io_floor": median([c["coordinator_over_io_floor"] for c in closes]),
-        "wall_over_io_floor": median([c["wall_over_io_floor"] for c in closes]),
-        "median_audit_in_process_seconds": median([c["audit_in_process_seconds"] for c in closes]),
-        "median_audit_one_blas_thread_seconds": median(
-            [c["audit_in_process_one_blas_thread_seconds"] for c in closes]
-        ),
+        "medians_from_round": steady[0]["round"],
+        "median_coordinator_seconds": mid("coordinator_seconds"),
+        "median_wall_seconds": mid("wall_seconds_last_upload_to_next_round"),
+        "median_io_floor_seconds": mid("io_floor_seconds"),
+        "coordinator_over_io_floor": mid("coordinator_over_io_floor"),
+        "wall_over_io_floor": mid("wall_over_io_floor"),
+        "median_flwr_fedavg_seconds": mid("flwr_fedavg_seconds"),
+        "coordinator_speedup_vs_flwr_fedavg": mid("coordinator_speedup_vs_flwr_fedavg"),
+        "median_audit_in_process_seconds": mid("audit_in_process_seconds"),
+        "median_audit_one_blas_thread_seconds": mid("audit_in_process_one_blas_thread_seconds"),
     }
+
+
+def summary_line(k: int, entry: dict[str, Any]) -> str:
+    """One line per K: the medians, with what was not measured left out."""
+
+    def seconds(key: str, digits: int = 2) -> str:
+        value = entry[key]
+        return "n/a" if value is None else f"{value:.{digits}f} s"
+
+    flower = entry["coordinator_speedup_vs_flwr_fedavg"]
+    return (
+        f"K={k} ({entry['config']}, medians from round {entry['medians_from_round']}): "
+        f"{mb(entry['state_bytes']):.1f} MB per update"
+        f"{' (scaled down)' if 'scaled_down' in entry else ''}; "
+        f"coordinator {seconds('median_coordinator_seconds')}, wall "
+        f"{seconds('median_wall_seconds')}; Flower's FedAvg on the same files "
+        f"{seconds('median_flwr_fedavg_seconds')}"
+        f"{'' if flower is None else f' (coordinator {flower:.2f}x faster)'}; in process "
+        f"{seconds('median_audit_in_process_seconds')} (one BLAS thread "
+        f"{seconds('median_audit_one_blas_thread_seconds')}); read-all-once floor "
+        f"{seconds('median_io_floor_seconds', 3)} -> coordinator/floor "
+        f"{entry['coordinator_over_io_floor']:.1f}, wall/floor {entry['wall_over_io_floor']:.1f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -263,6 +344,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--poll-ms", type=float, default=25.0, help="get_current_round interval after the upload"
     )
+    parser.add_argument(
+        "--config",
+        choices=sorted(CONFIGS),
+        default="fedncl-fedavg",
+        help="fedncl-fedavg: FedAvg with the Fed-NCL detector (the train loss only); "
+        "fednoro-daagg: the full audit (FedNoRo primary, Fed-NCL, FedRN expertise and "
+        "neighbors, DaAgg, no warm-up; medians from round 2, when the noisy sites' status is "
+        "noisy)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: K = 3, width 4, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -278,7 +368,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for k in sizes:
             width = width_for_budget(args.width, k, args.rounds, args.max_upload_gb * 1e9)
             entry = run_k(
-                server, admin, k, width, args.rounds, args.floor_repeats, args.poll_ms / 1e3
+                server,
+                admin,
+                k,
+                width,
+                args.rounds,
+                args.floor_repeats,
+                args.poll_ms / 1e3,
+                args.config,
             )
             if width != args.width:
                 entry["scaled_down"] = (
@@ -288,18 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{args.width}"
                 )
             per_k[str(k)] = entry
-            print(
-                f"K={k}: {mb(entry['state_bytes']):.1f} MB per update"
-                f"{' (scaled down)' if 'scaled_down' in entry else ''}; "
-                f"coordinator {entry['median_coordinator_seconds']:.2f} s, wall "
-                f"{entry['median_wall_seconds']:.2f} s (audit+FedAvg alone "
-                f"{entry['median_audit_in_process_seconds']:.2f} s, one BLAS thread "
-                f"{entry['median_audit_one_blas_thread_seconds']:.2f} s), read-all-once "
-                f"floor "
-                f"{entry['median_io_floor_seconds']:.3f} s -> coordinator/floor "
-                f"{entry['coordinator_over_io_floor']:.1f}, wall/floor "
-                f"{entry['wall_over_io_floor']:.1f}"
-            )
+            print(summary_line(k, entry))
 
     result: dict[str, Any] = {
         "benchmark": "round_overhead",
@@ -312,7 +398,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_upload_gb": args.max_upload_gb,
             "floor_repeats": args.floor_repeats,
             "poll_ms": args.poll_ms,
-            "config": FEDNCL_FEDAVG_CONFIG,
+            "config": args.config,
+            "federation_config": CONFIGS[args.config],
             "database": "sqlite",
             "quick": args.quick,
         },

@@ -44,6 +44,7 @@ def test_aggregation_quick_run_writes_its_json(
             assert all(math.isfinite(v) and v > 0 for v in values), name
         assert math.isfinite(config["ratios"]["fedavg_over_read"]["median"])
         assert config["audit_rule_applied"] == "daagg"  # the audit timed is the DaAgg round
+        assert config["audit_flags"] == "status"  # a federation past its warm-up
         if config["flwr_installed"]:
             # The timed work is the same work: ours equals Flower's on the same files.
             assert config["max_abs_diff_vs_flwr"]["fedavg"] < 1e-6
