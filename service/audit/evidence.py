@@ -35,12 +35,14 @@ and the adjustment, ``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
   0.3 in difficulty, a clean site was flagged in 77 % of the rounds).
 * The classes are then judged *given the site's difficulty*: each class of a harder site
   divided by the shrunken factor of the site's other classes (:meth:`SiteFactor.class_shift`;
-  the lower tail adjusts easier sites alike) and the class fit repeated. ``p_stouffer``:
-  Stouffer's combination of those class z, weights sqrt(n[k, c]) (dense noise: every class a
-  little; a class held fewer than ``min_class_count`` times enters with its z capped at +-3,
-  :data:`SMALL_CLASS_Z_CAP`: on clean digit federations one hard sample of a class a site held
-  once gave z = 30). ``m * min_c p_c`` is the smallest per-class p times the number of classes
-  (noise in one class; classes of which the site holds ``min_class_count`` samples or more).
+  the lower tail adjusts easier sites alike) and the class fit repeated; in the second pass a
+  site the first flagged keeps its own losses (docs/algorithms.md, "classes given the site").
+  ``p_stouffer``: Stouffer's combination of those class z, weights sqrt(n[k, c]) (dense noise:
+  every class a little; a class held fewer than ``min_class_count`` times enters with its z
+  capped at +-3, :data:`SMALL_CLASS_Z_CAP`: on clean digit federations one hard sample of a
+  class a site held once gave z = 30). ``m * min_c p_c`` is the smallest per-class p times the
+  number of classes (noise in one class; classes of which the site holds ``min_class_count``
+  samples or more).
 
 The verdict shows the site-level ``site_z`` (the score is it, or the per-class part's
 z-equivalent where larger), ``site_factor`` (the site's loss over what its class mix predicts), the
@@ -131,16 +133,13 @@ __all__ = ["SITE_LEVEL_MIN_SITES", "EvidenceDetector"]
 
 SITE_LEVEL_MIN_SITES = 10
 """Sites a round needs for the site-level part (:mod:`service.audit.site_factor`) to enter the
-p-value (consensus mode only). Its between-site spread is fitted from the sites and judged with
-Student's t on their number: with 5 to 8 sites the tail is so wide that noisy sites went unfound
-(stress matrix, 3 seeds, measured with m - 1 degrees of freedom, more than the 0.37 (m - 1) used
-now: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites cannot tell a harder
-site from a noisy one anyway. Below it, and in anchored mode: the module docstring's 2-part p."""
+p-value (consensus mode only): with 5 to 8 sites its Student's t tail is so wide that noisy sites
+went unfound (stress matrix: m07's F1 mean 0.98 -> 0.80, m12's 0.91 -> 0.62), and that few sites
+cannot tell a harder site from a noisy one anyway. Below it: the module docstring's 2-part p."""
 
 
 class _Decision(NamedTuple):
-    """What :meth:`EvidenceDetector._decide` settled: the pass the verdicts come from, its mode
-    and direction, why the round abstains (None: it does not), and what the rules read."""
+    """What :meth:`EvidenceDetector._decide` settled (the pass, mode, direction, reason...)."""
 
     chosen: EvidencePass
     mode: Literal["consensus", "anchored"]
@@ -168,10 +167,8 @@ class EvidenceDetector:
         Flagging this fraction of the sites or of the samples, or more, is inconclusive.
     min_class_count : int, default=5
         Samples a site must hold of a class for that class alone to flag it (the per-class part
-        of the site's p-value); fewer still count in Stouffer's part. The normal tail is wrong
-        for the mean of one to a few samples of a very skewed loss: on clean Dirichlet
-        federations of digits, a class a site held *once* gave that site z of 4-5 (one hard
-        sample).
+        of the site's p-value); fewer still count in Stouffer's part (the normal tail is wrong
+        for the mean of a few samples of a skewed loss: a class held *once* gave z 4-5).
     max_heterogeneity : float, default=0.9
         The sites' disagreement beyond sampling error (I^2, sample-weighted over the classes)
         above which the consensus is inconclusive.
@@ -320,8 +317,11 @@ class EvidenceDetector:
         )
 
         def given_site(d: float) -> FloatArray:
-            """The class z given each site's difficulty, adjusted in direction d only."""
+            """The class z given each site's difficulty, in direction d only (not for the
+            sites the first pass flagged: ``exclude``)."""
             shift = None if site is None else site.class_shift(d)
+            if shift is not None and exclude is not None:
+                shift = np.where(exclude[:, None], 0.0, shift)
             if shift is None or not np.any(shift != 0.0):
                 return ev.z
             scale = np.exp(-shift)
