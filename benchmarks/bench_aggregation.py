@@ -315,7 +315,7 @@ n = np.array([500 + 10 * i for i in range(k)], dtype=np.float64)
 if {what!r} == "fedavg":
     b.ours("fedavg", g, paths, n)()
 else:
-    b.run_audit_once(g, paths, b.audit_inputs(g, paths))
+    b.run_audit_once(g, paths, b.audit_inputs(g, paths, {flags!r}))
 print(peak_rss())
 """
 
@@ -330,9 +330,11 @@ def peak_rss():
 """
 
 
-def memory(ks: list[int], width: int, workdir: Path | None) -> dict[str, Any]:
+def memory(
+    ks: list[int], width: int, workdir: Path | None, audit_flags: str = "status"
+) -> dict[str, Any]:
     """Peak RSS of a fresh process running FedAvg, and the audit, once per K."""
-    out: dict[str, Any] = {"width": width, "runs": {}}
+    out: dict[str, Any] = {"width": width, "audit_flags": audit_flags, "runs": {}}
     for k in ks:
         with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-mem-") as tmp:
             _, _, one_state = write_files(Path(tmp), k, width)
@@ -343,7 +345,11 @@ def memory(ks: list[int], width: int, workdir: Path | None) -> dict[str, Any]:
                     "import numpy, service.audit, service.coordinator.tensors\nprint(peak_rss())"
                     if what == "baseline"
                     else MEMORY_CHILD.format(
-                        bench=str(Path(__file__).parent), directory=tmp, k=k, what=what
+                        bench=str(Path(__file__).parent),
+                        directory=tmp,
+                        k=k,
+                        what=what,
+                        flags=audit_flags,
                     )
                 )
                 done = subprocess.run(
@@ -407,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     ks = [int(x) for x in args.memory.split(",") if x.strip()]
     if ks:
-        result["memory"] = memory(ks, args.memory_width, args.workdir)
+        result["memory"] = memory(ks, args.memory_width, args.workdir, args.audit_flags)
     for entry in result["configs"]:
         print(
             f"K={entry['clients']} width {entry['width']} "

@@ -81,6 +81,11 @@ def _with_problem_responses(schema: dict[str, Any]) -> dict[str, Any]:
         for operation in operations.values():
             if "requestBody" in operation:
                 operation["responses"].setdefault("400", copy.deepcopy(unreadable))
+    # Any request whose head is too large is refused before routing (service.http_protocol).
+    too_large = problems.PROBLEM_431[431]
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            operation.setdefault("responses", {}).setdefault("431", copy.deepcopy(too_large))
     # Every route that reads the database can find the connection pool exhausted.
     busy = problems.PROBLEM_503[503]
     for path, operations in schema.get("paths", {}).items():

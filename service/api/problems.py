@@ -210,6 +210,13 @@ PROBLEM_503: dict[int | str, dict[str, Any]] = {
         },
     }
 }
+PROBLEM_431: dict[int | str, dict[str, Any]] = {
+    431: problem(
+        431,
+        "The request line and headers exceed 64 KiB (/problems/request-head-too-large; "
+        "answered by the server before any route)",
+    )
+}
 PROBLEM_429: dict[int | str, dict[str, Any]] = {
     429: {
         **problem(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -135,7 +135,15 @@ class RoundPass:
         state = self._run_first().state
         assert state is not None
         self._part_taken = True
+        self._release_mean()  # held by the caller only: freed as soon as it lets go
         return CleanPart(state, split.base_weights)
+
+    def _release_mean(self) -> None:
+        """Drop the first pass's reference to the split's mean (a full state): it is handed out
+        once, or not needed by a pass about to make another state."""
+        if self._split is not None and self._first is not None and self._first.state is not None:
+            self._first = replace(self._first, state=None)
+            self._part_taken = True
 
     def consensus(self) -> tuple[FloatArray, FloatArray, float] | None:
         """Per client ``||theta_k - theta_G||^2`` and ``(theta_k - theta_G) . S``, and ``||S||^2``
@@ -168,6 +176,7 @@ class RoundPass:
             if between is not None:
                 return between, self.clean_part()
         if not self._gram or self._first is None:
+            self._release_mean()  # DaAgg's own pass makes the clean mean it needs
             self.passes += 1
             result = stream_pass(
                 self.global_state,
@@ -232,6 +241,7 @@ class RoundPass:
             first = self._run_first()
             assert first.state is not None
             return first.state
+        self._release_mean()  # a split's mean is of no use to another weighting
         self.passes += 1
         result = stream_pass(self.global_state, self.updates, weights=weights, chosen=chosen)
         assert result.state is not None

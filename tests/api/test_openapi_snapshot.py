@@ -39,6 +39,14 @@ def test_every_operation_with_a_body_documents_the_400_for_an_unreadable_one() -
         assert "400" in operation["responses"], (method, path)
 
 
+def test_every_operation_documents_the_431_for_a_head_too_large() -> None:
+    # the server refuses a request head past 64 KiB before any route (service.http_protocol)
+    spec = build_spec()
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            assert "431" in operation["responses"], (method, path)
+
+
 def test_the_model_list_documents_its_404() -> None:
     responses = build_spec()["paths"]["/api/v1/federations/{federation_id}/models"]["get"]
     assert "404" in responses["responses"]

@@ -10,7 +10,9 @@ noisy set on literal histories, and DaAgg through a split against the float64 re
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +22,7 @@ from service.audit import (
     AggregationSettings,
     AuditConfig,
     DictStateReader,
+    InvalidInputError,
     StatusHistory,
     aggregate_daagg,
     fedncl_divergences,
@@ -216,3 +219,85 @@ def test_run_audit_plans_the_split_from_the_status_history() -> None:
     np.testing.assert_allclose(outcome.aggregation.state["conv"], [mean] * 4, rtol=1e-6)
     # client 0 alone may be noisy: the others are read once, client 0 once more
     assert [c.reads for c in counted] == [2, 1, 1, 1]
+
+
+def test_the_largest_weight_inside_the_rows_gives_the_state_its_integer_tensors() -> None:
+    # client 1 holds the most samples and may be noisy (a row) but is not: the completion pass
+    # reads it, and its non-float tensors (the counter "steps") are the state's
+    base, updates = random_states(6, 5)
+    base.pop("half")
+    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    n = np.array([1.0, 9.0, 2.0, 3.0, 2.0, 1.0])
+    flags = np.array([True, False, False, False, False, False])
+    g = DictStateReader(base)
+    split = daagg_split(g, n, np.array([True, True, False, False, False, False]))
+    assert split is not None
+    states = readers(*updates)
+    shared = round_pass.RoundPass(g, states, split=split)
+    result = aggregate_daagg(g, states, n, flags, shared=shared, max_client_weight_factor=None)
+    np.testing.assert_allclose(result.weights, reference_daagg(updates, flags, n), rtol=1e-6)
+    assert int(np.argmax(result.weights)) == 1
+    assert_states_close(result.state, ref_weighted(updates, result.weights, 1), 1e-6)
+    assert result.state["steps"] == updates[1]["steps"]
+
+
+def test_the_split_mean_is_held_by_its_taker_only() -> None:
+    # handed out, the mean (a full state) is no longer referenced by the round's pass: a
+    # fallback that makes another state does not hold two
+    base, updates = random_states(5, 7)
+    base.pop("half")
+    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    g = DictStateReader(base)
+    split = daagg_split(g, np.ones(5), np.array([True, False, False, False, False]))
+    assert split is not None
+    shared = round_pass.RoundPass(g, readers(*updates), split=split)
+    part = shared.clean_part()
+    assert part is not None
+    assert shared.clean_part() is None  # handed out once
+    alive = weakref.ref(part.state["conv"])
+    del part
+    gc.collect()
+    assert alive() is None
+    # a weighting the mean cannot serve drops it before its own pass
+    other = round_pass.RoundPass(g, readers(*updates), split=split)
+    other.squared()
+    assert other.clean_part() is not None  # still there before any other use
+    again = round_pass.RoundPass(g, readers(*updates), split=split)
+    again.squared()
+    again.weighted(np.full(5, 0.2), 0)
+    assert again.clean_part() is None  # released for the weighted pass
+
+
+class _NaNAfterFirstRead(DictStateReader):
+    """Finite on the first read of each tensor, NaN afterwards (an update changed on disk)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        super().__init__(tensors)
+        self.seen: set[str] = set()
+
+    def get(self, name: str) -> np.ndarray:
+        value = super().get(name)
+        if name in self.seen and value.dtype.kind == "f":
+            value = value.copy()
+            value.reshape(-1)[0] = np.nan
+        self.seen.add(name)
+        return value
+
+
+def test_an_error_in_the_rows_pass_is_named_by_the_pass_over_every_client() -> None:
+    # client 2 may be noisy but is not: the rows' pass reads it again and finds a NaN; DaAgg's
+    # own pass over every client then names it by its place among all clients
+    rng = np.random.default_rng(1)
+    g = {"w": rng.normal(size=8).astype(np.float32)}
+    ups = [{"w": (g["w"] + rng.normal(scale=0.05, size=8)).astype(np.float32)} for _ in range(6)]
+    states: list[DictStateReader] = [DictStateReader(u) for u in ups]
+    states[2] = _NaNAfterFirstRead(ups[2])
+    gs = DictStateReader(g)
+    split = daagg_split(gs, np.ones(6), np.array([True, False, True, False, False, False]))
+    assert split is not None
+    shared = round_pass.RoundPass(gs, states, split=split)
+    shared.squared()  # the first pass: client 2 read once, finite
+    with pytest.raises(InvalidInputError, match=r"updates\[2\]: tensor 'w' contains NaN"):
+        aggregate_daagg(
+            gs, states, np.ones(6), [True, False, False, False, False, False], shared=shared
+        )
