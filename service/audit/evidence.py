@@ -44,35 +44,31 @@ and the adjustment, ``min(1, 2 * min(p_stouffer, m * min_c p_c))``.
   number of classes (noise in one class; classes of which the site holds ``min_class_count``
   samples or more).
 
-The verdict shows the site-level ``site_z`` (the score is it, or the per-class part's
-z-equivalent where larger), ``site_factor`` (the site's loss over what its class mix predicts), the
-Stouffer z, and the class z *as reported* (against each class's consensus, not adjusted for the
-site: where the site's loss is high).
+The verdict shows ``site_z`` (the score, or the per-class part's z-equivalent where larger),
+``site_factor`` (the site's loss over what its class mix predicts), the Stouffer z, and the class
+z *as reported* (against each class's consensus, not adjusted for the site).
 
 **Flags.** Benjamini and Hochberg's step-up rule ("Controlling the false discovery rate", JRSS-B
 1995, section 3) at level ``q`` over the sites of the round. With exact p-values, when no site is
-noisy it flags somebody in a round with probability at most ``q`` (the rule controls the
-family-wise error under the global null), so the expected number of rounds with a false alarm
-over R audited rounds is at most ``q * R`` (0.3 for the default ``q = 0.01`` and 30 rounds); with
-noisy sites present, at most a fraction ``q`` of the flags are expected to be wrong. The
-p-values are close to exact when the spreads are reported and the sites differ only by sampling
-(``tests/audit/test_evidence.py`` simulates it: at most 3 % of rounds with a flag, 5 to 50
-sites); **not** when ``tau_c`` must be estimated from a few holders, the spreads are missing, or
-sites differ in difficulty (measured: docs/algorithms.md, "Calibrated evidence", false alarms).
-The status rule across rounds (:func:`~service.audit.detection.next_status`) then needs several
-flagged rounds before the aggregation treats a site as noisy.
+noisy it flags somebody in a round with probability at most ``q`` (family-wise error under the
+global null): at most ``q * R`` rounds with a false alarm in R (0.3 for ``q = 0.01`` and 30
+rounds); with noisy sites, at most a fraction ``q`` of the flags wrong. Close to exact when the
+spreads are reported and the sites differ only by sampling (``tests/audit/test_evidence.py``:
+at most 3 % of rounds with a flag, 5 to 50 sites); **not** when ``tau_c`` comes from a few
+holders, the spreads are missing, or sites differ in difficulty (docs/algorithms.md,
+"Calibrated evidence"). The status rule (:func:`~service.audit.detection.next_status`) then needs
+several flagged rounds before the aggregation treats a site as noisy.
 
 **Error counts** (:mod:`service.audit.error_evidence`, from ``min_error_sites`` reporting sites):
-``p_k = min(1, 2 min(p_loss, p_errors))``, or with the confident errors too
-(:mod:`service.audit.confident_errors`) ``min(1, 3 min(p_loss, p_errors, p_confident))``; phi is
-at least the one the site-level spread of difficulty implies (:meth:`SiteFactor.count_dispersion`),
-and at least ``min_error_dispersion`` below ``SITE_LEVEL_MIN_SITES`` sites.
+``p_k = min(1, 2 min(p_loss, p_errors))``, with the confident errors too
+(:mod:`service.audit.confident_errors`) ``min(1, 3 min(p_loss, p_errors, p_confident))``; phi at
+least the site-level spread's (:meth:`SiteFactor.count_dispersion`), and ``min_error_dispersion``
+below ``SITE_LEVEL_MIN_SITES`` sites.
 
 **Abstention** (``status="inconclusive"``, nobody flagged, the reason stated) when the consensus
-the evidence is measured against is suspect: too few sites, a model that does not beat the label
-prior, sites that disagree far beyond sampling error, a flagged group that is not a clear
-minority (by the evidence or by FedNoRo's loss mixture); sites far *below* it are only counted.
-The rules and their reasons: :mod:`service.audit.evidence_abstention`.
+is suspect: too few sites, a model that does not beat the label prior, sites that disagree far
+beyond sampling error, a flagged group that is not a clear minority (by the evidence or by
+FedNoRo's loss mixture); sites far *below* it are only counted (:mod:`.evidence_abstention`).
 
 **Trust anchors** (beyond the papers): sites an admin marks as curated, never flagged. When the
 consensus is inconclusive or the anchors look noisy against it, the anchors become the reference
@@ -129,7 +125,11 @@ from service.audit.verdict_types import EvidenceSummary
 if TYPE_CHECKING:
     from service.audit.accuracy_evidence import AccuracyEvidence
 
-__all__ = ["SITE_LEVEL_MIN_SITES", "EvidenceDetector"]
+__all__ = ["FLAGGED_OWN_LOSSES", "SITE_LEVEL_MIN_SITES", "EvidenceDetector"]
+
+FLAGGED_OWN_LOSSES = True
+"""The second pass judges the sites the first flagged on their own losses, not given their
+difficulty (module docstring); ``docs/eval/given_site_whatif.py`` turns it off to compare."""
 
 SITE_LEVEL_MIN_SITES = 10
 """Sites a round needs for the site-level part (:mod:`service.audit.site_factor`) to enter the
@@ -320,7 +320,7 @@ class EvidenceDetector:
             """The class z given each site's difficulty, in direction d only (not for the
             sites the first pass flagged: ``exclude``)."""
             shift = None if site is None else site.class_shift(d)
-            if shift is not None and exclude is not None:
+            if shift is not None and exclude is not None and FLAGGED_OWN_LOSSES:
                 shift = np.where(exclude[:, None], 0.0, shift)
             if shift is None or not np.any(shift != 0.0):
                 return ev.z

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from service.audit import evidence
 from service.audit.evidence import EvidenceDetector
 
 NA = None
@@ -127,3 +128,18 @@ def test_a_clean_holder_of_a_class_the_noisy_sites_hold_is_not_flagged() -> None
     stouffer = site_11.evidence.stouffer_z
     assert isinstance(stouffer, float)
     assert stouffer < 3.0  # 4.16 when its class-5 consensus was the noisy one
+
+
+def test_given_their_difficulty_the_flagged_sites_made_the_round_abstain(monkeypatch) -> None:
+    # the switch docs/eval/given_site_whatif.py turns off: the behaviour before the change
+    monkeypatch.setattr(evidence, "FLAGGED_OWN_LOSSES", False)
+    result = EvidenceDetector().fit(
+        _array(PER_CLASS_LOSS),
+        _array(CLASS_COUNTS).astype(np.int64),
+        _array(PER_CLASS_LOSS_SD),
+        per_class_errors=_array(PER_CLASS_ERRORS),
+        per_class_confident_errors=_array(PER_CLASS_CONFIDENT_ERRORS),
+    )
+    assert result.status == "inconclusive"
+    assert result.reason is not None
+    assert result.reason.startswith("the sites that would be flagged are not a clear minority")
