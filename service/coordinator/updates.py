@@ -18,6 +18,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,6 +47,7 @@ from service.errors import (
     UpdateRejectedError,
 )
 from service.store import repositories as repo
+from service.store.base import utcnow
 from service.store.tables import Client, Federation, ModelUpdate, Round
 
 log = logging.getLogger(__name__)
@@ -185,6 +187,15 @@ def submit_update(
     return result
 
 
+MAX_RECORDED_REJECTIONS = 20
+"""``update.rejected`` events recorded per site within ``REJECTION_WINDOW``: beyond, a refused
+upload or join is refused as before but only logged, so that a site with a valid token cannot grow
+the event trail without bound (the report's count of a site's inconsistent claims then stops
+there for that window)."""
+
+REJECTION_WINDOW = timedelta(minutes=10)
+
+
 def record_rejection(
     services: Services,
     client: Client | None,
@@ -192,13 +203,29 @@ def record_rejection(
     round_index: int | None,
     exc: CoordinatorError,
 ) -> None:
-    """The event saying why an upload was refused (its own transaction)."""
+    """The event saying why an upload was refused (its own transaction), at most
+    ``MAX_RECORDED_REJECTIONS`` a site within ``REJECTION_WINDOW``."""
     with services.sessions.begin() as session:
         fid = (
             federation_id
             if repo.get_federation(session, federation_id or uuid.UUID(int=0))
             else None
         )
+        if client is not None and fid is not None:
+            since = utcnow() - REJECTION_WINDOW  # as the events' created_at is stamped
+            recent = repo.recent_client_events(
+                session, fid, client.id, kind="update.rejected", since=since
+            )
+            if recent >= MAX_RECORDED_REJECTIONS:
+                log.warning(
+                    "site %s: refused again (%s), not recorded: %d refusals recorded in the last "
+                    "%s",
+                    client.id,
+                    exc.type_slug,
+                    recent,
+                    REJECTION_WINDOW,
+                )
+                return
         repo.add_event(
             session,
             kind="update.rejected",

@@ -24,6 +24,7 @@ __all__ = [
     "latest_client_events",
     "latest_events",
     "list_events",
+    "recent_client_events",
     "rejections_by_client",
     "storable",
 ]
@@ -127,6 +128,19 @@ def rejections_by_client(
         .group_by(Event.client_id)
     ).all()
     return {client_id: (int(count), last) for client_id, count, last in rows if client_id}
+
+
+def recent_client_events(
+    session: Session, federation_id: uuid.UUID, client_id: uuid.UUID, *, kind: str, since: datetime
+) -> int:
+    """How many events of ``kind`` one client has in a federation since ``since``."""
+    query = select(func.count()).where(
+        Event.federation_id == federation_id,
+        Event.client_id == client_id,
+        Event.kind == kind,
+        Event.created_at >= since,
+    )
+    return int(session.scalar(query) or 0)
 
 
 def latest_client_events(

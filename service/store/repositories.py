@@ -16,6 +16,7 @@ from service.store.events import count_events as count_events
 from service.store.events import latest_client_events as latest_client_events
 from service.store.events import latest_events as latest_events
 from service.store.events import list_events as list_events
+from service.store.events import recent_client_events as recent_client_events
 from service.store.events import rejections_by_client as rejections_by_client
 from service.store.events import storable as storable
 from service.store.tables import (

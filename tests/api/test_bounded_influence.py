@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load
 
+from service.coordinator import updates
 from tests.api.conftest import Federation, make_federation
 from tests.api.test_rounds import submit
 from tests.api.test_updates import blob_files, nothing_stored
@@ -255,3 +256,29 @@ async def test_joining_again_cannot_inflate_the_declaration_once_running(api) ->
         join_url, json={"num_samples": 105, "class_counts": [55, 50]}, headers=fed.headers("a")
     )
     assert honest.status_code == 200, honest.text
+
+
+async def test_a_site_refused_again_and_again_is_recorded_a_bounded_number_of_times(
+    api, settings
+) -> None:
+    # every refusal is answered (422); the event trail keeps the first MAX_RECORDED_REJECTIONS
+    # of a site within the window, so a site with a valid token cannot grow it without bound
+    fed = await make_federation(api, joins=JOINED_100)
+    limit = updates.MAX_RECORDED_REJECTIONS
+    for attempt in range(limit + 5):
+        lie = await submit(api, fed, "a", 0, tiny_state(1.0), 10**9, key=f"lie-{attempt}")
+        assert lie.status_code == 422, lie.text
+    events = (
+        await api.get(
+            f"/api/v1/federations/{fed.id}/events",
+            params={"kind": "update.rejected", "limit": 200},
+            headers=ADMIN,
+        )
+    ).json()["items"]
+    assert len(events) == limit
+    report = (await api.get(f"/api/v1/federations/{fed.id}/report", headers=ADMIN)).json()
+    row = next(c for c in report["clients"] if c["name"] == "a")
+    assert row["inconsistent_updates"] == limit
+    # the other site is not held back by a's refusals
+    honest = await submit(api, fed, "b", 0, tiny_state(1.0), 100, key="b-honest")
+    assert honest.status_code == 201, honest.text
