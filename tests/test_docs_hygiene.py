@@ -110,3 +110,21 @@ def test_examples_use_the_quickstarts_url() -> None:
     ]
     assert hits == []
     assert "http://127.0.0.1:8000" in (ROOT / "examples" / "hospital_client.py").read_text()
+
+
+# A test the docs cite as showing a claim: `tests/<path>.py` or `tests/<path>.py::<name>`.
+CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)(?:::(\w+))?")
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_cited_test_exists(path: Path) -> None:
+    """A page that names a test as its evidence (docs/security.md's threat model, the operator
+    guide) names one that is there: the file, and the test or class in it."""
+    for match in CITED_TEST.finditer(path.read_text(encoding="utf-8")):
+        cited, name = ROOT / match.group(1), match.group(2)
+        assert cited.is_file(), f"{path.name} cites {match.group(1)}, which does not exist"
+        if name is not None:
+            defined = re.compile(rf"^\s*(?:async def|def|class) {name}\b", re.MULTILINE)
+            assert defined.search(cited.read_text(encoding="utf-8")), (
+                f"{path.name} cites {match.group(0).strip('`')}, which is not in that file"
+            )
