@@ -291,13 +291,11 @@ def _stream_pass(
     )  # fmt: skip
     for outs in in_order(work.item, runs):
         for done in outs:
-            if not done.is_float:
-                if state is not None and done.value is not None:
-                    state[done.name] = done.value
-                continue
-            float_names.append(done.name)
             if state is not None and done.value is not None:
                 state[done.name] = done.value
+            if not done.is_float:
+                continue
+            float_names.append(done.name)
             if done.squared is not None:
                 squared_rows.append(done.squared)
             if done.cross is not None:

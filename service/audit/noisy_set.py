@@ -37,16 +37,18 @@ def noisy_set(
     for i, flag in enumerate(primary.flags):
         before = StatusHistory() if history is None else history[i]
         try:
-            after: ClientStatus = next_status(
-                before.status,
-                [*before.flags, flag],
-                m=config.status.m,
-                w=config.status.w,
-            )
+            noisy[i] = _noisy_after(before, flag, config)
         except (InvalidInputError, InvalidParameterError) as exc:
             raise InvalidInputError(f"status_history[{i}]: {exc}") from None
-        noisy[i] = after == "noisy"
     return noisy
+
+
+def _noisy_after(before: StatusHistory, flag: bool | None, config: AuditConfig) -> bool:
+    """Whether the status rule makes a client noisy with this round's ``flag``."""
+    after: ClientStatus = next_status(
+        before.status, [*before.flags, flag], m=config.status.m, w=config.status.w
+    )
+    return after == "noisy"
 
 
 def possible_noisy(
@@ -61,6 +63,8 @@ def possible_noisy(
     the history or the pins are malformed (the audit then raises its own error)."""
     if config.aggregation_settings.flags != "status":
         return None
+    if pins is not None and len(pins) != n_clients:
+        return None
     maybe = np.zeros(n_clients, dtype=bool)
     try:
         for i in range(n_clients):
@@ -69,15 +73,7 @@ def possible_noisy(
                 maybe[i] = bool(pin)
                 continue
             before = StatusHistory() if history is None else history[i]
-            maybe[i] = any(
-                next_status(
-                    before.status, [*before.flags, flag], m=config.status.m, w=config.status.w
-                )
-                == "noisy"
-                for flag in (True, False, None)
-            )
+            maybe[i] = any(_noisy_after(before, flag, config) for flag in (True, False, None))
     except (InvalidInputError, InvalidParameterError, IndexError, TypeError):
-        return None
-    if pins is not None and len(pins) != n_clients:
         return None
     return maybe

@@ -134,7 +134,6 @@ class RoundPass:
             return None
         state = self._run_first().state
         assert state is not None
-        self._part_taken = True
         self._release_mean()  # held by the caller only: freed as soon as it lets go
         return CleanPart(state, split.base_weights)
 

@@ -135,6 +135,14 @@ def reference_daagg(updates: list, noisy: np.ndarray, n: np.ndarray) -> np.ndarr
     return raw / raw.sum()
 
 
+def float32_states(k: int, seed: int) -> tuple[dict, list[dict]]:
+    """test_blocks' random states without their float16 tensor (a float16 model makes no mean:
+    its own test above)."""
+    base, updates = random_states(k, seed)
+    base.pop("half")
+    return base, [{name: v for name, v in u.items() if name != "half"} for u in updates]
+
+
 ROWS = (0, 1, 5)
 
 
@@ -154,9 +162,7 @@ ROWS = (0, 1, 5)
 def test_daagg_through_a_split_equals_float64(
     noisy: list[int], rows: tuple[int, ...], extra_reads: dict[int, int]
 ) -> None:
-    base, updates = random_states(8, 21)
-    base.pop("half")  # a float16 model makes no mean (its own test above)
-    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    base, updates = float32_states(8, 21)
     n = np.arange(1.0, 9.0)
     flags = np.zeros(8, dtype=bool)
     flags[noisy] = True
@@ -177,9 +183,7 @@ def test_daagg_through_a_split_equals_float64(
 
 
 def test_a_cap_that_binds_reads_every_client_again() -> None:
-    base, updates = random_states(6, 3)
-    base.pop("half")
-    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    base, updates = float32_states(6, 3)
     n = np.array([1.0, 1, 1, 1, 1, 60])  # client 5 holds most samples: the cap binds
     flags = np.array([True, False, False, False, False, False])
     g = DictStateReader(base)
@@ -191,8 +195,12 @@ def test_a_cap_that_binds_reads_every_client_again() -> None:
     assert result.weight_cap is not None
     assert result.weight_cap["capped"]
     assert [c.reads for c in counted] == [2] * 6
+    # the weights as without a shared pass (that path is checked against float64 in test_blocks)
+    plain = aggregate_daagg(g, readers(*updates), n, flags)
+    np.testing.assert_allclose(result.weights, plain.weights, rtol=1e-6)
+    assert max(result.weights) == pytest.approx(4 / 6)  # the cap, min(1, 4 / K)
     chosen = int(np.argmax(result.weights))
-    assert_states_close(result.state, ref_weighted(updates, result.weights, chosen))
+    assert_states_close(result.state, ref_weighted(updates, result.weights, chosen), 1e-6)
 
 
 def counted_clients() -> tuple[list, list[CountingReader]]:
@@ -224,9 +232,7 @@ def test_run_audit_plans_the_split_from_the_status_history() -> None:
 def test_the_largest_weight_inside_the_rows_gives_the_state_its_integer_tensors() -> None:
     # client 1 holds the most samples and may be noisy (a row) but is not: the completion pass
     # reads it, and its non-float tensors (the counter "steps") are the state's
-    base, updates = random_states(6, 5)
-    base.pop("half")
-    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    base, updates = float32_states(6, 5)
     n = np.array([1.0, 9.0, 2.0, 3.0, 2.0, 1.0])
     flags = np.array([True, False, False, False, False, False])
     g = DictStateReader(base)
@@ -244,9 +250,7 @@ def test_the_largest_weight_inside_the_rows_gives_the_state_its_integer_tensors(
 def test_the_split_mean_is_held_by_its_taker_only() -> None:
     # handed out, the mean (a full state) is no longer referenced by the round's pass: a
     # fallback that makes another state does not hold two
-    base, updates = random_states(5, 7)
-    base.pop("half")
-    updates = [{k: v for k, v in u.items() if k != "half"} for u in updates]
+    base, updates = float32_states(5, 7)
     g = DictStateReader(base)
     split = daagg_split(g, np.ones(5), np.array([True, False, False, False, False]))
     assert split is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.audit import evidence
+from service.audit.detection import EvidenceResult
 from service.audit.evidence import EvidenceDetector
 
 NA = None
@@ -112,14 +113,19 @@ def _array(rows: Rows) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
 
 
-def test_a_clean_holder_of_a_class_the_noisy_sites_hold_is_not_flagged() -> None:
-    result = EvidenceDetector().fit(
+def _fit_round_9() -> EvidenceResult:
+    """The evidence detector on the round's signals, as the coordinator passes them."""
+    return EvidenceDetector().fit(
         _array(PER_CLASS_LOSS),
         _array(CLASS_COUNTS).astype(np.int64),
         _array(PER_CLASS_LOSS_SD),
         per_class_errors=_array(PER_CLASS_ERRORS),
         per_class_confident_errors=_array(PER_CLASS_CONFIDENT_ERRORS),
     )
+
+
+def test_a_clean_holder_of_a_class_the_noisy_sites_hold_is_not_flagged() -> None:
+    result = _fit_round_9()
     assert result.status == "ok", result.reason
     flagged = [i for i, v in enumerate(result.verdicts) if v is not None and v.flag]
     assert flagged == [3, 6, 7, 8, 9, 13]  # the noisy sites, and only they
@@ -133,13 +139,7 @@ def test_a_clean_holder_of_a_class_the_noisy_sites_hold_is_not_flagged() -> None
 def test_given_their_difficulty_the_flagged_sites_made_the_round_abstain(monkeypatch) -> None:
     # the switch docs/eval/given_site_whatif.py turns off: the behaviour before the change
     monkeypatch.setattr(evidence, "FLAGGED_OWN_LOSSES", False)
-    result = EvidenceDetector().fit(
-        _array(PER_CLASS_LOSS),
-        _array(CLASS_COUNTS).astype(np.int64),
-        _array(PER_CLASS_LOSS_SD),
-        per_class_errors=_array(PER_CLASS_ERRORS),
-        per_class_confident_errors=_array(PER_CLASS_CONFIDENT_ERRORS),
-    )
+    result = _fit_round_9()
     assert result.status == "inconclusive"
     assert result.reason is not None
     assert result.reason.startswith("the sites that would be flagged are not a clear minority")

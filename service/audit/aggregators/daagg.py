@@ -97,11 +97,9 @@ def _nearest_clean(
     distances = np.zeros(len(updates))
     clean_sum = None
     if noisy_idx:
-        clean_n = None  # a float16 model: its clean sum would not be used (float16 overflows)
-        if not _has_float16(global_state):
-            clean_n = n.copy()
-            clean_n[noisy_idx] = 0.0
-            clean_n /= clean_n.sum()  # a weighted mean: no larger than the states themselves
+        left_out = np.zeros(len(updates), dtype=bool)
+        left_out[noisy_idx] = True
+        clean_n = _mean_weights(global_state, n, left_out)
         pairwise, clean_sum = _pairwise_distances(
             global_state, updates, noisy_idx, clean_idx, variant, shared, clean_n
         )
@@ -113,6 +111,18 @@ def _nearest_clean(
         clean_sum = None if shared is None else shared.clean_part()
     details["distances"] = distances.tolist()
     return distances, clean_sum
+
+
+def _mean_weights(global_state: StateReader, n: FloatArray, left_out: Any) -> FloatArray | None:
+    """Weights of the mean of the clients not ``left_out``: their sample counts over their total
+    (a mean is no larger than the states themselves); None for a float16 model, whose sums
+    overflow (no mean is made for it)."""
+    if _has_float16(global_state):
+        return None
+    weights = np.where(left_out, 0.0, n)
+    weights /= weights.sum()
+    result: FloatArray = weights
+    return result
 
 
 def _has_float16(global_state: StateReader) -> bool:
@@ -184,11 +194,8 @@ def daagg_split(
     n = np.asarray(num_samples, dtype=np.float64)
     if maybe.shape != n.shape or 2 * int(maybe.sum()) > len(n):
         return None
-    base: FloatArray | None = None
-    if not _has_float16(global_state):  # float16 sums overflow: no mean for such a model
-        base = np.where(maybe, 0.0, n)
-        base /= base.sum()
-    return NoisySplit(tuple(int(i) for i in np.flatnonzero(maybe)), base)
+    rows = tuple(int(i) for i in np.flatnonzero(maybe))
+    return NoisySplit(rows, _mean_weights(global_state, n, maybe))
 
 
 def aggregate_daagg(
