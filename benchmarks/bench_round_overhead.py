@@ -105,10 +105,10 @@ def flower_fedavg_seconds(paths: list[Path], sites: list[Any], repeats: int) -> 
     warm-up, then ``repeats`` times (empty without Flower).
 
     After the last close, not after each: Flower holds the K updates and their weighted copies
-    (9 GB at K = 100 x 44.8 MB), which its process keeps in its heap once freed (measured: the
-    closes after it took 2-3x longer, their updates no longer in the page cache); a fresh child
-    process instead pays a page fault for every page of those 9 GB (5-6 s against 0.9 s warm,
-    measured), which a running Flower server would not."""
+    (9 GB at K = 100 x 44.8 MB). Timed after each close in this process, the closes after it took
+    2-3x longer (measured; our explanation: the process keeps that heap, and the next round's
+    updates leave the page cache); timed in a fresh child process it took 5-6 s against 0.9 s
+    warm (measured; page faults, we think), which a running Flower server would not pay."""
     if not has_module("flwr"):
         return []
     from flwr.server.strategy.aggregate import aggregate as flwr_aggregate
